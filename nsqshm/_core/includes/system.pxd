@@ -1,0 +1,147 @@
+# Extern C declarations used by the _core extensions, in one place.
+
+from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
+
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_mutexattr_t:
+        pass
+    int PTHREAD_PROCESS_SHARED
+    int PTHREAD_MUTEX_ROBUST
+    int pthread_mutexattr_init(pthread_mutexattr_t *attr)
+    int pthread_mutexattr_destroy(pthread_mutexattr_t *attr)
+    int pthread_mutexattr_setpshared(pthread_mutexattr_t *attr, int pshared)
+    int pthread_mutexattr_setrobust(pthread_mutexattr_t *attr, int robust)
+    int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *attr)
+    int pthread_mutex_lock(pthread_mutex_t *m)
+    int pthread_mutex_unlock(pthread_mutex_t *m)
+    int pthread_mutex_consistent(pthread_mutex_t *m)
+
+
+cdef extern from "<errno.h>" nogil:
+    int errno
+    int EOWNERDEAD
+    int ENOTRECOVERABLE
+    int EAGAIN
+    int EINTR
+    int ENXIO
+    int ENOENT
+    int EPIPE
+    int EEXIST
+    int ESRCH
+
+
+cdef extern from "<sys/mman.h>" nogil:
+    int PROT_READ
+    int PROT_WRITE
+    int MAP_SHARED
+    void *MAP_FAILED
+    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
+    int munmap(void *addr, size_t length)
+
+
+cdef extern from "<sys/stat.h>" nogil:
+    int mkfifo(const char *path, unsigned int mode)
+    int fchmod(int fd, unsigned int mode)
+
+
+cdef extern from "<fcntl.h>" nogil:
+    int O_RDWR
+    int O_WRONLY
+    int O_NONBLOCK
+    int O_CLOEXEC
+    int open(const char *path, int flags, ...)
+
+
+cdef extern from "<unistd.h>" nogil:
+    ssize_t write(int fd, const void *buf, size_t n)
+    ssize_t read(int fd, void *buf, size_t n)
+    int close(int fd)
+    int unlink(const char *path)
+    int getpid()
+
+
+cdef extern from "<signal.h>" nogil:
+    int kill(int pid, int sig)
+
+
+cdef extern from "<poll.h>" nogil:
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    short POLLIN
+    int poll(pollfd *fds, unsigned long nfds, int timeout)
+
+
+cdef extern from "<time.h>" nogil:
+    struct timespec:
+        long tv_sec
+        long tv_nsec
+    int CLOCK_REALTIME
+    int CLOCK_MONOTONIC
+    int clock_gettime(int clk, timespec *ts)
+
+
+cdef extern from "<stdio.h>" nogil:
+    int snprintf(char *buf, size_t n, const char *fmt, ...)
+
+
+cdef extern from "<string.h>" nogil:
+    void *memcpy(void *dst, const void *src, size_t n)
+    void *memset(void *dst, int c, size_t n)
+
+
+cdef extern from "ring_layout.h" nogil:
+    uint64_t NSQSHM_RING_MAGIC
+    uint32_t NSQSHM_RING_VERSION
+    uint32_t NSQSHM_RING_HEADER_SIZE
+    int NSQSHM_RING_WAITERS
+    uint32_t NSQSHM_RECORD_HEADER
+    uint32_t NSQSHM_WRAP_MARKER
+
+    ctypedef struct nsqshm_lock_line:
+        pthread_mutex_t mutex
+
+    ctypedef struct nsqshm_ring_header:
+        uint64_t magic
+        uint32_t version
+        uint32_t header_size
+        uint64_t capacity
+        uint64_t total_size
+        uint32_t max_record
+        uint32_t mutex_size
+        uint64_t created_ns
+        uint32_t creator_pid
+        uint32_t flags
+        nsqshm_lock_line prod_lock
+        uint64_t tail
+        uint64_t push_records
+        uint64_t push_bytes
+        uint64_t j_tail
+        uint64_t j_push_records
+        uint64_t j_push_bytes
+        nsqshm_lock_line cons_lock
+        uint64_t head
+        uint64_t pop_records
+        uint64_t pop_bytes
+        uint64_t j_head
+        uint64_t j_pop_records
+        uint64_t j_pop_bytes
+        uint64_t wait_data
+        uint64_t wait_space
+        uint64_t recoveries
+        uint64_t waiters[64]
+
+    uint64_t nsqshm_load_acquire(const uint64_t *p)
+    uint64_t nsqshm_load_relaxed(const uint64_t *p)
+    void nsqshm_store_release(uint64_t *p, uint64_t v)
+    void nsqshm_fence()
+    uint64_t nsqshm_fetch_or(uint64_t *p, uint64_t v)
+    uint64_t nsqshm_fetch_and(uint64_t *p, uint64_t v)
+    uint64_t nsqshm_exchange(uint64_t *p, uint64_t v)
+    uint64_t nsqshm_fetch_add(uint64_t *p, uint64_t v)
+    bint nsqshm_cas(uint64_t *p, uint64_t expected, uint64_t desired)
+    int nsqshm_ctz64(uint64_t v)
