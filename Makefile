@@ -28,7 +28,7 @@ soak: setup
 	$(PY) -m pytest -q -m soak -p no:cacheprovider $(ARGS)
 
 bench: setup
-	$(PY) -m bench $(ARGS)
+	$(PY) -m bench.ring $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
