@@ -6,5 +6,5 @@ python=${1:-python3}
 venv=${2:-.venv}
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q "Cython==3.3.1" "setuptools>=68" wheel
+"$venv/bin/python" -m pip install -q "Cython==3.3.1" "setuptools>=77" wheel
 "$venv/bin/python" -m pip install -q --no-build-isolation -e ".[test,bench,dev]"

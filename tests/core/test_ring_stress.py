@@ -51,17 +51,19 @@ def _consumer(name, out_path):
         n, nbytes = ring.pop_many_into_wait(buf, timeout=60)
         assert n, "consumer starved for 60 s"
         pos = 0
-        stop = False
+        markers = 0
         for _ in range(n):
             size = struct.unpack_from("=I", buf, pos)[0]
-            if size == 0:  # end-of-stream marker from the test
-                stop = True
+            if size == 0:  # end-of-stream marker from the test, one per consumer
+                markers += 1
             else:
                 producer, seq = struct.unpack_from("<II", buf, pos + 4)
                 assert buf[pos + 12:pos + 4 + size] == b"x" * (seq % 57)
                 got.append(producer << 32 | seq)
             pos += 4 + size
-        if stop:
+        if markers:
+            for _ in range(markers - 1):  # a batch took another consumer's marker
+                ring.push(b"")
             break
     np.array(got, dtype=np.uint64).tofile(out_path)
     ring.close()
@@ -92,7 +94,7 @@ def test_four_producers_four_consumers_exactly_once(ring_name, tmp_path):
                         dtype=np.uint64)
     assert np.array_equal(np.sort(got), expected)
     s = ring.stats()
-    assert s["push_records"] == s["pop_records"] == TOTAL + CONSUMERS
+    assert s["push_records"] == s["pop_records"] >= TOTAL + CONSUMERS
     assert s["depth"] == 0 and s["used_bytes"] == 0
     ring.close()
 
