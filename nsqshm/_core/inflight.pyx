@@ -1,0 +1,774 @@
+# cython: freethreading_compatible=False
+"""A channel's in-flight table and deferred queue, in C memory.
+
+A message, as nsqd encodes it (all big-endian):
+
+    offset  size  field
+         0     8  timestamp, ns
+         8     2  attempts
+        10    16  ID, ASCII hex
+        26     N  body
+
+InFlight holds the messages sent to clients and not yet finished, keyed by
+ID.  Each message is one malloc'd block, a MsgEntry header followed by the
+message bytes; there is no Python object per message.  Three structures
+point at the blocks:
+
+* an open-addressing hash table of (hash, entry) slots with linear probing,
+  grown at 0.7 load, deletions by backward shift (so there are no
+  tombstones and probe chains stay short under churn);
+* a binary min-heap of (deadline, seq, entry) nodes, each entry knowing its
+  node's index, so a finish, requeue or touch of any entry is O(log n);
+* a small hash table of per-client counts, so client_count() is O(1).
+
+DeferredQueue is the heap alone: messages requeued with a delay, by due time.
+
+Buffers filled by pop_expired, drain and pop_due hold packed records, the
+same as Ring.pop_many_into:
+
+    [ u32 size, native-endian ][ size bytes of message ] ...
+
+Neither class is thread-safe; a channel owns one of each and uses them from
+one thread.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport INT64_MAX, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.string cimport memcmp
+
+from nsqshm._core.codec cimport MSG_HEADER_SIZE, MSG_ID_SIZE
+from nsqshm._core.includes.system cimport memcpy
+
+OK = STATUS_OK
+NOT_IN_FLIGHT = STATUS_NOT_IN_FLIGHT
+NOT_OWNER = STATUS_NOT_OWNER
+FRAME_TYPE_MESSAGE = 2
+
+cdef enum:
+    MSG_ID_OFFSET = 10
+    MSG_ATTEMPTS_OFFSET = 8
+    FRAME_HEADER_SIZE = 8     # u32 size + u32 frame type
+    RECORD_HEADER_SIZE = 4    # u32 native size before each packed record
+    MIN_SLOTS = 16
+    MIN_NODES = 16
+
+# The largest message whose frame size (4 + len) still fits a u32.
+cdef uint64_t MAX_MESSAGE_SIZE = 0xFFFFFFFF - FRAME_HEADER_SIZE
+# Heap indices are u32 in each entry.
+cdef size_t MAX_ENTRIES = 0xFFFFFFFE
+
+
+# -- small helpers --------------------------------------------------------------
+
+cdef inline char *_msg(MsgEntry *e) noexcept nogil:
+    # the message bytes follow the 32-byte header, 8-byte aligned
+    return <char *>e + sizeof(MsgEntry)
+
+
+cdef inline void _put_u32be(char *dst, uint32_t v) noexcept nogil:
+    dst[0] = <char>(v >> 24)
+    dst[1] = <char>(v >> 16)
+    dst[2] = <char>(v >> 8)
+    dst[3] = <char>v
+
+
+cdef inline void _bump_attempts(char *msg) noexcept nogil:
+    # attempts: big-endian u16 at offset 8, saturating at 65535
+    cdef unsigned char *p = <unsigned char *>msg + MSG_ATTEMPTS_OFFSET
+    cdef uint32_t attempts = (<uint32_t>p[0] << 8) | p[1]
+    if attempts < 0xFFFF:
+        attempts += 1
+        p[0] = <unsigned char>(attempts >> 8)
+        p[1] = <unsigned char>attempts
+
+
+cdef inline uint64_t _mix64(uint64_t h) noexcept nogil:
+    # murmur3's finaliser: every input bit reaches every output bit
+    h ^= h >> 33
+    h *= 0xff51afd7ed558ccdULL
+    h ^= h >> 33
+    h *= 0xc4ceb9fe1a85ec53ULL
+    h ^= h >> 33
+    return h
+
+
+cdef inline uint64_t _hash_id(const char *msg_id) noexcept nogil:
+    # IDs from one generator differ mostly in their last hex digits; the
+    # multiply spreads the first half before the two halves are mixed
+    cdef uint64_t first, last
+    memcpy(&first, msg_id, 8)
+    memcpy(&last, msg_id + 8, 8)
+    return _mix64(last ^ (first * 0x9e3779b97f4a7c15ULL))
+
+
+cdef inline size_t _pow2_at_least(size_t n) noexcept nogil:
+    cdef size_t p = 1
+    while p < n:
+        p <<= 1
+    return p
+
+
+cdef bytes _id_bytes(object msg_id):
+    """msg_id as 16 bytes; any buffer is accepted, an int is not."""
+    if type(msg_id) is not bytes:
+        msg_id = bytes(memoryview(msg_id))
+    if PyBytes_GET_SIZE(msg_id) != MSG_ID_SIZE:
+        raise ValueError(f"message ID must be {MSG_ID_SIZE} bytes, got {len(msg_id)}")
+    return <bytes>msg_id
+
+
+# -- the heap: (deadline, seq) min-heap of entries -------------------------------
+
+cdef inline bint _before(const HeapNode *a, const HeapNode *b) noexcept nogil:
+    return a.deadline < b.deadline or (a.deadline == b.deadline and a.seq < b.seq)
+
+
+cdef void _sift_up(HeapNode *nodes, size_t i) noexcept nogil:
+    cdef HeapNode node = nodes[i]
+    cdef size_t parent
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _before(&node, &nodes[parent]):
+            break
+        nodes[i] = nodes[parent]
+        nodes[i].entry.heap_index = <uint32_t>i
+        i = parent
+    nodes[i] = node
+    node.entry.heap_index = <uint32_t>i
+
+
+cdef void _sift_down(HeapNode *nodes, size_t length, size_t i) noexcept nogil:
+    cdef HeapNode node = nodes[i]
+    cdef size_t child
+    while True:
+        child = 2 * i + 1
+        if child >= length:
+            break
+        if child + 1 < length and _before(&nodes[child + 1], &nodes[child]):
+            child += 1
+        if not _before(&nodes[child], &node):
+            break
+        nodes[i] = nodes[child]
+        nodes[i].entry.heap_index = <uint32_t>i
+        i = child
+    nodes[i] = node
+    node.entry.heap_index = <uint32_t>i
+
+
+cdef inline void _resift(MsgHeap *h, size_t i) noexcept nogil:
+    # the node at i has a new key (or is new there): move it whichever way
+    if i > 0 and _before(&h.nodes[i], &h.nodes[(i - 1) >> 1]):
+        _sift_up(h.nodes, i)
+    else:
+        _sift_down(h.nodes, h.length, i)
+
+
+cdef int _heap_init(MsgHeap *h, size_t capacity) noexcept nogil:
+    if capacity < MIN_NODES:
+        capacity = MIN_NODES
+    h.nodes = <HeapNode *>malloc(capacity * sizeof(HeapNode))
+    if h.nodes == NULL:
+        return -1
+    h.length = 0
+    h.capacity = capacity
+    h.min_capacity = capacity
+    h.next_seq = 0
+    return 0
+
+
+cdef int _heap_push(MsgHeap *h, MsgEntry *e, int64_t deadline) noexcept nogil:
+    """0, or -1 when out of memory (the heap unchanged)."""
+    cdef HeapNode *grown
+    if h.length == h.capacity:
+        grown = <HeapNode *>realloc(h.nodes, 2 * h.capacity * sizeof(HeapNode))
+        if grown == NULL:
+            return -1
+        h.nodes = grown
+        h.capacity *= 2
+    h.nodes[h.length].deadline = deadline
+    h.nodes[h.length].seq = h.next_seq
+    h.nodes[h.length].entry = e
+    h.next_seq += 1
+    h.length += 1
+    _sift_up(h.nodes, h.length - 1)
+    return 0
+
+
+cdef void _heap_remove(MsgHeap *h, size_t i) noexcept nogil:
+    cdef HeapNode *shrunk
+    h.length -= 1
+    if i != h.length:
+        h.nodes[i] = h.nodes[h.length]
+        _resift(h, i)
+    # give back memory after a burst, with hysteresis (grow at full, shrink at 1/4)
+    if h.length * 4 < h.capacity and h.capacity > h.min_capacity:
+        shrunk = <HeapNode *>realloc(h.nodes, (h.capacity // 2) * sizeof(HeapNode))
+        if shrunk != NULL:
+            h.nodes = shrunk
+            h.capacity //= 2
+
+
+cdef inline void _heap_rekey(MsgHeap *h, size_t i, int64_t deadline) noexcept nogil:
+    # a new seq too: a touched message goes behind others of the same deadline
+    h.nodes[i].deadline = deadline
+    h.nodes[i].seq = h.next_seq
+    h.next_seq += 1
+    _resift(h, i)
+
+
+cdef void _heap_free(MsgHeap *h) noexcept nogil:
+    cdef size_t i
+    if h.nodes != NULL:
+        for i in range(h.length):
+            free(h.nodes[i].entry)
+        free(h.nodes)
+        h.nodes = NULL
+    h.length = 0
+    h.capacity = 0
+
+
+# -- the ID table: open addressing, linear probing, backward-shift deletion ------
+
+cdef int _ids_init(IdTable *t, size_t capacity_hint) noexcept nogil:
+    cdef size_t nslots = _pow2_at_least(capacity_hint * 10 // 7 + 1)
+    if nslots < MIN_SLOTS:
+        nslots = MIN_SLOTS
+    t.slots = <IdSlot *>calloc(nslots, sizeof(IdSlot))
+    if t.slots == NULL:
+        return -1
+    t.mask = nslots - 1
+    t.count = 0
+    t.min_slots = nslots
+    return 0
+
+
+cdef inline size_t _ids_probe(const IdTable *t, uint64_t h, const char *msg_id) noexcept nogil:
+    """The slot holding msg_id, or the empty slot where it would go."""
+    cdef size_t i = h & t.mask
+    cdef MsgEntry *e
+    while True:
+        e = t.slots[i].entry
+        if e == NULL:
+            return i
+        if t.slots[i].hash == h and memcmp(_msg(e) + MSG_ID_OFFSET, msg_id, MSG_ID_SIZE) == 0:
+            return i
+        i = (i + 1) & t.mask
+
+
+cdef inline size_t _ids_slot_of(const IdTable *t, const MsgEntry *e) noexcept nogil:
+    """The slot of an entry known to be in the table: pointer compares only."""
+    cdef size_t i = e.hash & t.mask
+    while t.slots[i].entry != e:
+        i = (i + 1) & t.mask
+    return i
+
+
+cdef int _ids_resize(IdTable *t, size_t nslots) noexcept nogil:
+    cdef IdSlot *slots = <IdSlot *>calloc(nslots, sizeof(IdSlot))
+    cdef size_t mask = nslots - 1, i, j
+    if slots == NULL:
+        return -1
+    for i in range(t.mask + 1):
+        if t.slots[i].entry != NULL:
+            j = t.slots[i].hash & mask
+            while slots[j].entry != NULL:
+                j = (j + 1) & mask
+            slots[j] = t.slots[i]
+    free(t.slots)
+    t.slots = slots
+    t.mask = mask
+    return 0
+
+
+cdef void _ids_delete(IdTable *t, size_t hole) noexcept nogil:
+    # Backward shift: walk the run after the hole; an entry whose home slot
+    # is not cyclically in (hole, j] would become unreachable past the hole,
+    # so it moves into the hole, and the hole moves to where it was.
+    cdef size_t j = hole, home
+    cdef size_t mask = t.mask
+    while True:
+        j = (j + 1) & mask
+        if t.slots[j].entry == NULL:
+            break
+        home = t.slots[j].hash & mask
+        if ((j - home) & mask) < ((j - hole) & mask):
+            continue                    # home lies in (hole, j]: stays
+        t.slots[hole] = t.slots[j]
+        hole = j
+    t.slots[hole].entry = NULL
+    t.count -= 1
+    # shrink after a burst: at 1/8 load halve, leaving 1/4
+    if t.count * 8 < t.mask + 1 and t.mask + 1 > t.min_slots:
+        _ids_resize(t, (t.mask + 1) // 2)   # on failure keep the larger table
+
+
+# -- per-client counts: a tiny open-addressing table of client_id -> count -------
+
+cdef int _clients_init(ClientTable *t) noexcept nogil:
+    t.slots = <ClientSlot *>calloc(MIN_SLOTS, sizeof(ClientSlot))
+    if t.slots == NULL:
+        return -1
+    t.mask = MIN_SLOTS - 1
+    t.used = 0
+    t.live = 0
+    return 0
+
+
+cdef int _clients_rehash(ClientTable *t) noexcept nogil:
+    # Clients come and go for the life of a channel; a client at zero keeps
+    # its slot until here, where only live clients are carried over.
+    cdef size_t nslots = _pow2_at_least((t.live + 1) * 4)
+    cdef size_t mask, i, j
+    cdef ClientSlot *slots
+    if nslots < MIN_SLOTS:
+        nslots = MIN_SLOTS
+    slots = <ClientSlot *>calloc(nslots, sizeof(ClientSlot))
+    if slots == NULL:
+        return -1
+    mask = nslots - 1
+    for i in range(t.mask + 1):
+        if t.slots[i].used and t.slots[i].count:
+            j = _mix64(t.slots[i].client_id) & mask
+            while slots[j].used:
+                j = (j + 1) & mask
+            slots[j] = t.slots[i]
+    free(t.slots)
+    t.slots = slots
+    t.mask = mask
+    t.used = t.live
+    return 0
+
+
+cdef ClientSlot *_client_slot(ClientTable *t, uint64_t client_id, bint create) noexcept nogil:
+    """The client's slot; with create, a new one at count 0 if it has none.
+    NULL if absent (or, with create, out of memory)."""
+    cdef size_t i = _mix64(client_id) & t.mask
+    cdef ClientSlot *s
+    while t.slots[i].used:
+        if t.slots[i].client_id == client_id:
+            return &t.slots[i]
+        i = (i + 1) & t.mask
+    if not create:
+        return NULL
+    if (t.used + 1) * 2 > t.mask + 1:
+        if _clients_rehash(t) < 0:
+            return NULL
+        i = _mix64(client_id) & t.mask
+        while t.slots[i].used:
+            i = (i + 1) & t.mask
+    s = &t.slots[i]
+    s.used = 1
+    s.client_id = client_id
+    s.count = 0
+    t.used += 1
+    return s
+
+
+# -- InFlight ---------------------------------------------------------------------
+
+cdef class InFlight:
+    """Messages in flight on one channel: keyed by ID, ordered by deadline."""
+
+    def __cinit__(self, size_t capacity_hint=1024):
+        self.ids.slots = NULL
+        self.heap.nodes = NULL
+        self.clients.slots = NULL
+        self._total_bytes = 0
+        self.duplicates = 0
+        if capacity_hint > (<size_t>1 << 32):
+            raise ValueError(f"capacity_hint {capacity_hint} is over 2**32")
+        if _ids_init(&self.ids, capacity_hint) < 0 or \
+                _heap_init(&self.heap, capacity_hint) < 0 or \
+                _clients_init(&self.clients) < 0:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        _heap_free(&self.heap)          # frees the entries too
+        free(self.ids.slots)
+        free(self.clients.slots)
+
+    # -- the core, shared by every path ------------------------------------------
+
+    cdef int _insert(self, const char *msg, uint32_t size, uint64_t client_id,
+                     int64_t deadline_ns) noexcept:
+        """Copy msg in: 0; 1 if its ID is already in flight (nothing done);
+        -1 when out of memory or at MAX_ENTRIES (nothing done)."""
+        cdef const char *msg_id = msg + MSG_ID_OFFSET
+        cdef uint64_t h = _hash_id(msg_id)
+        cdef size_t slot = _ids_probe(&self.ids, h, msg_id)
+        cdef ClientSlot *client
+        cdef MsgEntry *e
+        if self.ids.slots[slot].entry != NULL:
+            return 1
+        if self.ids.count >= MAX_ENTRIES:
+            return -1
+        if (self.ids.count + 1) * 10 > (self.ids.mask + 1) * 7:
+            if _ids_resize(&self.ids, 2 * (self.ids.mask + 1)) < 0:
+                return -1
+            slot = _ids_probe(&self.ids, h, msg_id)
+        client = _client_slot(&self.clients, client_id, True)
+        if client == NULL:
+            return -1
+        e = <MsgEntry *>malloc(sizeof(MsgEntry) + size)
+        if e == NULL:
+            return -1
+        e.client_id = client_id
+        e.first_deadline = deadline_ns
+        e.hash = h
+        e.size = size
+        memcpy(_msg(e), msg, size)
+        if _heap_push(&self.heap, e, deadline_ns) < 0:
+            free(e)
+            return -1
+        self.ids.slots[slot].hash = h
+        self.ids.slots[slot].entry = e
+        self.ids.count += 1
+        client.count += 1
+        if client.count == 1:
+            self.clients.live += 1
+        self._total_bytes += size
+        return 0
+
+    cdef void _remove(self, MsgEntry *e, size_t slot) noexcept:
+        """Unlink e (at `slot` of the ID table) from everything; the caller frees it."""
+        cdef ClientSlot *client = _client_slot(&self.clients, e.client_id, False)
+        client.count -= 1
+        if client.count == 0:
+            self.clients.live -= 1
+        self._total_bytes -= e.size
+        _heap_remove(&self.heap, e.heap_index)
+        _ids_delete(&self.ids, slot)
+
+    cdef int add_raw(self, const char *msg, uint32_t size, uint64_t client_id,
+                     int64_t deadline_ns) except -1:
+        """Copy a message (size >= 26, unchecked) into the table.  KeyError
+        if its ID is in flight, MemoryError if out of memory."""
+        cdef int r = self._insert(msg, size, client_id, deadline_ns)
+        if r == 1:
+            raise KeyError(PyBytes_FromStringAndSize(msg + MSG_ID_OFFSET, MSG_ID_SIZE))
+        if r < 0:
+            raise MemoryError()
+        return 0
+
+    cdef int finish_raw(self, const char *msg_id, uint64_t client_id) noexcept:
+        """Remove and free the message msg_id (16 bytes) held by client_id:
+        STATUS_OK, STATUS_NOT_IN_FLIGHT or STATUS_NOT_OWNER."""
+        cdef size_t slot = _ids_probe(&self.ids, _hash_id(msg_id), msg_id)
+        cdef MsgEntry *e = self.ids.slots[slot].entry
+        if e == NULL:
+            return STATUS_NOT_IN_FLIGHT
+        if e.client_id != client_id:
+            return STATUS_NOT_OWNER
+        self._remove(e, slot)
+        free(e)
+        return STATUS_OK
+
+    cdef int touch_raw(self, const char *msg_id, uint64_t client_id,
+                       int64_t new_deadline_ns) noexcept:
+        cdef size_t slot = _ids_probe(&self.ids, _hash_id(msg_id), msg_id)
+        cdef MsgEntry *e = self.ids.slots[slot].entry
+        if e == NULL:
+            return STATUS_NOT_IN_FLIGHT
+        if e.client_id != client_id:
+            return STATUS_NOT_OWNER
+        _heap_rekey(&self.heap, e.heap_index, new_deadline_ns)
+        return STATUS_OK
+
+    cdef MsgEntry *_find(self, bytes msg_id) noexcept:
+        cdef const char *p = PyBytes_AS_STRING(msg_id)
+        return self.ids.slots[_ids_probe(&self.ids, _hash_id(p), p)].entry
+
+    cdef tuple _pop_into(self, int64_t limit, object buffer):
+        cdef Py_buffer view
+        cdef MsgEntry *e
+        cdef char *dst
+        cdef Py_ssize_t pos = 0, count = 0
+        PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
+        try:
+            dst = <char *>view.buf
+            while self.heap.length and self.heap.nodes[0].deadline <= limit:
+                e = self.heap.nodes[0].entry
+                if view.len - pos < RECORD_HEADER_SIZE + <Py_ssize_t>e.size:
+                    if count == 0:
+                        raise ValueError(f"buffer of {view.len} bytes cannot hold the next "
+                                         f"message of {e.size} bytes plus its 4-byte size")
+                    break
+                memcpy(dst + pos, &e.size, RECORD_HEADER_SIZE)
+                memcpy(dst + pos + RECORD_HEADER_SIZE, _msg(e), e.size)
+                pos += RECORD_HEADER_SIZE + e.size
+                count += 1
+                self._remove(e, _ids_slot_of(&self.ids, e))
+                free(e)
+        finally:
+            PyBuffer_Release(&view)
+        return count, pos
+
+    # -- Python API ----------------------------------------------------------------
+
+    def add(self, msg, uint64_t client_id, int64_t deadline_ns):
+        """Copy msg (a whole encoded message) into the table, held by client_id
+        until deadline_ns.  KeyError if its ID is already in flight."""
+        cdef Py_buffer view
+        PyObject_GetBuffer(msg, &view, PyBUF_SIMPLE)
+        try:
+            if view.len < MSG_HEADER_SIZE:
+                raise ValueError(f"message of {view.len} bytes is shorter than its "
+                                 f"{MSG_HEADER_SIZE}-byte header")
+            if <uint64_t>view.len > MAX_MESSAGE_SIZE:
+                raise ValueError(f"message of {view.len} bytes is too large for a frame")
+            self.add_raw(<const char *>view.buf, <uint32_t>view.len, client_id, deadline_ns)
+        finally:
+            PyBuffer_Release(&view)
+
+    def finish(self, msg_id, uint64_t client_id):
+        """Remove a message: OK, NOT_IN_FLIGHT or NOT_OWNER."""
+        cdef bytes key = _id_bytes(msg_id)
+        return self.finish_raw(PyBytes_AS_STRING(key), client_id)
+
+    def requeue(self, msg_id, uint64_t client_id):
+        """Remove a message and return its bytes, or NOT_IN_FLIGHT / NOT_OWNER."""
+        cdef bytes key = _id_bytes(msg_id)
+        cdef const char *p = PyBytes_AS_STRING(key)
+        cdef size_t slot = _ids_probe(&self.ids, _hash_id(p), p)
+        cdef MsgEntry *e = self.ids.slots[slot].entry
+        if e == NULL:
+            return STATUS_NOT_IN_FLIGHT
+        if e.client_id != client_id:
+            return STATUS_NOT_OWNER
+        out = PyBytes_FromStringAndSize(_msg(e), e.size)
+        self._remove(e, slot)
+        free(e)
+        return out
+
+    def touch(self, msg_id, uint64_t client_id, int64_t new_deadline_ns):
+        """Move a message's deadline: OK, NOT_IN_FLIGHT or NOT_OWNER."""
+        cdef bytes key = _id_bytes(msg_id)
+        return self.touch_raw(PyBytes_AS_STRING(key), client_id, new_deadline_ns)
+
+    def pop_expired(self, int64_t now_ns, buffer):
+        """Remove messages with deadline <= now_ns, earliest first, into the
+        writable buffer as packed [u32 native size][message] records.
+
+        Stops at the first that would not fit; ValueError if that is the
+        first of all (the buffer could never make progress).  Returns
+        (messages, bytes written).
+        """
+        return self._pop_into(now_ns, buffer)
+
+    def drain(self, buffer):
+        """pop_expired for every message whatever its deadline (shutdown);
+        call until it returns (0, 0)."""
+        return self._pop_into(INT64_MAX, buffer)
+
+    def deliver(self, records, Py_ssize_t count, bytearray out not None,
+                uint64_t client_id, int64_t deadline_ns):
+        """Send `count` messages to one client.
+
+        `records` holds packed [u32 native size][message] records, as from
+        Ring.pop_many_into.  Each message's attempts is incremented (in the
+        copy; saturating at 65535), an NSQ message frame
+
+            [ u32 BE size = 4 + len ][ u32 BE frame type 2 ][ message ]
+
+        is appended to `out`, and the message as framed goes into the table
+        held by client_id until deadline_ns.  A message whose ID is already
+        in flight is framed but not added, and counted in `duplicates`.
+        Returns the number added.
+
+        Records are checked before anything changes; on MemoryError part
+        way, `out` ends after the last message added.
+        """
+        cdef Py_buffer view
+        cdef const char *src
+        cdef char *dst
+        cdef Py_ssize_t pos = 0, k, grow = 0, base, added = 0
+        cdef uint32_t size
+        cdef int r
+        if count < 0:
+            raise ValueError(f"count {count} is negative")
+        PyObject_GetBuffer(records, &view, PyBUF_SIMPLE)
+        try:
+            src = <const char *>view.buf
+            # pass 1: validate every record and size the output once
+            for k in range(count):
+                if view.len - pos < RECORD_HEADER_SIZE:
+                    raise ValueError(f"records buffer of {view.len} bytes ends inside "
+                                     f"record {k} of {count}")
+                memcpy(&size, src + pos, RECORD_HEADER_SIZE)
+                if size < MSG_HEADER_SIZE or size > MAX_MESSAGE_SIZE:
+                    raise ValueError(f"record {k} is a message of {size} bytes, shorter than "
+                                     f"its {MSG_HEADER_SIZE}-byte header or too large")
+                if view.len - pos - RECORD_HEADER_SIZE < <Py_ssize_t>size:
+                    raise ValueError(f"record {k} of {size} bytes runs past the end of the "
+                                     f"{view.len}-byte records buffer")
+                pos += RECORD_HEADER_SIZE + size
+                grow += FRAME_HEADER_SIZE + size
+            base = PyByteArray_GET_SIZE(out)
+            PyByteArray_Resize(out, base + grow)
+            # pass 2: frame, bump attempts in the frame, add the framed copy
+            dst = PyByteArray_AS_STRING(out) + base
+            pos = 0
+            for k in range(count):
+                memcpy(&size, src + pos, RECORD_HEADER_SIZE)
+                _put_u32be(dst, 4 + size)
+                _put_u32be(dst + 4, FRAME_TYPE_MESSAGE)
+                memcpy(dst + FRAME_HEADER_SIZE, src + pos + RECORD_HEADER_SIZE, size)
+                _bump_attempts(dst + FRAME_HEADER_SIZE)
+                r = self._insert(dst + FRAME_HEADER_SIZE, size, client_id, deadline_ns)
+                if r == 0:
+                    added += 1
+                elif r == 1:
+                    self.duplicates += 1
+                else:
+                    PyByteArray_Resize(out, dst - PyByteArray_AS_STRING(out))
+                    raise MemoryError()
+                dst += FRAME_HEADER_SIZE + size
+                pos += RECORD_HEADER_SIZE + size
+        finally:
+            PyBuffer_Release(&view)
+        return added
+
+    def next_deadline(self):
+        """The earliest deadline, or -1 when empty."""
+        return self.heap.nodes[0].deadline if self.heap.length else -1
+
+    def get_deadline(self, msg_id):
+        """A message's deadline, or -1 when it is not in flight."""
+        cdef MsgEntry *e = self._find(_id_bytes(msg_id))
+        return self.heap.nodes[e.heap_index].deadline if e != NULL else -1
+
+    def get_first_deadline(self, msg_id):
+        """The deadline a message was given when delivered (before any TOUCH),
+        or -1 when it is not in flight."""
+        cdef MsgEntry *e = self._find(_id_bytes(msg_id))
+        return e.first_deadline if e != NULL else -1
+
+    def client_count(self, uint64_t client_id):
+        """How many messages client_id holds."""
+        cdef ClientSlot *s = _client_slot(&self.clients, client_id, False)
+        return s.count if s != NULL else 0
+
+    def __contains__(self, msg_id):
+        return self._find(_id_bytes(msg_id)) != NULL
+
+    def __len__(self):
+        return self.ids.count
+
+    @property
+    def total_bytes(self):
+        """Sum of the sizes of the messages in flight."""
+        return self._total_bytes
+
+    @property
+    def table_slots(self):
+        """Slots in the ID hash table (diagnostics)."""
+        return self.ids.mask + 1
+
+
+# -- DeferredQueue ------------------------------------------------------------------
+
+cdef class DeferredQueue:
+    """Messages waiting for a due time (REQ with a delay, DPUB), earliest first."""
+
+    def __cinit__(self, size_t capacity_hint=64):
+        self.heap.nodes = NULL
+        self._total_bytes = 0
+        if _heap_init(&self.heap, capacity_hint) < 0:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        _heap_free(&self.heap)
+
+    cdef int push_raw(self, const char *msg, uint32_t size, int64_t due_ns) except -1:
+        """Copy a message (size >= 26, unchecked) in, due at due_ns."""
+        cdef MsgEntry *e = <MsgEntry *>malloc(sizeof(MsgEntry) + size)
+        if e == NULL:
+            raise MemoryError()
+        e.client_id = 0
+        e.first_deadline = due_ns
+        e.hash = _hash_id(msg + MSG_ID_OFFSET)
+        e.size = size
+        memcpy(_msg(e), msg, size)
+        if _heap_push(&self.heap, e, due_ns) < 0:
+            free(e)
+            raise MemoryError()
+        self._total_bytes += size
+        return 0
+
+    cdef tuple _pop_into(self, int64_t limit, object buffer):
+        cdef Py_buffer view
+        cdef MsgEntry *e
+        cdef char *dst
+        cdef Py_ssize_t pos = 0, count = 0
+        PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
+        try:
+            dst = <char *>view.buf
+            while self.heap.length and self.heap.nodes[0].deadline <= limit:
+                e = self.heap.nodes[0].entry
+                if view.len - pos < RECORD_HEADER_SIZE + <Py_ssize_t>e.size:
+                    if count == 0:
+                        raise ValueError(f"buffer of {view.len} bytes cannot hold the next "
+                                         f"message of {e.size} bytes plus its 4-byte size")
+                    break
+                memcpy(dst + pos, &e.size, RECORD_HEADER_SIZE)
+                memcpy(dst + pos + RECORD_HEADER_SIZE, _msg(e), e.size)
+                pos += RECORD_HEADER_SIZE + e.size
+                count += 1
+                self._total_bytes -= e.size
+                _heap_remove(&self.heap, 0)
+                free(e)
+        finally:
+            PyBuffer_Release(&view)
+        return count, pos
+
+    def push(self, msg, int64_t due_ns):
+        """Copy msg (a whole encoded message) in, due at due_ns."""
+        cdef Py_buffer view
+        PyObject_GetBuffer(msg, &view, PyBUF_SIMPLE)
+        try:
+            if view.len < MSG_HEADER_SIZE:
+                raise ValueError(f"message of {view.len} bytes is shorter than its "
+                                 f"{MSG_HEADER_SIZE}-byte header")
+            if <uint64_t>view.len > MAX_MESSAGE_SIZE:
+                raise ValueError(f"message of {view.len} bytes is too large for a frame")
+            self.push_raw(<const char *>view.buf, <uint32_t>view.len, due_ns)
+        finally:
+            PyBuffer_Release(&view)
+
+    def pop_due(self, int64_t now_ns, buffer):
+        """Remove messages due by now_ns, earliest first, into the writable
+        buffer as packed [u32 native size][message] records; (count, bytes).
+        ValueError if the first due cannot fit the buffer."""
+        return self._pop_into(now_ns, buffer)
+
+    def drain(self, buffer):
+        """pop_due for every message (shutdown); call until it returns (0, 0)."""
+        return self._pop_into(INT64_MAX, buffer)
+
+    def next_due(self):
+        """The earliest due time, or -1 when empty."""
+        return self.heap.nodes[0].deadline if self.heap.length else -1
+
+    def contains(self, msg_id):
+        """Whether a message with this ID is deferred (a scan: O(n))."""
+        cdef bytes key = _id_bytes(msg_id)
+        cdef const char *p = PyBytes_AS_STRING(key)
+        cdef uint64_t h = _hash_id(p)
+        cdef size_t i
+        cdef MsgEntry *e
+        for i in range(self.heap.length):
+            e = self.heap.nodes[i].entry
+            if e.hash == h and memcmp(_msg(e) + MSG_ID_OFFSET, p, MSG_ID_SIZE) == 0:
+                return True
+        return False
+
+    def __len__(self):
+        return self.heap.length
+
+    @property
+    def total_bytes(self):
+        """Sum of the sizes of the deferred messages."""
+        return self._total_bytes

@@ -1,0 +1,1 @@
+# wire: per-batch conversions between NSQ's wire formats and ring records

@@ -1,0 +1,1 @@
+"""nsqd: the broker (TCP protocol V2, HTTP API, topics and channels)."""

@@ -1,0 +1,30 @@
+"""Protocol errors as nsqd's internal/protocol/errors.go: a code and a text.
+
+A FatalClientErr closes the connection right after its error frame; a
+ClientErr (only E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED) leaves it open.
+"""
+
+
+class ClientErr(Exception):
+    fatal = False
+
+    def __init__(self, code, desc):
+        super().__init__(f"{code} {desc}")
+        self.code = code
+        self.desc = desc
+
+    @property
+    def wire(self):
+        return f"{self.code} {self.desc}".encode("utf-8", "surrogateescape")
+
+
+class FatalClientErr(ClientErr):
+    fatal = True
+
+
+def fatal(code, desc):
+    return FatalClientErr(code, desc)
+
+
+def nonfatal(code, desc):
+    return ClientErr(code, desc)

@@ -1,0 +1,506 @@
+"""The TCP protocol V2 (nsqd's protocol_v2.go): one greenlet per
+connection reads commands; each wire verb is a method named as the command,
+taking (client, params, reader) and returning a response payload or None,
+or raising a ClientErr.  Error codes, texts and fatality follow nsqd 1.3.
+
+Frames (server to client), big-endian:
+
+    [ 4-byte size ][ 4-byte frame type ][ size - 4 bytes of data ]
+
+A command is a line `VERB arg arg\\n`; IDENTIFY, AUTH, PUB, MPUB and DPUB
+are followed by [ 4-byte size ][ body ].
+"""
+
+import json
+import socket
+import time
+
+import gevent
+
+from nsqshm._core import wire
+from nsqshm._core.codec import FRAME_TYPE_ERROR
+from nsqshm.nsqd.channel import ChannelError
+from nsqshm.nsqd.client_v2 import (
+    STATE_CLOSING,
+    STATE_INIT,
+    STATE_SUBSCRIBED,
+    ClientV2,
+    frame,
+)
+from nsqshm.nsqd.errors import ClientErr, FatalClientErr
+from nsqshm.nsqd.names import go_quote, is_valid_name
+from nsqshm.nsqd.topic import TopicError
+
+MAGIC_V2 = b"  V2"
+MAX_LINE = 16 * 1024
+OK = b"OK"
+CLOSE_WAIT = b"CLOSE_WAIT"
+BAD_PROTOCOL_FRAME = frame(FRAME_TYPE_ERROR, b"E_BAD_PROTOCOL")
+
+# IDENTIFY's JSON fields and the Python types Go's decoder accepts for them
+IDENTIFY_FIELDS = {
+    "client_id": str, "hostname": str, "heartbeat_interval": int, "output_buffer_size": int,
+    "output_buffer_timeout": int, "feature_negotiation": bool, "tls_v1": bool, "deflate": bool,
+    "deflate_level": int, "snappy": bool, "sample_rate": int, "user_agent": str,
+    "msg_timeout": int,
+}
+MESSAGE_ERRORS = {
+    wire.MPUB_COUNT_UNREADABLE: ("E_BAD_BODY", "MPUB failed to read message count"),
+    wire.MPUB_BAD_COUNT: ("E_BAD_BODY", "MPUB invalid message count {value}"),
+    wire.MPUB_SIZE_UNREADABLE: ("E_BAD_MESSAGE", "MPUB failed to read message({index}) body size"),
+    wire.MPUB_BAD_SIZE: ("E_BAD_MESSAGE", "MPUB invalid message({index}) body size {value}"),
+    wire.MPUB_TOO_BIG: ("E_BAD_MESSAGE", "MPUB message too big {value} > {max}"),
+    wire.MPUB_BODY_UNREADABLE: ("E_BAD_MESSAGE", "MPUB failed to read message body"),
+}
+
+
+class Disconnect(Exception):
+    """The connection ends without an error frame."""
+
+
+class Reader:
+    """Buffered reads of lines and exact sizes from a gevent socket."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = bytearray()
+        self.pos = 0
+
+    def _fill(self):
+        if self.pos:
+            del self.buf[:self.pos]
+            self.pos = 0
+        data = self.sock.recv(256 * 1024)
+        if not data:
+            raise Disconnect("EOF")
+        self.buf += data
+
+    def readline(self):
+        while True:
+            i = self.buf.find(b"\n", self.pos)
+            if i >= 0:
+                line = bytes(self.buf[self.pos:i])
+                self.pos = i + 1
+                return line
+            if len(self.buf) - self.pos >= MAX_LINE:
+                raise Disconnect("bufio: buffer full")
+            self._fill()
+
+    def read(self, n):
+        while len(self.buf) - self.pos < n:
+            self._fill()
+        data = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return data
+
+    def read_len(self):
+        """A 4-byte big-endian signed length (Go's int32 readLen)."""
+        return int.from_bytes(self.read(4), "big", signed=True)
+
+
+def base10(value):
+    """nsqd's ByteToBase10: ASCII digits only (empty is 0); None if not."""
+    if value and not value.isdigit():
+        return None
+    n = 0
+    for ch in value:
+        n = (n * 10 + ch - 48) & 0xFFFFFFFFFFFFFFFF
+    return n - (1 << 64) if n >= 1 << 63 else n
+
+
+def text(value):
+    """Wire bytes as text for an error, byte for byte."""
+    return value.decode("utf-8", "surrogateescape")
+
+
+def require_state(client, verb, *states):
+    if client.state not in states:
+        raise FatalClientErr("E_INVALID", f"cannot {verb} in current state")
+
+
+def message_id(params, verb):
+    if len(params) < 2:
+        raise FatalClientErr("E_INVALID", f"{verb} insufficient number of params")
+    if len(params[1]) != 16:
+        raise FatalClientErr("E_INVALID", "invalid message ID")
+    return params[1]
+
+
+class ProtocolV2:
+    def __init__(self, nsqd):
+        self.nsqd = nsqd
+        self.opts = nsqd.opts
+        self.commands = {
+            b"IDENTIFY": self.IDENTIFY, b"AUTH": self.AUTH, b"SUB": self.SUB, b"RDY": self.RDY,
+            b"FIN": self.FIN, b"REQ": self.REQ, b"TOUCH": self.TOUCH, b"CLS": self.CLS,
+            b"NOP": self.NOP, b"PUB": self.PUB, b"MPUB": self.MPUB, b"DPUB": self.DPUB,
+        }
+
+    # -- the connection loop ------------------------------------------------------------
+
+    def handle(self, sock, address):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader = Reader(sock)
+        try:
+            magic = reader.read(4)
+        except (Disconnect, OSError):
+            sock.close()
+            return
+        if magic != MAGIC_V2:
+            try:
+                sock.sendall(BAD_PROTOCOL_FRAME)
+            except OSError:
+                pass
+            sock.close()
+            return
+        nsqd = self.nsqd
+        client = ClientV2(nsqd, sock, address, nsqd.next_client_id())
+        nsqd.clients[client.id] = client
+        client.start()
+        try:
+            self.io_loop(client, reader)
+        finally:
+            self.exit(client)
+
+    def io_loop(self, client, reader):
+        sock = client.sock
+        commands = self.commands
+        while not client.closed:
+            hb = client.heartbeat_interval
+            sock.settimeout(hb * 2 if hb > 0 else None)
+            try:
+                line = reader.readline()
+            except (Disconnect, OSError):
+                return
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            params = line.split(b" ")
+            try:
+                handler = commands.get(params[0])
+                if handler is None:
+                    raise FatalClientErr("E_INVALID", f"invalid command {text(params[0])}")
+                response = handler(client, params, reader)
+            except ClientErr as err:
+                client.out += frame(FRAME_TYPE_ERROR, err.wire)
+                if err.fatal:
+                    self.close_after_flush(client)
+                    return
+                client.kick()
+                continue
+            except (Disconnect, OSError):
+                return
+            if response is not None:
+                client.send_response(response)
+
+    def close_after_flush(self, client):
+        client.kick()
+        deadline = time.monotonic() + 1.0
+        while client.out and not client.closed and time.monotonic() < deadline:
+            gevent.sleep(0.001)
+        gevent.sleep(0)
+
+    def exit(self, client):
+        client.close()
+        self.nsqd.clients.pop(client.id, None)
+        if client.channel is not None:
+            client.channel.remove_client(client)
+
+    # -- commands -----------------------------------------------------------------------
+
+    def IDENTIFY(self, client, params, reader):
+        require_state(client, "IDENTIFY", STATE_INIT)
+        body = self._read_body(reader, "IDENTIFY", "E_BAD_BODY", self.opts.max_body_size,
+                               body_too_big="IDENTIFY body too big {n} > {max}",
+                               bad_size="IDENTIFY invalid body size {n}")
+        try:
+            raw = json.loads(body)
+            if not isinstance(raw, dict):
+                raise ValueError
+            data = {}
+            for key, value in raw.items():
+                field = key.lower()
+                kind = IDENTIFY_FIELDS.get(field)
+                if kind is None or value is None:
+                    continue
+                if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+                    raise ValueError
+                if not isinstance(value, kind):
+                    raise ValueError
+                data[field] = value
+        except ValueError:
+            raise FatalClientErr("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
+        client.client_id = data.get("client_id", "")
+        client.hostname = data.get("hostname", "")
+        client.user_agent = data.get("user_agent", "")
+        error = self._apply_identify(client, data)
+        if error:
+            raise FatalClientErr("E_BAD_BODY", "IDENTIFY " + error)
+        client.reset_heartbeat()
+        if not data.get("feature_negotiation"):
+            return OK
+        opts = self.opts
+        deflate = bool(opts.deflate and data.get("deflate") and False)  # transport issue
+        snappy = bool(opts.snappy and data.get("snappy") and False)
+        deflate_level = 6
+        if deflate and data.get("deflate_level", 0) > 0:
+            deflate_level = data["deflate_level"]
+        deflate_level = min(deflate_level, opts.max_deflate_level)
+        return json.dumps({
+            "max_rdy_count": opts.max_rdy_count,
+            "version": self.nsqd.version,
+            "max_msg_timeout": int(opts.max_msg_timeout * 1000),
+            "msg_timeout": int(client.msg_timeout * 1000),
+            "tls_v1": False,
+            "deflate": deflate,
+            "deflate_level": deflate_level,
+            "max_deflate_level": opts.max_deflate_level,
+            "snappy": snappy,
+            "sample_rate": client.sample_rate,
+            "auth_required": False,
+            "output_buffer_size": client.output_buffer_size,
+            "output_buffer_timeout": int(client.output_buffer_timeout * 1000),
+        }, separators=(",", ":")).encode()
+
+    def _apply_identify(self, client, data):
+        """nsqd's clientV2.Identify checks, in its order; an error text or None."""
+        opts = self.opts
+        hb = data.get("heartbeat_interval", 0)
+        if hb == -1:
+            client.heartbeat_interval = 0
+        elif hb == 0:
+            pass
+        elif 1000 <= hb <= int(opts.max_heartbeat_interval * 1000):
+            client.heartbeat_interval = hb / 1000
+        else:
+            return f"heartbeat interval ({hb}) is invalid"
+        timeout = data.get("output_buffer_timeout", 0)
+        size = data.get("output_buffer_size", 0)
+        if timeout == -1:
+            client.output_buffer_timeout = 0
+        elif timeout == 0:
+            pass
+        elif (int(opts.min_output_buffer_timeout * 1000) <= timeout
+              <= int(opts.max_output_buffer_timeout * 1000)):
+            client.output_buffer_timeout = timeout / 1000
+        else:
+            return f"output buffer timeout ({timeout}) is invalid"
+        if size == -1:
+            client.output_buffer_size = 1
+            client.output_buffer_timeout = 0
+        elif size == 0:
+            pass
+        elif 64 <= size <= opts.max_output_buffer_size:
+            client.output_buffer_size = size
+        else:
+            return f"output buffer size ({size}) is invalid"
+        rate = data.get("sample_rate", 0)
+        if not 0 <= rate <= 99:
+            return f"sample rate ({rate}) is invalid"
+        client.sample_rate = rate
+        msg_timeout = data.get("msg_timeout", 0)
+        if msg_timeout == 0:
+            pass
+        elif 1000 <= msg_timeout <= int(opts.max_msg_timeout * 1000):
+            client.msg_timeout = msg_timeout / 1000
+        else:
+            return f"msg timeout ({msg_timeout}) is invalid"
+        return None
+
+    def AUTH(self, client, params, reader):
+        require_state(client, "AUTH", STATE_INIT)
+        if len(params) != 1:
+            raise FatalClientErr("E_INVALID", "AUTH invalid number of parameters")
+        self._read_body(reader, "AUTH", "E_BAD_BODY", self.opts.max_body_size,
+                        body_too_big="AUTH body too big {n} > {max}",
+                        bad_size="AUTH invalid body size {n}")
+        if client.auth_identity:
+            raise FatalClientErr("E_INVALID", "AUTH already set")
+        raise FatalClientErr("E_AUTH_DISABLED", "AUTH disabled")
+
+    def SUB(self, client, params, reader):
+        require_state(client, "SUB", STATE_INIT)
+        if client.heartbeat_interval <= 0:
+            raise FatalClientErr("E_INVALID", "cannot SUB with heartbeats disabled")
+        if len(params) < 3:
+            raise FatalClientErr("E_INVALID", "SUB insufficient number of parameters")
+        topic_name, channel_name = params[1], params[2]
+        if not is_valid_name(topic_name):
+            raise FatalClientErr("E_BAD_TOPIC", f"SUB topic name {go_quote(topic_name)} is not valid")
+        if not is_valid_name(channel_name):
+            raise FatalClientErr("E_BAD_CHANNEL",
+                                 f"SUB channel name {go_quote(channel_name)} is not valid")
+        topic = self.nsqd.get_topic(topic_name.decode())
+        channel = topic.get_channel(channel_name.decode())
+        try:
+            channel.add_client(client)
+        except ChannelError as err:
+            raise FatalClientErr("E_SUB_FAILED", f"SUB failed {err}") from None
+        client.state = STATE_SUBSCRIBED
+        client.channel = channel
+        return OK
+
+    def RDY(self, client, params, reader):
+        if client.state == STATE_CLOSING:
+            return None
+        require_state(client, "RDY", STATE_SUBSCRIBED)
+        count = 1
+        if len(params) > 1:
+            count = base10(params[1])
+            if count is None:
+                raise FatalClientErr("E_INVALID", f"RDY could not parse count {text(params[1])}")
+        if not 0 <= count <= self.opts.max_rdy_count:
+            raise FatalClientErr("E_INVALID",
+                                 f"RDY count {count} out of range 0-{self.opts.max_rdy_count}")
+        client.ready_count = count
+        client.channel.wake()
+        return None
+
+    def FIN(self, client, params, reader):
+        require_state(client, "FIN", STATE_SUBSCRIBED, STATE_CLOSING)
+        msg_id = message_id(params, "FIN")
+        try:
+            client.channel.finish(client, msg_id)
+        except ChannelError as err:
+            raise ClientErr("E_FIN_FAILED", f"FIN {text(msg_id)} failed {err}") from None
+        return None
+
+    def REQ(self, client, params, reader):
+        require_state(client, "REQ", STATE_SUBSCRIBED, STATE_CLOSING)
+        if len(params) < 3:
+            raise FatalClientErr("E_INVALID", "REQ insufficient number of params")
+        msg_id = message_id(params, "REQ")
+        timeout_ms = base10(params[2])
+        if timeout_ms is None:
+            raise FatalClientErr("E_INVALID", f"REQ could not parse timeout {text(params[2])}")
+        max_ms = int(self.opts.max_req_timeout * 1000)
+        timeout_ms = min(max(timeout_ms, 0), max_ms)  # clamped, as nsqd >= 1.1
+        try:
+            client.channel.requeue(client, msg_id, timeout_ms / 1000)
+        except ChannelError as err:
+            raise ClientErr("E_REQ_FAILED", f"REQ {text(msg_id)} failed {err}") from None
+        return None
+
+    def TOUCH(self, client, params, reader):
+        require_state(client, "TOUCH", STATE_SUBSCRIBED, STATE_CLOSING)
+        msg_id = message_id(params, "TOUCH")
+        try:
+            client.channel.touch(client, msg_id)
+        except ChannelError as err:
+            raise ClientErr("E_TOUCH_FAILED", f"TOUCH {text(msg_id)} failed {err}") from None
+        return None
+
+    def CLS(self, client, params, reader):
+        if client.state != STATE_SUBSCRIBED:
+            raise FatalClientErr("E_INVALID", "cannot CLS in current state")
+        client.ready_count = 0
+        client.state = STATE_CLOSING
+        return CLOSE_WAIT
+
+    def NOP(self, client, params, reader):
+        return None
+
+    def PUB(self, client, params, reader):
+        if len(params) < 2:
+            raise FatalClientErr("E_INVALID", "PUB insufficient number of parameters")
+        topic_name = params[1]
+        if not is_valid_name(topic_name):
+            raise FatalClientErr("E_BAD_TOPIC", f"PUB topic name {go_quote(topic_name)} is not valid")
+        body = self._read_message(reader, "PUB")
+        topic = self.nsqd.get_topic(topic_name.decode())
+        try:
+            topic.put_message(body)
+        except TopicError as err:
+            raise FatalClientErr("E_PUB_FAILED", f"PUB failed {err}") from None
+        self._count_pub(client, topic.name, 1)
+        return OK
+
+    def MPUB(self, client, params, reader):
+        if len(params) < 2:
+            raise FatalClientErr("E_INVALID", "MPUB insufficient number of parameters")
+        topic_name = params[1]
+        if not is_valid_name(topic_name):
+            raise FatalClientErr("E_BAD_TOPIC",
+                                 f"E_BAD_TOPIC MPUB topic name {go_quote(topic_name)} is not valid")
+        topic = self.nsqd.get_topic(topic_name.decode())
+        opts = self.opts
+        try:
+            size = reader.read_len()
+        except Disconnect:
+            raise FatalClientErr("E_BAD_BODY", "MPUB failed to read body size") from None
+        if size <= 0:
+            raise FatalClientErr("E_BAD_BODY", f"MPUB invalid body size {size}")
+        if size > opts.max_body_size:
+            raise FatalClientErr("E_BAD_BODY", f"MPUB body too big {size} > {opts.max_body_size}")
+        body = reader.read(size)
+        packed = bytearray()
+        status, index, value = wire.pack_mpub(body, self.nsqd.ids, time.time_ns(),
+                                              opts.max_msg_size, opts.max_body_size, packed)
+        if status != wire.MPUB_OK:
+            code, template = MESSAGE_ERRORS[status]
+            raise FatalClientErr(code, template.format(index=index, value=value,
+                                                       max=opts.max_msg_size))
+        try:
+            topic.put_packed(packed, value, len(packed) - value * 30)
+        except TopicError as err:
+            raise FatalClientErr("E_MPUB_FAILED", f"MPUB failed {err}") from None
+        self._count_pub(client, topic.name, value)
+        return OK
+
+    def DPUB(self, client, params, reader):
+        if len(params) < 3:
+            raise FatalClientErr("E_INVALID", "DPUB insufficient number of parameters")
+        topic_name = params[1]
+        if not is_valid_name(topic_name):
+            raise FatalClientErr("E_BAD_TOPIC", f"DPUB topic name {go_quote(topic_name)} is not valid")
+        timeout_ms = base10(params[2])
+        if timeout_ms is None:
+            raise FatalClientErr("E_INVALID", f"DPUB could not parse timeout {text(params[2])}")
+        max_ms = int(self.opts.max_req_timeout * 1000)
+        if not 0 <= timeout_ms <= max_ms:
+            raise FatalClientErr("E_INVALID", f"DPUB timeout {timeout_ms} out of range 0-{max_ms}")
+        body = self._read_message(reader, "DPUB")
+        topic = self.nsqd.get_topic(topic_name.decode())
+        try:
+            if timeout_ms:
+                topic.put_deferred(body, timeout_ms / 1000)
+            else:
+                topic.put_message(body)
+        except TopicError as err:
+            raise FatalClientErr("E_DPUB_FAILED", f"DPUB failed {err}") from None
+        self._count_pub(client, topic.name, 1)
+        return OK
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _read_message(self, reader, verb):
+        max_size = self.opts.max_msg_size
+        try:
+            size = reader.read_len()
+        except Disconnect:
+            raise FatalClientErr("E_BAD_MESSAGE", f"{verb} failed to read message body size") from None
+        if size <= 0:
+            raise FatalClientErr("E_BAD_MESSAGE", f"{verb} invalid message body size {size}")
+        if size > max_size:
+            raise FatalClientErr("E_BAD_MESSAGE", f"{verb} message too big {size} > {max_size}")
+        try:
+            return reader.read(size)
+        except Disconnect:
+            raise FatalClientErr("E_BAD_MESSAGE", f"{verb} failed to read message body") from None
+
+    def _read_body(self, reader, verb, code, max_size, body_too_big, bad_size):
+        try:
+            size = reader.read_len()
+        except Disconnect:
+            raise FatalClientErr(code, f"{verb} failed to read body size") from None
+        if size > max_size:
+            raise FatalClientErr(code, body_too_big.format(n=size, max=max_size))
+        if size <= 0:
+            raise FatalClientErr(code, bad_size.format(n=size))
+        try:
+            return reader.read(size)
+        except Disconnect:
+            raise FatalClientErr(code, f"{verb} failed to read body") from None
+
+    @staticmethod
+    def _count_pub(client, topic_name, n):
+        client.pub_counts[topic_name] = client.pub_counts.get(topic_name, 0) + n

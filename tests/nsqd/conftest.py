@@ -1,0 +1,110 @@
+"""A real `nsqshm start` process on ephemeral 127.0.0.1 ports, per test."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+LISTEN = re.compile(r"(TCP|HTTP): listening on (\S+):(\d+)")
+
+
+class Server:
+    def __init__(self, args, data_path):
+        self.prefix = f"nsqshm-test-{uuid.uuid4().hex[:10]}"
+        self.data_path = data_path
+        cmd = [sys.executable, "-m", "nsqshm.cli", "start", "--tcp-address=127.0.0.1:0",
+               "--http-address=127.0.0.1:0", f"--data-path={data_path}",
+               f"--shm-prefix={self.prefix}", *args]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        self.lines = []
+        self.ports = {}
+        ready = threading.Event()
+
+        def read():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                m = LISTEN.search(line)
+                if m:
+                    self.ports[m.group(1)] = int(m.group(3))
+                    if len(self.ports) == 2:
+                        ready.set()
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(20) or len(self.ports) < 2:
+            self.stop()
+            raise RuntimeError("nsqshm start did not come up:\n" + "".join(self.lines))
+        self.tcp_port = self.ports["TCP"]
+        self.http_port = self.ports["HTTP"]
+        self.tcp = ("127.0.0.1", self.tcp_port)
+        self.http = f"http://127.0.0.1:{self.http_port}"
+
+    def url(self, path):
+        return self.http + path
+
+    def get(self, path):
+        with urllib.request.urlopen(self.url(path), timeout=10) as resp:
+            return resp.status, resp.read()
+
+    def post(self, path, body=b""):
+        req = urllib.request.Request(self.url(path), data=body, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    def stop(self, sig=signal.SIGTERM, timeout=10):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def cleanup(self):
+        self.stop()
+        for entry in os.listdir("/dev/shm"):
+            if entry.startswith(self.prefix):
+                try:
+                    os.unlink(f"/dev/shm/{entry}")
+                except FileNotFoundError:
+                    pass
+
+
+@pytest.fixture
+def nsqd_factory(tmp_path):
+    servers = []
+
+    def start(*args, data_path=None):
+        server = Server(list(args), str(data_path or tmp_path))
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.cleanup()
+
+
+@pytest.fixture
+def nsqd(nsqd_factory):
+    return nsqd_factory()
+
+
+def wait_for(predicate, timeout=10.0, interval=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
