@@ -1,18 +1,725 @@
-"""nsqd's HTTP API (stub: /ping only; the full API is being built)."""
+"""nsqd's HTTP API (nsqd/http.go, internal/http_api) on Flask and gevent.
 
-from flask import Flask
+Flask supplies the request and response objects; routing is done here the
+way nsqd's router (julienschmidt/httprouter) does it, since its behaviour is
+part of the API:
+
+- an exact (method, path) match runs the handler;
+- otherwise, for a method that has routes, a path that matches with a
+  trailing slash added or removed, or after cleaning (`//`, `.`, `..`) and
+  case-folding, is redirected there: 301 for GET, 307 for other methods;
+- OPTIONS on a known path answers 200 with `Allow`;
+- a known path with another method is 405 {"message":"METHOD_NOT_ALLOWED"}
+  with `Allow` (sorted, OPTIONS included); anything else is 404
+  {"message":"NOT_FOUND"}; an exception is 500 {"message":"INTERNAL_ERROR"}.
+
+Responses follow internal/http_api/api_response.go: V1 handlers answer 200
+with a raw string body, an empty body, or JSON; errors are
+{"message":"TEXT"} as JSON; every V1 response carries
+`X-NSQ-Content-Type: nsq; version=1.0`.  /ping and /debug/* are plain text.
+
+Parameters come from the query string only, parsed as Go's url.ParseQuery
+(`;` separators and bad %-escapes are errors, answered 400 INVALID_REQUEST).
+"""
+
+import gc
+import json
+import re
+import time
+from urllib.parse import quote
+
+from flask import Flask, request
 from gevent.pywsgi import WSGIServer
+from werkzeug.wrappers import Response
 
+from nsqshm._core import wire
+from nsqshm.nsqd.log import LEVELS
+from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.nsqd import split_address
+from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration
+from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
+from nsqshm.nsqd.topic import TopicError
+
+RECORD_OVERHEAD = 4 + 26  # packed record: native size + message header
+BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
+X_NSQ = ("X-Nsq-Content-Type", "nsq; version=1.0")
+JSON_TYPE = "application/json; charset=utf-8"
+TEXT_TYPE = "text/plain; charset=utf-8"
+STATUS_TEXT = {301: "Moved Permanently", 307: "Temporary Redirect"}
+_INT = re.compile(r"[+-]?[0-9]+\Z")
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+# /config/<opt> names: nsqd's cfg names; nsqshm's own flags are not exposed
+CONFIG_NAMES = frozenset(f.cfg_name for f in FLAGS if f.cfg_name and not f.extension)
+MPUB_BAD_BODY = (wire.MPUB_COUNT_UNREADABLE, wire.MPUB_BAD_COUNT)
+
+
+class Err(Exception):
+    """http_api.Err: a status code and the text of the response."""
+
+    def __init__(self, code, text):
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+
+class Panic(Exception):
+    """What nsqd answers through its router's panic handler (500 INTERNAL_ERROR)."""
+
+
+class JSONBody(bytes):
+    """An already encoded JSON 200 body."""
+
+
+class _Response(Response):
+    default_mimetype = None  # no Content-Type unless one is set
+
+
+# ---------------------------------------------------------------------------
+# Go helpers
+
+
+class QueryError(ValueError):
+    pass
+
+
+def _query_unescape(raw):
+    """url.QueryUnescape of bytes: '+' is a space, '%' needs two hex digits."""
+    if b"%" not in raw:
+        return raw.replace(b"+", b" ")
+    out = bytearray()
+    i, n = 0, len(raw)
+    while i < n:
+        c = raw[i]
+        if c == 0x25:  # %
+            h = raw[i + 1:i + 3]
+            if len(h) < 2 or not all(x in b"0123456789abcdefABCDEF" for x in h):
+                raise QueryError(f"invalid URL escape {go_quote(raw[i:i + 3])}")
+            out.append(int(h, 16))
+            i += 3
+            continue
+        out.append(0x20 if c == 0x2B else c)
+        i += 1
+    return bytes(out)
+
+
+def parse_query(raw):
+    """Go's url.ParseQuery: ({key: [values]}, first error or None)."""
+    values = {}
+    err = None
+    for part in raw.split(b"&"):
+        if b";" in part:
+            err = err or QueryError("invalid semicolon separator in query")
+            continue
+        if not part:
+            continue
+        key, _, value = part.partition(b"=")
+        try:
+            key = _query_unescape(key)
+            value = _query_unescape(value)
+        except QueryError as e:
+            err = err or e
+            continue
+        values.setdefault(key.decode("utf-8", "surrogateescape"), []).append(
+            value.decode("utf-8", "surrogateescape"))
+    return values, err
+
+
+def parse_int64(text):
+    """strconv.ParseInt(s, 10, 64); None on error."""
+    if not _INT.match(text):
+        return None
+    v = int(text)
+    return v if _INT64_MIN <= v <= _INT64_MAX else None
+
+
+def wrap_int64(v):
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v > _INT64_MAX else v
+
+
+def clean_path(p):
+    """httprouter's CleanPath (path.Clean keeping a trailing slash)."""
+    if not p:
+        return "/"
+    if p[0] != "/":
+        p = "/" + p
+    trailing = len(p) > 1 and p.endswith("/")
+    parts = []
+    for seg in p.split("/"):
+        if seg in ("", "."):
+            continue
+        if seg == "..":
+            if parts:
+                parts.pop()
+            continue
+        parts.append(seg)
+    out = "/" + "/".join(parts)
+    if trailing and out != "/":
+        out += "/"
+    return out
+
+
+def _escaped_path(path):
+    """url.URL.EscapedPath for a path Go would re-encode."""
+    return quote(path.encode("utf-8", "surrogateescape"), safe="/$&+,:;=@")
+
+
+def _html_escape(s):
+    return (s.replace("&", "&amp;").replace("'", "&#39;").replace("<", "&lt;")
+            .replace(">", "&gt;").replace('"', "&#34;"))
+
+
+# ---------------------------------------------------------------------------
+# routing
+
+
+class Route:
+    __slots__ = ("method", "path", "prefix", "param", "handler", "plain", "log")
+
+    def __init__(self, method, path, handler, plain=False, log=True):
+        self.method = method
+        self.path = path
+        self.prefix, sep, param = path.partition(":")
+        self.param = param if sep else None
+        self.handler = handler
+        self.plain = plain
+        self.log = log
+
+    def match(self, path):
+        """Path parameters on a match, else None."""
+        if self.param is None:
+            return {} if path == self.path else None
+        if not path.startswith(self.prefix):
+            return None
+        value = path[len(self.prefix):]
+        if not value or "/" in value:
+            return None
+        return {self.param: value}
+
+    def match_fold(self, path):
+        """The route's spelling of path when they match ignoring case, else None."""
+        if self.param is None:
+            return self.path if path.lower() == self.path.lower() else None
+        head = path[:len(self.prefix)]
+        value = path[len(self.prefix):]
+        if head.lower() != self.prefix.lower() or not value or "/" in value:
+            return None
+        return self.prefix + value
+
+
+class Router:
+    def __init__(self):
+        self.routes = {}  # method -> [Route]
+
+    def add(self, route):
+        self.routes.setdefault(route.method, []).append(route)
+
+    def find(self, method, path):
+        for route in self.routes.get(method, ()):
+            params = route.match(path)
+            if params is not None:
+                return route, params
+        return None, None
+
+    def redirect_target(self, method, path):
+        """Where httprouter redirects a path that missed in method's tree, or None."""
+        if method not in self.routes or method == "CONNECT" or path == "/":
+            return None
+        alt = path[:-1] if len(path) > 1 and path.endswith("/") else path + "/"
+        if self.find(method, alt)[0] is not None:
+            return alt
+        cleaned = clean_path(path)
+        candidates = [cleaned]
+        if len(cleaned) > 1 and cleaned.endswith("/"):
+            candidates.append(cleaned[:-1])
+        else:
+            candidates.append(cleaned + "/")
+        for candidate in candidates:
+            for route in self.routes[method]:
+                fixed = route.match_fold(candidate)
+                if fixed is not None:
+                    return fixed
+        return None
+
+    def allowed(self, path, method):
+        allow = [m for m, routes in self.routes.items()
+                 if m not in (method, "OPTIONS") and any(r.match(path) is not None for r in routes)]
+        if not allow:
+            return ""
+        return ", ".join(sorted(allow + ["OPTIONS"]))
+
+
+# ---------------------------------------------------------------------------
+# the API
+
+
+class HTTPAPI:
+    def __init__(self, nsqd):
+        self.nsqd = nsqd
+        self.router = Router()
+        add = self.router.add
+        add(Route("GET", "/ping", self.ping, plain=True))
+        add(Route("GET", "/info", self.info))
+        add(Route("POST", "/pub", self.pub, log=False))
+        add(Route("POST", "/mpub", self.mpub, log=False))
+        add(Route("GET", "/stats", self.stats))
+        for action in ("create", "delete", "empty", "pause", "unpause"):
+            add(Route("POST", f"/topic/{action}", getattr(self, f"topic_{action}")))
+            add(Route("POST", f"/channel/{action}", getattr(self, f"channel_{action}")))
+        add(Route("GET", "/config/:opt", self.config))
+        add(Route("PUT", "/config/:opt", self.config))
+        add(Route("PUT", "/debug/setblockrate", self.set_block_rate, plain=True))
+        add(Route("POST", "/debug/freememory", self.free_memory, plain=True))
+
+    # -- logging ------------------------------------------------------------------------
+
+    def _log(self, level, msg):
+        log = getattr(self.nsqd, "log", None)
+        if log is not None:
+            getattr(log, level)(msg)
+
+    def _access_log(self, req, status, started):
+        elapsed = format_duration(time.perf_counter() - started)
+        uri = _escaped_path(req.path)
+        if req.query_string:
+            uri += "?" + req.query_string.decode("latin-1")
+        remote = f"{req.remote_addr}:{req.environ.get('REMOTE_PORT', '')}"
+        self._log("info", f"{status} {req.method} {uri} ({remote}) {elapsed}")
+
+    # -- dispatch -----------------------------------------------------------------------
+
+    def __call__(self, req):
+        method, path = req.method, req.path
+        started = time.perf_counter()
+        route, params = self.router.find(method, path)
+        if route is not None:
+            return self._run(route, req, params, started)
+        target = self.router.redirect_target(method, path)
+        if target is not None:
+            return self._redirect(req, target)
+        if method == "OPTIONS":
+            allow = self.router.allowed(path, "OPTIONS")
+            if allow:
+                return _Response(b"", 200, headers=[("Allow", allow)])
+        else:
+            allow = self.router.allowed(path, method)
+            if allow:
+                resp = self._v1_error(405, "METHOD_NOT_ALLOWED")
+                resp.headers["Allow"] = allow
+                self._access_log(req, 405, started)
+                return resp
+        self._access_log(req, 404, started)
+        return self._v1_error(404, "NOT_FOUND")
+
+    def _run(self, route, req, params, started):
+        try:
+            try:
+                data = route.handler(req, **params)
+                status = 200
+            except Err as err:
+                data, status = err, err.code
+            if route.log:
+                self._access_log(req, status, started)
+            if route.plain:
+                if isinstance(data, Err):
+                    data = data.text
+                if data is None:
+                    raise Panic("unknown response type <nil>")
+                return _Response(data, status, content_type=TEXT_TYPE if data else None)
+            if isinstance(data, Err):
+                return self._v1_error(data.code, data.text)
+            return self._v1(data)
+        except Exception as exc:  # nsqd's router PanicHandler
+            self._log("error", f"panic in HTTP handler - {exc}")
+            self._access_log(req, 500, started)
+            return self._v1_error(500, "INTERNAL_ERROR")
+
+    @staticmethod
+    def _v1(data):
+        if data is None:
+            return _Response(b"", 200, headers=[X_NSQ])
+        if isinstance(data, JSONBody):
+            return _Response(bytes(data), 200, headers=[X_NSQ], content_type=JSON_TYPE)
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogateescape")
+        if isinstance(data, (bytes, bytearray)):
+            return _Response(bytes(data), 200, headers=[X_NSQ],
+                             content_type=TEXT_TYPE if data else None)
+        return _Response(go_json(data), 200, headers=[X_NSQ], content_type=JSON_TYPE)
+
+    @staticmethod
+    def _v1_error(code, text):
+        body = go_json({"message": text})
+        return _Response(body, code, headers=[X_NSQ], content_type=JSON_TYPE)
+
+    @staticmethod
+    def _redirect(req, target):
+        code = 301 if req.method == "GET" else 307
+        url = _escaped_path(target)
+        if req.query_string:
+            url += "?" + req.query_string.decode("latin-1")
+        headers = [("Location", url)]
+        body = b""
+        content_type = None
+        if req.method in ("GET", "HEAD"):
+            content_type = "text/html; charset=utf-8"
+        if req.method == "GET":
+            body = f'<a href="{_html_escape(url)}">{STATUS_TEXT[code]}</a>.\n\n'.encode()
+        return _Response(body, code, headers=headers, content_type=content_type)
+
+    # -- request helpers ----------------------------------------------------------------
+
+    @staticmethod
+    def _read_body(req, limit):
+        """Up to limit bytes of the body (Go's io.ReadAll(io.LimitReader(...)))."""
+        stream = req.stream
+        chunks = []
+        got = 0
+        try:
+            while got < limit:
+                data = stream.read(min(limit - got, 1 << 20))
+                if not data:
+                    break
+                chunks.append(data)
+                got += len(data)
+        except Exception:
+            raise Err(500, "INTERNAL_ERROR") from None
+        return b"".join(chunks)
+
+    @staticmethod
+    def _params(req):
+        """http_api.NewReqParams."""
+        values, err = parse_query(req.query_string)
+        if err is not None:
+            raise Err(400, "INVALID_REQUEST")
+        return values
+
+    def _topic_from_query(self, req):
+        """getTopicFromQuery: validates the name and creates the topic."""
+        values, err = parse_query(req.query_string)
+        if err is not None:
+            self._log("error", f"failed to parse request params - {err}")
+            raise Err(400, "INVALID_REQUEST")
+        names = values.get("topic")
+        if names is None:
+            raise Err(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(names[0]):
+            raise Err(400, "INVALID_TOPIC")
+        return values, self.nsqd.get_topic(names[0])
+
+    def _existing_topic_from_query(self, req):
+        """getExistingTopicFromQuery with GetTopicChannelArgs."""
+        values = self._params(req)
+        topic_name = values.get("topic", [None])[0]
+        if topic_name is None:
+            raise Err(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(topic_name):
+            raise Err(400, "INVALID_ARG_TOPIC")
+        channel_name = values.get("channel", [None])[0]
+        if channel_name is None:
+            raise Err(400, "MISSING_ARG_CHANNEL")
+        if not is_valid_name(channel_name):
+            raise Err(400, "INVALID_ARG_CHANNEL")
+        topic = self.nsqd.get_existing_topic(topic_name)
+        if topic is None:
+            raise Err(404, "TOPIC_NOT_FOUND")
+        return topic, channel_name
+
+    def _existing_channel(self, req):
+        topic, channel_name = self._existing_topic_from_query(req)
+        channel = topic.get_existing_channel(channel_name)
+        if channel is None:
+            raise Err(404, "CHANNEL_NOT_FOUND")
+        return channel
+
+    def _persist_metadata(self):
+        persist = getattr(self.nsqd, "persist_metadata", None)
+        (persist if callable(persist) else self.nsqd.notify_change)()
+
+    # -- endpoints ----------------------------------------------------------------------
+
+    def ping(self, req):
+        health = self.nsqd.health
+        if health != "OK":
+            raise Err(500, health)
+        return health
+
+    def info(self, req):
+        nsqd = self.nsqd
+        opts = nsqd.opts
+
+        def port(server):
+            address = getattr(server, "address", None)
+            return address[1] if isinstance(address, tuple) else -1
+
+        return {
+            "version": nsqd.version,
+            "broadcast_address": opts.broadcast_address,
+            "hostname": nsqd.hostname,
+            "http_port": port(nsqd.http_server),
+            "tcp_port": port(nsqd.tcp_server),
+            "start_time": int(nsqd.start_time),
+            "max_heartbeat_interval": round(opts.max_heartbeat_interval * 1e9),
+            "max_output_buffer_size": opts.max_output_buffer_size,
+            "max_output_buffer_timeout": round(opts.max_output_buffer_timeout * 1e9),
+            "max_deflate_level": opts.max_deflate_level,
+        }
+
+    def pub(self, req):
+        opts = self.nsqd.opts
+        if (req.content_length or 0) > opts.max_msg_size:
+            raise Err(413, "MSG_TOO_BIG")
+        read_max = opts.max_msg_size + 1
+        body = self._read_body(req, read_max)
+        if len(body) == read_max:
+            raise Err(413, "MSG_TOO_BIG")
+        if not body:
+            raise Err(400, "MSG_EMPTY")
+        values, topic = self._topic_from_query(req)
+        deferred_ns = 0
+        if "defer" in values:
+            ms = parse_int64(values["defer"][0])
+            if ms is None:
+                raise Err(400, "INVALID_DEFER")
+            deferred_ns = wrap_int64(ms * 1_000_000)  # time.Duration(ms) * time.Millisecond
+            if deferred_ns < 0 or deferred_ns > round(opts.max_req_timeout * 1e9):
+                raise Err(400, "INVALID_DEFER")
+        try:
+            if deferred_ns:
+                topic.put_deferred(body, deferred_ns / 1e9)
+            else:
+                topic.put_message(body)
+        except TopicError:
+            raise Err(503, "EXITING") from None
+        return "OK"
+
+    def mpub(self, req):
+        nsqd = self.nsqd
+        opts = nsqd.opts
+        if (req.content_length or 0) > opts.max_body_size:
+            raise Err(413, "BODY_TOO_BIG")
+        values, topic = self._topic_from_query(req)
+        binary = False
+        if "binary" in values:
+            value = values["binary"][0]
+            binary = BOOL_PARAMS.get(value)
+            if binary is None:
+                binary = True
+                self._log("warn", f"deprecated value '{value}' used for /mpub binary param")
+        read_max = opts.max_body_size + 1
+        body = self._read_body(req, read_max)
+        out = bytearray()
+        if binary:
+            if len(body) == read_max:  # only a chunked body can be this long
+                raise Err(413, "BODY_TOO_BIG")
+            status, _index, count = wire.pack_mpub(body, nsqd.ids, time.time_ns(),
+                                                   opts.max_msg_size, opts.max_body_size, out)
+            if status != wire.MPUB_OK:
+                raise Err(413, "BAD_BODY" if status in MPUB_BAD_BODY else "BAD_MESSAGE")
+        else:
+            if len(body) == read_max:
+                # nsqd reads line by line: a too long line before the line that
+                # reaches the limit is reported first
+                cut = body.rfind(b"\n", 0, read_max - 1)
+                if cut >= 0 and max(map(len, body[:cut].split(b"\n"))) > opts.max_msg_size:
+                    raise Err(413, "MSG_TOO_BIG")
+                raise Err(413, "BODY_TOO_BIG")
+            count, too_big = wire.pack_lines(body, nsqd.ids, time.time_ns(),
+                                             opts.max_msg_size, out)
+            if too_big >= 0:
+                raise Err(413, "MSG_TOO_BIG")
+        try:
+            if count:
+                topic.put_packed(out, count, len(out) - count * RECORD_OVERHEAD)
+            elif topic.exiting:
+                raise TopicError("exiting")
+        except TopicError:
+            raise Err(503, "EXITING") from None
+        return "OK"
+
+    def stats(self, req):
+        values = self._params(req)
+
+        def get(key):
+            return values.get(key, [""])[0]
+
+        include_clients = BOOL_PARAMS.get(get("include_clients"), True)
+        include_mem = BOOL_PARAMS.get(get("include_mem"), True)
+        args = (self.nsqd, get("topic"), get("channel"), include_clients, include_mem)
+        if get("format") == "json":
+            return JSONBody(stats_json(*args))
+        return stats_text(*args)
+
+    # topics
+
+    def _topic_name(self, req):
+        values = self._params(req)
+        names = values.get("topic")
+        if names is None:
+            raise Err(400, "MISSING_ARG_TOPIC")
+        return names[0]
+
+    def topic_create(self, req):
+        self._topic_from_query(req)
+
+    def topic_delete(self, req):
+        name = self._topic_name(req)
+        try:
+            self.nsqd.delete_topic(name)
+        except KeyError:
+            raise Err(404, "TOPIC_NOT_FOUND") from None
+
+    def topic_empty(self, req):
+        name = self._topic_name(req)
+        if not is_valid_name(name):
+            raise Err(400, "INVALID_TOPIC")
+        topic = self.nsqd.get_existing_topic(name)
+        if topic is None:
+            raise Err(404, "TOPIC_NOT_FOUND")
+        try:
+            topic.empty()
+        except Exception as err:
+            self._log("error", f"failure in {req.path} - {err}")
+            raise Err(500, "INTERNAL_ERROR") from None
+
+    def _topic_pause(self, req, pause):
+        topic = self.nsqd.get_existing_topic(self._topic_name(req))
+        if topic is None:
+            raise Err(404, "TOPIC_NOT_FOUND")
+        try:
+            topic.pause() if pause else topic.unpause()
+        except Exception as err:
+            self._log("error", f"failure in {req.path} - {err}")
+            raise Err(500, "INTERNAL_ERROR") from None
+        self._persist_metadata()
+
+    def topic_pause(self, req):
+        self._topic_pause(req, True)
+
+    def topic_unpause(self, req):
+        self._topic_pause(req, False)
+
+    # channels
+
+    def channel_create(self, req):
+        topic, channel_name = self._existing_topic_from_query(req)
+        topic.get_channel(channel_name)
+
+    def channel_delete(self, req):
+        topic, channel_name = self._existing_topic_from_query(req)
+        if topic.get_existing_channel(channel_name) is None:
+            raise Err(404, "CHANNEL_NOT_FOUND")
+        try:
+            topic.delete_channel(channel_name)
+        except TopicError:
+            raise Err(404, "CHANNEL_NOT_FOUND") from None
+
+    def channel_empty(self, req):
+        channel = self._existing_channel(req)
+        try:
+            channel.empty()
+        except Exception as err:
+            self._log("error", f"failure in {req.path} - {err}")
+            raise Err(500, "INTERNAL_ERROR") from None
+
+    def _channel_pause(self, req, pause):
+        channel = self._existing_channel(req)
+        try:
+            channel.pause() if pause else channel.unpause()
+        except Exception as err:
+            self._log("error", f"failure in {req.path} - {err}")
+            raise Err(500, "INTERNAL_ERROR") from None
+        self._persist_metadata()
+
+    def channel_pause(self, req):
+        self._channel_pause(req, True)
+
+    def channel_unpause(self, req):
+        self._channel_pause(req, False)
+
+    # config
+
+    def config(self, req, opt):
+        opts = self.nsqd.opts
+        if req.method == "PUT":
+            read_max = opts.max_msg_size + 1
+            body = self._read_body(req, read_max)
+            if len(body) == read_max or not body:
+                raise Err(413, "INVALID_VALUE")
+            if opt == "nsqlookupd_tcp_addresses":
+                opts.lookupd_tcp_address = _parse_string_list(body)
+            elif opt == "log_level":
+                level = body.decode("utf-8", "surrogateescape").lower()
+                if level not in LOG_LEVELS:
+                    raise Err(400, "INVALID_VALUE")
+                opts.log_level = level
+                log = getattr(self.nsqd, "log", None)
+                if log is not None:
+                    log.level = LEVELS[level]
+            else:
+                raise Err(400, "INVALID_OPTION")
+            changed = getattr(self.nsqd, "options_changed", None)
+            if callable(changed):
+                changed()
+        if opt not in CONFIG_NAMES:
+            raise Err(400, "INVALID_OPTION")
+        value = opts.to_config_dict(go_types=True)[opt]
+        if isinstance(value, str):
+            return value  # RespondV1 writes a Go string as is, not as JSON
+        return JSONBody(go_json(value))
+
+    # debug
+
+    def set_block_rate(self, req):
+        rate = req.form.get("rate") if req.form else None
+        if rate is None:
+            values, _ = parse_query(req.query_string)
+            rate = values.get("rate", [""])[0]
+        if not _INT.match(rate):
+            raise Err(400, f"invalid block rate : strconv.Atoi: parsing {go_quote(rate)}: "
+                           "invalid syntax")
+        if not _INT64_MIN <= int(rate) <= _INT64_MAX:
+            raise Err(400, f"invalid block rate : strconv.Atoi: parsing {go_quote(rate)}: "
+                           "value out of range")
+        return None  # nsqd's PlainText panics on a nil body: 500 INTERNAL_ERROR
+
+    def free_memory(self, req):
+        gc.collect()
+        try:
+            import ctypes
+
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+        return None  # as set_block_rate: nsqd answers 500 INTERNAL_ERROR
+
+
+def _parse_string_list(body):
+    """json.Unmarshal into a []string: null clears it, a null element is ""."""
+    try:
+        value = json.loads(body.decode("utf-8", "replace"))
+    except ValueError:
+        raise Err(400, "INVALID_VALUE") from None
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(v is None or isinstance(v, str) for v in value):
+        raise Err(400, "INVALID_VALUE")
+    return ["" if v is None else v for v in value]
+
+
+class _App(Flask):
+    """Flask with nsqd's router in place of Flask's."""
+
+    nsq_api = None
+
+    def dispatch_request(self):
+        return self.nsq_api(request._get_current_object())
 
 
 def create_app(nsqd):
-    app = Flask("nsqshm.nsqd")
-
-    @app.get("/ping")
-    def ping():
-        return nsqd.health, 200 if nsqd.health == "OK" else 500
-
+    app = _App("nsqshm.nsqd")
+    app.nsq_api = HTTPAPI(nsqd)
+    install_gc_hook()
     return app
 
 

@@ -1,0 +1,492 @@
+"""nsqd's /stats: the JSON document and the text report (nsqd's stats.go,
+http.go doStats/printStats, client_v2.go ClientV2Stats), plus the JSON
+encoding Go's encoding/json produces (compact, keys in struct order,
+<, >, & and U+2028/U+2029 escaped, floats as Go formats them).
+
+Shape rules that matter for byte compatibility:
+- `topics` is [] when there are none, but null when ?topic= names a topic
+  that does not exist;
+- `channels` is always an array; `clients` is null without include_clients;
+- `producers` is null without include_clients or when no TCP client has
+  published;
+- `memory` is left out without include_mem;
+- client entries leave out authed/auth_identity/auth_identity_url/pub_counts
+  when false/empty (Go's omitempty), and carry at most one pub_counts entry.
+"""
+
+import decimal
+import gc
+import json
+import json.encoder
+import math
+import os
+import sys
+import time
+from datetime import datetime
+
+from nsqshm import NSQD_COMPAT_VERSION, __version__
+from nsqshm.nsqd.options import format_duration
+
+VERSION_STRING = f"nsqd v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version__})"
+
+# ---------------------------------------------------------------------------
+# Go's encoding/json
+
+
+def go_float(value):
+    """A float64 as encoding/json writes it ('f' format unless tiny or huge)."""
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"json: unsupported value: {value!r}")
+    if value == 0:
+        return "-0" if math.copysign(1.0, value) < 0 else "0"
+    text = repr(value)
+    a = abs(value)
+    if a < 1e-6 or a >= 1e21:
+        mant, _, exp = text.partition("e")
+        sign = exp[0] if exp[:1] in "+-" else "+"
+        digits = exp.lstrip("+-").lstrip("0") or "0"
+        if len(digits) < 2 and sign == "+":
+            digits = digits.rjust(2, "0")
+        if mant.endswith(".0"):
+            mant = mant[:-2]
+        return f"{mant}e{sign}{digits}"
+    text = format(decimal.Decimal(text), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+            ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+
+
+def _go_string_fixups(text):
+    for raw, esc in _ESCAPES:
+        if raw in text:
+            text = text.replace(raw, esc)
+    return text
+
+
+def _clean_str(s):
+    """Undecodable bytes (lone surrogates) become U+FFFD, as Go does for invalid UTF-8."""
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = s.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raw = s.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")
+
+
+def _encode_str(s):
+    return json.encoder.encode_basestring(_clean_str(s))
+
+
+_go_iterencode = None
+
+
+def go_json(obj):
+    """Go's json.Marshal of obj (dicts keep their order) as bytes."""
+    global _go_iterencode
+    if _contains_float(obj):
+        if _go_iterencode is None:
+            _go_iterencode = json.encoder._make_iterencode(
+                None, _no_default, _encode_str, None, go_float, ":", ",", False, False, True)
+        return _go_string_fixups("".join(_go_iterencode(obj, 0))).encode("utf-8")
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        return _go_string_fixups(text).encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(_clean(obj), ensure_ascii=False, separators=(",", ":"))
+        return _go_string_fixups(text).encode("utf-8")
+
+
+def _no_default(o):
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+def _contains_float(obj):
+    if isinstance(obj, float):
+        return True
+    if isinstance(obj, dict):
+        return any(_contains_float(v) for v in obj.values() if isinstance(v, (float, dict, list)))
+    if isinstance(obj, list):
+        return any(_contains_float(v) for v in obj if isinstance(v, (float, dict, list)))
+    return False
+
+
+def _clean(obj):
+    if isinstance(obj, str):
+        return _clean_str(obj)
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+# ---------------------------------------------------------------------------
+# end-to-end processing latency (internal/quantile Result)
+
+
+def e2e_result(stream):
+    """quantile.Result of a latency stream: {"count":0,"percentiles":null}
+    when none is kept (no --e2e-processing-latency-percentile)."""
+    if stream is None:
+        return {"count": 0, "percentiles": None}
+    result = stream.result() if callable(getattr(stream, "result", None)) else stream
+    if isinstance(result, dict):
+        percentiles = result.get("percentiles")
+        if percentiles is not None:
+            percentiles = [{"quantile": float(p["quantile"]), "value": float(p["value"])}
+                           for p in percentiles]
+        return {"count": int(result.get("count", 0)), "percentiles": percentiles}
+    return {"count": 0, "percentiles": None}
+
+
+def nanoseconds_to_human(v):
+    """internal/quantile NanoSecondToHuman."""
+    suffix = "ns"
+    if v > 1e9:
+        v /= 1e9
+        suffix = "s"
+    elif v > 1e6:
+        v /= 1e6
+        suffix = "ms"
+    elif v > 1e3:
+        v /= 1e3
+        suffix = "us"
+    return f"{v:0.1f}{suffix}"
+
+
+def e2e_text(result):
+    return ", ".join(nanoseconds_to_human(p["value"]) for p in result["percentiles"] or ())
+
+
+# ---------------------------------------------------------------------------
+# clients
+
+
+def client_stats(client, topic_name=""):
+    """ClientV2Stats of a TCP client, keys in Go's order, omitempty applied."""
+    auth_state = getattr(client, "auth_state", None)
+    if auth_state is not None:
+        authed = bool(getattr(auth_state, "authorizations", None))
+    else:
+        authed = bool(getattr(client, "authed", False))
+    identity = getattr(client, "auth_identity", "") or ""
+    identity_url = getattr(client, "auth_identity_url", "") or ""
+    pub_counts = []
+    for topic, count in getattr(client, "pub_counts", {}).items():
+        if topic_name and topic != topic_name:
+            continue
+        pub_counts.append({"topic": topic, "count": count})
+        break  # nsqd keeps at most one entry
+    out = {
+        "client_id": client.client_id,
+        "hostname": client.hostname,
+        "version": "V2",
+        "remote_address": client.remote_address,
+        "state": client.state,
+        "ready_count": client.ready_count,
+        "in_flight_count": client.in_flight,
+        "message_count": client.message_count,
+        "finish_count": client.finish_count,
+        "requeue_count": client.requeue_count,
+        "connect_ts": int(client.connect_time),
+        "sample_rate": client.sample_rate,
+        "deflate": bool(client.deflate),
+        "snappy": bool(client.snappy),
+        "user_agent": client.user_agent,
+    }
+    if authed:
+        out["authed"] = True
+    if identity:
+        out["auth_identity"] = identity
+    if identity_url:
+        out["auth_identity_url"] = identity_url
+    if pub_counts:
+        out["pub_counts"] = pub_counts
+    tls = bool(getattr(client, "tls", False))
+    out["tls"] = tls
+    out["tls_cipher_suite"] = getattr(client, "tls_cipher_suite", "") if tls else ""
+    out["tls_version"] = getattr(client, "tls_version", "") if tls else ""
+    out["tls_negotiated_protocol"] = getattr(client, "tls_negotiated_protocol", "") if tls else ""
+    out["tls_negotiated_protocol_is_mutual"] = (
+        bool(getattr(client, "tls_negotiated_protocol_is_mutual", False)) if tls else False)
+    return out
+
+
+def _is_producer(client):
+    return bool(getattr(client, "pub_counts", None))
+
+
+def client_text(stats, now=None):
+    """ClientV2Stats.String()."""
+    now = time.time() if now is None else now
+    connected = format_duration(int(now - stats["connect_ts"]))
+    port = stats["remote_address"].rpartition(":")[2]
+    ident = f"{stats['hostname']}:{port} {stats['user_agent']}"
+    pub_counts = stats.get("pub_counts")
+    if pub_counts:
+        total = sum(p["count"] for p in pub_counts)
+        topics = ",".join(f"{p['topic']}={p['count']}" for p in pub_counts)
+        return (f"[{stats['version']} {ident:<21}] msgs: {total:<8d} topics: {topics} "
+                f"connected: {connected}")
+    return (f"[{stats['version']} {ident:<21}] state: {stats['state']} "
+            f"inflt: {stats['in_flight_count']:<4d} rdy: {stats['ready_count']:<4d} "
+            f"fin: {stats['finish_count']:<8d} re-q: {stats['requeue_count']:<8d} "
+            f"msgs: {stats['message_count']:<8d} connected: {connected}")
+
+
+# ---------------------------------------------------------------------------
+# topics and channels (nsqd's GetStats)
+
+
+def channel_stats(channel, clients):
+    return {
+        "channel_name": channel.name,
+        "depth": channel.depth,
+        "backend_depth": 0,
+        "in_flight_count": len(channel.inflight),
+        "deferred_count": len(channel.deferred),
+        "message_count": channel.message_count,
+        "requeue_count": channel.requeue_count,
+        "timeout_count": channel.timeout_count,
+        "client_count": len(channel.clients),
+        "clients": clients,
+        "paused": bool(channel.paused),
+        "e2e_processing_latency": e2e_result(getattr(channel, "e2e", None)),
+    }
+
+
+def topic_stats(topic, channels):
+    # DPUB/defer messages published before the first channel wait in the topic
+    # (nsqd keeps them in the topic's queue, so they count in its depth)
+    waiting = len(getattr(topic, "deferred_waiting", ()))
+    return {
+        "topic_name": topic.name,
+        "channels": channels,
+        "depth": topic.depth + waiting,
+        "backend_depth": 0,
+        "message_count": topic.message_count,
+        "message_bytes": topic.message_bytes,
+        "paused": bool(topic.paused),
+        "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None)),
+    }
+
+
+def get_stats(nsqd, topic_name="", channel_name="", include_clients=True):
+    """(topics, producers) as nsqd's GetStats: topics None when topic_name
+    names no topic; producers None unless include_clients and some client
+    has published."""
+    producers = None
+    if include_clients:
+        for client in list(nsqd.clients.values()):
+            if _is_producer(client):
+                if producers is None:
+                    producers = []
+                producers.append(client_stats(client, topic_name))
+    if topic_name:
+        topic = nsqd.topics.get(topic_name)
+        if topic is None:
+            return None, producers
+        real_topics = [topic]
+    else:
+        real_topics = sorted(nsqd.topics.values(), key=lambda t: t.name.encode())
+    topics = []
+    for topic in real_topics:
+        if channel_name:
+            channel = topic.channels.get(channel_name)
+            if channel is None:
+                continue
+            real_channels = [channel]
+        else:
+            real_channels = sorted(topic.channels.values(), key=lambda c: c.name.encode())
+        channels = []
+        for channel in real_channels:
+            clients = None
+            if include_clients:
+                clients = [client_stats(c, topic_name) for c in list(channel.clients.values())]
+            channels.append(channel_stats(channel, clients))
+        topics.append(topic_stats(topic, channels))
+    return topics, producers
+
+
+# ---------------------------------------------------------------------------
+# memory (Go's runtime.MemStats, filled from what CPython and Linux expose)
+
+_GC_PAUSES = []  # ring of the last 256 collection pauses, ns (Go keeps 256)
+_GC_PAUSE_IDX = 0
+_gc_started = None
+_gc_hooked = False
+
+
+def _gc_callback(phase, info):
+    global _gc_started, _GC_PAUSE_IDX
+    if phase == "start":
+        _gc_started = time.perf_counter_ns()
+    elif _gc_started is not None:
+        pause = time.perf_counter_ns() - _gc_started
+        _gc_started = None
+        if len(_GC_PAUSES) < 256:
+            _GC_PAUSES.append(pause)
+        else:
+            _GC_PAUSES[_GC_PAUSE_IDX] = pause
+            _GC_PAUSE_IDX = (_GC_PAUSE_IDX + 1) % 256
+
+
+def install_gc_hook():
+    """Time garbage collections for gc_pause_usec_* (called by the HTTP server)."""
+    global _gc_hooked
+    if not _gc_hooked:
+        gc.callbacks.append(_gc_callback)
+        _gc_hooked = True
+
+
+def _percentile(perc, arr):
+    """nsqd's percentile() over a sorted list."""
+    if not arr:
+        return 0
+    idx = int(math.floor(perc / 100.0 * len(arr) + 0.5))
+    if idx >= len(arr):
+        idx = len(arr) - 1
+    return arr[idx]
+
+
+_mallinfo2 = None
+
+
+def _malloc_info():
+    """(in use, free) heap bytes from glibc's mallinfo2, or None."""
+    global _mallinfo2
+    if _mallinfo2 is None:
+        try:
+            import ctypes
+
+            class MallInfo2(ctypes.Structure):
+                _fields_ = [(name, ctypes.c_size_t) for name in (
+                    "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                    "uordblks", "fordblks", "keepcost")]
+
+            libc = ctypes.CDLL(None)
+            fn = libc.mallinfo2
+            fn.restype = MallInfo2
+            fn.argtypes = []
+            _mallinfo2 = fn
+        except (OSError, AttributeError):
+            _mallinfo2 = False
+    if not _mallinfo2:
+        return None
+    info = _mallinfo2()
+    return info.uordblks + info.hblkhd, info.fordblks
+
+
+def _proc_status_bytes(key):
+    try:
+        with open(f"/proc/{os.getpid()}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def mem_stats():
+    """nsqd's memStats keys: heap objects are CPython's allocated blocks, heap
+    bytes come from malloc (or VmRSS), pauses from timed collections."""
+    info = _malloc_info()
+    if info is None:
+        in_use, idle = _proc_status_bytes("VmRSS"), 0
+    else:
+        in_use, idle = info
+    pauses = sorted(_GC_PAUSES)
+    threshold = gc.get_threshold()[0]
+    return {
+        "heap_objects": sys.getallocatedblocks(),
+        "heap_idle_bytes": idle,
+        "heap_in_use_bytes": in_use,
+        "heap_released_bytes": 0,
+        "gc_pause_usec_100": _percentile(100.0, pauses) // 1000,
+        "gc_pause_usec_99": _percentile(99.0, pauses) // 1000,
+        "gc_pause_usec_95": _percentile(95.0, pauses) // 1000,
+        "next_gc_bytes": max(0, threshold - gc.get_count()[0]),
+        "gc_total_runs": sum(s["collections"] for s in gc.get_stats()) & 0xFFFFFFFF,
+    }
+
+
+# ---------------------------------------------------------------------------
+# the two formats
+
+
+def stats_document(nsqd, topic_name="", channel_name="", include_clients=True,
+                   include_mem=True):
+    topics, producers = get_stats(nsqd, topic_name, channel_name, include_clients)
+    doc = {
+        "version": NSQD_COMPAT_VERSION,
+        "health": nsqd.health,
+        "start_time": int(nsqd.start_time),
+        "topics": topics,
+    }
+    if include_mem:
+        doc["memory"] = mem_stats()
+    doc["producers"] = producers
+    return doc
+
+
+def stats_json(nsqd, topic_name="", channel_name="", include_clients=True, include_mem=True):
+    return go_json(stats_document(nsqd, topic_name, channel_name, include_clients, include_mem))
+
+
+def rfc3339(ts):
+    dt = datetime.fromtimestamp(int(ts)).astimezone()
+    text = dt.isoformat(timespec="seconds")
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+MEM_KEYS = ("heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes",
+            "gc_pause_usec_100", "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes",
+            "gc_total_runs")
+
+
+def stats_text(nsqd, topic_name="", channel_name="", include_clients=True, include_mem=True):
+    """printStats."""
+    topics, producers = get_stats(nsqd, topic_name, channel_name, include_clients)
+    now = time.time()
+    out = [
+        f"{VERSION_STRING}\n",
+        f"start_time {rfc3339(nsqd.start_time)}\n",
+        f"uptime {format_duration(now - nsqd.start_time)}\n",
+        f"\nHealth: {nsqd.health}\n",
+    ]
+    if include_mem:
+        ms = mem_stats()
+        out.append("\nMemory:\n")
+        for key in MEM_KEYS:
+            out.append(f"   {key:<25}\t{ms[key]}\n")
+    out.append("\nTopics: None\n" if not topics else "\nTopics:")
+    for t in topics or ():
+        prefix = "*P " if t["paused"] else "   "
+        out.append(f"\n{prefix}[{t['topic_name']:<15}] depth: {t['depth']:<5d} "
+                   f"be-depth: {t['backend_depth']:<5d} msgs: {t['message_count']:<8d} "
+                   f"e2e%: {e2e_text(t['e2e_processing_latency'])}\n")
+        for c in t["channels"]:
+            prefix = "   *P " if c["paused"] else "      "
+            out.append(f"{prefix}[{c['channel_name']:<25}] depth: {c['depth']:<5d} "
+                       f"be-depth: {c['backend_depth']:<5d} inflt: {c['in_flight_count']:<4d} "
+                       f"def: {c['deferred_count']:<4d} re-q: {c['requeue_count']:<5d} "
+                       f"timeout: {c['timeout_count']:<5d} msgs: {c['message_count']:<8d} "
+                       f"e2e%: {e2e_text(c['e2e_processing_latency'])}\n")
+            for client in c["clients"] or ():
+                out.append(f"        {client_text(client, now)}\n")
+    if not producers:
+        out.append("\nProducers: None\n")
+    else:
+        out.append("\nProducers:\n")
+        for client in producers:
+            out.append(f"   {client_text(client, now)}\n")
+    return "".join(out).encode("utf-8", "surrogateescape")
