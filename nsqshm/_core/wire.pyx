@@ -16,9 +16,10 @@ An MPUB body, as the client sends it (big-endian):
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from libc.stdint cimport int32_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
-from nsqshm._core.codec cimport IdGenerator, MSG_HEADER_SIZE, get_u32be, put_message_header
+from nsqshm._core.codec cimport IdGenerator, MSG_HEADER_SIZE, get_u32be, put_message_header, put_u32be
+from nsqshm._core.inflight cimport InFlight
 
 MPUB_OK = 0
 MPUB_COUNT_UNREADABLE = 1    # "MPUB failed to read message count"
@@ -142,3 +143,71 @@ def pack_lines(body, IdGenerator ids, uint64_t timestamp, long long max_msg_size
     finally:
         PyBuffer_Release(&view)
     return count, -1
+
+
+# -- FIN in batches (server side) ------------------------------------------------------
+#
+# A consumer sends one FIN per message:  "FIN " [16-byte id] "\n"  (21 bytes).
+# fin_lines finishes every such line at the front of the read buffer in one
+# C loop, so a window of FINs costs one call, not a Python command each.
+
+def fin_lines(bytearray buf, Py_ssize_t pos, InFlight inflight, uint64_t client_id):
+    """Finish consecutive complete `FIN <id>\n` lines from buf[pos:].
+
+    Stops before the first line that is not such a FIN, is incomplete, or
+    whose finish fails (the caller then handles that line and reports its
+    error as usual).  Returns (new position, messages finished).
+    """
+    cdef const char *p = PyByteArray_AS_STRING(buf)
+    cdef Py_ssize_t end = PyByteArray_GET_SIZE(buf)
+    cdef Py_ssize_t count = 0
+    while end - pos >= 21:
+        if not (p[pos] == 70 and p[pos + 1] == 73 and p[pos + 2] == 78 and p[pos + 3] == 32
+                and p[pos + 20] == 10):
+            break
+        if inflight.finish_raw(p + pos + 4, client_id) != 0:
+            break
+        pos += 21
+        count += 1
+    return pos, count
+
+
+# -- reading deliveries (client side, for the load generator) -----------------------------
+#
+# Frames from nsqd: [4-byte BE size][4-byte BE type][data]; a message's data is
+# [8 ts][2 attempts][16 id][body].
+
+def scan_deliveries(data, bytearray fins):
+    """Parse whole frames at the front of `data`; append `FIN <id>\n` to
+    `fins` for every message and `NOP\n` for every heartbeat.  Returns
+    (bytes consumed, messages, other frames)."""
+    cdef Py_buffer view
+    cdef const char *p
+    cdef Py_ssize_t n, pos = 0, messages = 0, others = 0, start
+    cdef uint32_t size, ftype
+    cdef char *dst
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        p = <const char *>view.buf
+        n = view.len
+        start = PyByteArray_GET_SIZE(fins)
+        while n - pos >= 8:
+            size = get_u32be(p + pos)
+            if n - pos - 4 < size:
+                break
+            ftype = get_u32be(p + pos + 4)
+            if ftype == 2 and size >= 4 + MSG_HEADER_SIZE:
+                dst = _grow(fins, 21)
+                memcpy(dst, b"FIN ", 4)
+                memcpy(dst + 4, p + pos + 8 + 10, 16)
+                dst[20] = 10
+                messages += 1
+            else:
+                if size == 15 and memcmp(p + pos + 8, b"_heartbeat_", 11) == 0:
+                    dst = _grow(fins, 4)
+                    memcpy(dst, b"NOP\n", 4)
+                others += 1
+            pos += 4 + size
+    finally:
+        PyBuffer_Release(&view)
+    return pos, messages, others

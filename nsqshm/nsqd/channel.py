@@ -81,6 +81,12 @@ class Channel:
         client.finish_count += 1
         self._ready.set()
 
+    def finished(self, client, n):
+        """n messages of client were finished in a batch (wire.fin_lines)."""
+        client.in_flight -= n
+        client.finish_count += n
+        self._ready.set()
+
     def requeue(self, client, msg_id, delay):
         msg = self.inflight.requeue(msg_id, client.id)
         if isinstance(msg, int):

@@ -25,6 +25,7 @@ Parameters come from the query string only, parsed as Go's url.ParseQuery
 import gc
 import json
 import re
+import socket
 import time
 from urllib.parse import quote
 
@@ -36,7 +37,7 @@ from nsqshm._core import wire
 from nsqshm.nsqd.log import LEVELS
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.nsqd import split_address
-from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration
+from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
 from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
 from nsqshm.nsqd.topic import TopicError
 
@@ -164,6 +165,12 @@ def _escaped_path(path):
     return quote(path.encode("utf-8", "surrogateescape"), safe="/$&+,:;=@")
 
 
+def request_path(req):
+    """The decoded path as sent (Go's URL.Path); werkzeug's req.path folds leading slashes."""
+    raw = req.environ.get("PATH_INFO", "")
+    return raw.encode("latin-1", "replace").decode("utf-8", "surrogateescape") or "/"
+
+
 def _html_escape(s):
     return (s.replace("&", "&amp;").replace("'", "&#39;").replace("<", "&lt;")
             .replace(">", "&gt;").replace('"', "&#34;"))
@@ -280,7 +287,7 @@ class HTTPAPI:
 
     def _access_log(self, req, status, started):
         elapsed = format_duration(time.perf_counter() - started)
-        uri = _escaped_path(req.path)
+        uri = _escaped_path(request_path(req))
         if req.query_string:
             uri += "?" + req.query_string.decode("latin-1")
         remote = f"{req.remote_addr}:{req.environ.get('REMOTE_PORT', '')}"
@@ -289,7 +296,7 @@ class HTTPAPI:
     # -- dispatch -----------------------------------------------------------------------
 
     def __call__(self, req):
-        method, path = req.method, req.path
+        method, path = req.method, request_path(req)
         started = time.perf_counter()
         route, params = self.router.find(method, path)
         if route is not None:
@@ -579,7 +586,7 @@ class HTTPAPI:
         try:
             topic.empty()
         except Exception as err:
-            self._log("error", f"failure in {req.path} - {err}")
+            self._log("error", f"failure in {request_path(req)} - {err}")
             raise Err(500, "INTERNAL_ERROR") from None
 
     def _topic_pause(self, req, pause):
@@ -589,7 +596,7 @@ class HTTPAPI:
         try:
             topic.pause() if pause else topic.unpause()
         except Exception as err:
-            self._log("error", f"failure in {req.path} - {err}")
+            self._log("error", f"failure in {request_path(req)} - {err}")
             raise Err(500, "INTERNAL_ERROR") from None
         self._persist_metadata()
 
@@ -619,7 +626,7 @@ class HTTPAPI:
         try:
             channel.empty()
         except Exception as err:
-            self._log("error", f"failure in {req.path} - {err}")
+            self._log("error", f"failure in {request_path(req)} - {err}")
             raise Err(500, "INTERNAL_ERROR") from None
 
     def _channel_pause(self, req, pause):
@@ -627,7 +634,7 @@ class HTTPAPI:
         try:
             channel.pause() if pause else channel.unpause()
         except Exception as err:
-            self._log("error", f"failure in {req.path} - {err}")
+            self._log("error", f"failure in {request_path(req)} - {err}")
             raise Err(500, "INTERNAL_ERROR") from None
         self._persist_metadata()
 
@@ -724,6 +731,24 @@ def create_app(nsqd):
 
 
 def make_http_server(nsqd):
-    server = WSGIServer(split_address(nsqd.opts.http_address), create_app(nsqd), log=None)
+    """The HTTP listener, bound but not started: --http-address is host:port,
+    or a unix socket path as in nsqd 1.3 (then /info reports http_port -1)."""
+    address = nsqd.opts.http_address
+    if listen_address_kind(address) == "unix":
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(address)
+            listener.listen(1024)
+        except OSError:
+            listener.close()
+            raise
+    else:
+        listener = split_address(address)
+    server = WSGIServer(listener, create_app(nsqd), log=None)
     server.init_socket()
+    if server.socket.family != socket.AF_UNIX:
+        # as Go's net/http: without it keep-alive clients wait out delayed ACKs
+        # (gevent writes the headers and the body separately); accepted
+        # sockets inherit it on Linux
+        server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return server

@@ -166,6 +166,14 @@ class ProtocolV2:
         sock = client.sock
         commands = self.commands
         while not client.closed:
+            channel = client.channel
+            if channel is not None and reader.buf.startswith(b"FIN ", reader.pos):
+                # a window of FINs: finished in one C loop (wire.fin_lines)
+                pos, n = wire.fin_lines(reader.buf, reader.pos, channel.inflight, client.id)
+                if n:
+                    reader.pos = pos
+                    channel.finished(client, n)
+                    continue
             hb = client.heartbeat_interval
             sock.settimeout(hb * 2 if hb > 0 else None)
             try:

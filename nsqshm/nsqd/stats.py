@@ -132,18 +132,20 @@ def _clean(obj):
 # end-to-end processing latency (internal/quantile Result)
 
 
-def e2e_result(stream):
-    """quantile.Result of a latency stream: {"count":0,"percentiles":null}
-    when none is kept (no --e2e-processing-latency-percentile)."""
-    if stream is None:
-        return {"count": 0, "percentiles": None}
-    result = stream.result() if callable(getattr(stream, "result", None)) else stream
-    if isinstance(result, dict):
-        percentiles = result.get("percentiles")
-        if percentiles is not None:
-            percentiles = [{"quantile": float(p["quantile"]), "value": float(p["value"])}
-                           for p in percentiles]
-        return {"count": int(result.get("count", 0)), "percentiles": percentiles}
+def e2e_result(stream, percentiles=()):
+    """quantile.Result of a latency stream.  Without a stream: count 0 and, as
+    nsqd's empty stream answers, each configured percentile with value 0, or
+    {"count":0,"percentiles":null} when none is configured."""
+    if stream is not None:
+        result = stream.result() if callable(getattr(stream, "result", None)) else stream
+        if isinstance(result, dict):
+            ps = result.get("percentiles")
+            if ps is not None:
+                ps = [{"quantile": float(p["quantile"]), "value": float(p["value"])} for p in ps]
+            return {"count": int(result.get("count", 0)), "percentiles": ps}
+    if percentiles:
+        return {"count": 0, "percentiles": [{"quantile": float(p), "value": 0.0}
+                                            for p in percentiles]}
     return {"count": 0, "percentiles": None}
 
 
@@ -246,7 +248,7 @@ def client_text(stats, now=None):
 # topics and channels (nsqd's GetStats)
 
 
-def channel_stats(channel, clients):
+def channel_stats(channel, clients, percentiles=()):
     return {
         "channel_name": channel.name,
         "depth": channel.depth,
@@ -259,11 +261,11 @@ def channel_stats(channel, clients):
         "client_count": len(channel.clients),
         "clients": clients,
         "paused": bool(channel.paused),
-        "e2e_processing_latency": e2e_result(getattr(channel, "e2e", None)),
+        "e2e_processing_latency": e2e_result(getattr(channel, "e2e", None), percentiles),
     }
 
 
-def topic_stats(topic, channels):
+def topic_stats(topic, channels, percentiles=()):
     # DPUB/defer messages published before the first channel wait in the topic
     # (nsqd keeps them in the topic's queue, so they count in its depth)
     waiting = len(getattr(topic, "deferred_waiting", ()))
@@ -275,28 +277,25 @@ def topic_stats(topic, channels):
         "message_count": topic.message_count,
         "message_bytes": topic.message_bytes,
         "paused": bool(topic.paused),
-        "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None)),
+        # nsqd merges the channels' streams: none without channels
+        "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None),
+                                             percentiles if topic.channels else ()),
     }
 
 
 def get_stats(nsqd, topic_name="", channel_name="", include_clients=True):
-    """(topics, producers) as nsqd's GetStats: topics None when topic_name
+    """(topics, producers) as nsqd's GetStats: both None when topic_name
     names no topic; producers None unless include_clients and some client
     has published."""
-    producers = None
-    if include_clients:
-        for client in list(nsqd.clients.values()):
-            if _is_producer(client):
-                if producers is None:
-                    producers = []
-                producers.append(client_stats(client, topic_name))
     if topic_name:
         topic = nsqd.topics.get(topic_name)
         if topic is None:
-            return None, producers
+            return None, None  # nsqd returns before looking at producers
         real_topics = [topic]
     else:
         real_topics = sorted(nsqd.topics.values(), key=lambda t: t.name.encode())
+    opts = getattr(nsqd, "opts", None)
+    percentiles = getattr(opts, "e2e_processing_latency_percentile", None) or ()
     topics = []
     for topic in real_topics:
         if channel_name:
@@ -311,8 +310,15 @@ def get_stats(nsqd, topic_name="", channel_name="", include_clients=True):
             clients = None
             if include_clients:
                 clients = [client_stats(c, topic_name) for c in list(channel.clients.values())]
-            channels.append(channel_stats(channel, clients))
-        topics.append(topic_stats(topic, channels))
+            channels.append(channel_stats(channel, clients, percentiles))
+        topics.append(topic_stats(topic, channels, percentiles))
+    producers = None
+    if include_clients:
+        for client in list(nsqd.clients.values()):
+            if _is_producer(client):
+                if producers is None:
+                    producers = []
+                producers.append(client_stats(client, topic_name))
     return topics, producers
 
 
