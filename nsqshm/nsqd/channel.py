@@ -97,7 +97,7 @@ class Channel:
         if delay > 0:
             self.defer(msg, delay)
         else:
-            self.put_records(len(msg).to_bytes(4, "little") + msg)
+            self.put_records(len(msg).to_bytes(4, "little") + msg, new=False)
         self._ready.set()
 
     def touch(self, client, msg_id):
@@ -116,15 +116,24 @@ class Channel:
 
     # -- putting messages in -------------------------------------------------------------
 
-    def put_records(self, packed):
-        """Push packed records into the ring (the topic pump and requeues)."""
+    def put_records(self, packed, new=True):
+        """Push packed records into the ring.  `new` messages (from the topic
+        pump) count in message_count; requeues, timeouts and deferred
+        messages coming due do not, as in nsqd."""
         view = memoryview(packed)
         while view:
             done, used = self.ring.push_packed(view)
             if not done:
                 done, used = self.ring.push_packed_wait(view)
-            self.message_count += done
+            if new:
+                self.message_count += done
             view = view[used:]
+
+    def put_deferred(self, msg, due):
+        """A DPUB message for this channel: counted now, delivered when due."""
+        self.deferred.push(msg, due)
+        self.message_count += 1
+        self.nsqd.schedule_scan(due)
 
     def defer(self, msg, delay_s):
         due = time.monotonic_ns() + int(delay_s * 1e9)
@@ -180,7 +189,7 @@ class Channel:
             if not n:
                 break
             total += n
-            self.put_records(memoryview(scratch)[:nbytes])
+            self.put_records(memoryview(scratch)[:nbytes], new=False)
         if total:
             self.timeout_count += total
             for client in self.clients.values():
@@ -196,7 +205,7 @@ class Channel:
             if not n:
                 break
             total += n
-            self.put_records(memoryview(scratch)[:nbytes])
+            self.put_records(memoryview(scratch)[:nbytes], new=False)
         return total
 
     def next_deadline(self):

@@ -138,34 +138,3 @@ class ClientV2:
             self.sock.close()
         except OSError:
             pass
-
-    # -- stats ----------------------------------------------------------------------
-
-    def stats(self, topic_name=""):
-        return {
-            "client_id": self.client_id,
-            "hostname": self.hostname,
-            "version": "V2",
-            "remote_address": self.remote_address,
-            "state": self.state,
-            "ready_count": self.ready_count,
-            "in_flight_count": self.in_flight,
-            "message_count": self.message_count,
-            "finish_count": self.finish_count,
-            "requeue_count": self.requeue_count,
-            "connect_ts": int(self.connect_time),
-            "sample_rate": self.sample_rate,
-            "deflate": self.deflate,
-            "snappy": self.snappy,
-            "user_agent": self.user_agent,
-            "authed": bool(self.auth_identity),
-            "auth_identity": self.auth_identity,
-            "auth_identity_url": "",
-            "pub_counts": [{"topic": t, "count": c} for t, c in self.pub_counts.items()][:1]
-            or None,
-            "tls": self.tls,
-            "tls_cipher_suite": "",
-            "tls_version": "",
-            "tls_negotiated_protocol": "",
-            "tls_negotiated_protocol_is_mutual": False,
-        }

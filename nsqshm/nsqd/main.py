@@ -11,6 +11,8 @@ EXIT_USAGE = 2
 
 
 def format_address(address):
+    if isinstance(address, str):  # a unix socket path
+        return address
     host, port = address[0], address[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -53,7 +55,8 @@ def main(argv):
         log.fatal(f"failed to start nsqd - {err}")
         return EXIT_FATAL
     log.info(f"TCP: listening on {format_address(tcp)}")
-    log.info(f"HTTP: listening on {format_address(http)}")
+    if http is not None:
+        log.info(f"HTTP: listening on {format_address(http)}")
 
     stop = gevent.event.Event()
 
@@ -64,7 +67,8 @@ def main(argv):
     gevent.signal_handler(signal.SIGINT, handle_stop)
     stop.wait()
     log.info(f"TCP: closing {format_address(tcp)}")
-    log.info(f"HTTP: closing {format_address(http)}")
+    if http is not None:
+        log.info(f"HTTP: closing {format_address(http)}")
     nsqd.stop()
     log.info("NSQ: bye")
     return EXIT_OK

@@ -134,7 +134,8 @@ class NSQD:
     # -- lifecycle --------------------------------------------------------------------
 
     def start(self):
-        """Bind and start the TCP and HTTP listeners; returns (tcp, http) addresses."""
+        """Bind and start the TCP and HTTP listeners; returns their addresses
+        (http None when --http-address is empty)."""
         from nsqshm.nsqd.http_api import make_http_server
         from nsqshm.nsqd.protocol_v2 import ProtocolV2
 
@@ -144,11 +145,13 @@ class NSQD:
                                        backlog=1024)
         self.tcp_server.init_socket()
         self.tcp_server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.http_server = make_http_server(self)
+        if self.opts.http_address:  # empty: no HTTP listener, as nsqd
+            self.http_server = make_http_server(self)
         self.tcp_server.start()
-        self.http_server.start()
+        if self.http_server is not None:
+            self.http_server.start()
         self._scanner = gevent.spawn(self._scan_loop)
-        return self.tcp_server.address, self.http_server.address
+        return self.tcp_server.address, self.http_server and self.http_server.address
 
     def stop(self):
         """Stop listening, close clients, put in-flight messages back, close rings."""

@@ -83,8 +83,7 @@ class Topic:
             self.deferred_waiting.append((msg, due))
             return
         for channel in list(self.channels.values()):
-            channel.deferred.push(msg, due)
-        self.nsqd.schedule_scan(due)
+            channel.put_deferred(msg, due)
 
     # -- channels ---------------------------------------------------------------------
 
@@ -94,8 +93,7 @@ class Topic:
             channel = Channel(self, name)
             self.channels[name] = channel
             for msg, due in self.deferred_waiting:
-                channel.deferred.push(msg, due)
-                self.nsqd.schedule_scan(due)
+                channel.put_deferred(msg, due)
             self.deferred_waiting = []
             self._wake.set()
             self.nsqd.notify_change()
