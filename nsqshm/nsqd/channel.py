@@ -10,14 +10,18 @@ message).  Timeouts and deferrals are found by the broker's scan loop
 through next_deadline(), never by a timer per message.
 """
 
+import os
+import random
+import struct
 import time
 
 import gevent
 import gevent.event
-from gevent.socket import wait_read
 
 from nsqshm._core.inflight import NOT_IN_FLIGHT, NOT_OWNER, DeferredQueue, InFlight
+from nsqshm.nsqd.backend import DiskQueueError, new_backend
 from nsqshm.nsqd.names import is_ephemeral
+from nsqshm.nsqd.waiting import wait_fd_or_event
 
 DELIVER_BATCH = 1024
 STATUS_TEXT = {NOT_IN_FLIGHT: "ID not in flight", NOT_OWNER: "client does not own message"}
@@ -34,6 +38,8 @@ class Channel:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.ring = self.nsqd.make_ring(f"c.{topic.name}:{name}")
+        self.backend = new_backend(self.nsqd, f"{topic.name}:{name}", self.ephemeral)
+        self.mem_limit = self.nsqd.opts.mem_queue_size
         self.inflight = InFlight()
         self.deferred = DeferredQueue()
         self.clients = {}
@@ -45,6 +51,8 @@ class Channel:
         self.e2e = None
         self._ready = gevent.event.Event()
         self._scratch = bytearray(max(1 << 20, 2 * (self.ring.max_record + 4)))
+        if not self.ephemeral:
+            self._load_deferred()
         self._dispatcher = gevent.spawn(self._dispatch)
 
     def __repr__(self):
@@ -97,7 +105,7 @@ class Channel:
         if delay > 0:
             self.defer(msg, delay)
         else:
-            self.put_records(len(msg).to_bytes(4, "little") + msg, new=False)
+            self.put_records(len(msg).to_bytes(4, "little") + msg)
         self._ready.set()
 
     def touch(self, client, msg_id):
@@ -116,18 +124,29 @@ class Channel:
 
     # -- putting messages in -------------------------------------------------------------
 
-    def put_records(self, packed, new=True):
-        """Push packed records into the ring.  `new` messages (from the topic
-        pump) count in message_count; requeues, timeouts and deferred
-        messages coming due do not, as in nsqd."""
+    def put_records(self, packed, new=0):
+        """Store packed records: the ring, or the disk queue past
+        --mem-queue-size.  `new` is how many are new messages (from the
+        topic pump), counted in message_count; requeues, timeouts and
+        deferred messages coming due are not, as in nsqd."""
         view = memoryview(packed)
-        while view:
-            done, used = self.ring.push_packed(view)
-            if not done:
-                done, used = self.ring.push_packed_wait(view)
-            if new:
-                self.message_count += done
-            view = view[used:]
+        self.message_count += new
+        # memory first while the disk queue is empty (FIFO), up to --mem-queue-size
+        if self.backend.depth == 0:
+            room = self.mem_limit - self.ring.depth
+            if room > 0:
+                done, used = self.ring.push_packed(view, room)
+                view = view[used:]
+        if view:
+            try:
+                self.backend.put_packed(view)
+            except DiskQueueError as err:
+                self.nsqd.logf("error", f"TOPIC({self.topic.name}): failed to write message "
+                                        f"to backend - {err}")
+                self.nsqd.set_health(err)
+                return
+            self.nsqd.backend_written(self.backend)
+            self._ready.set()
 
     def put_deferred(self, msg, due):
         """A DPUB message for this channel: counted now, delivered when due."""
@@ -152,9 +171,13 @@ class Channel:
                 self._ready.wait()
                 continue
             if ring.depth == 0:
+                if self.backend.depth:
+                    self._refill(sum(c.ready_count - c.in_flight for c in ready))
+                    continue
+                self._ready.clear()
                 ring.arm()
-                if ring.depth == 0:
-                    wait_read(ring.fileno())
+                if ring.depth == 0 and not self.backend.depth:
+                    wait_fd_or_event(ring.fileno(), self._ready)
                 ring.drain()
                 ring.disarm()
                 continue
@@ -178,6 +201,15 @@ class Channel:
                 self.nsqd.schedule_scan(earliest)
             gevent.idle()  # let writers and readers run between rounds
 
+    def _refill(self, wanted):
+        """Move up to `wanted` messages from the disk queue into the ring,
+        the disk's read position advancing only past what the ring took."""
+        n, nbytes = self.backend.peek_into(self._scratch, max(1, min(wanted, DELIVER_BATCH)))
+        if n:
+            done, _ = self.ring.push_packed(memoryview(self._scratch)[:nbytes])
+            self.backend.advance(done)
+            self.nsqd.backend_written(self.backend)
+
     # -- the scan loop's work ---------------------------------------------------------
 
     def process_timeouts(self, now):
@@ -189,7 +221,7 @@ class Channel:
             if not n:
                 break
             total += n
-            self.put_records(memoryview(scratch)[:nbytes], new=False)
+            self.put_records(memoryview(scratch)[:nbytes])
         if total:
             self.timeout_count += total
             for client in self.clients.values():
@@ -205,7 +237,7 @@ class Channel:
             if not n:
                 break
             total += n
-            self.put_records(memoryview(scratch)[:nbytes], new=False)
+            self.put_records(memoryview(scratch)[:nbytes])
         return total
 
     def next_deadline(self):
@@ -223,7 +255,11 @@ class Channel:
 
     @property
     def depth(self):
-        return self.ring.depth
+        return self.ring.depth + self.backend.depth
+
+    @property
+    def backend_depth(self):
+        return self.backend.depth
 
     def empty(self):
         scratch = self._scratch
@@ -233,31 +269,97 @@ class Channel:
             pass
         while self.deferred.drain(scratch)[0]:
             pass
+        self.backend.empty()
         for client in self.clients.values():
             client.in_flight = 0
         self._ready.set()
 
     def close(self, delete=False):
-        """Stop the dispatcher; on delete, drop the ring and close clients."""
+        """Stop the dispatcher.  delete: drop everything and close the clients.
+        Otherwise (shutdown): the ring's and the in-flight messages go to the
+        disk queue, deferred ones to the deferred file with their due times."""
+        from nsqshm.nsqd.topic import flush_ring
+
         self.exiting = True
         self._dispatcher.kill(block=False)
         if delete:
             for client in list(self.clients.values()):
                 client.close()
             self.clients.clear()
+            self.backend.delete()
+            self._remove_deferred_file()
             self.ring.unlink()
-        else:
-            self.requeue_all()
-        self.ring.close()
-
-    def requeue_all(self):
-        """Put in-flight and deferred messages back into the ring (shutdown)."""
-        scratch = self._scratch
-        for table in (self.inflight, self.deferred):
+        elif flush_ring(self.ring, self.backend, self._scratch, self.nsqd):
+            scratch = self._scratch
             while True:
-                n, nbytes = table.drain(scratch)
+                n, nbytes = self.inflight.drain(scratch)
                 if not n:
                     break
-                done, used = self.ring.push_packed(memoryview(scratch)[:nbytes])
-                if used < nbytes:
-                    break
+                self.backend.put_packed(memoryview(scratch)[:nbytes])
+            if not self.ephemeral:
+                self._save_deferred()
+            self.backend.close()
+            self.ring.unlink()
+        self.ring.close()
+
+    # -- deferred messages across a restart -------------------------------------------
+    #
+    # <data-path>/<topic>:<channel>.deferred.dat, written at shutdown, read and
+    # removed at start; per message, big-endian:
+    #
+    #   [ 8-byte due time, ns since the epoch ][ 4-byte size ][ message ]
+
+    @property
+    def deferred_path(self):
+        return os.path.join(self.nsqd.data_path, f"{self.topic.name}:{self.name}.deferred.dat")
+
+    def _save_deferred(self):
+        scratch = self._scratch
+        wall_minus_mono = time.time_ns() - time.monotonic_ns()
+        parts = []
+        while True:
+            due = self.deferred.next_due()
+            if due < 0:
+                break
+            n, nbytes = self.deferred.pop_due(due, scratch)
+            pos = 0
+            for _ in range(n):
+                size = int.from_bytes(scratch[pos:pos + 4], "little")
+                parts.append(struct.pack(">qI", due + wall_minus_mono, size)
+                             + scratch[pos + 4:pos + 4 + size])
+                pos += 4 + size
+        if not parts:
+            self._remove_deferred_file()
+            return
+        tmp = f"{self.deferred_path}.{random.getrandbits(31)}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(b"".join(parts))
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, self.deferred_path)
+
+    def _load_deferred(self):
+        try:
+            with open(self.deferred_path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return
+        mono_minus_wall = time.monotonic_ns() - time.time_ns()
+        pos = 0
+        while pos + 12 <= len(data):
+            due, size = struct.unpack_from(">qI", data, pos)
+            if pos + 12 + size > len(data) or size < 26:
+                self.nsqd.logf("error", f"{self.deferred_path}: truncated at byte {pos}")
+                break
+            due_mono = due + mono_minus_wall
+            self.deferred.push(data[pos + 12:pos + 12 + size], due_mono)
+            self.nsqd.schedule_scan(due_mono)
+            pos += 12 + size
+        self._remove_deferred_file()
+
+    def _remove_deferred_file(self):
+        try:
+            os.unlink(self.deferred_path)
+        except FileNotFoundError:
+            pass
+

@@ -48,10 +48,9 @@ def main(argv):
     log.info(f"nsqd v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version__})")
     log.info(f"ID: {opts.node_id}")
     try:
-        nsqd = NSQD(opts)
-        nsqd.log = log
+        nsqd = NSQD(opts, log=log)
         tcp, http = nsqd.start()
-    except OSError as err:
+    except (OSError, RuntimeError) as err:
         log.fatal(f"failed to start nsqd - {err}")
         return EXIT_FATAL
     log.info(f"TCP: listening on {format_address(tcp)}")

@@ -12,7 +12,9 @@ earlier one is scheduled; an idle broker does not wake at all.
 """
 
 import hashlib
+import json
 import os
+import random
 import socket
 import time
 
@@ -22,7 +24,8 @@ from gevent.server import StreamServer
 
 from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm._core.codec import IdGenerator
-from nsqshm.nsqd.names import is_valid_name
+from nsqshm.nsqd.log import Logger
+from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.topic import Topic
 from nsqshm.ring import Ring, use_gevent
 
@@ -46,8 +49,9 @@ def ring_capacity(opts):
 
 
 class NSQD:
-    def __init__(self, opts):
+    def __init__(self, opts, log=None):
         self.opts = opts
+        self.log = log or Logger(prefix=opts.log_prefix, level=opts.log_level)
         self.data_path = os.path.abspath(opts.data_path or ".")
         digest = hashlib.sha1(self.data_path.encode()).hexdigest()[:12]
         self.shm_prefix = opts.shm_prefix or f"nsqshm.{digest}"
@@ -67,6 +71,9 @@ class NSQD:
         self.tcp_server = None
         self.http_server = None
         self.exiting = False
+        self.loading = False
+        self._dirty_backends = set()
+        self._syncer = None
 
     # -- shared memory ----------------------------------------------------------------
 
@@ -97,7 +104,108 @@ class NSQD:
         self.notify_change()
 
     def notify_change(self):
-        """Topology changed (lookupd registration and nsqd.dat hook)."""
+        """Topology changed: persist nsqd.dat (lookupd registration hooks here too)."""
+        if not self.loading:
+            try:
+                self.persist_metadata()
+            except OSError as err:
+                self.set_health(err)
+
+    # -- logging and health ---------------------------------------------------------
+
+    def logf(self, level, msg):
+        getattr(self.log, level)(msg)
+
+    def set_health(self, err=None):
+        """nsqd's health: "OK", or "NOK - <error>" after a failed backend write."""
+        health = "OK" if err is None else f"NOK - {err}"
+        if health != self.health and err is not None:
+            self.logf("error", f"health check failed - {err}")
+        self.health = health
+
+    # -- nsqd.dat: topics, channels and paused state --------------------------------------
+    #
+    # {"topics":[{"name":"t","paused":false,"channels":[{"name":"c","paused":false}]}],
+    #  "version":"1.3.0"}   -- compact, ephemeral ones left out, as nsqd writes it
+
+    @property
+    def metadata_path(self):
+        return os.path.join(self.data_path, "nsqd.dat")
+
+    def persist_metadata(self):
+        topics = []
+        for topic in self.topics.values():
+            if topic.ephemeral:
+                continue
+            channels = [{"name": c.name, "paused": c.paused}
+                        for c in topic.channels.values() if not c.ephemeral]
+            topics.append({"name": topic.name, "paused": topic.paused,
+                           "channels": channels or None})
+        data = json.dumps({"topics": topics or None, "version": self.version},
+                          separators=(",", ":"))
+        tmp = f"{self.metadata_path}.{random.getrandbits(31)}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, self.metadata_path)
+        except OSError as err:
+            self.logf("error", f"failed to persist metadata - {err}")
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def load_metadata(self):
+        """Recreate the topics and channels of nsqd.dat (ours or a Go nsqd's)."""
+        try:
+            with open(self.metadata_path) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return
+        except ValueError as err:
+            raise RuntimeError(f"failed to parse metadata file {self.metadata_path} - {err}") from None
+        self.loading = True
+        try:
+            for t in data.get("topics") or []:
+                name = t.get("name", "")
+                if not is_valid_name(name) or is_ephemeral(name):
+                    self.logf("warn", f"skipping creation of invalid topic {name}")
+                    continue
+                topic = self.get_topic(name)
+                if t.get("paused"):
+                    topic.pause()
+                for c in t.get("channels") or []:
+                    cname = c.get("name", "")
+                    if not is_valid_name(cname) or is_ephemeral(cname):
+                        self.logf("warn", f"skipping creation of invalid channel {cname}")
+                        continue
+                    channel = topic.get_channel(cname)
+                    if c.get("paused"):
+                        channel.pause()
+        finally:
+            self.loading = False
+
+    # -- disk queue syncs -----------------------------------------------------------------
+
+    def backend_written(self, backend):
+        """A backend has unsynced writes: sync it within --sync-timeout."""
+        if backend.needs_sync:
+            self._dirty_backends.add(backend)
+            if self._syncer is None:
+                self._syncer = gevent.spawn_later(self.opts.sync_timeout, self._sync_backends)
+
+    def _sync_backends(self):
+        self._syncer = None
+        dirty, self._dirty_backends = self._dirty_backends, set()
+        for backend in dirty:
+            try:
+                if backend.needs_sync:
+                    backend.sync()
+            except OSError as err:
+                self.set_health(err)
 
     def next_client_id(self):
         self._client_seq += 1
@@ -140,6 +248,8 @@ class NSQD:
         from nsqshm.nsqd.protocol_v2 import ProtocolV2
 
         use_gevent()
+        self.load_metadata()
+        self.persist_metadata()  # fails at start-up, as nsqd, when the data path is unwritable
         self.protocol = ProtocolV2(self)
         self.tcp_server = StreamServer(split_address(self.opts.tcp_address), self.protocol.handle,
                                        backlog=1024)
@@ -165,6 +275,12 @@ class NSQD:
             client.close()
         if self._scanner is not None:
             self._scanner.kill(block=False)
+        if self._syncer is not None:
+            self._syncer.kill(block=False)
+        try:
+            self.persist_metadata()
+        except OSError:
+            pass
         for topic in list(self.topics.values()):
-            topic.close(delete=False)
+            topic.close(delete=False)  # rings, in-flight and deferred messages to disk
         self.ids.close()

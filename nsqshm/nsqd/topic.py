@@ -14,14 +14,13 @@ import time
 
 import gevent
 import gevent.event
-from gevent.socket import wait_read
 
 from nsqshm._core.wire import pack_message
+from nsqshm.nsqd.backend import DiskQueueError, new_backend
 from nsqshm.nsqd.channel import Channel
 from nsqshm.nsqd.names import is_ephemeral
+from nsqshm.nsqd.waiting import wait_fd_or_event
 from nsqshm.ring import FULL
-
-PUB_WAIT = 5.0  # seconds a publish waits for room in a full ring before it fails
 
 
 class TopicError(Exception):
@@ -34,6 +33,8 @@ class Topic:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.ring = nsqd.make_ring(f"t.{name}")
+        self.backend = new_backend(nsqd, name, self.ephemeral)
+        self.mem_limit = nsqd.opts.mem_queue_size
         self.channels = {}
         self.paused = False
         self.exiting = False
@@ -54,13 +55,22 @@ class Topic:
         if self.exiting:
             raise TopicError("exiting")
         view = memoryview(packed)
-        while view:
-            done, used = self.ring.push_packed(view)
-            if not done:
-                done, used = self.ring.push_packed_wait(view, timeout=PUB_WAIT)
-                if not done:
-                    raise TopicError("queue full")
-            view = view[used:]
+        # memory first while the disk queue is empty (so order stays FIFO),
+        # up to --mem-queue-size messages; the rest to disk
+        if self.backend.depth == 0:
+            room = self.mem_limit - self.ring.depth
+            if room > 0:
+                done, used = self.ring.push_packed(view, room)
+                view = view[used:]
+        if view:
+            try:
+                self.backend.put_packed(view)
+            except DiskQueueError as err:
+                self.nsqd.set_health(err)
+                raise TopicError(str(err)) from None
+            self.nsqd.set_health()
+            self.nsqd.backend_written(self.backend)
+            self._wake.set()
         self.message_count += count
         self.message_bytes += body_bytes
 
@@ -116,22 +126,32 @@ class Topic:
     def _pump_loop(self):
         ring = self.ring
         scratch = self._scratch
+        backend = self.backend
         while not self.exiting:
             if self.paused or not self.channels:
                 self._wake.clear()
                 self._wake.wait()
                 continue
+            # the ring holds the oldest messages, the disk queue the newer ones
+            from_disk = False
             n, nbytes = ring.pop_many_into(scratch)
+            if not n and backend.depth:
+                n, nbytes = backend.peek_into(scratch, 1024)
+                from_disk = True
             if not n:
+                self._wake.clear()
                 ring.arm()
-                if ring.depth == 0:
-                    wait_read(ring.fileno())
+                if ring.depth == 0 and not backend.depth:
+                    wait_fd_or_event(ring.fileno(), self._wake)
                 ring.drain()
                 ring.disarm()
                 continue
             batch = memoryview(scratch)[:nbytes]
             for channel in list(self.channels.values()):
-                channel.put_records(batch)
+                channel.put_records(batch, new=n)
+            if from_disk:
+                backend.advance(n)
+                self.nsqd.backend_written(backend)
             gevent.idle()
 
     # -- pause, empty, delete --------------------------------------------------------
@@ -147,22 +167,57 @@ class Topic:
 
     @property
     def depth(self):
-        return self.ring.depth
+        return self.ring.depth + self.backend.depth
+
+    @property
+    def backend_depth(self):
+        return self.backend.depth
 
     def empty(self):
         while self.ring.pop_many_into(self._scratch)[0]:
             pass
+        self.backend.empty()
         self.deferred_waiting = []
 
     def close(self, delete=False):
+        """Stop the pump.  delete: drop everything.  Otherwise (shutdown) every
+        message in memory goes to the disk queue, which is synced and closed,
+        and the rings are removed (ephemeral messages are dropped, as nsqd)."""
         self.exiting = True
         self._pump.kill(block=False)
         for channel in list(self.channels.values()):
             channel.close(delete=delete)
         if delete:
             self.channels.clear()
+            self.backend.delete()
+            self.ring.unlink()
+        elif flush_ring(self.ring, self.backend, self._scratch, self.nsqd):
+            for msg, _ in self.deferred_waiting:
+                self.backend.put_packed(len(msg).to_bytes(4, "little") + msg)
+            self.backend.close()
             self.ring.unlink()
         self.ring.close()
+
+
+def flush_ring(ring, backend, scratch, nsqd):
+    """Move a ring's messages to its disk queue (shutdown).  On a failed
+    write the batch goes back into the ring, which is then left in /dev/shm
+    for the next start: False."""
+    while True:
+        n, nbytes = ring.pop_many_into(scratch)
+        if not n:
+            return True
+        try:
+            done, _ = backend.put_packed(memoryview(scratch)[:nbytes])
+        except OSError as err:
+            done = getattr(err, "written", 0)
+            nsqd.logf("error", f"failed to write to disk at shutdown, messages stay in "
+                               f"shared memory ({ring.name}) - {err}")
+            rest = memoryview(scratch)[:nbytes]
+            for _ in range(done):  # the part written stays on disk
+                rest = rest[4 + int.from_bytes(rest[:4], "little"):]
+            ring.push_packed(rest)
+            return False
 
 
 __all__ = ["FULL", "Topic", "TopicError"]

@@ -1,0 +1,45 @@
+"""Storage behind a queue's ring: the disk queue, or a dummy for ephemeral
+topics and channels (which never touch disk: what overflows is dropped, as
+nsqd's dummy backend does)."""
+
+from nsqshm._core.diskqueue import DiskQueue, DiskQueueError
+
+MIN_VALID_MSG_LENGTH = 26  # ID 16 + timestamp 8 + attempts 2
+
+
+class DummyBackend:
+    depth = 0
+    needs_sync = False
+
+    def put_packed(self, packed, max_records=-1):
+        return 0, len(packed)
+
+    def peek_into(self, buffer, max_records=-1):
+        return 0, 0
+
+    def advance(self, records):
+        return 0
+
+    def sync(self):
+        pass
+
+    def empty(self):
+        pass
+
+    def delete(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def new_backend(nsqd, name, ephemeral):
+    """nsqd's backend for a topic (`topic`) or channel (`topic:channel`)."""
+    if ephemeral:
+        return DummyBackend()
+    opts = nsqd.opts
+    return DiskQueue(name, nsqd.data_path, opts.max_bytes_per_file, MIN_VALID_MSG_LENGTH,
+                     opts.max_msg_size + MIN_VALID_MSG_LENGTH, opts.sync_every, logf=nsqd.logf)
+
+
+__all__ = ["DiskQueueError", "DummyBackend", "new_backend"]

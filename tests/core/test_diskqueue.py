@@ -1,0 +1,187 @@
+"""nsqshm._core.diskqueue: go-diskqueue's files and semantics, through mmap."""
+
+import os
+import struct
+
+import pytest
+
+from nsqshm._core.diskqueue import FAULT_ENV, DiskQueue, DiskQueueError
+
+
+def msg(i, size=40):
+    body = f"message-{i:06d}".encode()
+    body += b"." * max(0, size - 26 - len(body))
+    return struct.pack(">QH", i, 0) + f"{i:016x}".encode() + body
+
+
+def pack(msgs):
+    return b"".join(struct.pack("=I", len(m)) + m for m in msgs)
+
+
+def unpack(buf, n):
+    out, pos = [], 0
+    for _ in range(n):
+        size = struct.unpack_from("=I", buf, pos)[0]
+        out.append(bytes(buf[pos + 4:pos + 4 + size]))
+        pos += 4 + size
+    return out
+
+
+def read_all(dq, batch=-1):
+    buf = bytearray(1 << 20)
+    got = []
+    while True:
+        n, _ = dq.peek_into(buf, batch)
+        if not n:
+            return got
+        got += unpack(buf, n)
+        assert dq.advance(n) == n
+
+
+def new(path, max_bytes=1000, logs=None, sync_every=1000):
+    return DiskQueue("t", str(path), max_bytes, 26, 1 << 16, sync_every,
+                     logf=(lambda lvl, m: logs.append((lvl, m))) if logs is not None else None)
+
+
+def test_files_and_metadata_are_go_diskqueues(tmp_path):
+    dq = new(tmp_path)
+    msgs = [msg(i) for i in range(60)]  # 44 bytes each on disk: 22 per 1000-byte file
+    assert dq.put_packed(pack(msgs)) == (60, len(pack(msgs)))
+    dq.close()
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["t.diskqueue.000000.dat", "t.diskqueue.000001.dat",
+                     "t.diskqueue.000002.dat", "t.diskqueue.meta.dat"]
+    assert (tmp_path / "t.diskqueue.meta.dat").read_text() == "60\n0,0\n2,704\n"
+    first = (tmp_path / "t.diskqueue.000000.dat").read_bytes()
+    assert len(first) == 22 * 44  # rolled before the record that would pass 1000 bytes
+    assert first[:4] == struct.pack(">I", 40) and first[4:44] == msgs[0]
+    assert os.path.getsize(tmp_path / "t.diskqueue.000002.dat") == 704  # truncated at close
+
+
+def test_roll_over_read_back_and_cleanup(tmp_path):
+    dq = new(tmp_path)
+    msgs = [msg(i, 26 + i % 50) for i in range(500)]
+    dq.put_packed(pack(msgs))
+    assert dq.depth == 500 and dq.write_file_num > 10
+    assert read_all(dq, batch=7) == msgs
+    assert dq.depth == 0
+    dq.sync()
+    left = [n for n in os.listdir(tmp_path) if n.endswith(".dat") and "meta" not in n]
+    assert left == [f"t.diskqueue.{dq.write_file_num:06d}.dat"]  # read files are deleted
+
+
+def test_peek_does_not_consume_and_advance_is_partial(tmp_path):
+    dq = new(tmp_path)
+    dq.put_packed(pack([msg(i) for i in range(5)]))
+    buf = bytearray(4096)
+    assert dq.peek_into(buf, 3)[0] == 3
+    assert dq.peek_into(buf, 3)[0] == 3  # still there
+    assert dq.advance(2) == 2 and dq.depth == 3
+    n, _ = dq.peek_into(buf)
+    assert unpack(buf, n) == [msg(i) for i in range(2, 5)]
+
+
+def take(dq, n):
+    buf = bytearray(1 << 16)
+    got, _ = dq.peek_into(buf, n)
+    assert dq.advance(got) == got
+    return unpack(buf, got)
+
+
+def test_restart_keeps_the_backlog(tmp_path):
+    dq = new(tmp_path)
+    msgs = [msg(i) for i in range(100)]
+    dq.put_packed(pack(msgs))
+    assert take(dq, 10) == msgs[:10]
+    dq.close()
+    again = new(tmp_path)
+    assert again.depth == 90
+    assert read_all(again) == msgs[10:]
+
+
+def test_corrupt_middle_segment_is_set_aside(tmp_path):
+    logs = []
+    dq = new(tmp_path, logs=logs)
+    msgs = [msg(i) for i in range(66)]  # 3 files of 22
+    dq.put_packed(pack(msgs))
+    dq.close()
+    middle = tmp_path / "t.diskqueue.000001.dat"
+    data = bytearray(middle.read_bytes())
+    data[44 * 5:44 * 5 + 4] = struct.pack(">I", 0x7FFFFFF0)  # 6th record's size
+    middle.write_bytes(data)
+    dq = new(tmp_path, logs=logs)
+    got = read_all(dq)
+    assert got == msgs[:27] + msgs[44:]  # the middle file from its bad 6th record on is skipped
+    assert (tmp_path / "t.diskqueue.000001.dat.bad").exists()
+    assert any("invalid message read size" in m for _, m in logs)
+    assert any(".bad" in m for _, m in logs)
+
+
+def test_truncated_segment_is_set_aside(tmp_path):
+    logs = []
+    dq = new(tmp_path, logs=logs)
+    dq.put_packed(pack([msg(i) for i in range(44)]))
+    dq.close()
+    first = tmp_path / "t.diskqueue.000000.dat"
+    first.write_bytes(first.read_bytes()[:100])  # cut mid-record
+    dq = new(tmp_path, logs=logs)
+    got = read_all(dq)
+    assert got[:2] == [msg(0), msg(1)] and got[2:] == [msg(i) for i in range(22, 44)]
+    assert (tmp_path / "t.diskqueue.000000.dat.bad").exists()
+
+
+@pytest.mark.parametrize("size", [25, (1 << 16) + 1])
+def test_write_size_limits(tmp_path, size):
+    dq = new(tmp_path)
+    with pytest.raises(ValueError, match="invalid message write size"):
+        dq.put_packed(pack([b"x" * size]))
+    assert dq.depth == 0
+
+
+def test_takeover_of_files_written_by_go(tmp_path):
+    # what a Go nsqd leaves: two finished segments and a current one, and the metadata
+    msgs = [msg(i) for i in range(30)]
+    for num, chunk in enumerate([msgs[:10], msgs[10:20], msgs[20:]]):
+        (tmp_path / f"t.diskqueue.{num:06d}.dat").write_bytes(
+            b"".join(struct.pack(">I", len(m)) + m for m in chunk))
+    (tmp_path / "t.diskqueue.meta.dat").write_text(f"27\n0,{44 * 3}\n2,{44 * 10}\n")
+    dq = new(tmp_path, max_bytes=100 * 1024 * 1024)
+    assert dq.depth == 27
+    assert read_all(dq) == msgs[3:]
+
+
+def test_disk_full_is_an_error_and_recovers(tmp_path, monkeypatch):
+    flag = tmp_path / "full"
+    monkeypatch.setenv(FAULT_ENV, str(flag))
+    (tmp_path / "q").mkdir()
+    dq = new(tmp_path / "q", max_bytes=8 << 20)
+    dq.put_packed(pack([msg(0)]))
+    dq.sync()
+    flag.write_text("")
+    # the first segment's reserved chunk still has room; fill it past the chunk
+    with pytest.raises(DiskQueueError) as info:
+        for _ in range(200):
+            dq.put_packed(pack([msg(1, 60000)]))
+    assert info.value.errno == 28
+    depth = dq.depth
+    flag.unlink()
+    assert dq.put_packed(pack([msg(2)])) == (1, 44)
+    assert dq.depth == depth + 1
+    got = read_all(dq)
+    assert got[0] == msg(0) and got[-1] == msg(2) and len(got) == depth + 1
+
+
+def test_empty_and_delete(tmp_path):
+    dq = new(tmp_path)
+    dq.put_packed(pack([msg(i) for i in range(50)]))
+    dq.empty()
+    assert dq.depth == 0 and read_all(dq) == []
+    dq.put_packed(pack([msg(7)]))
+    assert read_all(dq) == [msg(7)]
+    dq.delete()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("t.diskqueue")]
+
+
+def test_names_cannot_escape_the_data_path(tmp_path):
+    with pytest.raises(ValueError):
+        DiskQueue("../x", str(tmp_path), 1000, 26, 100, 1)
