@@ -41,6 +41,12 @@ from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_addre
 from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
 from nsqshm.nsqd.topic import TopicError
 
+
+def put_error(err):
+    """A failed publish: 503 EXITING while the broker stops, as nsqd; 500
+    when the message could not be stored (a full or unwritable disk)."""
+    return Err(503, "EXITING") if str(err) == "exiting" else Err(500, "INTERNAL_ERROR")
+
 RECORD_OVERHEAD = 4 + 26  # packed record: native size + message header
 BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 X_NSQ = ("X-Nsq-Content-Type", "nsq; version=1.0")
@@ -496,8 +502,8 @@ class HTTPAPI:
                 topic.put_deferred(body, deferred_ns / 1e9)
             else:
                 topic.put_message(body)
-        except TopicError:
-            raise Err(503, "EXITING") from None
+        except TopicError as err:
+            raise put_error(err) from None
         return "OK"
 
     def mpub(self, req):
@@ -540,8 +546,8 @@ class HTTPAPI:
                 topic.put_packed(out, count, len(out) - count * RECORD_OVERHEAD)
             elif topic.exiting:
                 raise TopicError("exiting")
-        except TopicError:
-            raise Err(503, "EXITING") from None
+        except TopicError as err:
+            raise put_error(err) from None
         return "OK"
 
     def stats(self, req):

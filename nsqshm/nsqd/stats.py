@@ -252,7 +252,7 @@ def channel_stats(channel, clients, percentiles=()):
     return {
         "channel_name": channel.name,
         "depth": channel.depth,
-        "backend_depth": 0,
+        "backend_depth": channel.backend_depth,
         "in_flight_count": len(channel.inflight),
         "deferred_count": len(channel.deferred),
         "message_count": channel.message_count,
@@ -273,7 +273,7 @@ def topic_stats(topic, channels, percentiles=()):
         "topic_name": topic.name,
         "channels": channels,
         "depth": topic.depth + waiting,
-        "backend_depth": 0,
+        "backend_depth": topic.backend_depth,
         "message_count": topic.message_count,
         "message_bytes": topic.message_bytes,
         "paused": bool(topic.paused),

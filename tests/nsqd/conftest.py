@@ -16,13 +16,14 @@ LISTEN = re.compile(r"(TCP|HTTP): listening on (\S+):(\d+)")
 
 
 class Server:
-    def __init__(self, args, data_path):
-        self.prefix = f"nsqshm-test-{uuid.uuid4().hex[:10]}"
+    def __init__(self, args, data_path, env=None, prefix=None):
+        self.prefix = prefix or f"nsqshm-test-{uuid.uuid4().hex[:10]}"
         self.data_path = data_path
         cmd = [sys.executable, "-m", "nsqshm.cli", "start", "--tcp-address=127.0.0.1:0",
                "--http-address=127.0.0.1:0", f"--data-path={data_path}",
                f"--shm-prefix={self.prefix}", *args]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
         self.lines = []
         self.ports = {}
         ready = threading.Event()
@@ -85,8 +86,8 @@ class Server:
 def nsqd_factory(tmp_path):
     servers = []
 
-    def start(*args, data_path=None):
-        server = Server(list(args), str(data_path or tmp_path))
+    def start(*args, data_path=None, env=None, prefix=None):
+        server = Server(list(args), str(data_path or tmp_path), env=env, prefix=prefix)
         servers.append(server)
         return server
 
@@ -108,3 +109,96 @@ def wait_for(predicate, timeout=10.0, interval=0.02):
             return value
         time.sleep(interval)
     return predicate()
+
+
+class Lookupd:
+    """A real `nsqshm lookupd` process; ports 0 pick free ones (read back from
+    its "listening on" lines).  restart() comes back on the same ports."""
+
+    def __init__(self, args=(), tcp_port=0, http_port=0):
+        self.args = list(args)
+        self.lines = []
+        cmd = [sys.executable, "-m", "nsqshm.cli", "lookupd",
+               f"--tcp-address=127.0.0.1:{tcp_port}", f"--http-address=127.0.0.1:{http_port}",
+               "--broadcast-address=127.0.0.1", *self.args]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        self.ports = {}
+        ready = threading.Event()
+
+        def read():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                m = LISTEN.search(line)
+                if m:
+                    self.ports[m.group(1)] = int(m.group(3))
+                    if len(self.ports) == 2:
+                        ready.set()
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(20) or len(self.ports) < 2:
+            self.stop()
+            raise RuntimeError("nsqshm lookupd did not come up:\n" + "".join(self.lines))
+        self.tcp_port = self.ports["TCP"]
+        self.http_port = self.ports["HTTP"]
+        self.tcp = ("127.0.0.1", self.tcp_port)
+        self.tcp_address = f"127.0.0.1:{self.tcp_port}"
+        self.http_address = f"127.0.0.1:{self.http_port}"
+        self.http = f"http://{self.http_address}"
+
+    def get_json(self, path):
+        import json
+
+        with urllib.request.urlopen(self.http + path, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def post(self, path):
+        req = urllib.request.Request(self.http + path, data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    def producers(self, topic):
+        """(broadcast_address, tcp_port) of the active producers of topic."""
+        try:
+            doc = self.get_json(f"/lookup?topic={topic}")
+        except urllib.error.HTTPError:
+            return []
+        return sorted((p["broadcast_address"], p["tcp_port"]) for p in doc["producers"])
+
+    def stop(self, sig=signal.SIGTERM, timeout=10):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def restart(self):
+        """Stop, then start again on the same ports (a new, empty registration DB)."""
+        self.stop()
+        return Lookupd(self.args, self.tcp_port, self.http_port)
+
+
+@pytest.fixture
+def lookupd_factory():
+    started = []
+
+    def start(*args):
+        lookupd = Lookupd(args)
+        started.append(lookupd)
+        return lookupd
+
+    start.started = started
+    yield start
+    for lookupd in started:
+        lookupd.stop()
+
+
+@pytest.fixture
+def lookupd(lookupd_factory):
+    return lookupd_factory()
