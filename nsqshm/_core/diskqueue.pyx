@@ -46,6 +46,9 @@ cdef extern from "<fcntl.h>" nogil:
 cdef extern from "<sys/mman.h>" nogil:
     int MS_SYNC
     int msync(void *addr, size_t length, int flags)
+    int madvise(void *addr, size_t length, int advice)
+
+cdef int MADV_POPULATE_WRITE = 23  # Linux >= 5.14; older kernels: EINVAL, ignored
 
 cdef extern from "<unistd.h>" nogil:
     int ftruncate(int fd, long length)
@@ -115,8 +118,12 @@ cdef class _Segment:
             raise OSError(r, os.strerror(r), self.path)
         if r == 95 and ftruncate(self.fd, want) != 0:
             raise OSError(errno, os.strerror(errno), self.path)
+        cdef long long old = self.reserved & ~(<long long>4095)
         self.reserved = want
         self._map(want)
+        # fault the new chunk in writable in one call: on ext4 and the like a store
+        # into a fresh page of a shared file mapping otherwise traps once per page
+        madvise(self.base + old, want - old, MADV_POPULATE_WRITE)
         return 0
 
     cdef int refresh(self) except -1:
@@ -173,6 +180,10 @@ cdef class DiskQueue:
     cdef _Segment reader
     cdef long long reader_num
     cdef object logf
+    # where the last peek_into ended, so that advance() of exactly what was
+    # peeked is O(1): (records, start file, start pos, end file, end pos)
+    cdef Py_ssize_t peek_count
+    cdef long long peek_from_num, peek_from_pos, peek_num, peek_pos
 
     def __init__(self, str name, str data_path, long long max_bytes_per_file,
                  int min_msg_size, int max_msg_size, long long sync_every=2500, logf=None):
@@ -188,6 +199,7 @@ cdef class DiskQueue:
         self.writer = None
         self.reader = None
         self.reader_num = -1
+        self.peek_count = -1
         self._retrieve_metadata()
 
     # -- names and metadata ------------------------------------------------------------
@@ -350,31 +362,34 @@ cdef class DiskQueue:
         """Read records from the read position: copy them packed into `out`
         (if not NULL) and, with commit, advance past them.  0, or 1 when a
         corrupt segment was set aside and the walk must start again."""
-        cdef long long num = self.read_file_num, pos = self.read_pos, end
+        cdef long long num = self.read_file_num, pos = self.read_pos, end = 0
+        cdef long long seg_num = -1
         cdef Py_ssize_t count = 0, written = 0
-        cdef _Segment seg
+        cdef _Segment seg = None
         cdef uint32_t size
         while (max_records < 0 or count < max_records) and \
                 (num < self.write_file_num or pos < self.write_pos):
-            try:
-                seg = self._reader_for(num)
-            except FileNotFoundError:
-                if commit or count == 0:
-                    self.read_file_num, self.read_pos = num, pos
-                    self._skip_bad("segment missing")
-                    num, pos = self.read_file_num, self.read_pos
-                    continue
-                break
+            if seg_num != num:
+                try:
+                    seg = self._reader_for(num)
+                except FileNotFoundError:
+                    if commit or count == 0:
+                        self.read_file_num, self.read_pos = num, pos
+                        self._skip_bad("segment missing")
+                        num, pos = self.read_file_num, self.read_pos
+                        continue
+                    break
+                seg_num = num
+                if num != self.write_file_num and seg.mapped == 0:
+                    seg.refresh()
             end = self.write_pos if num == self.write_file_num else seg.mapped
-            if num != self.write_file_num and seg.mapped == 0:
-                seg.refresh()
-                end = seg.mapped
             if pos >= end:
                 if num < self.write_file_num:
                     if commit:  # a finished segment fully read: delete it
                         if seg is self.reader:
                             self.reader.close()
                             self.reader = None
+                        seg_num = -1
                         try:
                             os.unlink(self.file_name(num))
                         except OSError as err:
@@ -382,6 +397,7 @@ cdef class DiskQueue:
                         self.dirty = True
                     num += 1
                     pos = 0
+                    seg_num = -1
                     if commit:
                         self.read_file_num, self.read_pos = num, pos
                     continue
@@ -409,6 +425,10 @@ cdef class DiskQueue:
                 self.depth -= 1
         count_out[0] = count
         bytes_out[0] = written
+        if not commit:
+            self.peek_count = count
+            self.peek_from_num, self.peek_from_pos = self.read_file_num, self.read_pos
+            self.peek_num, self.peek_pos = num, pos
         if commit and self.read_file_num == self.write_file_num \
                 and self.read_pos == self.write_pos and self.depth != 0:
             self._log("error", f"{'positive' if self.depth > 0 else 'negative'} depth at tail "
@@ -436,7 +456,16 @@ cdef class DiskQueue:
         cdef Py_ssize_t count = 0, nbytes = 0
         if records <= 0:
             return 0
-        self._walk(NULL, 0, records, &count, &nbytes, True)
+        if records == self.peek_count and self.peek_from_num == self.read_file_num \
+                and self.peek_from_pos == self.read_pos and self.peek_num == self.read_file_num:
+            # exactly what the last peek read, within one segment: no walk
+            self.read_pos = self.peek_pos
+            self.depth -= records
+            self.peek_count = -1
+            count = records
+        else:
+            self._walk(NULL, 0, records, &count, &nbytes, True)
+            self.peek_count = -1
         self.writes_since_sync += count
         if self.writes_since_sync >= self.sync_every:
             self.sync()
