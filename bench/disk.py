@@ -4,8 +4,10 @@ sequential write and read of the same bytes, in the same run.
     python -m bench.disk [--messages N] [--size 200] [--batch 1000] [--dir PATH]
 
 Writes N messages (NSQ encoding, `size`-byte bodies) through
-DiskQueue.put_packed in batches, then reads them back with peek_into and
-advance, each phase ending in a sync (msync + fsync + metadata); the
+DiskQueue.put_packed in batches, then reads them back with
+peek_into(big_endian=True) and advance, as the broker refills a ring from
+disk (fully read segments deleted on a worker thread, as the broker does),
+each phase ending in a sync (fsync + metadata); the
 baseline writes the same bytes (the same [4-byte size][message] records)
 to one file with os.write in 1 MiB chunks and fsync, then reads it back
 with os.readv into a buffer.  Both read from the page cache, as the
@@ -13,6 +15,7 @@ broker would right after a spill.  Medians of --runs.
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -31,8 +34,10 @@ def records(n, size):
     return b"".join(one)
 
 
-def run_queue(path, packed, batch_bytes, n, size, max_bytes):
-    dq = DiskQueue("bench", path, max_bytes, 26, 26 + size, 1 << 62)
+def run_queue(path, packed, batch_bytes, n, size, max_bytes, remover):
+    # read segments are deleted on another thread, as the broker does (backend.remove_later)
+    dq = DiskQueue("bench", path, max_bytes, 26, 26 + size, 1 << 62,
+                   remove=lambda p: remover.submit(os.unlink, p))
     view = memoryview(packed)
     t0 = time.perf_counter()
     pos = 0
@@ -41,10 +46,11 @@ def run_queue(path, packed, batch_bytes, n, size, max_bytes):
         pos += used
     dq.sync()
     t1 = time.perf_counter()
-    buf = bytearray(batch_bytes + 4 + 26 + size)
+    buf = bytearray(1 << 20)  # the broker's scratch size, and the baseline's read chunk
     got = 0
     while True:
-        k, _ = dq.peek_into(buf, -1)
+        # as the broker reads a spill back into a ring: the segment bytes, one copy
+        k, _ = dq.peek_into(buf, -1, big_endian=True)
         if not k:
             break
         dq.advance(k)
@@ -98,8 +104,9 @@ def main(argv=None):
     for i in range(args.runs):
         base = tempfile.mkdtemp(prefix="nsqshm-bench-disk-", dir=args.dir)
         try:
-            qw, qr = run_queue(base, packed, args.batch * record, args.messages, args.size,
-                               args.max_bytes_per_file)
+            with concurrent.futures.ThreadPoolExecutor(1) as remover:
+                qw, qr = run_queue(base, packed, args.batch * record, args.messages, args.size,
+                                   args.max_bytes_per_file, remover)
             rw, rr = run_raw(base, packed, 1 << 20)
         finally:
             shutil.rmtree(base)

@@ -16,14 +16,20 @@ segment before a record that would take the file past max_bytes_per_file
 a reader of a finished segment reads up to the file's size and a reader of
 the current one up to writePos, exactly as go-diskqueue does.
 
-Space for the current segment is reserved with posix_fallocate a chunk at a
-time, so a full disk is an ENOSPC from a write call and never a SIGBUS from
-a store into the mapping.  The metadata is written to a temp file, fsynced
-and renamed.  A record whose size is impossible makes its segment `.bad`:
+Segments are read through mmap and written with pwrite: records are laid
+out (big-endian size, message) in a 1 MiB staging buffer and written with
+one system call per buffer.  (Storing through a shared mapping costs a page
+fault per 4 KiB page on ext4 -- about 230 ns per 230-byte record measured
+here -- and turns a full disk into SIGBUS; pwrite turns it into ENOSPC.
+pwritev of one iovec per size and per message measured no better: the
+kernel's cost per small segment dominates.)
+The metadata is written to a temp file, fsynced and renamed.  A record whose size is impossible makes its segment `.bad`:
 it is renamed and skipped, with an error logged.
 
 Batches cross this boundary packed as the rings take them:
-[ u32 native size ][ message ]...  Reading is peek_into then advance(n),
+[ u32 native size ][ message ]..., or, for peek_into(big_endian=True),
+the segment's own bytes copied in one piece, which Ring.push_packed takes
+with big_endian=True.  Reading is peek_into then advance(n),
 so a record leaves the disk queue only once the caller has put it
 somewhere (a ring); a crash in between can repeat it, never lose it.
 """
@@ -40,21 +46,21 @@ from nsqshm._core.includes.system cimport (
     MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, close, errno, mmap, munmap,
 )
 
-cdef extern from "<fcntl.h>" nogil:
-    int posix_fallocate(int fd, long offset, long length)
+cdef extern from "<unistd.h>" nogil:
+    ssize_t pwrite(int fd, const void *buf, size_t n, long offset)
+    ssize_t pread(int fd, void *buf, size_t n, long offset)
 
-cdef extern from "<sys/mman.h>" nogil:
-    int MS_SYNC
-    int msync(void *addr, size_t length, int flags)
-    int madvise(void *addr, size_t length, int advice)
 
-cdef int MADV_POPULATE_WRITE = 23  # Linux >= 5.14; older kernels: EINVAL, ignored
+cdef extern from "<stdlib.h>" nogil:
+    void *malloc(size_t n)
+    void free(void *p)
+
 
 cdef extern from "<unistd.h>" nogil:
     int ftruncate(int fd, long length)
     int fsync(int fd)
 
-cdef long long RESERVE_CHUNK = 4 << 20
+cdef Py_ssize_t STAGING = 1 << 20
 FAULT_ENV = "NSQSHM_FAULT_ENOSPC"   # a path: while it exists, writes fail with ENOSPC
 
 
@@ -66,85 +72,50 @@ class DiskQueueError(OSError):
         self.written = written
 
 
+cdef inline uint32_t be32(const char *p) noexcept nogil:
+    """A big-endian u32, inlined (codec's get_u32be is a call across modules)."""
+    cdef const unsigned char *b = <const unsigned char *>p
+    return (<uint32_t>b[0] << 24) | (<uint32_t>b[1] << 16) | (<uint32_t>b[2] << 8) | b[3]
+
+
+cdef inline bint min_max_ok(uint32_t size, int lo, int hi) noexcept:
+    return <uint32_t>lo <= size <= <uint32_t>hi
+
+
 cdef class _Segment:
-    """One mapped segment file."""
+    """A segment file mapped read-only, whole (remapped as the file grows)."""
     cdef int fd
     cdef char *base
-    cdef long long mapped      # bytes mapped
-    cdef long long reserved    # bytes allocated on disk (writer)
+    cdef long long mapped
     cdef readonly str path
-    cdef bint writable
 
     def __cinit__(self):
         self.fd = -1
         self.base = NULL
         self.mapped = 0
-        self.reserved = 0
 
-    def open(self, str path, bint writable):
+    def open(self, str path):
         self.path = path
-        self.writable = writable
-        self.fd = os.open(path, (os.O_RDWR | os.O_CREAT) if writable else os.O_RDONLY, 0o600)
-        self.reserved = os.fstat(self.fd).st_size
-        self._map(self.reserved)
+        self.fd = os.open(path, os.O_RDONLY)
+        self.refresh()
 
-    cdef int _map(self, long long size) except -1:
+    cdef int refresh(self) except -1:
+        """Map the whole file again if its size changed."""
+        cdef long long size = os.fstat(self.fd).st_size
         cdef void *p
+        if size == self.mapped:
+            return 0
         if self.base != NULL:
             munmap(self.base, self.mapped)
             self.base = NULL
             self.mapped = 0
-        if size <= 0:
-            return 0
-        p = mmap(NULL, size, PROT_READ | PROT_WRITE if self.writable else PROT_READ,
-                 MAP_SHARED, self.fd, 0)
-        if p == MAP_FAILED:
-            raise OSError(errno, os.strerror(errno), self.path)
-        self.base = <char *>p
-        self.mapped = size
+        if size > 0:
+            p = mmap(NULL, size, PROT_READ, MAP_SHARED, self.fd, 0)
+            if p == MAP_FAILED:
+                raise OSError(errno, os.strerror(errno), self.path)
+            self.base = <char *>p
+            self.mapped = size
         return 0
-
-    cdef int reserve(self, long long end, long long limit) except -1:
-        """Make [0, end) writable, allocating ahead up to `limit` bytes."""
-        cdef long long want
-        cdef int r
-        if end <= self.reserved:
-            if end > self.mapped:
-                self._map(self.reserved)
-            return 0
-        want = min(max(end, self.reserved + RESERVE_CHUNK), max(limit, end))
-        r = posix_fallocate(self.fd, self.reserved, want - self.reserved)
-        if r != 0 and r != 95:  # EOPNOTSUPP: grow with ftruncate instead
-            raise OSError(r, os.strerror(r), self.path)
-        if r == 95 and ftruncate(self.fd, want) != 0:
-            raise OSError(errno, os.strerror(errno), self.path)
-        cdef long long old = self.reserved & ~(<long long>4095)
-        self.reserved = want
-        self._map(want)
-        # fault the new chunk in writable in one call: on ext4 and the like a store
-        # into a fresh page of a shared file mapping otherwise traps once per page
-        madvise(self.base + old, want - old, MADV_POPULATE_WRITE)
-        return 0
-
-    cdef int refresh(self) except -1:
-        """Map the whole file again (a reader of a file still growing)."""
-        cdef long long size = os.fstat(self.fd).st_size
-        if size != self.mapped:
-            self._map(size)
-        return 0
-
-    def sync(self, long long length):
-        if self.base != NULL and length > 0:
-            msync(self.base, min(length, self.mapped), MS_SYNC)
-        if self.fd >= 0 and fsync(self.fd) != 0:
-            raise OSError(errno, os.strerror(errno), self.path)
-
-    def finish(self, long long length):
-        """Close a written segment, its size cut to its data."""
-        self.sync(length)
-        if self.writable:
-            ftruncate(self.fd, length)
-        self.close()
 
     def close(self):
         if self.base != NULL:
@@ -176,17 +147,20 @@ cdef class DiskQueue:
     cdef readonly long long write_pos
     cdef readonly long long writes_since_sync
     cdef readonly bint dirty
-    cdef _Segment writer
+    cdef int wfd                # the current segment, open for writing, or -1
+    cdef char *staging          # records laid out for one pwrite
     cdef _Segment reader
     cdef long long reader_num
     cdef object logf
+    cdef object remove          # deletes a fully read segment (the broker: off its loop)
     # where the last peek_into ended, so that advance() of exactly what was
     # peeked is O(1): (records, start file, start pos, end file, end pos)
     cdef Py_ssize_t peek_count
     cdef long long peek_from_num, peek_from_pos, peek_num, peek_pos
 
     def __init__(self, str name, str data_path, long long max_bytes_per_file,
-                 int min_msg_size, int max_msg_size, long long sync_every=2500, logf=None):
+                 int min_msg_size, int max_msg_size, long long sync_every=2500, logf=None,
+                 remove=None):
         if "/" in name or name in ("", ".", ".."):
             raise ValueError(f"invalid disk queue name {name!r}")
         self.name = name
@@ -196,7 +170,11 @@ cdef class DiskQueue:
         self.max_msg_size = max_msg_size
         self.sync_every = max(sync_every, 1)
         self.logf = logf
-        self.writer = None
+        self.remove = remove or os.unlink
+        self.wfd = -1
+        self.staging = <char *>malloc(STAGING)
+        if self.staging == NULL:
+            raise MemoryError()
         self.reader = None
         self.reader_num = -1
         self.peek_count = -1
@@ -245,15 +223,25 @@ cdef class DiskQueue:
     # -- writing ------------------------------------------------------------------------
 
     cdef int _open_writer(self) except -1:
-        if self.writer is None:
-            self.writer = _Segment()
-            self.writer.open(self.file_name(self.write_file_num), True)
+        if self.wfd < 0:
+            self.wfd = os.open(self.file_name(self.write_file_num), os.O_WRONLY | os.O_CREAT, 0o600)
+        return 0
+
+    cdef int _close_writer(self, bint finish) except -1:
+        """Close the current segment; finish: fsync it and cut it to its data."""
+        if self.wfd < 0:
+            return 0
+        try:
+            if finish:
+                os.fsync(self.wfd)
+                os.ftruncate(self.wfd, self.write_pos)
+        finally:
+            close(self.wfd)
+            self.wfd = -1
         return 0
 
     cdef int _roll(self) except -1:
-        if self.writer is not None:
-            self.writer.finish(self.write_pos)
-            self.writer = None
+        self._close_writer(True)
         if self.reader is not None and self.reader_num == self.write_file_num:
             self.reader.refresh()
         self.write_file_num += 1
@@ -261,15 +249,56 @@ cdef class DiskQueue:
         self.dirty = True
         return 0
 
+    cdef long long _write(self, const char *buf, long long nbytes) except -2:
+        """pwrite at write_pos; the bytes written (fewer on a full disk), or
+        -errno when nothing was."""
+        cdef ssize_t r
+        cdef long long done = 0
+        while done < nbytes:
+            r = pwrite(self.wfd, buf + done, nbytes - done, self.write_pos + done)
+            if r < 0:
+                if errno == 4:  # EINTR
+                    continue
+                return -errno if done == 0 else done
+            if r == 0:
+                break
+            done += r
+        return done
+
+    cdef int _flush_staging(self, long long pending, Py_ssize_t batch, Py_ssize_t count) except -1:
+        """Write the staged records; on a short write keep the whole records
+        that made it and raise DiskQueueError."""
+        cdef long long r = self._write(self.staging, pending)
+        cdef long long kept = 0
+        cdef Py_ssize_t k = 0
+        cdef uint32_t size
+        if r == pending:
+            self.write_pos += pending
+            self.depth += batch
+            self.writes_since_sync += batch
+            return 0
+        while k < batch:
+            size = get_u32be(self.staging + kept)
+            if kept + 4 + size > r:
+                break
+            kept += 4 + size
+            k += 1
+        self.write_pos += kept
+        self.depth += k
+        self.writes_since_sync += k
+        e = -r if r < 0 else 28
+        raise DiskQueueError(e, f"{os.strerror(e)} ({self.file_name(self.write_file_num)})",
+                             count + k)
+
     def put_packed(self, packed, Py_ssize_t max_records=-1):
         """Append records packed [u32 native size][message]...; returns
         (records, bytes of `packed` used).  A failure raises
         DiskQueueError with .written; what was written stays."""
         cdef Py_buffer view
         cdef const char *p
-        cdef Py_ssize_t pos = 0, n, count = 0
+        cdef Py_ssize_t pos = 0, n, count = 0, batch = 0
         cdef uint32_t size
-        cdef long long total
+        cdef long long pending = 0
         fault = os.environ.get(FAULT_ENV)
         if fault and os.path.exists(fault):  # the test suite's full disk
             raise DiskQueueError(28, f"{os.strerror(28)} ({self.file_name(self.write_file_num)})")
@@ -277,29 +306,52 @@ cdef class DiskQueue:
         try:
             p = <const char *>view.buf
             n = view.len
-            while pos + 4 <= n and (max_records < 0 or count < max_records):
-                size = (<const uint32_t *>(p + pos))[0]
-                if pos + 4 + size > n:
-                    raise ValueError(f"truncated record at byte {pos}")
-                if size < <uint32_t>self.min_msg_size or size > <uint32_t>self.max_msg_size:
-                    raise ValueError(f"invalid message write size ({size}) "
-                                     f"maxMsgSize={self.max_msg_size}")
-                total = 4 + size
+            while True:
+                size = 0
+                if pos + 4 <= n and (max_records < 0 or count + batch < max_records):
+                    size = (<const uint32_t *>(p + pos))[0]
+                    if pos + 4 + size > n:
+                        raise ValueError(f"truncated record at byte {pos}")
+                    if size < <uint32_t>self.min_msg_size or size > <uint32_t>self.max_msg_size:
+                        raise ValueError(f"invalid message write size ({size}) "
+                                         f"maxMsgSize={self.max_msg_size}")
+                # write out what is staged when full, at the end, or before a roll
+                if batch and (size == 0 or pending + 4 + size > STAGING or
+                              self.write_pos + pending + 4 + size > self.max_bytes_per_file):
+                    self._flush_staging(pending, batch, count)
+                    count += batch
+                    batch = 0
+                    pending = 0
+                if size == 0:
+                    break
+                if self.write_pos > 0 and self.write_pos + 4 + size > self.max_bytes_per_file:
+                    self._roll()
                 try:
-                    if self.write_pos > 0 and self.write_pos + total > self.max_bytes_per_file:
-                        self._roll()
                     self._open_writer()
-                    self.writer.reserve(self.write_pos + total, self.max_bytes_per_file)
                 except OSError as err:
                     raise DiskQueueError(err.errno, f"{err.strerror} ({err.filename})",
                                          count) from None
-                put_u32be(self.writer.base + self.write_pos, size)
-                memcpy(self.writer.base + self.write_pos + 4, p + pos + 4, size)
-                self.write_pos += total
-                self.depth += 1
-                self.writes_since_sync += 1
+                if 4 + size > STAGING:  # larger than the staging buffer: two writes
+                    put_u32be(self.staging, size)
+                    ok = self._write(self.staging, 4) == 4
+                    if ok:
+                        self.write_pos += 4
+                        ok = self._write(p + pos + 4, size) == size
+                        self.write_pos -= 4
+                    if not ok:
+                        raise DiskQueueError(28, f"{os.strerror(28)} "
+                                             f"({self.file_name(self.write_file_num)})", count)
+                    self.write_pos += 4 + size
+                    self.depth += 1
+                    self.writes_since_sync += 1
+                    count += 1
+                    pos += 4 + size
+                    continue
+                put_u32be(self.staging + pending, size)
+                memcpy(self.staging + pending + 4, p + pos + 4, size)
+                pending += 4 + size
+                batch += 1
                 pos += 4 + size
-                count += 1
         finally:
             PyBuffer_Release(&view)
         if self.writes_since_sync >= self.sync_every:
@@ -307,9 +359,9 @@ cdef class DiskQueue:
         return count, pos
 
     def sync(self):
-        """msync and fsync the current segment, then persist the metadata."""
-        if self.writer is not None:
-            self.writer.sync(self.write_pos)
+        """fsync the current segment, then persist the metadata."""
+        if self.wfd >= 0:
+            os.fsync(self.wfd)
         self._persist_metadata()
         self.writes_since_sync = 0
         self.dirty = False
@@ -322,14 +374,12 @@ cdef class DiskQueue:
 
     cdef _Segment _reader_for(self, long long num):
         cdef _Segment seg
-        if num == self.write_file_num and self.writer is not None:
-            return self.writer
         if self.reader is None or self.reader_num != num:
             if self.reader is not None:
                 self.reader.close()
             self.reader = None
             seg = _Segment()
-            seg.open(self.file_name(num), False)
+            seg.open(self.file_name(num))
             self.reader = seg
             self.reader_num = num
         return self.reader
@@ -342,9 +392,7 @@ cdef class DiskQueue:
             self.reader.close()
             self.reader = None
         if self.read_file_num == self.write_file_num:
-            if self.writer is not None:
-                self.writer.close()
-                self.writer = None
+            self._close_writer(False)
             self.write_file_num += 1
             self.write_pos = 0
         try:
@@ -358,12 +406,15 @@ cdef class DiskQueue:
         return 0
 
     cdef int _walk(self, char *out, Py_ssize_t room, Py_ssize_t max_records,
-                   Py_ssize_t *count_out, Py_ssize_t *bytes_out, bint commit) except -1:
-        """Read records from the read position: copy them packed into `out`
-        (if not NULL) and, with commit, advance past them.  0, or 1 when a
-        corrupt segment was set aside and the walk must start again."""
+                   Py_ssize_t *count_out, Py_ssize_t *bytes_out, bint commit,
+                   bint raw) except -1:
+        """Read records from the read position: copy them into `out` (if not
+        NULL) -- packed with native sizes, or with raw the segment bytes as
+        they are, one copy per segment -- and, with commit, advance past
+        them.  0, or 1 when a corrupt segment was set aside and the walk must
+        start again."""
         cdef long long num = self.read_file_num, pos = self.read_pos, end = 0
-        cdef long long seg_num = -1
+        cdef long long seg_num = -1, span = 0
         cdef Py_ssize_t count = 0, written = 0
         cdef _Segment seg = None
         cdef uint32_t size
@@ -380,18 +431,24 @@ cdef class DiskQueue:
                         continue
                     break
                 seg_num = num
-                if num != self.write_file_num and seg.mapped == 0:
+                span = pos
+            if num == self.write_file_num:
+                end = self.write_pos
+                if end > seg.mapped:  # the segment being written has grown
                     seg.refresh()
-            end = self.write_pos if num == self.write_file_num else seg.mapped
+            else:
+                end = seg.mapped
             if pos >= end:
                 if num < self.write_file_num:
+                    if raw and out != NULL and pos > span:
+                        memcpy(out + written, seg.base + span, pos - span)
+                        written += pos - span
                     if commit:  # a finished segment fully read: delete it
                         if seg is self.reader:
                             self.reader.close()
                             self.reader = None
-                        seg_num = -1
                         try:
-                            os.unlink(self.file_name(num))
+                            self.remove(self.file_name(num))
                         except OSError as err:
                             self._log("error", f"failed to Remove({self.file_name(num)}) - {err}")
                         self.dirty = True
@@ -402,7 +459,7 @@ cdef class DiskQueue:
                         self.read_file_num, self.read_pos = num, pos
                     continue
                 break
-            size = get_u32be(seg.base + pos) if end - pos >= 4 else 0
+            size = be32(seg.base + pos) if end - pos >= 4 else 0
             if end - pos < 4 or size < <uint32_t>self.min_msg_size \
                     or size > <uint32_t>self.max_msg_size or pos + 4 + size > end:
                 if count:  # hand over the good records first; the next read sets it aside
@@ -412,17 +469,21 @@ cdef class DiskQueue:
                                else f"invalid message read size ({<int>size})")
                 return 1  # a segment was set aside: read again
             if out != NULL:
-                if written + 4 + size > room:
+                if written + (pos - span if raw else 0) + 4 + size > room:
                     break
-                (<uint32_t *>(out + written))[0] = size
-                memcpy(out + written + 4, seg.base + pos + 4, size)
-                written += 4 + size
+                if not raw:
+                    (<uint32_t *>(out + written))[0] = size
+                    memcpy(out + written + 4, seg.base + pos + 4, size)
+                    written += 4 + size
             pos += 4 + size
             count += 1
             if commit:
                 self.read_pos = pos
                 self.read_file_num = num
                 self.depth -= 1
+        if raw and out != NULL and seg_num == num and pos > span:
+            memcpy(out + written, seg.base + span, pos - span)
+            written += pos - span
         count_out[0] = count
         bytes_out[0] = written
         if not commit:
@@ -437,16 +498,91 @@ cdef class DiskQueue:
             self.dirty = True
         return 0
 
-    def peek_into(self, buffer, Py_ssize_t max_records=-1):
-        """Copy records from the read position into `buffer`, packed
-        [u32 native size][message]..., without consuming them: (records, bytes).
+    cdef int _peek_raw(self, char *out, Py_ssize_t room, Py_ssize_t max_records,
+                       Py_ssize_t *count_out, Py_ssize_t *bytes_out) except -1:
+        """peek_into(big_endian=True): pread the segment bytes into `out`, then
+        walk their headers there.  (Copying out of a fresh mapping ran at about
+        2 GB/s on this VM against 15 GB/s for read() from the same page cache.)
+        0, or 1 when a corrupt segment was set aside."""
+        cdef long long num = self.read_file_num, pos = self.read_pos, end
+        cdef Py_ssize_t count = 0, written = 0, got, off
+        cdef _Segment seg
+        cdef uint32_t size
+        while (max_records < 0 or count < max_records) and written < room and \
+                (num < self.write_file_num or pos < self.write_pos):
+            try:
+                seg = self._reader_for(num)
+            except FileNotFoundError:
+                if count:
+                    break
+                self.read_file_num, self.read_pos = num, pos
+                self._skip_bad("segment missing")
+                return 1
+            if num == self.write_file_num:
+                end = self.write_pos
+            else:
+                end = os.fstat(seg.fd).st_size
+            if pos >= end:
+                if num < self.write_file_num:
+                    num += 1
+                    pos = 0
+                    continue
+                break
+            got = pread(seg.fd, out + written, min(room - written, end - pos), pos)
+            if got <= 0:
+                break
+            off = 0
+            while max_records < 0 or count < max_records:
+                if got - off < 4:
+                    size = 0xFFFFFFFF if end - pos - off < 4 and end - pos - off > 0 else 0
+                    if size == 0:
+                        break
+                else:
+                    size = be32(out + written + off)
+                    if off + 4 + size > got:
+                        if pos + off + 4 + size <= end \
+                                and min_max_ok(size, self.min_msg_size, self.max_msg_size):
+                            break  # a whole record that did not fit this buffer
+                if size == 0xFFFFFFFF or not min_max_ok(size, self.min_msg_size,
+                                                         self.max_msg_size) \
+                        or pos + off + 4 + size > end:
+                    if count or off:
+                        break  # hand over the good records; the next read sets it aside
+                    self.read_file_num, self.read_pos = num, pos
+                    self._skip_bad("truncated record size" if size == 0xFFFFFFFF
+                                   else f"invalid message read size ({<int>size})")
+                    return 1
+                off += 4 + size
+                count += 1
+            written += off
+            pos += off
+            if off < got:
+                break  # the buffer or max_records is full
+        count_out[0] = count
+        bytes_out[0] = written
+        self.peek_count = count
+        self.peek_from_num, self.peek_from_pos = self.read_file_num, self.read_pos
+        self.peek_num, self.peek_pos = num, pos
+        return 0
+
+    def peek_into(self, buffer, Py_ssize_t max_records=-1, bint big_endian=False):
+        """Copy records from the read position into `buffer` without
+        consuming them: (records, bytes).  Packed [u32 native size][message]...,
+        or with big_endian the segment bytes as they are ([u32 BE size]
+        [message]..., one copy per segment: for Ring.push_packed(big_endian=True)).
         A corrupt segment met on the way is set aside (.bad) and skipped."""
         cdef Py_buffer view
         cdef Py_ssize_t count = 0, nbytes = 0
         PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
         try:
-            while self._walk(<char *>view.buf, view.len, max_records, &count, &nbytes, False) == 1:
-                pass
+            if big_endian:
+                while self._peek_raw(<char *>view.buf, view.len, max_records, &count,
+                                     &nbytes) == 1:
+                    pass
+            else:
+                while self._walk(<char *>view.buf, view.len, max_records, &count, &nbytes,
+                                 False, False) == 1:
+                    pass
         finally:
             PyBuffer_Release(&view)
         return count, nbytes
@@ -457,14 +593,25 @@ cdef class DiskQueue:
         if records <= 0:
             return 0
         if records == self.peek_count and self.peek_from_num == self.read_file_num \
-                and self.peek_from_pos == self.read_pos and self.peek_num == self.read_file_num:
-            # exactly what the last peek read, within one segment: no walk
+                and self.peek_from_pos == self.read_pos:
+            # exactly what the last peek read: no walk; segments it finished are deleted
+            while self.read_file_num < self.peek_num:
+                if self.reader is not None and self.reader_num == self.read_file_num:
+                    self.reader.close()
+                    self.reader = None
+                try:
+                    self.remove(self.file_name(self.read_file_num))
+                except OSError as err:
+                    self._log("error", f"failed to Remove({self.file_name(self.read_file_num)})"
+                                       f" - {err}")
+                self.read_file_num += 1
+                self.dirty = True
             self.read_pos = self.peek_pos
             self.depth -= records
             self.peek_count = -1
             count = records
         else:
-            self._walk(NULL, 0, records, &count, &nbytes, True)
+            self._walk(NULL, 0, records, &count, &nbytes, True, False)
             self.peek_count = -1
         self.writes_since_sync += count
         if self.writes_since_sync >= self.sync_every:
@@ -478,9 +625,7 @@ cdef class DiskQueue:
         if self.reader is not None:
             self.reader.close()
             self.reader = None
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        self._close_writer(False)
         for num in range(self.read_file_num, self.write_file_num + 1):
             try:
                 os.unlink(self.file_name(num))
@@ -501,11 +646,15 @@ cdef class DiskQueue:
         except FileNotFoundError:
             pass
 
+    def __dealloc__(self):
+        if self.staging != NULL:
+            free(self.staging)
+        if self.wfd >= 0:
+            close(self.wfd)
+
     def close(self):
         """Sync, truncate the current segment to its data, and close."""
-        if self.writer is not None:
-            self.writer.finish(self.write_pos)
-            self.writer = None
+        self._close_writer(True)
         if self.reader is not None:
             self.reader.close()
             self.reader = None

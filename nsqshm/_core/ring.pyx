@@ -103,6 +103,10 @@ cdef inline uint64_t _align8(uint64_t n) noexcept nogil:
     return (n + 7) & ~(<uint64_t>7)
 
 
+cdef inline uint32_t _bswap32(uint32_t v) noexcept nogil:
+    return ((v & 0xFF) << 24) | ((v & 0xFF00) << 8) | ((v >> 8) & 0xFF00) | (v >> 24)
+
+
 cdef inline uint64_t _now_ns(int clock) noexcept nogil:
     cdef timespec ts
     clock_gettime(clock, &ts)
@@ -604,8 +608,10 @@ cdef class Ring:
             self._wake(&self.hdr.wait_data)
         return done
 
-    def push_packed(self, buffer, Py_ssize_t max_records=-1):
-        """Push records packed as [u32 native size][payload]... under one lock.
+    def push_packed(self, buffer, Py_ssize_t max_records=-1, bint big_endian=False):
+        """Push records packed as [u32 native size][payload]... under one lock
+        (with big_endian, [u32 big-endian size][payload]...: a disk queue's
+        segment bytes, pushed as they are).
 
         Returns (records pushed, bytes of `buffer` consumed).  Bad framing or
         a record over max_record raises ValueError before anything is pushed.
@@ -624,6 +630,8 @@ cdef class Ring:
                 if end - pos < 4:
                     raise ValueError(f"truncated size at byte {pos}")
                 n = (<const uint32_t *>(p + pos))[0]
+                if big_endian:
+                    n = _bswap32(n)
                 if n > self.max_rec:
                     raise ValueError(f"record at byte {pos} is {n} bytes, over max_record {self.max_rec}")
                 if end - pos - 4 < n:
@@ -636,6 +644,8 @@ cdef class Ring:
             head = nsqshm_load_acquire(&self.hdr.head)
             while done < count:
                 n = (<const uint32_t *>(p + pos))[0]
+                if big_endian:
+                    n = _bswap32(n)
                 if self._put(&tail, head, p + pos + 4, n):
                     head = nsqshm_load_acquire(&self.hdr.head)
                     if self._put(&tail, head, p + pos + 4, n):

@@ -18,24 +18,31 @@ def pack(msgs):
     return b"".join(struct.pack("=I", len(m)) + m for m in msgs)
 
 
-def unpack(buf, n):
+def unpack(buf, n, big_endian=False):
     out, pos = [], 0
     for _ in range(n):
-        size = struct.unpack_from("=I", buf, pos)[0]
+        size = struct.unpack_from(">I" if big_endian else "=I", buf, pos)[0]
         out.append(bytes(buf[pos + 4:pos + 4 + size]))
         pos += 4 + size
     return out
 
 
-def read_all(dq, batch=-1):
-    buf = bytearray(1 << 20)
+def read_all(dq, batch=-1, big_endian=False, room=1 << 20):
+    buf = bytearray(room)
     got = []
     while True:
-        n, _ = dq.peek_into(buf, batch)
+        n, nbytes = dq.peek_into(buf, batch, big_endian=big_endian)
         if not n:
             return got
-        got += unpack(buf, n)
+        records = unpack(buf, n, big_endian)
+        assert nbytes == sum(4 + len(r) for r in records)
+        got += records
         assert dq.advance(n) == n
+
+
+# the two read paths: native sizes record by record (mmap), and the segment's
+# own bytes in one piece (pread), which Ring.push_packed(big_endian=True) takes
+PATHS = [pytest.param(False, id="native"), pytest.param(True, id="big-endian")]
 
 
 def new(path, max_bytes=1000, logs=None, sync_every=1000):
@@ -58,12 +65,14 @@ def test_files_and_metadata_are_go_diskqueues(tmp_path):
     assert os.path.getsize(tmp_path / "t.diskqueue.000002.dat") == 704  # truncated at close
 
 
-def test_roll_over_read_back_and_cleanup(tmp_path):
+@pytest.mark.parametrize("big_endian", PATHS)
+@pytest.mark.parametrize("batch,room", [(7, 1 << 20), (-1, 1 << 20), (-1, 300)])
+def test_roll_over_read_back_and_cleanup(tmp_path, big_endian, batch, room):
     dq = new(tmp_path)
     msgs = [msg(i, 26 + i % 50) for i in range(500)]
     dq.put_packed(pack(msgs))
     assert dq.depth == 500 and dq.write_file_num > 10
-    assert read_all(dq, batch=7) == msgs
+    assert read_all(dq, batch=batch, big_endian=big_endian, room=room) == msgs
     assert dq.depth == 0
     dq.sync()
     left = [n for n in os.listdir(tmp_path) if n.endswith(".dat") and "meta" not in n]
@@ -99,7 +108,8 @@ def test_restart_keeps_the_backlog(tmp_path):
     assert read_all(again) == msgs[10:]
 
 
-def test_corrupt_middle_segment_is_set_aside(tmp_path):
+@pytest.mark.parametrize("big_endian", PATHS)
+def test_corrupt_middle_segment_is_set_aside(tmp_path, big_endian):
     logs = []
     dq = new(tmp_path, logs=logs)
     msgs = [msg(i) for i in range(66)]  # 3 files of 22
@@ -110,14 +120,15 @@ def test_corrupt_middle_segment_is_set_aside(tmp_path):
     data[44 * 5:44 * 5 + 4] = struct.pack(">I", 0x7FFFFFF0)  # 6th record's size
     middle.write_bytes(data)
     dq = new(tmp_path, logs=logs)
-    got = read_all(dq)
+    got = read_all(dq, big_endian=big_endian)
     assert got == msgs[:27] + msgs[44:]  # the middle file from its bad 6th record on is skipped
     assert (tmp_path / "t.diskqueue.000001.dat.bad").exists()
     assert any("invalid message read size" in m for _, m in logs)
     assert any(".bad" in m for _, m in logs)
 
 
-def test_truncated_segment_is_set_aside(tmp_path):
+@pytest.mark.parametrize("big_endian", PATHS)
+def test_truncated_segment_is_set_aside(tmp_path, big_endian):
     logs = []
     dq = new(tmp_path, logs=logs)
     dq.put_packed(pack([msg(i) for i in range(44)]))
@@ -125,7 +136,7 @@ def test_truncated_segment_is_set_aside(tmp_path):
     first = tmp_path / "t.diskqueue.000000.dat"
     first.write_bytes(first.read_bytes()[:100])  # cut mid-record
     dq = new(tmp_path, logs=logs)
-    got = read_all(dq)
+    got = read_all(dq, big_endian=big_endian)
     assert got[:2] == [msg(0), msg(1)] and got[2:] == [msg(i) for i in range(22, 44)]
     assert (tmp_path / "t.diskqueue.000000.dat.bad").exists()
 
@@ -138,7 +149,8 @@ def test_write_size_limits(tmp_path, size):
     assert dq.depth == 0
 
 
-def test_takeover_of_files_written_by_go(tmp_path):
+@pytest.mark.parametrize("big_endian", PATHS)
+def test_takeover_of_files_written_by_go(tmp_path, big_endian):
     # what a Go nsqd leaves: two finished segments and a current one, and the metadata
     msgs = [msg(i) for i in range(30)]
     for num, chunk in enumerate([msgs[:10], msgs[10:20], msgs[20:]]):
@@ -147,7 +159,7 @@ def test_takeover_of_files_written_by_go(tmp_path):
     (tmp_path / "t.diskqueue.meta.dat").write_text(f"27\n0,{44 * 3}\n2,{44 * 10}\n")
     dq = new(tmp_path, max_bytes=100 * 1024 * 1024)
     assert dq.depth == 27
-    assert read_all(dq) == msgs[3:]
+    assert read_all(dq, big_endian=big_endian) == msgs[3:]
 
 
 def test_disk_full_is_an_error_and_recovers(tmp_path, monkeypatch):
