@@ -456,14 +456,14 @@ def fake_nsqd(topics, clients=()):
 
 
 def fake_topic(name, channels=(), **kw):
-    base = dict(name=name, channels={c.name: c for c in channels}, depth=0, message_count=0,
+    base = dict(name=name, channels={c.name: c for c in channels}, depth=0, backend_depth=0, message_count=0,
                 message_bytes=0, paused=False, deferred_waiting=[])
     base.update(kw)
     return SimpleNamespace(**base)
 
 
 def fake_channel(name, clients=(), **kw):
-    base = dict(name=name, clients={i: c for i, c in enumerate(clients)}, depth=0, inflight=[],
+    base = dict(name=name, clients={i: c for i, c in enumerate(clients)}, depth=0, backend_depth=0, inflight=[],
                 deferred=[], message_count=0, requeue_count=0, timeout_count=0, paused=False)
     base.update(kw)
     return SimpleNamespace(**base)
@@ -529,3 +529,77 @@ def test_channel_message_count_counts_deferred_when_queued(srv):
     c = get_json(srv, "&topic=mc_def")[0]["topics"][0]["channels"][0]
     assert c["deferred_count"] == 1
     assert c["message_count"] == 1
+
+
+# ---------------------------------------------------------------------------
+# every field against nsqd 1.3's Go types (nsqd/stats.go TopicStats,
+# ChannelStats, memStats; client_v2.go ClientV2Stats; quantile.Result)
+
+INT32, INT64, UINT32, UINT64 = "int32", "int64", "uint32", "uint64"
+GO_RANGES = {INT32: (-(1 << 31), (1 << 31) - 1), INT64: (-(1 << 63), (1 << 63) - 1),
+             UINT32: (0, (1 << 32) - 1), UINT64: (0, (1 << 64) - 1)}
+TOPIC_TYPES = {"topic_name": str, "channels": list, "depth": INT64, "backend_depth": INT64,
+               "message_count": UINT64, "message_bytes": UINT64, "paused": bool,
+               "e2e_processing_latency": dict}
+CHANNEL_TYPES = {"channel_name": str, "depth": INT64, "backend_depth": INT64,
+                 "in_flight_count": INT64, "deferred_count": INT64, "message_count": UINT64,
+                 "requeue_count": UINT64, "timeout_count": UINT64, "client_count": INT64,
+                 "clients": list, "paused": bool, "e2e_processing_latency": dict}
+CLIENT_TYPES = {"client_id": str, "hostname": str, "version": str, "remote_address": str,
+                "state": INT32, "ready_count": INT64, "in_flight_count": INT64,
+                "message_count": UINT64, "finish_count": UINT64, "requeue_count": UINT64,
+                "connect_ts": INT64, "sample_rate": INT32, "deflate": bool, "snappy": bool,
+                "user_agent": str, "authed": bool, "auth_identity": str,
+                "auth_identity_url": str, "pub_counts": list, "tls": bool,
+                "tls_cipher_suite": str, "tls_version": str, "tls_negotiated_protocol": str,
+                "tls_negotiated_protocol_is_mutual": bool}
+MEMORY_TYPES = {key: UINT64 for key in MEMORY_KEYS[:-1]} | {"gc_total_runs": UINT32}
+TOP_TYPES = {"version": str, "health": str, "start_time": INT64, "topics": list,
+             "memory": dict, "producers": list}
+
+
+def check_fields(obj, types, omitempty=()):
+    """Keys in the Go struct's order (omitempty ones may be absent) and each
+    value of its Go type."""
+    assert [k for k in types if k in obj] == list(obj), (list(obj), list(types))
+    assert set(types) - set(obj) <= set(omitempty), set(types) - set(obj)
+    for key, kind in types.items():
+        if key not in obj:
+            continue
+        value = obj[key]
+        if kind in GO_RANGES:
+            low, high = GO_RANGES[kind]
+            assert type(value) is int and low <= value <= high, (key, value)
+        else:
+            assert type(value) is kind, (key, value)
+
+
+def test_every_field_has_nsqds_go_type(nsqd):
+    request(nsqd, "POST", "/topic/create?topic=typed")
+    request(nsqd, "POST", "/channel/create?topic=typed&channel=c")
+    producer, consumer = TCP(nsqd), TCP(nsqd)
+    try:
+        producer.pub("typed", b"x")
+        consumer.identify(client_id="typed", user_agent="ua")
+        consumer.sub("typed", "c")
+        consumer.send(b"RDY 1")
+        consumer.message()
+        doc, _ = get_json(nsqd)
+        check_fields(doc, TOP_TYPES)
+        check_fields(doc["memory"], MEMORY_TYPES)
+        (topic,) = doc["topics"]
+        check_fields(topic, TOPIC_TYPES)
+        (channel,) = topic["channels"]
+        check_fields(channel, CHANNEL_TYPES)
+        for e2e in (topic["e2e_processing_latency"], channel["e2e_processing_latency"]):
+            assert list(e2e) == ["count", "percentiles"] and type(e2e["count"]) is int
+            assert e2e["percentiles"] is None or type(e2e["percentiles"]) is list
+        omit = ("authed", "auth_identity", "auth_identity_url", "pub_counts")
+        (client,) = channel["clients"]
+        check_fields(client, CLIENT_TYPES, omitempty=omit)
+        (prod,) = doc["producers"]
+        check_fields(prod, CLIENT_TYPES, omitempty=omit)
+        assert prod["pub_counts"] == [{"topic": "typed", "count": 1}]
+    finally:
+        producer.close()
+        consumer.close()
