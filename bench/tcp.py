@@ -70,9 +70,9 @@ def read_responses(sock, n, dec):
     return got
 
 
-def publisher(address, topic, count, size, batch, window, ready, go, cpu_out, idx):
+def publisher(address, topic, count, size, batch, window, ready, go, cpu_out, idx, bodies=None):
     sock = connect(address)
-    command = p.mpub(topic, [b"x" * size] * batch)
+    command = p.mpub(topic, bodies or [b"x" * size] * batch)
     dec = p.FrameDecoder()
     ready.wait()
     go.wait()
@@ -234,7 +234,10 @@ def cleanup_server(proc, prefix):
             os.unlink(f"/dev/shm/{entry}")
 
 
-def run(args, raw=False):
+def run(args, raw=False, consumer_fn=None, server_args=(), bodies=None):
+    """One run.  bench.transport passes consumers that upgrade their
+    connection (consumer_fn), the server's TLS flags and message bodies."""
+    consumer_fn = consumer_fn or consumer
     proc = raw_proc = None
     http_port = args.http_port
     per = args.messages // args.publishers // args.batch * args.batch
@@ -248,15 +251,16 @@ def run(args, raw=False):
     else:
         # room for the whole backlog in memory: the disk queue is not in this measurement
         need = args.messages * (args.size + 34) // 512 * 2
-        proc, address, prefix, http_port = start_server([f"--mem-queue-size={need}"])
+        proc, address, prefix, http_port = start_server([f"--mem-queue-size={need}",
+                                                          *server_args])
         pid = proc.pid
     topic = f"bench{uuid.uuid4().hex[:6]}"
     ready, go, stop = CTX.Event(), CTX.Event(), CTX.Event()
     counts = CTX.RawArray("Q", args.consumers)
     ccpu = CTX.RawArray("d", args.consumers)
     pcpu = CTX.RawArray("d", args.publishers)
-    cons = [CTX.Process(target=consumer, args=(address, topic, "ch", args.rdy, ready, go, stop,
-                                               counts, ccpu, i))
+    cons = [CTX.Process(target=consumer_fn, args=(address, topic, "ch", args.rdy, ready, go,
+                                                  stop, counts, ccpu, i))
             for i in range(args.consumers)]
     for c in cons:  # subscribe (creates the channel) but hold RDY until the read phase
         c.start()
@@ -264,7 +268,7 @@ def run(args, raw=False):
     total = per * args.publishers
     pub_go = CTX.Event()
     pubs = [CTX.Process(target=publisher, args=(address, topic, per, args.size, args.batch,
-                                                args.window, ready, pub_go, pcpu, i))
+                                                args.window, ready, pub_go, pcpu, i, bodies))
             for i in range(args.publishers)]
     for x in pubs:
         x.start()
@@ -280,6 +284,8 @@ def run(args, raw=False):
     s1 = cpu_seconds(pid) if pid else None
     go.set()
     while sum(counts) < total:
+        if not any(c.is_alive() for c in cons):
+            raise RuntimeError(f"every consumer exited after {sum(counts)} of {total} messages")
         time.sleep(0.001)
     t2 = time.perf_counter()
     s2 = cpu_seconds(pid) if pid else None

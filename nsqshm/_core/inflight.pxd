@@ -64,6 +64,8 @@ cdef class InFlight:
     cdef ClientTable clients
     cdef uint64_t _total_bytes
     cdef readonly uint64_t duplicates
+    cdef readonly uint64_t sampled_out
+    cdef uint64_t _rng
 
     cdef int _insert(self, const char *msg, uint32_t size, uint64_t client_id,
                      int64_t deadline_ns) noexcept
@@ -75,6 +77,7 @@ cdef class InFlight:
                        int64_t new_deadline_ns) noexcept
     cdef MsgEntry *_find(self, bytes msg_id) noexcept
     cdef tuple _pop_into(self, int64_t limit, object buffer)
+    cdef uint32_t _draw100(self) noexcept
 
 
 cdef class DeferredQueue:

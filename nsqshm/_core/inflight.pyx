@@ -38,6 +38,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdint cimport INT64_MAX, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 from nsqshm._core.codec cimport MSG_HEADER_SIZE, MSG_ID_SIZE
 from nsqshm._core.includes.system cimport memcpy
@@ -109,6 +110,12 @@ cdef inline size_t _pow2_at_least(size_t n) noexcept nogil:
     while p < n:
         p <<= 1
     return p
+
+
+cdef inline int64_t time_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
 cdef bytes _id_bytes(object msg_id):
@@ -378,6 +385,8 @@ cdef class InFlight:
         self.clients.slots = NULL
         self._total_bytes = 0
         self.duplicates = 0
+        self.sampled_out = 0
+        self._rng = _mix64(<uint64_t>time_ns() ^ <uint64_t><size_t><void *>self)
         if capacity_hint > (<size_t>1 << 32):
             raise ValueError(f"capacity_hint {capacity_hint} is over 2**32")
         if _ids_init(&self.ids, capacity_hint) < 0 or \
@@ -564,7 +573,7 @@ cdef class InFlight:
         return self._pop_into(INT64_MAX, buffer)
 
     def deliver(self, records, Py_ssize_t count, bytearray out not None,
-                uint64_t client_id, int64_t deadline_ns):
+                uint64_t client_id, int64_t deadline_ns, int sample_rate=0):
         """Send `count` messages to one client.
 
         `records` holds packed [u32 native size][message] records, as from
@@ -578,6 +587,12 @@ cdef class InFlight:
         in flight is framed but not added, and counted in `duplicates`.
         Returns the number added.
 
+        With a sample_rate of 1-99 (IDENTIFY's), each message is kept with
+        nsqd's odds, rand.Int31n(100) <= sample_rate, as its messagePump
+        draws them: a message sampled out is consumed from the channel for
+        this client without being framed, put in flight or counted anywhere
+        but `sampled_out`.  0 keeps every message.
+
         Records are checked before anything changes; on MemoryError part
         way, `out` ends after the last message added.
         """
@@ -587,8 +602,11 @@ cdef class InFlight:
         cdef Py_ssize_t pos = 0, k, grow = 0, base, added = 0
         cdef uint32_t size
         cdef int r
+        cdef bint sampling = 0 < sample_rate < 100
         if count < 0:
             raise ValueError(f"count {count} is negative")
+        if not 0 <= sample_rate <= 99:
+            raise ValueError(f"sample_rate {sample_rate} is not in 0-99")
         PyObject_GetBuffer(records, &view, PyBUF_SIMPLE)
         try:
             src = <const char *>view.buf
@@ -613,6 +631,10 @@ cdef class InFlight:
             pos = 0
             for k in range(count):
                 memcpy(&size, src + pos, RECORD_HEADER_SIZE)
+                if sampling and <int>self._draw100() > sample_rate:
+                    self.sampled_out += 1
+                    pos += RECORD_HEADER_SIZE + size
+                    continue
                 _put_u32be(dst, 4 + size)
                 _put_u32be(dst + 4, FRAME_TYPE_MESSAGE)
                 memcpy(dst + FRAME_HEADER_SIZE, src + pos + RECORD_HEADER_SIZE, size)
@@ -627,9 +649,22 @@ cdef class InFlight:
                     raise MemoryError()
                 dst += FRAME_HEADER_SIZE + size
                 pos += RECORD_HEADER_SIZE + size
+            if sampling:
+                PyByteArray_Resize(out, dst - PyByteArray_AS_STRING(out))
         finally:
             PyBuffer_Release(&view)
         return added
+
+    def seed(self, uint64_t seed):
+        """Seed the generator deliver() samples with (tests)."""
+        self._rng = seed
+
+    cdef inline uint32_t _draw100(self) noexcept:
+        # splitmix64, then a multiply to map 32 bits onto [0, 100)
+        cdef uint64_t z
+        self._rng += 0x9e3779b97f4a7c15ULL
+        z = _mix64(self._rng)
+        return <uint32_t>(((z >> 32) * 100) >> 32)
 
     def next_deadline(self):
         """The earliest deadline, or -1 when empty."""

@@ -782,6 +782,73 @@ cdef class Ring:
             self._wake(&self.hdr.wait_space)
         return count, pos
 
+    def peek_many_into(self, buffer, Py_ssize_t max_records=-1):
+        """pop_many_into without popping: copy records from the head into
+        `buffer` (packed the same way) and leave them in the ring.
+
+        For a ring's single owner that must not lose a record it is moving
+        elsewhere (the topic pump): peek, store the copies, then discard(n).
+        A death in between leaves the records in the ring (a duplicate later,
+        never a loss)."""
+        cdef Py_buffer view
+        cdef uint64_t head, tail
+        cdef char *rec
+        cdef char *dst
+        cdef uint32_t n
+        cdef Py_ssize_t pos = 0, count = 0, room
+        self._check()
+        PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
+        try:
+            if view.len < 4 + <Py_ssize_t>self.max_rec:
+                raise ValueError(f"buffer of {view.len} bytes cannot hold a record of "
+                                 f"max_record {self.max_rec} bytes plus its 4-byte size")
+            dst = <char *>view.buf
+            room = view.len
+            self._lock_cons()
+            try:
+                head = self.hdr.head
+                tail = nsqshm_load_acquire(&self.hdr.tail)
+                while (max_records < 0 or count < max_records) and \
+                        self._next(&head, tail, &rec, &n):
+                    if room - pos < 4 + <Py_ssize_t>n:
+                        break
+                    (<uint32_t *>(dst + pos))[0] = n
+                    memcpy(dst + pos + 4, rec, n)
+                    pos += 4 + n
+                    count += 1
+                    head += NSQSHM_RECORD_HEADER + _align8(n)
+            finally:
+                self._unlock_cons()
+        finally:
+            PyBuffer_Release(&view)
+        return count, pos
+
+    def discard(self, Py_ssize_t records):
+        """Pop `records` records without copying them (after peek_many_into);
+        returns how many were there to pop."""
+        cdef uint64_t head, tail, nbytes = 0
+        cdef char *rec
+        cdef uint32_t n
+        cdef Py_ssize_t count = 0
+        self._check()
+        if records <= 0:
+            return 0
+        self._lock_cons()
+        try:
+            head = self.hdr.head
+            tail = nsqshm_load_acquire(&self.hdr.tail)
+            while count < records and self._next(&head, tail, &rec, &n):
+                head += NSQSHM_RECORD_HEADER + _align8(n)
+                nbytes += n
+                count += 1
+            if count:
+                self._commit_pop(head, count, nbytes)
+        finally:
+            self._unlock_cons()
+        if count:
+            self._wake(&self.hdr.wait_space)
+        return count
+
     # -- waiting (the blocking calls live in nsqshm.ring, over these) ------------
 
     def fileno(self):

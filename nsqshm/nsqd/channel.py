@@ -191,7 +191,8 @@ class Channel:
                 if not n:
                     break
                 deadline = now + client.msg_timeout_ns
-                self.inflight.deliver(scratch, n, client.out, client.id, deadline)
+                n = self.inflight.deliver(scratch, n, client.out, client.id, deadline,
+                                          client.sample_rate)  # sampled-out: dropped, as nsqd
                 client.in_flight += n
                 client.message_count += n
                 client.kick()

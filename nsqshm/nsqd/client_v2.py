@@ -1,9 +1,15 @@
 """A TCP client's state (nsqd's clientV2): identity, negotiated settings,
-RDY and in-flight accounting, and its output buffer.
+RDY and in-flight accounting, its output buffer and its transport.
 
 Frames are appended to `out` by whoever produces them (the command loop,
 the channel's dispatcher, the heartbeat) and a writer greenlet sends them,
 so a slow client never holds up the dispatcher of its channel.
+
+The transport starts as the plain socket; IDENTIFY may upgrade it, in
+nsqd's order, to TLS (the socket is replaced by a TLS socket), then snappy
+or deflate (a codec encodes each chunk the writer sends and decodes what
+the reader receives).  The writer holds `_write_lock` while it sends, so an
+upgrade can flush what precedes it through the old transport and switch.
 """
 
 import time
@@ -13,6 +19,8 @@ import gevent.event
 import gevent.lock
 
 from nsqshm._core.codec import FRAME_TYPE_RESPONSE
+from nsqshm.nsqd import tls as tls_mod
+from nsqshm.nsqd.auth import client_ssl_context, query_any_authd
 
 STATE_INIT = 0
 STATE_DISCONNECTED = 1
@@ -47,7 +55,12 @@ class ClientV2:
         self.sample_rate = 0
         self.tls = self.snappy = self.deflate = False
         self.deflate_level = 0
-        self.auth_identity = ""
+        self.tls_cipher_suite = self.tls_version = self.tls_negotiated_protocol = ""
+        self.tls_negotiated_protocol_is_mutual = False
+        self.tls_sock = None
+        self.codec = None          # snappy or deflate: encodes each chunk sent
+        self.auth_secret = ""
+        self.auth_state = None
         self.ready_count = 0
         self.in_flight = 0
         self.message_count = 0
@@ -57,6 +70,7 @@ class ClientV2:
         self.channel = None
         self.closed = False
         self.out = bytearray()
+        self._write_lock = gevent.lock.Semaphore()
         self._wake_writer = gevent.event.Event()
         self._writer = None
         self._heartbeat = None
@@ -102,29 +116,117 @@ class ClientV2:
         self._wake_writer.set()
 
     def _write_loop(self):
-        sock = self.sock
+        lock = self._write_lock
         try:
             while True:
                 self._wake_writer.wait()
                 self._wake_writer.clear()
-                while self.out:
-                    data = bytes(self.out)
-                    del self.out[:]
-                    sock.sendall(data)
+                with lock:
+                    self._send_buffered()
                 if self.closed:
                     return
         except OSError:
             self.closed = True
 
+    def _send_buffered(self):
+        """Send `out` through the current transport (the write lock held)."""
+        while self.out:
+            data = bytes(self.out)
+            del self.out[:]
+            codec = self.codec
+            if codec is not None:
+                data = codec.encode(data)
+            self.sock.sendall(data)
+
     def flush_now(self):
         """Send what is buffered from the calling greenlet (before a close)."""
         if self.out:
-            data = bytes(self.out)
-            del self.out[:]
             try:
-                self.sock.sendall(data)
+                with self._write_lock:
+                    self._send_buffered()
             except OSError:
                 pass
+
+    # -- transport upgrades (IDENTIFY) ------------------------------------------------
+
+    def upgrade(self, response, reader, tls_context=None, codec=None):
+        """nsqd's feature-negotiation sequence: the IDENTIFY response through
+        the current transport, then for TLS the handshake and an OK frame over
+        it, then for a codec the switch and an OK frame through it.  Raises
+        OSError (or ValueError) when an upgrade fails."""
+        ok = frame(FRAME_TYPE_RESPONSE, b"OK")
+        with self._write_lock:
+            self.out += frame(FRAME_TYPE_RESPONSE, response)
+            self._send_buffered()
+            if tls_context is not None:
+                if reader.pending():
+                    raise ValueError("tls: unexpected data before the handshake")
+                self._upgrade_tls(tls_context, reader)
+                self.out += ok
+                self._send_buffered()
+            if codec is not None:
+                reader.set_codec(codec)
+                self.codec = codec
+                setattr(self, codec.name, True)
+                if codec.name == "deflate":
+                    self.deflate_level = codec.level
+                self.out += ok
+                self._send_buffered()
+
+    def _upgrade_tls(self, ctx, reader):
+        tls_sock = ctx.wrap_socket(self.sock, server_side=True, do_handshake_on_connect=False)
+        self.sock = reader.sock = tls_sock
+        tls_sock.settimeout(tls_mod.HANDSHAKE_TIMEOUT)
+        tls_sock.do_handshake()
+        tls_sock.settimeout(None)
+        reader.recv = tls_sock.recv
+        self.tls_sock = tls_sock
+        self.tls = True
+        self.tls_cipher_suite, self.tls_version = tls_mod.connection_state(tls_sock)
+        self.tls_negotiated_protocol = tls_sock.selected_alpn_protocol() or ""
+        self.tls_negotiated_protocol_is_mutual = True  # Go: deprecated, always true
+
+    # -- AUTH -------------------------------------------------------------------------
+
+    @property
+    def auth_identity(self):
+        return self.auth_state.identity if self.auth_state is not None else ""
+
+    @property
+    def auth_identity_url(self):
+        return self.auth_state.identity_url if self.auth_state is not None else ""
+
+    def has_authorizations(self):
+        return self.auth_state is not None and len(self.auth_state.authorizations) != 0
+
+    def auth(self, secret):
+        self.auth_secret = secret
+        self.query_authd()
+
+    def query_authd(self):
+        """Ask the auth servers about this client's secret (AuthError on failure)."""
+        opts = self.nsqd.opts
+        remote_ip = self.remote_address.rpartition(":")[0].strip("[]")
+        common_name = tls_mod.peer_common_name(self.tls_sock) if self.tls else ""
+        ctx = getattr(self.nsqd, "auth_ssl_context", None)
+        if ctx is None and any(a.startswith("https") for a in opts.auth_http_address):
+            ctx = self.nsqd.auth_ssl_context = client_ssl_context(opts)
+        self.auth_state = query_any_authd(
+            opts.auth_http_address, remote_ip, self.tls, common_name, self.auth_secret,
+            method=getattr(opts, "auth_http_request_method", "get"),
+            connect_timeout=opts.http_client_connect_timeout,
+            request_timeout=opts.http_client_request_timeout, ssl_context=ctx)
+
+    def is_authorized(self, topic, channel):
+        """Whether the (unexpired, else refreshed) authorizations allow it;
+        AuthError when a refresh fails."""
+        state = self.auth_state
+        if state is None:
+            return False
+        if state.is_expired():
+            self.query_authd()
+            state = self.auth_state
+        return state.is_allowed(topic, channel)
 
     def close(self):
         if self.closed:

@@ -733,6 +733,9 @@ def create_app(nsqd):
     app = _App("nsqshm.nsqd")
     app.nsq_api = HTTPAPI(nsqd)
     install_gc_hook()
+    from nsqshm.nsqd import metrics
+
+    metrics.register(app)  # GET /metrics (Prometheus)
     return app
 
 

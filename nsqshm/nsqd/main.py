@@ -47,6 +47,13 @@ def main(argv):
         log.warn(f"flag -{name} is accepted but not implemented yet")
     log.info(f"nsqd v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version__})")
     log.info(f"ID: {opts.node_id}")
+    stop = gevent.event.Event()  # handlers first: a signal during start-up is not lost
+
+    def handle_stop():  # signal handlers only queue
+        stop.set()
+
+    gevent.signal_handler(signal.SIGTERM, handle_stop)
+    gevent.signal_handler(signal.SIGINT, handle_stop)
     try:
         nsqd = NSQD(opts, log=log)
         tcp, http = nsqd.start()
@@ -56,18 +63,15 @@ def main(argv):
     log.info(f"TCP: listening on {format_address(tcp)}")
     if http is not None:
         log.info(f"HTTP: listening on {format_address(http)}")
+    if nsqd.https_server is not None:
+        log.info(f"HTTPS: listening on {format_address(nsqd.https_server.address)}")
 
-    stop = gevent.event.Event()
-
-    def handle_stop():  # signal handlers only queue
-        stop.set()
-
-    gevent.signal_handler(signal.SIGTERM, handle_stop)
-    gevent.signal_handler(signal.SIGINT, handle_stop)
     stop.wait()
     log.info(f"TCP: closing {format_address(tcp)}")
     if http is not None:
         log.info(f"HTTP: closing {format_address(http)}")
+    if nsqd.https_server is not None:
+        log.info(f"HTTPS: closing {format_address(nsqd.https_server.address)}")
     nsqd.stop()
     log.info("NSQ: bye")
     return EXIT_OK

@@ -70,10 +70,14 @@ class NSQD:
         self._scanner = None
         self.tcp_server = None
         self.http_server = None
+        self.https_server = None
+        self.tls_context = None  # --tls-cert/--tls-key (nsqshm.nsqd.tls)
         self.exiting = False
         self.loading = False
         self._dirty_backends = set()
         self._syncer = None
+        self.lookup = None  # nsqlookupd registration (nsqshm.nsqd.lookup), from start()
+        self.statsd = None  # statsd pushes (nsqshm.nsqd.statsd), with --statsd-address
 
     # -- shared memory ----------------------------------------------------------------
 
@@ -90,7 +94,7 @@ class NSQD:
                 raise ValueError(f"invalid topic name {name!r}")
             topic = Topic(self, name)
             self.topics[name] = topic
-            self.notify_change()
+            self.notify_change(topic=name)
         return topic
 
     def get_existing_topic(self, name):
@@ -100,16 +104,26 @@ class NSQD:
         topic = self.topics.pop(name, None)
         if topic is None:
             raise KeyError(name)
+        channels = list(topic.channels)
         topic.close(delete=True)
-        self.notify_change()
+        self.notify_change(topic=name, deleted=True, channels=channels)
 
-    def notify_change(self):
-        """Topology changed: persist nsqd.dat (lookupd registration hooks here too)."""
+    def notify_change(self, topic=None, channel=None, deleted=False, channels=()):
+        """Topology changed: persist nsqd.dat; tell nsqlookupd when a topic
+        (channel None) or channel was created or deleted (channels: those a
+        deleted topic had)."""
         if not self.loading:
             try:
                 self.persist_metadata()
             except OSError as err:
                 self.set_health(err)
+        if self.lookup is not None and topic is not None:
+            self.lookup.notify(topic, channel, deleted, channels)
+
+    def options_changed(self):
+        """PUT /config/<opt> changed an option (nsqd's triggerOptsNotification)."""
+        if self.lookup is not None:
+            self.lookup.options_changed()
 
     # -- logging and health ---------------------------------------------------------
 
@@ -257,10 +271,21 @@ class NSQD:
         self.tcp_server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.opts.http_address:  # empty: no HTTP listener, as nsqd
             self.http_server = make_http_server(self)
+        from nsqshm.nsqd import tls
+
+        self.tls_context = tls.build_server_context(self.opts)
+        self.https_server = tls.install_https(self)
         self.tcp_server.start()
-        if self.http_server is not None:
-            self.http_server.start()
+        for server in (self.http_server, self.https_server):
+            if server is not None:
+                server.start()
         self._scanner = gevent.spawn(self._scan_loop)
+        from nsqshm.nsqd import lookup, statsd
+
+        lookup.resolve_broadcast_ports(self)
+        self.lookup = lookup.Lookup(self)
+        self.lookup.start()
+        self.statsd = statsd.start(self)
         return self.tcp_server.address, self.http_server and self.http_server.address
 
     def stop(self):
@@ -268,7 +293,10 @@ class NSQD:
         if self.exiting:
             return
         self.exiting = True
-        for server in (self.tcp_server, self.http_server):
+        for service in (self.lookup, self.statsd):
+            if service is not None:
+                service.stop()
+        for server in (self.tcp_server, self.http_server, self.https_server):
             if server is not None:
                 server.stop(timeout=1)
         for client in list(self.clients.values()):

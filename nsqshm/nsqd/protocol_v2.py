@@ -19,6 +19,7 @@ import gevent
 
 from nsqshm._core import wire
 from nsqshm._core.codec import FRAME_TYPE_ERROR
+from nsqshm.nsqd.auth import AuthError
 from nsqshm.nsqd.channel import ChannelError
 from nsqshm.nsqd.client_v2 import (
     STATE_CLOSING,
@@ -27,8 +28,11 @@ from nsqshm.nsqd.client_v2 import (
     ClientV2,
     frame,
 )
+from nsqshm.nsqd.compression import CorruptStream, DeflateCodec, SnappyCodec, decoding_recv
 from nsqshm.nsqd.errors import ClientErr, FatalClientErr
 from nsqshm.nsqd.names import go_quote, is_valid_name
+from nsqshm.nsqd.options import TLS_NOT_REQUIRED
+from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqd.topic import TopicError
 
 MAGIC_V2 = b"  V2"
@@ -59,10 +63,12 @@ class Disconnect(Exception):
 
 
 class Reader:
-    """Buffered reads of lines and exact sizes from a gevent socket."""
+    """Buffered reads of lines and exact sizes from a gevent socket (or, once
+    upgraded, a TLS socket and/or a decompressing codec: `recv`)."""
 
     def __init__(self, sock):
         self.sock = sock
+        self.recv = sock.recv
         self.buf = bytearray()
         self.pos = 0
 
@@ -70,10 +76,27 @@ class Reader:
         if self.pos:
             del self.buf[:self.pos]
             self.pos = 0
-        data = self.sock.recv(256 * 1024)
+        try:
+            data = self.recv(256 * 1024)
+        except CorruptStream as err:
+            raise Disconnect(str(err)) from None
         if not data:
             raise Disconnect("EOF")
         self.buf += data
+
+    def pending(self):
+        """Bytes received and not consumed yet."""
+        return len(self.buf) - self.pos
+
+    def set_codec(self, codec):
+        """From here on the stream is compressed: what was received past the
+        current position already is, too."""
+        leftover = bytes(self.buf[self.pos:])
+        del self.buf[:]
+        self.pos = 0
+        if leftover:
+            self.buf += codec.decode(leftover)
+        self.recv = decoding_recv(self.sock.recv, codec)
 
     def readline(self):
         while True:
@@ -163,8 +186,8 @@ class ProtocolV2:
             self.exit(client)
 
     def io_loop(self, client, reader):
-        sock = client.sock
         commands = self.commands
+        tls_required = self.opts.tls_required != TLS_NOT_REQUIRED
         while not client.closed:
             channel = client.channel
             if channel is not None and reader.buf.startswith(b"FIN ", reader.pos):
@@ -175,7 +198,7 @@ class ProtocolV2:
                     channel.finished(client, n)
                     continue
             hb = client.heartbeat_interval
-            sock.settimeout(hb * 2 if hb > 0 else None)
+            client.sock.settimeout(hb * 2 if hb > 0 else None)
             try:
                 line = reader.readline()
             except (Disconnect, OSError):
@@ -184,6 +207,9 @@ class ProtocolV2:
                 line = line[:-1]
             params = line.split(b" ")
             try:
+                if tls_required and not client.tls and params[0] != b"IDENTIFY":
+                    raise FatalClientErr("E_INVALID", f"cannot {text(params[0])} in current "
+                                                      "state (TLS required)")
                 handler = commands.get(params[0])
                 if handler is None:
                     raise FatalClientErr("E_INVALID", f"invalid command {text(params[0])}")
@@ -247,27 +273,48 @@ class ProtocolV2:
         if not data.get("feature_negotiation"):
             return OK
         opts = self.opts
-        deflate = bool(opts.deflate and data.get("deflate") and False)  # transport issue
-        snappy = bool(opts.snappy and data.get("snappy") and False)
+        tls_context = self.nsqd.tls_context
+        tls_v1 = tls_context is not None and bool(data.get("tls_v1"))
+        deflate = bool(opts.deflate and data.get("deflate"))
         deflate_level = 6
         if deflate and data.get("deflate_level", 0) > 0:
             deflate_level = data["deflate_level"]
         deflate_level = min(deflate_level, opts.max_deflate_level)
-        return json.dumps({
+        snappy = bool(opts.snappy and data.get("snappy"))
+        if deflate and snappy:
+            raise FatalClientErr("E_IDENTIFY_FAILED",
+                                 "cannot enable both deflate and snappy compression")
+        response = json.dumps({
             "max_rdy_count": opts.max_rdy_count,
             "version": self.nsqd.version,
             "max_msg_timeout": int(opts.max_msg_timeout * 1000),
             "msg_timeout": int(client.msg_timeout * 1000),
-            "tls_v1": False,
+            "tls_v1": tls_v1,
             "deflate": deflate,
             "deflate_level": deflate_level,
             "max_deflate_level": opts.max_deflate_level,
             "snappy": snappy,
             "sample_rate": client.sample_rate,
-            "auth_required": False,
+            "auth_required": bool(opts.auth_http_address),
             "output_buffer_size": client.output_buffer_size,
             "output_buffer_timeout": int(client.output_buffer_timeout * 1000),
         }, separators=(",", ":")).encode()
+        if not (tls_v1 or snappy or deflate):
+            return response
+        # nsqd: the response, then TLS (handshake, OK), snappy (OK), deflate (OK)
+        codec = SnappyCodec() if snappy else DeflateCodec(deflate_level) if deflate else None
+        if tls_v1:
+            self._log("info", f"PROTOCOL(V2): [{client}] upgrading connection to TLS")
+        if snappy:
+            self._log("info", f"PROTOCOL(V2): [{client}] upgrading connection to snappy")
+        if deflate:
+            self._log("info", f"PROTOCOL(V2): [{client}] upgrading connection to deflate "
+                              f"(level {deflate_level})")
+        try:
+            client.upgrade(response, reader, tls_context if tls_v1 else None, codec)
+        except (OSError, ValueError, CorruptStream) as err:
+            raise FatalClientErr("E_IDENTIFY_FAILED", f"IDENTIFY failed {err}") from None
+        return None
 
     def _apply_identify(self, client, data):
         """nsqd's clientV2.Identify checks, in its order; an error text or None."""
@@ -318,12 +365,46 @@ class ProtocolV2:
         require_state(client, "AUTH", STATE_INIT)
         if len(params) != 1:
             raise FatalClientErr("E_INVALID", "AUTH invalid number of parameters")
-        self._read_body(reader, "AUTH", "E_BAD_BODY", self.opts.max_body_size,
-                        body_too_big="AUTH body too big {n} > {max}",
-                        bad_size="AUTH invalid body size {n}")
-        if client.auth_identity:
+        body = self._read_body(reader, "AUTH", "E_BAD_BODY", self.opts.max_body_size,
+                               body_too_big="AUTH body too big {n} > {max}",
+                               bad_size="AUTH invalid body size {n}")
+        if client.has_authorizations():
             raise FatalClientErr("E_INVALID", "AUTH already set")
-        raise FatalClientErr("E_AUTH_DISABLED", "AUTH disabled")
+        if not self.opts.auth_http_address:
+            raise FatalClientErr("E_AUTH_DISABLED", "AUTH disabled")
+        try:
+            client.auth(body.decode("utf-8", "surrogateescape"))
+        except AuthError as err:
+            # nsqd keeps the auth server's errors from untrusted clients
+            self._log("warn", f"PROTOCOL(V2): [{client}] AUTH failed {err}")
+            raise FatalClientErr("E_AUTH_FAILED", "AUTH failed") from None
+        if not client.has_authorizations():
+            raise FatalClientErr("E_UNAUTHORIZED", "AUTH no authorizations found")
+        state = client.auth_state
+        return go_json({"identity": state.identity, "identity_url": state.identity_url,
+                        "permission_count": len(state.authorizations)})
+
+    def check_auth(self, client, verb, topic_name, channel_name):
+        """nsqd's CheckAuth: with auth enabled, a client must have
+        authorizations, refreshed when expired, that allow this."""
+        if not self.opts.auth_http_address:
+            return
+        if not client.has_authorizations():
+            raise FatalClientErr("E_AUTH_FIRST", f"AUTH required before {verb}")
+        try:
+            allowed = client.is_authorized(topic_name, channel_name)
+        except AuthError as err:
+            self._log("warn", f"PROTOCOL(V2): [{client}] AUTH failed {err}")
+            raise FatalClientErr("E_AUTH_FAILED", "AUTH failed") from None
+        if not allowed:
+            raise FatalClientErr("E_UNAUTHORIZED", f"AUTH failed for {verb} on "
+                                                   f"{go_quote(topic_name.encode())} "
+                                                   f"{go_quote(channel_name.encode())}")
+
+    def _log(self, level, msg):
+        log = getattr(self.nsqd, "log", None)
+        if log is not None:
+            getattr(log, level)(msg)
 
     def SUB(self, client, params, reader):
         require_state(client, "SUB", STATE_INIT)
@@ -337,6 +418,7 @@ class ProtocolV2:
         if not is_valid_name(channel_name):
             raise FatalClientErr("E_BAD_CHANNEL",
                                  f"SUB channel name {go_quote(channel_name)} is not valid")
+        self.check_auth(client, "SUB", topic_name.decode(), channel_name.decode())
         topic = self.nsqd.get_topic(topic_name.decode())
         channel = topic.get_channel(channel_name.decode())
         try:
@@ -414,6 +496,7 @@ class ProtocolV2:
         if not is_valid_name(topic_name):
             raise FatalClientErr("E_BAD_TOPIC", f"PUB topic name {go_quote(topic_name)} is not valid")
         body = self._read_message(reader, "PUB")
+        self.check_auth(client, "PUB", topic_name.decode(), "")
         topic = self.nsqd.get_topic(topic_name.decode())
         try:
             topic.put_message(body)
@@ -429,6 +512,7 @@ class ProtocolV2:
         if not is_valid_name(topic_name):
             raise FatalClientErr("E_BAD_TOPIC",
                                  f"E_BAD_TOPIC MPUB topic name {go_quote(topic_name)} is not valid")
+        self.check_auth(client, "MPUB", topic_name.decode(), "")
         topic = self.nsqd.get_topic(topic_name.decode())
         opts = self.opts
         try:
@@ -467,6 +551,7 @@ class ProtocolV2:
         if not 0 <= timeout_ms <= max_ms:
             raise FatalClientErr("E_INVALID", f"DPUB timeout {timeout_ms} out of range 0-{max_ms}")
         body = self._read_message(reader, "DPUB")
+        self.check_auth(client, "DPUB", topic_name.decode(), "")
         topic = self.nsqd.get_topic(topic_name.decode())
         try:
             if timeout_ms:

@@ -106,7 +106,7 @@ class Topic:
                 channel.put_deferred(msg, due)
             self.deferred_waiting = []
             self._wake.set()
-            self.nsqd.notify_change()
+            self.nsqd.notify_change(topic=self.name, channel=name)
         return channel
 
     def get_existing_channel(self, name):
@@ -117,7 +117,7 @@ class Topic:
         if channel is None:
             raise TopicError("channel does not exist")
         channel.close(delete=True)
-        self.nsqd.notify_change()
+        self.nsqd.notify_change(topic=self.name, channel=name, deleted=True)
         if not self.channels and self.ephemeral:
             self.nsqd.delete_topic(self.name)
 
@@ -133,8 +133,10 @@ class Topic:
                 self._wake.wait()
                 continue
             # the ring holds the oldest messages, the disk queue the newer ones
+            # peek, store into every channel, then discard: a death in between
+            # repeats messages at the next start, never loses them
             from_disk = False
-            n, nbytes = ring.pop_many_into(scratch)
+            n, nbytes = ring.peek_many_into(scratch)
             if not n and backend.depth:
                 n, nbytes = backend.peek_into(scratch, 1024)
                 from_disk = True
@@ -152,6 +154,8 @@ class Topic:
             if from_disk:
                 backend.advance(n)
                 self.nsqd.backend_written(backend)
+            else:
+                ring.discard(n)
             gevent.idle()
 
     # -- pause, empty, delete --------------------------------------------------------

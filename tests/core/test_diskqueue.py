@@ -4,7 +4,6 @@ import os
 import struct
 
 import pytest
-
 from nsqshm._core.diskqueue import FAULT_ENV, DiskQueue, DiskQueueError
 
 

@@ -499,3 +499,16 @@ def test_producer_dying_after_its_commit_keeps_the_record(ring, ring_name):
     assert s["push_records"] == 3 and s["push_bytes"] == 11
     assert ring.pop_many() == [b"kept", b"new", b"next"]
     m.close()
+
+
+def test_peek_then_discard(ring):
+    ring.push_many([b"a", b"bb", b"ccc"])
+    buf = bytearray(ring.max_record + 4)
+    assert ring.peek_many_into(buf, 2) == (2, 4 + 1 + 4 + 2)
+    assert ring.depth == 3  # still there
+    assert ring.peek_many_into(buf) == (3, 18)
+    assert ring.discard(2) == 2
+    assert ring.pop_many() == [b"ccc"]
+    assert ring.discard(5) == 0
+    s = ring.stats()
+    assert s["pop_records"] == 3 and s["depth"] == 0

@@ -162,8 +162,10 @@ class Lookupd:
 
     def producers(self, topic):
         """(broadcast_address, tcp_port) of the active producers of topic."""
+        from urllib.parse import quote
+
         try:
-            doc = self.get_json(f"/lookup?topic={topic}")
+            doc = self.get_json(f"/lookup?topic={quote(topic, safe='')}")
         except urllib.error.HTTPError:
             return []
         return sorted((p["broadcast_address"], p["tcp_port"]) for p in doc["producers"])

@@ -676,7 +676,6 @@ def test_channel_delete_last_of_ephemeral_topic_deletes_topic(srv):
     ("auth_http_addresses", b"[]", JSON_TYPE),
     ("e2e_processing_latency_percentiles", b"[]", JSON_TYPE),
     ("statsd_mem_stats", b"true", JSON_TYPE),
-    ("statsd_prefix", b"nsq.%s", TEXT_TYPE),
     ("tls_required", b"0", JSON_TYPE),
     ("tls_min_version", b"769", JSON_TYPE),
     ("deflate", b"true", JSON_TYPE),
@@ -687,6 +686,16 @@ def test_config_get(srv, opt, body, content_type):
     assert (status, got) == (200, body)
     assert headers["content-type"] == content_type
     assert headers["x-nsq-content-type"] == V1
+
+
+def test_config_statsd_prefix_and_broadcast_ports_are_resolved(srv):
+    # nsqd.New rewrites them: %s -> broadcast address and HTTP port, ports 0 -> listened on
+    status, headers, body = request(srv, "GET", "/config/statsd_prefix")
+    host = socket.gethostname().replace(".", "_").replace(":", "_")
+    assert (status, body) == (200, f"nsq.{host}_{srv.http_port}.".encode())
+    assert headers["content-type"] == TEXT_TYPE
+    assert request(srv, "GET", "/config/broadcast_http_port")[2] == str(srv.http_port).encode()
+    assert request(srv, "GET", "/config/broadcast_tcp_port")[2] == str(srv.tcp_port).encode()
 
 
 def test_config_get_empty_string_and_id(srv):

@@ -20,9 +20,10 @@ NSQD_FLAGS = {
     "e2e-processing-latency-percentile", "e2e-processing-latency-window-time", "tls-cert",
     "tls-key", "tls-client-auth-policy", "tls-root-ca-file", "tls-required", "tls-min-version",
     "deflate", "max-deflate-level", "snappy",
+    "auth-http-request-method",  # nsqd master, after 1.3.0
 }
 EXTENSIONS = {"workers", "shm-prefix", "client-timeout", "queue-scan-interval",
-              "queue-scan-dirty-percent"}
+              "queue-scan-dirty-percent", "lookupd-ping-interval"}
 
 
 def parse(*argv):
@@ -64,6 +65,7 @@ DEFAULTS = [
     ("config", ""),
     ("worker_id", False),
     ("auth_http_address", []),
+    ("auth_http_request_method", "get"),
     ("lookupd_tcp_address", []),
     ("broadcast_tcp_port", 0),
     ("broadcast_http_port", 0),
@@ -108,6 +110,7 @@ DEFAULTS = [
     ("client_timeout", 60.0),
     ("queue_scan_interval", 0.1),
     ("queue_scan_dirty_percent", 0.25),
+    ("lookupd_ping_interval", 15.0),
     ("workers", 0),
     ("shm_prefix", ""),
 ]
@@ -364,6 +367,9 @@ ERRORS = [
      '--https-address "[::1]:-1": invalid port "-1" (must be 0-65535)'),
     (["--broadcast-tcp-port=70000"], "--broadcast-tcp-port must be [0,65535]"),
     (["--broadcast-http-port=-1"], "--broadcast-http-port must be [0,65535]"),
+    (["--statsd-address=127.0.0.1:8125", "--statsd-interval=0s"],
+     "--statsd-interval must be > 0"),
+    (["--lookupd-ping-interval=-1s"], "--lookupd-ping-interval must be > 0"),
 ]
 
 
@@ -618,8 +624,10 @@ def test_unimplemented_flags_set(tmp_path):
     path = write(tmp_path, 'statsd_address = "127.0.0.1:8125"\n')
     opts = parse("--tls-min-version=tls1.2", "--worker-id", "--config", path,
                  "--lookupd-tcp-address=a:1", "--max-rdy-count=3")
-    assert o.unimplemented_flags_set(opts) == [
-        "lookupd-tcp-address", "statsd-address", "tls-min-version", "worker-id"]
+    assert o.unimplemented_flags_set(opts) == ["worker-id"]
+    path = write(tmp_path, 'auth_http_addresses = ["127.0.0.1:4181"]\n')
+    opts = parse("--config", path, "--statsd-address=127.0.0.1:8125", "--worker-id")
+    assert o.unimplemented_flags_set(opts) == ["worker-id"]
 
 
 def test_to_config_dict():

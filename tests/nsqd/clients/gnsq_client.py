@@ -2,13 +2,16 @@
 
     python gnsq_client.py SCENARIO HOST:PORT TOPIC [N]
 
-prints one JSON object with what happened."""
+prints one JSON object with what happened.  NSQ_CLIENT_OPTS (JSON), when
+set, is passed to every Consumer and Producer (tls_v1, tls_options, snappy,
+deflate, deflate_level, auth_secret, sample_rate, ...)."""
 
 import gevent.monkey
 
 gevent.monkey.patch_all()
 
 import json  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -21,6 +24,14 @@ result = {"published": 0, "received": [], "attempts": {}, "errors": []}
 bodies = [f"m{i}".encode() for i in range(n)]
 t0 = time.monotonic()
 finished = gevent.event.Event()
+client_opts = json.loads(os.environ.get("NSQ_CLIENT_OPTS", "{}"))
+if "auth_secret" in client_opts:  # gnsq sends it as a body: bytes
+    client_opts["auth_secret"] = client_opts["auth_secret"].encode()
+# gnsq 1.0.2's Producer cannot upgrade a connection: the OK frames nsqd sends
+# after TLS/snappy/deflate reach its response handler before it keeps a queue
+# for the connection (KeyError), against any nsqd; so it publishes without them
+producer_opts = {k: v for k, v in client_opts.items()
+                 if k not in ("tls_v1", "tls_options", "snappy", "deflate", "deflate_level")}
 
 
 def record(message, channel="c"):
@@ -31,14 +42,14 @@ def record(message, channel="c"):
 
 def consumer(channel, handler, **kw):
     c = gnsq.Consumer(topic, channel, nsqd_tcp_addresses=[address],
-                      max_in_flight=kw.pop("max_in_flight", 50), **kw)
+                      max_in_flight=kw.pop("max_in_flight", 50), **client_opts, **kw)
     c.on_message.connect(handler, weak=False)
     gevent.spawn(c.start)
     return c
 
 
 def publish(mode="pub"):
-    producer = gnsq.Producer([address])
+    producer = gnsq.Producer([address], **producer_opts)
     producer.start()
     try:
         if mode == "mpub":
@@ -124,7 +135,16 @@ elif scenario == "shared":
         return handler
     for k in range(3):
         consumers.append(consumer("c", make(f"r{k}"), max_in_flight=5))
+    gevent.sleep(1.0)  # all three subscribed before the first message
     publish()
+
+elif scenario == "sampled":  # all n in one MPUB; whatever comes in 3 s (sample_rate in opts)
+    def handler(c, message):
+        record(message)
+    consumers.append(consumer("c", handler))
+    publish("mpub")
+    gevent.sleep(3)
+    finished.set()
 
 else:
     raise SystemExit(f"unknown scenario {scenario}")

@@ -2,9 +2,12 @@
 
     python pynsq_client.py SCENARIO HOST:PORT TOPIC [N]
 
-prints one JSON object with what happened."""
+prints one JSON object with what happened.  NSQ_CLIENT_OPTS (JSON), when
+set, is passed to every Reader and Writer (tls_v1, tls_options, snappy,
+deflate, deflate_level, auth_secret, sample_rate, ...)."""
 
 import json
+import os
 import sys
 import time
 
@@ -16,6 +19,7 @@ n = int(sys.argv[4]) if len(sys.argv) > 4 else 20
 loop = tornado.ioloop.IOLoop.current()
 result = {"published": 0, "received": [], "attempts": {}, "errors": []}
 readers = []
+client_opts = json.loads(os.environ.get("NSQ_CLIENT_OPTS", "{}"))
 
 
 def done():
@@ -55,13 +59,14 @@ def record(message, channel="c"):
 
 def reader(channel, handler, **kw):
     r = nsq.Reader(topic=topic, channel=channel, message_handler=handler,
-                   nsqd_tcp_addresses=[address], max_in_flight=kw.pop("max_in_flight", 50), **kw)
+                   nsqd_tcp_addresses=[address], max_in_flight=kw.pop("max_in_flight", 50),
+                   **client_opts, **kw)
     readers.append(r)
     return r
 
 
 bodies = [f"m{i}".encode() for i in range(n)]
-writer = nsq.Writer([address])
+writer = nsq.Writer([address], **client_opts)
 t0 = time.monotonic()
 
 if scenario in ("basic", "mpub"):
@@ -141,6 +146,14 @@ elif scenario == "shared":
     for k in range(3):
         reader("c", make(f"r{k}"), max_in_flight=5)
     pub_all(writer, bodies)
+
+elif scenario == "sampled":  # all n in one MPUB; whatever comes in 3 s (sample_rate in opts)
+    def handler(message):
+        record(message)
+        return True
+    reader("c", handler)
+    pub_all(writer, bodies, "mpub")
+    loop.call_later(3, done)
 
 else:
     raise SystemExit(f"unknown scenario {scenario}")

@@ -1,0 +1,132 @@
+"""GET /metrics on nsqd's HTTP port: the /stats numbers in Prometheus' text
+format (an nsqshm addition; nsqd 1.3 has only /stats and statsd).
+
+    nsq_topic_depth{topic}                      gauge    messages queued (memory + disk)
+    nsq_topic_backend_depth{topic}              gauge    of which on disk
+    nsq_topic_messages_total{topic}             counter  messages published
+    nsq_topic_message_bytes_total{topic}        counter  body bytes published
+    nsq_topic_paused{topic}                     gauge    1 when paused
+    nsq_channel_depth{topic,channel}            gauge
+    nsq_channel_backend_depth{topic,channel}    gauge
+    nsq_channel_in_flight{topic,channel}        gauge    delivered, not yet finished
+    nsq_channel_deferred{topic,channel}         gauge
+    nsq_channel_messages_total{topic,channel}   counter  messages the channel received
+    nsq_channel_requeued_total{topic,channel}   counter
+    nsq_channel_timed_out_total{topic,channel}  counter
+    nsq_channel_clients{topic,channel}          gauge    subscribed consumers
+    nsq_channel_paused{topic,channel}           gauge
+    nsq_clients                                 gauge    connected TCP clients
+    nsq_producers                               gauge    of which have published
+    nsq_health                                  gauge    1 when /ping answers OK
+    nsq_info{version}                           gauge    always 1
+    process_*                                   the prometheus_client process collector
+
+The values come from the same code as /stats (nsqshm.nsqd.stats.get_stats),
+read at scrape time.
+"""
+
+from flask import request
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.process_collector import ProcessCollector
+
+from nsqshm.nsqd.stats import get_stats
+
+ENVIRON_KEY = "nsqshm.metrics"
+
+
+class NSQDCollector:
+    def __init__(self, nsqd):
+        self.nsqd = nsqd
+
+    def describe(self):
+        return []  # no fixed set: topics and channels come and go
+
+    def collect(self):
+        nsqd = self.nsqd
+        topics, _ = get_stats(nsqd, "", "", False)
+        t_labels = ["topic"]
+        c_labels = ["topic", "channel"]
+        t_depth = GaugeMetricFamily("nsq_topic_depth", "Messages queued in the topic",
+                                    labels=t_labels)
+        t_backend = GaugeMetricFamily("nsq_topic_backend_depth",
+                                      "Messages of the topic queued on disk", labels=t_labels)
+        t_msgs = CounterMetricFamily("nsq_topic_messages", "Messages published to the topic",
+                                     labels=t_labels)
+        t_bytes = CounterMetricFamily("nsq_topic_message_bytes",
+                                      "Body bytes published to the topic", labels=t_labels)
+        t_paused = GaugeMetricFamily("nsq_topic_paused", "1 when the topic is paused",
+                                     labels=t_labels)
+        c_depth = GaugeMetricFamily("nsq_channel_depth", "Messages queued in the channel",
+                                    labels=c_labels)
+        c_backend = GaugeMetricFamily("nsq_channel_backend_depth",
+                                      "Messages of the channel queued on disk", labels=c_labels)
+        c_inflight = GaugeMetricFamily("nsq_channel_in_flight",
+                                       "Messages delivered and not yet finished",
+                                       labels=c_labels)
+        c_deferred = GaugeMetricFamily("nsq_channel_deferred", "Deferred messages",
+                                       labels=c_labels)
+        c_msgs = CounterMetricFamily("nsq_channel_messages", "Messages the channel received",
+                                     labels=c_labels)
+        c_requeued = CounterMetricFamily("nsq_channel_requeued", "Messages requeued",
+                                         labels=c_labels)
+        c_timed_out = CounterMetricFamily("nsq_channel_timed_out", "Messages timed out",
+                                          labels=c_labels)
+        c_clients = GaugeMetricFamily("nsq_channel_clients", "Consumers subscribed",
+                                      labels=c_labels)
+        c_paused = GaugeMetricFamily("nsq_channel_paused", "1 when the channel is paused",
+                                     labels=c_labels)
+        for t in topics or ():
+            name = [t["topic_name"]]
+            t_depth.add_metric(name, t["depth"])
+            t_backend.add_metric(name, t["backend_depth"])
+            t_msgs.add_metric(name, t["message_count"])
+            t_bytes.add_metric(name, t["message_bytes"])
+            t_paused.add_metric(name, 1 if t["paused"] else 0)
+            for c in t["channels"]:
+                names = [t["topic_name"], c["channel_name"]]
+                c_depth.add_metric(names, c["depth"])
+                c_backend.add_metric(names, c["backend_depth"])
+                c_inflight.add_metric(names, c["in_flight_count"])
+                c_deferred.add_metric(names, c["deferred_count"])
+                c_msgs.add_metric(names, c["message_count"])
+                c_requeued.add_metric(names, c["requeue_count"])
+                c_timed_out.add_metric(names, c["timeout_count"])
+                c_clients.add_metric(names, c["client_count"])
+                c_paused.add_metric(names, 1 if c["paused"] else 0)
+        yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, c_depth, c_backend,
+                    c_inflight, c_deferred, c_msgs, c_requeued, c_timed_out, c_clients, c_paused)
+        clients = list(nsqd.clients.values())
+        yield GaugeMetricFamily("nsq_clients", "Connected TCP clients", value=len(clients))
+        yield GaugeMetricFamily("nsq_producers", "Connected TCP clients that have published",
+                                value=sum(1 for c in clients if getattr(c, "pub_counts", None)))
+        yield GaugeMetricFamily("nsq_health", "1 when the broker is healthy (/ping answers OK)",
+                                value=1 if nsqd.health == "OK" else 0)
+        info = GaugeMetricFamily("nsq_info", "The nsqd version this broker is compatible with",
+                                 labels=["version"])
+        info.add_metric([str(nsqd.version)], 1)
+        yield info
+
+
+def register(app):
+    """Add GET /metrics to the nsqd Flask app made by http_api.create_app."""
+    from nsqshm.nsqd.http_api import Route
+
+    api = app.nsq_api
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NSQDCollector(api.nsqd))
+    ProcessCollector(registry=registry)
+
+    def metrics(req):
+        req.environ[ENVIRON_KEY] = True
+        return generate_latest(registry)
+
+    api.router.add(Route("GET", "/metrics", metrics, plain=True))
+
+    @app.after_request
+    def content_type(response):
+        if request.environ.get(ENVIRON_KEY) and response.status_code == 200:
+            response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    return registry

@@ -1,0 +1,1 @@
+"""nsqlookupd: the discovery service (a drop-in for nsqlookupd 1.3)."""

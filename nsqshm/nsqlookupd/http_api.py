@@ -1,0 +1,201 @@
+"""nsqlookupd's HTTP API (nsqlookupd/http.go) on Flask and gevent.
+
+Routing, V1 responses, error bodies and the access log are nsqd's
+(nsqshm.nsqd.http_api: httprouter's 404/405/redirect/OPTIONS rules,
+{"message":"TEXT"} errors, `X-NSQ-Content-Type: nsq; version=1.0`); only the
+routes differ:
+
+    GET  /ping /info /debug /lookup /topics /channels /nodes
+    POST /topic/create /topic/delete /topic/tombstone /channel/create /channel/delete
+
+JSON objects that nsqlookupd builds from Go maps have their keys sorted, as
+Go's encoder writes them; structs keep their field order.
+"""
+
+import socket
+
+from gevent.pywsgi import WSGIServer
+
+from nsqshm import NSQD_COMPAT_VERSION
+from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
+from nsqshm.nsqd.names import is_valid_name
+from nsqshm.nsqlookupd.registration_db import filter_by_active, filter_registrations, keys, subkeys
+
+GO_ZERO_TIME_UNIX_NANO = -6795364578871345152  # time.Time{}.UnixNano(), overflowed as in Go
+
+
+class LookupHTTPAPI(HTTPAPI):
+    def __init__(self, lookupd):
+        self.nsqd = lookupd  # HTTPAPI logs through .nsqd.log
+        self.lookupd = lookupd
+        self.db = lookupd.db
+        self.router = Router()
+        add = self.router.add
+        add(Route("GET", "/ping", self.ping, plain=True))
+        add(Route("GET", "/info", self.info))
+        add(Route("GET", "/debug", self.debug))
+        add(Route("GET", "/lookup", self.lookup))
+        add(Route("GET", "/topics", self.topics))
+        add(Route("GET", "/channels", self.channels))
+        add(Route("GET", "/nodes", self.nodes))
+        add(Route("POST", "/topic/create", self.topic_create))
+        add(Route("POST", "/topic/delete", self.topic_delete))
+        add(Route("POST", "/channel/create", self.channel_create))
+        add(Route("POST", "/channel/delete", self.channel_delete))
+        add(Route("POST", "/topic/tombstone", self.topic_tombstone))
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _arg(self, values, key, missing):
+        """ReqParams.Get: the first value, or 400 `missing`."""
+        found = values.get(key)
+        if found is None:
+            raise Err(400, missing)
+        return found[0]
+
+    def _topic_channel_args(self, values):
+        """http_api.GetTopicChannelArgs."""
+        topic = self._arg(values, "topic", "MISSING_ARG_TOPIC")
+        if not is_valid_name(topic):
+            raise Err(400, "INVALID_ARG_TOPIC")
+        channel = self._arg(values, "channel", "MISSING_ARG_CHANNEL")
+        if not is_valid_name(channel):
+            raise Err(400, "INVALID_ARG_CHANNEL")
+        return topic, channel
+
+    def _req_params(self, req):
+        """http_api.NewReqParams: the query, after reading the body."""
+        self._read_body(req, 1 << 62)
+        return self._params(req)
+
+    # -- endpoints -----------------------------------------------------------------------
+
+    def ping(self, req):
+        return "OK"
+
+    def info(self, req):
+        return {"version": NSQD_COMPAT_VERSION}
+
+    def topics(self, req):
+        return {"topics": keys(self.db.find_registrations("topic", "*", ""))}
+
+    def channels(self, req):
+        topic = self._arg(self._req_params(req), "topic", "MISSING_ARG_TOPIC")
+        return {"channels": subkeys(self.db.find_registrations("channel", topic, "*"))}
+
+    def lookup(self, req):
+        topic = self._arg(self._req_params(req), "topic", "MISSING_ARG_TOPIC")
+        if not self.db.find_registrations("topic", topic, ""):
+            raise Err(404, "TOPIC_NOT_FOUND")
+        channels = subkeys(self.db.find_registrations("channel", topic, "*"))
+        opts = self.lookupd.opts
+        producers = filter_by_active(self.db.find_producers("topic", topic, ""),
+                                     opts.inactive_producer_timeout, opts.tombstone_lifetime)
+        return {"channels": channels, "producers": [p.peer_info.to_json() for p in producers]}
+
+    def topic_create(self, req):
+        topic = self._arg(self._req_params(req), "topic", "MISSING_ARG_TOPIC")
+        if not is_valid_name(topic):
+            raise Err(400, "INVALID_ARG_TOPIC")
+        self._log("info", f"DB: adding topic({topic})")
+        self.db.add_registration(("topic", topic, ""))
+
+    def topic_delete(self, req):
+        topic = self._arg(self._req_params(req), "topic", "MISSING_ARG_TOPIC")
+        for reg in self.db.find_registrations("channel", topic, "*"):
+            self._log("info", f"DB: removing channel({reg[2]}) from topic({topic})")
+            self.db.remove_registration(reg)
+        for reg in self.db.find_registrations("topic", topic, ""):
+            self._log("info", f"DB: removing topic({topic})")
+            self.db.remove_registration(reg)
+
+    def topic_tombstone(self, req):
+        values = self._req_params(req)
+        topic = self._arg(values, "topic", "MISSING_ARG_TOPIC")
+        node = self._arg(values, "node", "MISSING_ARG_NODE")
+        self._log("info", f"DB: setting tombstone for producer@{node} of topic({topic})")
+        for producer in self.db.find_producers("topic", topic, ""):
+            peer = producer.peer_info
+            if f"{peer.broadcast_address}:{peer.http_port}" == node:
+                producer.tombstone()
+
+    def channel_create(self, req):
+        topic, channel = self._topic_channel_args(self._req_params(req))
+        self._log("info", f"DB: adding channel({channel}) in topic({topic})")
+        self.db.add_registration(("channel", topic, channel))
+        self._log("info", f"DB: adding topic({topic})")
+        self.db.add_registration(("topic", topic, ""))
+
+    def channel_delete(self, req):
+        topic, channel = self._topic_channel_args(self._req_params(req))
+        regs = self.db.find_registrations("channel", topic, channel)
+        if not regs:
+            raise Err(404, "CHANNEL_NOT_FOUND")
+        self._log("info", f"DB: removing channel({channel}) from topic({topic})")
+        for reg in regs:
+            self.db.remove_registration(reg)
+
+    def nodes(self, req):
+        opts = self.lookupd.opts
+        # tombstoned nodes are not filtered out
+        producers = filter_by_active(self.db.find_producers("client", "", ""),
+                                     opts.inactive_producer_timeout, 0)
+        by_topic = {}
+        nodes = []
+        for p in producers:
+            peer = p.peer_info
+            topics = keys(filter_registrations(self.db.lookup_registrations(peer.id),
+                                               "topic", "*", ""))
+            tombstones = [False] * len(topics)
+            for j, topic in enumerate(topics):
+                if topic not in by_topic:
+                    by_topic[topic] = self.db.find_producers("topic", topic, "")
+                for tp in by_topic[topic]:
+                    if tp.peer_info is peer:
+                        tombstones[j] = tp.is_tombstoned(opts.tombstone_lifetime)
+                        break
+            nodes.append({
+                "remote_address": peer.remote_address,
+                "hostname": peer.hostname,
+                "broadcast_address": peer.broadcast_address,
+                "tcp_port": peer.tcp_port,
+                "http_port": peer.http_port,
+                "version": peer.version,
+                "tombstones": tombstones,
+                "topics": topics,
+            })
+        return {"producers": nodes}
+
+    def debug(self, req):
+        data = {}
+        for reg, producers in self.db.registrations.items():
+            key = f"{reg[0]}:{reg[1]}:{reg[2]}"
+            for p in producers.values():
+                peer = p.peer_info
+                data.setdefault(key, []).append({  # a Go map: keys sorted
+                    "broadcast_address": peer.broadcast_address,
+                    "hostname": peer.hostname,
+                    "http_port": peer.http_port,
+                    "id": peer.id,
+                    "last_update": peer.last_update,
+                    "tcp_port": peer.tcp_port,
+                    "tombstoned": p.tombstoned,
+                    "tombstoned_at": (GO_ZERO_TIME_UNIX_NANO if p.tombstoned_at is None
+                                      else p.tombstoned_at),
+                    "version": peer.version,
+                })
+        return {k: data[k] for k in sorted(data, key=lambda k: k.encode("utf-8", "surrogateescape"))}
+
+
+def create_app(lookupd):
+    app = _App("nsqshm.nsqlookupd")
+    app.nsq_api = LookupHTTPAPI(lookupd)
+    return app
+
+
+def make_http_server(lookupd, address):
+    """The HTTP listener on (host, port), bound but not started."""
+    server = WSGIServer(address, create_app(lookupd), log=None)
+    server.init_socket()
+    server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return server

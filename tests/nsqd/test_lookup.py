@@ -1,0 +1,321 @@
+"""nsqd's nsqlookupd registration (nsqd 1.3's lookup.go / lookup_peer.go),
+with real `nsqshm start` and `nsqshm lookupd` processes: what nsqd sends,
+byte for byte (against a fake lookupd), topics and channels registered and
+unregistered as they come and go, several nodes and lookupds, tombstones,
+producer expiry, a lookupd restart, run-time address changes, and pynsq and
+gnsq Readers that find nsqshm through nsqshm's lookupd."""
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from urllib.parse import quote
+
+import pytest
+
+from tests.nsqd.conftest import wait_for
+from tests.nsqd.test_http_api import TCP, request
+
+HERE = os.path.dirname(__file__)
+FAST_PING = "--lookupd-ping-interval=300ms"
+
+
+def start_node(nsqd_factory, *lookupds, args=(), data_path=None):
+    if data_path is not None:
+        os.makedirs(data_path, exist_ok=True)
+    return nsqd_factory(*[f"--lookupd-tcp-address={lk.tcp_address}" for lk in lookupds],
+                        "--broadcast-address=127.0.0.1", *args, data_path=data_path)
+
+
+def producers(lookupd, topic):
+    return lookupd.producers(topic)
+
+
+def channels(lookupd, topic):
+    return sorted(lookupd.get_json(f"/channels?topic={quote(topic, safe='')}")["channels"])
+
+
+def debug_keys(lookupd):
+    return set(lookupd.get_json("/debug"))
+
+
+def me(node):
+    return ("127.0.0.1", node.tcp_port)
+
+
+# ---------------------------------------------------------------------------
+# the bytes nsqd sends (a fake nsqlookupd records them)
+
+
+class FakeLookupd:
+    """Accepts nsqd's connections, answers IDENTIFY with nsqlookupd's JSON and
+    everything else with OK, and records (time, command line, body)."""
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self.magics = []
+        self.commands = []
+        self.conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        f = conn.makefile("rb")
+        try:
+            self.magics.append(f.read(4))
+            while True:
+                line = f.readline()
+                if not line:
+                    return
+                body = None
+                if line == b"IDENTIFY\n":
+                    body = f.read(struct.unpack(">i", f.read(4))[0])
+                    answer = json.dumps({"broadcast_address": "127.0.0.1", "hostname": "fake",
+                                         "http_port": 1, "tcp_port": self.port,
+                                         "version": "1.3.0"}).encode()
+                else:
+                    answer = b"OK"
+                self.commands.append((time.monotonic(), line, body))
+                conn.sendall(struct.pack(">i", len(answer)) + answer)
+        except OSError:
+            return
+
+    def lines(self):
+        return [line for _, line, _ in self.commands]
+
+    def close(self):
+        self.listener.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.fixture
+def fake():
+    server = FakeLookupd()
+    yield server
+    server.close()
+
+
+def test_identify_register_and_ping_bytes(nsqd_factory, fake):
+    node = nsqd_factory(f"--lookupd-tcp-address={fake.address}", "--broadcast-address=bc.example",
+                        "--lookupd-ping-interval=400ms")
+    assert wait_for(lambda: fake.commands)
+    assert fake.magics == [b"  V1"]
+    _, line, body = fake.commands[0]
+    assert line == b"IDENTIFY\n"
+    # go-nsq's Identify of nsqd's map: keys sorted, compact
+    assert body == (b'{"broadcast_address":"bc.example","hostname":"%s","http_port":%d,'
+                    b'"tcp_port":%d,"version":"1.3.0"}'
+                    % (socket.gethostname().encode(), node.http_port, node.tcp_port))
+    node.post("/topic/create?topic=bytes_t")
+    node.post("/channel/create?topic=bytes_t&channel=c1")
+    node.post("/channel/delete?topic=bytes_t&channel=c1")
+    node.post("/topic/create?topic=bytes_t2")
+    node.post("/channel/create?topic=bytes_t2&channel=x")
+    node.post("/topic/delete?topic=bytes_t2")
+    expected = [b"REGISTER bytes_t\n", b"REGISTER bytes_t c1\n", b"UNREGISTER bytes_t c1\n",
+                b"REGISTER bytes_t2\n", b"REGISTER bytes_t2 x\n",
+                b"UNREGISTER bytes_t2 x\n", b"UNREGISTER bytes_t2\n"]
+    assert wait_for(lambda: [li for li in fake.lines() if b"REGISTER" in li] == expected)
+    # PINGs every --lookupd-ping-interval (nsqd: every 15 s)
+    assert wait_for(lambda: fake.lines().count(b"PING\n") >= 3, timeout=5)
+    pings = [t for t, line, _ in fake.commands if line == b"PING\n"]
+    period = (pings[-1] - pings[0]) / (len(pings) - 1)  # a fixed-rate ticker
+    assert 0.3 < period < 0.7, pings
+
+
+def test_reconnect_registers_everything_again(nsqd_factory, fake):
+    node = nsqd_factory(f"--lookupd-tcp-address={fake.address}", FAST_PING)
+    node.post("/topic/create?topic=again_t")
+    node.post("/channel/create?topic=again_t&channel=a")
+    node.post("/channel/create?topic=again_t&channel=b")
+    node.post("/topic/create?topic=again_lonely")
+    assert wait_for(lambda: b"REGISTER again_t b\n" in fake.lines())
+    for conn in fake.conns:
+        conn.shutdown(socket.SHUT_RDWR)  # lookupd goes away
+    start = len(fake.commands)
+    assert wait_for(lambda: len(fake.magics) == 2, timeout=5)
+    # connectCallback: IDENTIFY, then a topic alone or each of its channels
+    assert wait_for(lambda: len(fake.commands) >= start + 4)
+    after = fake.lines()[start:start + 4]
+    assert after == [b"IDENTIFY\n", b"REGISTER again_t a\n", b"REGISTER again_t b\n",
+                     b"REGISTER again_lonely\n"]
+    assert wait_for(lambda: any("LOOKUPD(" in line and "PING - " in line
+                                for line in node.lines))
+
+
+# ---------------------------------------------------------------------------
+# against nsqshm's lookupd
+
+
+def test_topics_and_channels_come_and_go(nsqd_factory, lookupd):
+    node = start_node(nsqd_factory, lookupd)
+    node.post("/topic/create?topic=life")
+    assert wait_for(lambda: producers(lookupd, "life") == [me(node)])
+    node.post("/channel/create?topic=life&channel=c")
+    assert wait_for(lambda: channels(lookupd, "life") == ["c"])
+    nodes = lookupd.get_json("/nodes")["producers"]
+    assert [(n["broadcast_address"], n["tcp_port"], n["http_port"], n["version"],
+             n["hostname"], n["topics"]) for n in nodes] == [
+        ("127.0.0.1", node.tcp_port, node.http_port, "1.3.0", socket.gethostname(), ["life"])]
+
+    # an ephemeral channel and an ephemeral topic, made by a subscriber
+    consumer = TCP(node)
+    consumer.sub("life", "e#ephemeral")
+    other = TCP(node)
+    other.sub("eph#ephemeral", "c#ephemeral")
+    assert wait_for(lambda: channels(lookupd, "life") == ["c", "e#ephemeral"])
+    assert wait_for(lambda: producers(lookupd, "eph#ephemeral") == [me(node)])
+    consumer.close()
+    other.close()
+    # gone with their last consumer: nsqd unregisters, lookupd forgets them
+    assert wait_for(lambda: channels(lookupd, "life") == ["c"])
+    assert wait_for(lambda: "eph#ephemeral" not in lookupd.get_json("/topics")["topics"])
+
+    node.post("/channel/delete?topic=life&channel=c")
+    assert wait_for(lambda: "channel:life:c" not in debug_keys(lookupd))
+    assert channels(lookupd, "life") == ["c"]  # lookupd keeps the name, without producers
+    node.post("/topic/delete?topic=life")
+    assert wait_for(lambda: producers(lookupd, "life") == [])
+
+
+def test_broadcast_ports_are_registered(nsqd_factory, lookupd):
+    node = start_node(nsqd_factory, lookupd,
+                      args=["--broadcast-tcp-port=5150", "--broadcast-http-port=5151"])
+    node.post("/topic/create?topic=ports")
+    assert wait_for(lambda: producers(lookupd, "ports") == [("127.0.0.1", 5150)])
+    (n,) = lookupd.get_json("/nodes")["producers"]
+    assert n["http_port"] == 5151
+    assert request(node, "GET", "/config/broadcast_tcp_port")[2] == b"5150"
+
+
+def test_nsqd_reports_its_real_ports_in_config(nsqd):
+    assert request(nsqd, "GET", "/config/broadcast_tcp_port")[2] == str(nsqd.tcp_port).encode()
+    assert request(nsqd, "GET", "/config/broadcast_http_port")[2] == str(nsqd.http_port).encode()
+
+
+def test_two_nodes_behind_two_lookupds(nsqd_factory, lookupd_factory, tmp_path):
+    lk1, lk2 = lookupd_factory(), lookupd_factory()
+    a = start_node(nsqd_factory, lk1, lk2)
+    b = start_node(nsqd_factory, lk1, lk2, data_path=tmp_path / "b")
+    for i in range(10):
+        (a if i % 2 else b).post("/pub?topic=both", f"m{i}".encode())
+    for lk in (lk1, lk2):
+        assert wait_for(lambda lk=lk: producers(lk, "both") == sorted([me(a), me(b)]))
+        nodes = sorted(n["tcp_port"] for n in lk.get_json("/nodes")["producers"])
+        assert nodes == sorted([a.tcp_port, b.tcp_port])
+    result = run_reader("pynsq", [lk1], "both", "c", 10)
+    assert sorted(result["received"]) == sorted(f"m{i}" for i in range(10))
+    assert result["nsqd"] == sorted([f"127.0.0.1:{a.tcp_port}", f"127.0.0.1:{b.tcp_port}"])
+
+
+def run_reader(library, lookupds, topic, channel, n):
+    script = os.path.join(HERE, "clients", "lookupd_client.py")
+    out = subprocess.run([sys.executable, script, library,
+                          ",".join(lk.http_address for lk in lookupds), topic, channel, str(n)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("library", ["pynsq", "gnsq"])
+def test_readers_discover_nsqshm_through_lookupd(nsqd_factory, lookupd, library):
+    node = start_node(nsqd_factory, lookupd)
+    for i in range(20):
+        node.post(f"/pub?topic={library}_disc", f"m{i}".encode())
+    assert wait_for(lambda: producers(lookupd, f"{library}_disc") == [me(node)])
+    result = run_reader(library, [lookupd], f"{library}_disc", "c", 20)
+    assert sorted(result["received"]) == sorted(f"m{i}" for i in range(20))
+    assert result["nsqd"] == [f"127.0.0.1:{node.tcp_port}"]
+
+
+def test_channels_known_to_lookupd_are_precreated(nsqd_factory, lookupd, tmp_path):
+    a = start_node(nsqd_factory, lookupd)
+    a.post("/topic/create?topic=pre")
+    a.post("/channel/create?topic=pre&channel=archive")
+    a.post("/channel/create?topic=pre&channel=live%23ephemeral")
+    assert wait_for(lambda: channels(lookupd, "pre") == ["archive", "live#ephemeral"])
+    b = start_node(nsqd_factory, lookupd, data_path=tmp_path / "b")
+
+    def b_knows_lookupd():
+        return any("LOOKUPD(" in line and "peer info" in line for line in b.lines)
+
+    assert wait_for(b_knows_lookupd)
+    assert b.post("/pub?topic=pre", b"first") == (200, b"OK")
+    b_stats = json.loads(b.get("/stats?format=json&topic=pre")[1])
+    (topic,) = b_stats["topics"]
+    # the message went to the channel nsqd created from lookupd's answer
+    assert [(c["channel_name"], c["depth"]) for c in topic["channels"]] == [("archive", 1)]
+    assert any("CI: querying nsqlookupd http://127.0.0.1:" in line for line in b.lines)
+
+
+def test_tombstoned_node_is_left_out_of_lookups(nsqd_factory, lookupd_factory):
+    lookupd = lookupd_factory("--tombstone-lifetime=1s")
+    node = start_node(nsqd_factory, lookupd)
+    node.post("/topic/create?topic=tomb")
+    assert wait_for(lambda: producers(lookupd, "tomb") == [me(node)])
+    status, _ = lookupd.post(f"/topic/tombstone?topic=tomb&node=127.0.0.1:{node.http_port}")
+    assert status == 200
+    assert producers(lookupd, "tomb") == []
+    (n,) = lookupd.get_json("/nodes")["producers"]
+    assert n["tombstones"] == [True]
+    assert wait_for(lambda: producers(lookupd, "tomb") == [me(node)], timeout=3)
+
+
+def test_producers_expire_without_pings(nsqd_factory, lookupd_factory, tmp_path):
+    lookupd = lookupd_factory("--inactive-producer-timeout=1500ms")
+    pinging = start_node(nsqd_factory, lookupd, args=[FAST_PING], data_path=tmp_path / "p")
+    quiet = start_node(nsqd_factory, lookupd)  # pings every 15 s, as nsqd
+    for node in (quiet, pinging):
+        node.post("/topic/create?topic=expiry")
+    assert wait_for(lambda: producers(lookupd, "expiry") == sorted([me(quiet), me(pinging)]))
+    time.sleep(1.8)
+    assert producers(lookupd, "expiry") == [me(pinging)]
+    assert [n["tcp_port"] for n in lookupd.get_json("/nodes")["producers"]] == [
+        pinging.tcp_port]
+
+
+def test_lookupd_restart_nsqd_registers_again(nsqd_factory, lookupd_factory):
+    lookupd = lookupd_factory()
+    node = start_node(nsqd_factory, lookupd, args=[FAST_PING])
+    node.post("/topic/create?topic=restart")
+    node.post("/channel/create?topic=restart&channel=c")
+    assert wait_for(lambda: producers(lookupd, "restart") == [me(node)])
+    again = lookupd.restart()
+    lookupd_factory.started.append(again)
+    assert again.tcp_port == lookupd.tcp_port
+    assert wait_for(lambda: producers(again, "restart") == [me(node)])
+    assert channels(again, "restart") == ["c"]
+
+
+def test_lookupd_addresses_changed_at_run_time(nsqd_factory, lookupd_factory):
+    lk1, lk2 = lookupd_factory(), lookupd_factory()
+    node = nsqd_factory("--broadcast-address=127.0.0.1")
+    node.post("/topic/create?topic=runtime")
+    body = json.dumps([lk1.tcp_address, lk2.tcp_address]).encode()
+    status, _, got = request(node, "PUT", "/config/nsqlookupd_tcp_addresses", body)
+    assert (status, got) == (200, body.replace(b" ", b""))
+    for lk in (lk1, lk2):
+        assert wait_for(lambda lk=lk: producers(lk, "runtime") == [me(node)])
+    body = json.dumps([lk2.tcp_address]).encode()
+    assert request(node, "PUT", "/config/nsqlookupd_tcp_addresses", body)[0] == 200
+    # the dropped peer's connection is closed: lk1 forgets this nsqd
+    assert wait_for(lambda: lk1.get_json("/nodes")["producers"] == [])
+    assert producers(lk2, "runtime") == [me(node)]
+    assert any(f"LOOKUP({lk1.tcp_address}): removing peer" in line for line in node.lines)
