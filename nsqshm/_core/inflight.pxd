@@ -66,6 +66,13 @@ cdef class InFlight:
     cdef readonly uint64_t duplicates
     cdef readonly uint64_t sampled_out
     cdef uint64_t _rng
+    # e2e processing latency: a ring of (finish time, finish - publish) in ns,
+    # filled by finish_raw when enabled; lat_now is the wall clock of the batch
+    cdef int64_t *lat
+    cdef size_t lat_cap
+    cdef size_t lat_next
+    cdef size_t lat_len
+    cdef public int64_t lat_now
 
     cdef int _insert(self, const char *msg, uint32_t size, uint64_t client_id,
                      int64_t deadline_ns) noexcept
@@ -73,6 +80,7 @@ cdef class InFlight:
     cdef int add_raw(self, const char *msg, uint32_t size, uint64_t client_id,
                      int64_t deadline_ns) except -1
     cdef int finish_raw(self, const char *msg_id, uint64_t client_id) noexcept
+    cdef void _record_latency(self, const char *msg) noexcept
     cdef int touch_raw(self, const char *msg_id, uint64_t client_id,
                        int64_t new_deadline_ns) noexcept
     cdef MsgEntry *_find(self, bytes msg_id) noexcept

@@ -38,7 +38,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdint cimport INT64_MAX, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 from nsqshm._core.codec cimport MSG_HEADER_SIZE, MSG_ID_SIZE
 from nsqshm._core.includes.system cimport memcpy
@@ -110,6 +110,12 @@ cdef inline size_t _pow2_at_least(size_t n) noexcept nogil:
     while p < n:
         p <<= 1
     return p
+
+
+cdef inline int64_t _wall_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
 cdef inline int64_t time_ns() noexcept nogil:
@@ -386,6 +392,9 @@ cdef class InFlight:
         self._total_bytes = 0
         self.duplicates = 0
         self.sampled_out = 0
+        self.lat = NULL
+        self.lat_cap = self.lat_next = self.lat_len = 0
+        self.lat_now = 0
         self._rng = _mix64(<uint64_t>time_ns() ^ <uint64_t><size_t><void *>self)
         if capacity_hint > (<size_t>1 << 32):
             raise ValueError(f"capacity_hint {capacity_hint} is over 2**32")
@@ -395,6 +404,9 @@ cdef class InFlight:
             raise MemoryError()
 
     def __dealloc__(self):
+        if self.lat != NULL:
+            free(self.lat)
+            self.lat = NULL
         _heap_free(&self.heap)          # frees the entries too
         free(self.ids.slots)
         free(self.clients.slots)
@@ -471,9 +483,32 @@ cdef class InFlight:
             return STATUS_NOT_IN_FLIGHT
         if e.client_id != client_id:
             return STATUS_NOT_OWNER
+        if self.lat != NULL:
+            self._record_latency(_msg(e))
         self._remove(e, slot)
         free(e)
         return STATUS_OK
+
+    cdef void _record_latency(self, const char *msg) noexcept:
+        """Keep (now, now - the message's publish timestamp) in the latency ring."""
+        cdef const unsigned char *b = <const unsigned char *>msg
+        cdef int64_t ts = 0
+        cdef int i
+        for i in range(8):
+            ts = (ts << 8) | b[i]
+        self.lat[2 * self.lat_next] = self.lat_now
+        self.lat[2 * self.lat_next + 1] = self.lat_now - ts
+        self.lat_next = (self.lat_next + 1) % self.lat_cap
+        if self.lat_len < self.lat_cap:
+            self.lat_len += 1
+
+    def enable_latency(self, size_t samples=65536):
+        """Record e2e processing latency at each finish, the last `samples` kept."""
+        if self.lat == NULL and samples:
+            self.lat = <int64_t *>malloc(2 * samples * sizeof(int64_t))
+            if self.lat == NULL:
+                raise MemoryError()
+            self.lat_cap = samples
 
     cdef int touch_raw(self, const char *msg_id, uint64_t client_id,
                        int64_t new_deadline_ns) noexcept:
@@ -535,6 +570,8 @@ cdef class InFlight:
     def finish(self, msg_id, uint64_t client_id):
         """Remove a message: OK, NOT_IN_FLIGHT or NOT_OWNER."""
         cdef bytes key = _id_bytes(msg_id)
+        if self.lat != NULL:  # message timestamps are wall-clock ns, as nsqd's
+            self.lat_now = _wall_ns()
         return self.finish_raw(PyBytes_AS_STRING(key), client_id)
 
     def requeue(self, msg_id, uint64_t client_id):
@@ -807,3 +844,49 @@ cdef class DeferredQueue:
     def total_bytes(self):
         """Sum of the sizes of the deferred messages."""
         return self._total_bytes
+
+
+
+cdef int _cmp_int64(const void *a, const void *b) noexcept nogil:
+    cdef int64_t x = (<const int64_t *>a)[0], y = (<const int64_t *>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef extern from "<stdlib.h>" nogil:
+    void qsort(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *))
+
+
+def latency_percentiles(tables, int64_t now_ns, int64_t window_ns, quantiles):
+    """nsqd's e2e_processing_latency over the finishes of the last window in
+    `tables` (InFlight objects; a topic passes all its channels', merged as
+    nsqd merges their streams): {"count": n, "percentiles": [{quantile, value}]}."""
+    cdef InFlight t
+    cdef size_t total = 0, k, i
+    cdef int64_t *vals
+    cdef int64_t since = now_ns - window_ns
+    for t in tables:
+        total += t.lat_len
+    if total == 0:
+        return {"count": 0, "percentiles": [{"quantile": float(q), "value": 0.0}
+                                            for q in quantiles]}
+    vals = <int64_t *>malloc(total * sizeof(int64_t))
+    if vals == NULL:
+        raise MemoryError()
+    try:
+        k = 0
+        for t in tables:
+            for i in range(t.lat_len):
+                if t.lat[2 * i] >= since:
+                    vals[k] = t.lat[2 * i + 1]
+                    k += 1
+        qsort(vals, k, sizeof(int64_t), _cmp_int64)
+        out = []
+        for q in quantiles:
+            if k == 0:
+                out.append({"quantile": float(q), "value": 0.0})
+                continue
+            i = min(k - 1, <size_t>(float(q) * k))
+            out.append({"quantile": float(q), "value": float(vals[i])})
+        return {"count": int(k), "percentiles": out}
+    finally:
+        free(vals)

@@ -18,7 +18,13 @@ import time
 import gevent
 import gevent.event
 
-from nsqshm._core.inflight import NOT_IN_FLIGHT, NOT_OWNER, DeferredQueue, InFlight
+from nsqshm._core.inflight import (
+    NOT_IN_FLIGHT,
+    NOT_OWNER,
+    DeferredQueue,
+    InFlight,
+    latency_percentiles,
+)
 from nsqshm.nsqd.backend import DiskQueueError, new_backend
 from nsqshm.nsqd.names import is_ephemeral
 from nsqshm.nsqd.waiting import wait_fd_or_event
@@ -29,6 +35,24 @@ STATUS_TEXT = {NOT_IN_FLIGHT: "ID not in flight", NOT_OWNER: "client does not ow
 
 class ChannelError(Exception):
     pass
+
+
+class LatencyStream:
+    """e2e processing latency (publish to FIN) over --e2e-processing-latency-window-time,
+    at the --e2e-processing-latency-percentile quantiles; the samples are kept in C by
+    each channel's in-flight table (the last 65536 finishes)."""
+
+    def __init__(self, opts, tables):
+        self.opts = opts
+        self.tables = tables
+
+    def result(self):
+        tables = self.tables()
+        if not tables:  # a topic without channels has no stream to merge, as in nsqd
+            return {"count": 0, "percentiles": None}
+        return latency_percentiles(tables, time.time_ns(),
+                                   int(self.opts.e2e_processing_latency_window_time * 1e9),
+                                   self.opts.e2e_processing_latency_percentile)
 
 
 class Channel:
@@ -49,6 +73,9 @@ class Channel:
         self.requeue_count = 0
         self.timeout_count = 0
         self.e2e = None
+        if self.nsqd.opts.e2e_processing_latency_percentile:
+            self.inflight.enable_latency()
+            self.e2e = LatencyStream(self.nsqd.opts, lambda: [self.inflight])
         self._ready = gevent.event.Event()
         self._scratch = bytearray(max(1 << 20, 2 * (self.ring.max_record + 4)))
         if not self.ephemeral:

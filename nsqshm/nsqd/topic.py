@@ -17,7 +17,7 @@ import gevent.event
 
 from nsqshm._core.wire import pack_message
 from nsqshm.nsqd.backend import DiskQueueError, new_backend
-from nsqshm.nsqd.channel import Channel
+from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral
 from nsqshm.nsqd.waiting import wait_fd_or_event
 from nsqshm.ring import FULL
@@ -41,6 +41,9 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         self.deferred_waiting = []  # (message, due_ns) for DPUB before any channel
+        self.e2e = None
+        if nsqd.opts.e2e_processing_latency_percentile:  # nsqd merges its channels' streams
+            self.e2e = LatencyStream(nsqd.opts, lambda: [c.inflight for c in self.channels.values()])
         self._wake = gevent.event.Event()
         self._scratch = bytearray(max(1 << 20, 2 * (self.ring.max_record + 4)))
         self._pump = gevent.spawn(self._pump_loop)

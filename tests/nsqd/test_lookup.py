@@ -150,7 +150,7 @@ def test_reconnect_registers_everything_again(nsqd_factory, fake):
     for conn in fake.conns:
         conn.shutdown(socket.SHUT_RDWR)  # lookupd goes away
     start = len(fake.commands)
-    assert wait_for(lambda: len(fake.magics) == 2, timeout=5)
+    assert wait_for(lambda: len(fake.magics) == 2, timeout=15)
     # connectCallback: IDENTIFY, then a topic alone or each of its channels
     assert wait_for(lambda: len(fake.commands) >= start + 4)
     after = fake.lines()[start:start + 4]
