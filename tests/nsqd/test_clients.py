@@ -88,5 +88,9 @@ def test_two_channels_each_receive_every_message(nsqd):
 def test_consumers_share_a_channel(nsqd, library):
     r = run(library, "shared", nsqd, f"{library}-shared", n=60)
     bodies = [b for _, b, _ in r["received"]]
-    assert sorted(bodies) == sorted(f"m{i}" for i in range(60))
-    assert len({c for c, _, _ in r["received"]}) >= 2  # more than one reader took messages
+    assert sorted(bodies) == sorted(f"m{i}" for i in range(60))  # each exactly once
+    if library == "pynsq":
+        # gnsq's consumers raise RDY on their own schedule, so in a short run one of them
+        # can take everything; the spread is checked with pynsq here and, deterministically,
+        # with raw sockets in test_protocol_v2.test_consumers_of_a_channel_share_its_messages
+        assert len({c for c, _, _ in r["received"]}) >= 2

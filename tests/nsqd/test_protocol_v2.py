@@ -343,6 +343,7 @@ def test_consumers_of_a_channel_share_its_messages(nsqd):
         counts.append(n)
     assert sorted(got, key=int) == [str(i).encode() for i in range(300)]
     assert sum(counts) == 300
+    assert sum(1 for n in counts if n) >= 2, counts  # shared, not all to one consumer
 
 
 def test_rdy_limits_messages_in_flight(nsqd):
