@@ -41,3 +41,4 @@ cdef class Ring:
     cdef int _map_raw(self, int fd, size_t size) except -1
     cpdef int push(self, data) except -100
     cpdef int pop_into(self, buffer) except -100
+    cdef tuple _copy_out(self, buffer, Py_ssize_t max_records, bint pop)

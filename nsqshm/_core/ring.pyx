@@ -744,6 +744,19 @@ cdef class Ring:
         would not fit.  The buffer must hold at least one record of
         max_record bytes.  Returns (records, bytes written).
         """
+        return self._copy_out(buffer, max_records, True)
+
+    def peek_many_into(self, buffer, Py_ssize_t max_records=-1):
+        """pop_many_into without popping: copy records from the head into
+        `buffer` (packed the same way) and leave them in the ring.
+
+        For a ring's single owner that must not lose a record it is moving
+        elsewhere (the topic pump): peek, store the copies, then discard(n).
+        A death in between leaves the records in the ring (a duplicate later,
+        never a loss)."""
+        return self._copy_out(buffer, max_records, False)
+
+    cdef tuple _copy_out(self, buffer, Py_ssize_t max_records, bint pop):
         cdef Py_buffer view
         cdef uint64_t head, tail, nbytes = 0
         cdef char *rec
@@ -772,55 +785,14 @@ cdef class Ring:
                     nbytes += n
                     count += 1
                     head += NSQSHM_RECORD_HEADER + _align8(n)
-                if count:
+                if count and pop:
                     self._commit_pop(head, count, nbytes)
             finally:
                 self._unlock_cons()
         finally:
             PyBuffer_Release(&view)
-        if count:
+        if count and pop:
             self._wake(&self.hdr.wait_space)
-        return count, pos
-
-    def peek_many_into(self, buffer, Py_ssize_t max_records=-1):
-        """pop_many_into without popping: copy records from the head into
-        `buffer` (packed the same way) and leave them in the ring.
-
-        For a ring's single owner that must not lose a record it is moving
-        elsewhere (the topic pump): peek, store the copies, then discard(n).
-        A death in between leaves the records in the ring (a duplicate later,
-        never a loss)."""
-        cdef Py_buffer view
-        cdef uint64_t head, tail
-        cdef char *rec
-        cdef char *dst
-        cdef uint32_t n
-        cdef Py_ssize_t pos = 0, count = 0, room
-        self._check()
-        PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
-        try:
-            if view.len < 4 + <Py_ssize_t>self.max_rec:
-                raise ValueError(f"buffer of {view.len} bytes cannot hold a record of "
-                                 f"max_record {self.max_rec} bytes plus its 4-byte size")
-            dst = <char *>view.buf
-            room = view.len
-            self._lock_cons()
-            try:
-                head = self.hdr.head
-                tail = nsqshm_load_acquire(&self.hdr.tail)
-                while (max_records < 0 or count < max_records) and \
-                        self._next(&head, tail, &rec, &n):
-                    if room - pos < 4 + <Py_ssize_t>n:
-                        break
-                    (<uint32_t *>(dst + pos))[0] = n
-                    memcpy(dst + pos + 4, rec, n)
-                    pos += 4 + n
-                    count += 1
-                    head += NSQSHM_RECORD_HEADER + _align8(n)
-            finally:
-                self._unlock_cons()
-        finally:
-            PyBuffer_Release(&view)
         return count, pos
 
     def discard(self, Py_ssize_t records):

@@ -35,6 +35,19 @@ class DummyBackend:
         pass
 
 
+def memory_first(ring, backend, packed, mem_limit):
+    """Push packed records into `ring` while the disk queue is empty (so
+    order stays FIFO), up to `mem_limit` messages in the ring; return what
+    is left for the disk queue."""
+    view = memoryview(packed)
+    if backend.depth == 0:
+        room = mem_limit - ring.depth
+        if room > 0:
+            _, used = ring.push_packed(view, room)
+            view = view[used:]
+    return view
+
+
 def new_backend(nsqd, name, ephemeral):
     """nsqd's backend for a topic (`topic`) or channel (`topic:channel`)."""
     if ephemeral:

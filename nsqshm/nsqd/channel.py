@@ -25,7 +25,7 @@ from nsqshm._core.inflight import (
     InFlight,
     latency_percentiles,
 )
-from nsqshm.nsqd.backend import DiskQueueError, new_backend
+from nsqshm.nsqd.backend import DiskQueueError, memory_first, new_backend
 from nsqshm.nsqd.names import is_ephemeral
 from nsqshm.nsqd.waiting import wait_fd_or_event
 
@@ -156,14 +156,8 @@ class Channel:
         --mem-queue-size.  `new` is how many are new messages (from the
         topic pump), counted in message_count; requeues, timeouts and
         deferred messages coming due are not, as in nsqd."""
-        view = memoryview(packed)
         self.message_count += new
-        # memory first while the disk queue is empty (FIFO), up to --mem-queue-size
-        if self.backend.depth == 0:
-            room = self.mem_limit - self.ring.depth
-            if room > 0:
-                done, used = self.ring.push_packed(view, room)
-                view = view[used:]
+        view = memory_first(self.ring, self.backend, packed, self.mem_limit)
         if view:
             try:
                 self.backend.put_packed(view)

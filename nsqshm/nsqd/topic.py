@@ -16,7 +16,7 @@ import gevent
 import gevent.event
 
 from nsqshm._core.wire import pack_message
-from nsqshm.nsqd.backend import DiskQueueError, new_backend
+from nsqshm.nsqd.backend import DiskQueueError, memory_first, new_backend
 from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral
 from nsqshm.nsqd.waiting import wait_fd_or_event
@@ -57,14 +57,7 @@ class Topic:
         """Append `count` packed records (from nsqshm._core.wire) to the ring."""
         if self.exiting:
             raise TopicError("exiting")
-        view = memoryview(packed)
-        # memory first while the disk queue is empty (so order stays FIFO),
-        # up to --mem-queue-size messages; the rest to disk
-        if self.backend.depth == 0:
-            room = self.mem_limit - self.ring.depth
-            if room > 0:
-                done, used = self.ring.push_packed(view, room)
-                view = view[used:]
+        view = memory_first(self.ring, self.backend, packed, self.mem_limit)
         if view:
             try:
                 self.backend.put_packed(view)
