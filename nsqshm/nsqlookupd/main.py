@@ -5,16 +5,12 @@ nsqshm.nsqlookupd.nsqlookupd.NSQLookupd."""
 import sys
 
 from nsqshm import NSQD_COMPAT_VERSION, __version__
+from nsqshm.nsqd.main import format_address
 
 EXIT_OK = 0
 EXIT_FATAL = 1
 EXIT_USAGE = 2
 VERSION_STRING = f"nsqlookupd v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version__})"
-
-
-def format_address(address):
-    host, port = address[0], address[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def main(argv):
