@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test soak bench lint build clean setup debug
+.PHONY: run test soak bench microbench lint build clean setup debug
 
 $(STAMP): pyproject.toml setup.py scripts/setup.sh
 	bash scripts/setup.sh $(PYTHON) $(VENV)
@@ -28,7 +28,10 @@ soak: setup
 	$(PY) -m pytest -q -m soak -p no:cacheprovider $(ARGS)
 
 bench: setup
-	$(PY) -m bench.ring $(ARGS)
+	$(VENV)/bin/nsqshm bench $(ARGS)
+
+microbench: setup
+	$(PY) -m pytest -q -m microbench -p no:cacheprovider $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
