@@ -1,5 +1,8 @@
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
+from nsqshm._core.arena cimport Arena
+from nsqshm._core.includes.system cimport nsqshm_arena_block, nsqshm_msg_entry
+
 
 cdef enum:
     STATUS_OK = 0
@@ -7,13 +10,9 @@ cdef enum:
     STATUS_NOT_OWNER = -2
 
 
-# One message held in C memory: this header, then `size` message bytes.
-ctypedef struct MsgEntry:
-    uint64_t client_id
-    uint64_t hash             # of the message ID, kept so rehashing never reads the message
-    uint32_t heap_index       # where this entry's node is in its heap
-    uint32_t size
-    int64_t first_deadline    # the deadline given at delivery (TOUCH caps from it)
+# One message: an arena block's header, this entry, then `size` message bytes
+# (includes/arena_layout.h).
+ctypedef nsqshm_msg_entry MsgEntry
 
 
 # A heap node carries the ordering key itself, so sifting compares without
@@ -58,11 +57,29 @@ ctypedef struct ClientTable:
     size_t live               # clients with count > 0
 
 
-cdef class InFlight:
-    cdef IdTable ids
+# What InFlight and DeferredQueue share: a heap of entries in blocks of an
+# arena (or malloc'd), and the blocks handed out but not yet released.
+cdef class MessageStore:
     cdef MsgHeap heap
-    cdef ClientTable clients
     cdef uint64_t _total_bytes
+    cdef Arena arena
+    cdef uint32_t queue
+    cdef uint32_t block_state
+    cdef nsqshm_arena_block **pending
+    cdef size_t n_pending
+    cdef size_t cap_pending
+
+    cdef MsgEntry *_new_entry(self, uint32_t size) noexcept
+    cdef void _commit(self, MsgEntry *e, int64_t mono_ns) noexcept
+    cdef void _discard(self, MsgEntry *e) noexcept
+    cdef int _hand_out(self, MsgEntry *e) except -1
+    cdef void _unlink(self, MsgEntry *e) noexcept
+    cdef tuple _pop_into(self, int64_t limit, object buffer)
+
+
+cdef class InFlight(MessageStore):
+    cdef IdTable ids
+    cdef ClientTable clients
     cdef readonly uint64_t duplicates
     cdef readonly uint64_t sampled_out
     cdef uint64_t _rng
@@ -84,13 +101,8 @@ cdef class InFlight:
     cdef int touch_raw(self, const char *msg_id, uint64_t client_id,
                        int64_t new_deadline_ns) noexcept
     cdef MsgEntry *_find(self, bytes msg_id) noexcept
-    cdef tuple _pop_into(self, int64_t limit, object buffer)
     cdef uint32_t _draw100(self) noexcept
 
 
-cdef class DeferredQueue:
-    cdef MsgHeap heap
-    cdef uint64_t _total_bytes
-
+cdef class DeferredQueue(MessageStore):
     cdef int push_raw(self, const char *msg, uint32_t size, int64_t due_ns) except -1
-    cdef tuple _pop_into(self, int64_t limit, object buffer)

@@ -10,9 +10,11 @@ A message, as nsqd encodes it (all big-endian):
         26     N  body
 
 InFlight holds the messages sent to clients and not yet finished, keyed by
-ID.  Each message is one malloc'd block, a MsgEntry header followed by the
-message bytes; there is no Python object per message.  Three structures
-point at the blocks:
+ID.  Each message is one block, a header and MsgEntry followed by the
+message bytes (includes/arena_layout.h): in the owner's shared-memory Arena
+after use_arena(), so another process can put the messages back if this one
+dies, else malloc'd.  There is no Python object per message.  Three
+structures point at the blocks:
 
 * an open-addressing hash table of (hash, entry) slots with linear probing,
   grown at 0.7 load, deletions by backward shift (so there are no
@@ -28,6 +30,11 @@ same as Ring.pop_many_into:
 
     [ u32 size, native-endian ][ size bytes of message ] ...
 
+A message that leaves through pop_expired, drain, pop_due or requeue is
+copied out, but with an arena its block stays until release(): the caller
+stores the copies elsewhere first, so a death in between repeats a message
+and never loses one.
+
 Neither class is thread-safe; a channel owns one of each and uses them from
 one thread.
 """
@@ -40,8 +47,15 @@ from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
+from nsqshm._core.arena cimport Arena, block_alloc, block_free
 from nsqshm._core.codec cimport MSG_HEADER_SIZE, MSG_ID_SIZE
-from nsqshm._core.includes.system cimport memcpy
+from nsqshm._core.includes.system cimport (
+    NSQSHM_BLOCK_DEFERRED,
+    NSQSHM_BLOCK_LIVE,
+    memcpy,
+    nsqshm_arena_block,
+)
+from nsqshm._core.ring cimport Ring
 
 OK = STATUS_OK
 NOT_IN_FLIGHT = STATUS_NOT_IN_FLIGHT
@@ -65,8 +79,13 @@ cdef size_t MAX_ENTRIES = 0xFFFFFFFE
 # -- small helpers --------------------------------------------------------------
 
 cdef inline char *_msg(MsgEntry *e) noexcept nogil:
-    # the message bytes follow the 32-byte header, 8-byte aligned
+    # the message bytes follow the 32-byte entry, 8-byte aligned
     return <char *>e + sizeof(MsgEntry)
+
+
+cdef inline nsqshm_arena_block *_block_of(MsgEntry *e) noexcept nogil:
+    # the entry sits at offset 32 of its block (asserted in arena_layout.h)
+    return <nsqshm_arena_block *>(<char *>e - 32)
 
 
 cdef inline void _put_u32be(char *dst, uint32_t v) noexcept nogil:
@@ -236,7 +255,9 @@ cdef void _heap_free(MsgHeap *h) noexcept nogil:
     cdef size_t i
     if h.nodes != NULL:
         for i in range(h.length):
-            free(h.nodes[i].entry)
+            # arena blocks stay: they are the owner's record of its messages
+            if _block_of(h.nodes[i].entry).capacity == 0:
+                free(_block_of(h.nodes[i].entry))
         free(h.nodes)
         h.nodes = NULL
     h.length = 0
@@ -380,16 +401,121 @@ cdef ClientSlot *_client_slot(ClientTable *t, uint64_t client_id, bint create) n
     return s
 
 
+# -- what InFlight and DeferredQueue share ---------------------------------------
+
+cdef class MessageStore:
+    """A heap of messages in blocks (see the module docstring); not used alone."""
+
+    def __cinit__(self, *args, **kwargs):
+        self.heap.nodes = NULL
+        self._total_bytes = 0
+        self.arena = None
+        self.queue = 0
+        self.block_state = NSQSHM_BLOCK_LIVE
+        self.pending = NULL
+        self.n_pending = self.cap_pending = 0
+
+    def __dealloc__(self):
+        _heap_free(&self.heap)
+        free(self.pending)  # pending arena blocks stay LIVE: recovered if never released
+        self.pending = NULL
+
+    def use_arena(self, Arena arena not None, str queue):
+        """Keep the messages in `arena`, recorded as belonging to `queue`
+        ("topic:channel"); before any message is added."""
+        if self.heap.length:
+            raise ValueError("use_arena() must come before any message is added")
+        self.queue = arena.queue_index(queue)
+        self.arena = arena
+
+    cdef MsgEntry *_new_entry(self, uint32_t size) noexcept:
+        cdef nsqshm_arena_block *b = block_alloc(self.arena, size)
+        if b == NULL:
+            return NULL
+        b.entry.size = size
+        return &b.entry
+
+    cdef void _commit(self, MsgEntry *e, int64_t mono_ns) noexcept:
+        """The message is copied in: record it in the arena (its state last)."""
+        cdef nsqshm_arena_block *b = _block_of(e)
+        if b.capacity and self.arena is not None:
+            self.arena.commit(b, self.queue, self.block_state, mono_ns + _wall_ns() - time_ns())
+
+    cdef void _discard(self, MsgEntry *e) noexcept:
+        block_free(self.arena, _block_of(e))
+
+    cdef int _hand_out(self, MsgEntry *e) except -1:
+        """e left the structures and was copied out: free it now, or, in an
+        arena, at release() once the copy is stored."""
+        cdef nsqshm_arena_block *b = _block_of(e)
+        cdef nsqshm_arena_block **grown
+        cdef size_t cap
+        if b.capacity == 0 or self.arena is None:
+            block_free(self.arena, b)
+            return 0
+        if self.n_pending == self.cap_pending:
+            cap = self.cap_pending * 2 if self.cap_pending else 256
+            grown = <nsqshm_arena_block **>realloc(self.pending, cap * sizeof(void *))
+            if grown == NULL:
+                raise MemoryError()
+            self.pending = grown
+            self.cap_pending = cap
+        self.pending[self.n_pending] = b
+        self.n_pending += 1
+        return 0
+
+    cdef void _unlink(self, MsgEntry *e) noexcept:
+        _heap_remove(&self.heap, e.heap_index)
+        self._total_bytes -= e.size
+
+    def release(self):
+        """Free the blocks of the messages handed out since the last call
+        (their copies are stored now); returns how many."""
+        cdef size_t i, n = self.n_pending
+        for i in range(n):
+            block_free(self.arena, self.pending[i])
+        self.n_pending = 0
+        return n
+
+    @property
+    def unreleased(self):
+        """Messages handed out whose blocks wait for release()."""
+        return self.n_pending
+
+    cdef tuple _pop_into(self, int64_t limit, object buffer):
+        cdef Py_buffer view
+        cdef MsgEntry *e
+        cdef char *dst
+        cdef Py_ssize_t pos = 0, count = 0
+        PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
+        try:
+            dst = <char *>view.buf
+            while self.heap.length and self.heap.nodes[0].deadline <= limit:
+                e = self.heap.nodes[0].entry
+                if view.len - pos < RECORD_HEADER_SIZE + <Py_ssize_t>e.size:
+                    if count == 0:
+                        raise ValueError(f"buffer of {view.len} bytes cannot hold the next "
+                                         f"message of {e.size} bytes plus its 4-byte size")
+                    break
+                memcpy(dst + pos, &e.size, RECORD_HEADER_SIZE)
+                memcpy(dst + pos + RECORD_HEADER_SIZE, _msg(e), e.size)
+                pos += RECORD_HEADER_SIZE + e.size
+                count += 1
+                self._unlink(e)
+                self._hand_out(e)
+        finally:
+            PyBuffer_Release(&view)
+        return count, pos
+
+
 # -- InFlight ---------------------------------------------------------------------
 
-cdef class InFlight:
+cdef class InFlight(MessageStore):
     """Messages in flight on one channel: keyed by ID, ordered by deadline."""
 
     def __cinit__(self, size_t capacity_hint=1024):
         self.ids.slots = NULL
-        self.heap.nodes = NULL
         self.clients.slots = NULL
-        self._total_bytes = 0
         self.duplicates = 0
         self.sampled_out = 0
         self.lat = NULL
@@ -407,7 +533,7 @@ cdef class InFlight:
         if self.lat != NULL:
             free(self.lat)
             self.lat = NULL
-        _heap_free(&self.heap)          # frees the entries too
+        _heap_free(&self.heap)          # frees malloc'd entries too
         free(self.ids.slots)
         free(self.clients.slots)
 
@@ -433,7 +559,7 @@ cdef class InFlight:
         client = _client_slot(&self.clients, client_id, True)
         if client == NULL:
             return -1
-        e = <MsgEntry *>malloc(sizeof(MsgEntry) + size)
+        e = self._new_entry(size)
         if e == NULL:
             return -1
         e.client_id = client_id
@@ -442,8 +568,9 @@ cdef class InFlight:
         e.size = size
         memcpy(_msg(e), msg, size)
         if _heap_push(&self.heap, e, deadline_ns) < 0:
-            free(e)
+            self._discard(e)
             return -1
+        self._commit(e, deadline_ns)
         self.ids.slots[slot].hash = h
         self.ids.slots[slot].entry = e
         self.ids.count += 1
@@ -486,7 +613,7 @@ cdef class InFlight:
         if self.lat != NULL:
             self._record_latency(_msg(e))
         self._remove(e, slot)
-        free(e)
+        self._discard(e)
         return STATUS_OK
 
     cdef void _record_latency(self, const char *msg) noexcept:
@@ -525,30 +652,8 @@ cdef class InFlight:
         cdef const char *p = PyBytes_AS_STRING(msg_id)
         return self.ids.slots[_ids_probe(&self.ids, _hash_id(p), p)].entry
 
-    cdef tuple _pop_into(self, int64_t limit, object buffer):
-        cdef Py_buffer view
-        cdef MsgEntry *e
-        cdef char *dst
-        cdef Py_ssize_t pos = 0, count = 0
-        PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
-        try:
-            dst = <char *>view.buf
-            while self.heap.length and self.heap.nodes[0].deadline <= limit:
-                e = self.heap.nodes[0].entry
-                if view.len - pos < RECORD_HEADER_SIZE + <Py_ssize_t>e.size:
-                    if count == 0:
-                        raise ValueError(f"buffer of {view.len} bytes cannot hold the next "
-                                         f"message of {e.size} bytes plus its 4-byte size")
-                    break
-                memcpy(dst + pos, &e.size, RECORD_HEADER_SIZE)
-                memcpy(dst + pos + RECORD_HEADER_SIZE, _msg(e), e.size)
-                pos += RECORD_HEADER_SIZE + e.size
-                count += 1
-                self._remove(e, _ids_slot_of(&self.ids, e))
-                free(e)
-        finally:
-            PyBuffer_Release(&view)
-        return count, pos
+    cdef void _unlink(self, MsgEntry *e) noexcept:
+        self._remove(e, _ids_slot_of(&self.ids, e))
 
     # -- Python API ----------------------------------------------------------------
 
@@ -586,7 +691,7 @@ cdef class InFlight:
             return STATUS_NOT_OWNER
         out = PyBytes_FromStringAndSize(_msg(e), e.size)
         self._remove(e, slot)
-        free(e)
+        self._hand_out(e)  # with an arena, kept until release(): the caller stores out first
         return out
 
     def touch(self, msg_id, uint64_t client_id, int64_t new_deadline_ns):
@@ -692,6 +797,38 @@ cdef class InFlight:
             PyBuffer_Release(&view)
         return added
 
+    def deliver_from_ring(self, Ring ring not None, Py_ssize_t max_records, scratch,
+                          bytearray out not None, uint64_t client_id, int64_t deadline_ns,
+                          int sample_rate=0):
+        """Take up to max_records messages from `ring` and deliver() them, as one
+        step under the ring's consumer lock: they leave the ring only once
+        they are in this table (its arena), so a death at any instant repeats
+        messages and never loses one.  `scratch` is a writable buffer that can
+        hold a record of the ring's max_record.  Returns (taken, added)."""
+        cdef Py_buffer view
+        cdef uint64_t head = 0, nbytes = 0
+        cdef Py_ssize_t pos = 0, count = 0
+        added = 0
+        PyObject_GetBuffer(scratch, &view, PyBUF_WRITABLE)
+        try:
+            ring._check()
+            ring._check_room(view.len)
+            ring._lock_cons()
+            try:
+                count = ring._gather(<char *>view.buf, view.len, max_records, &pos, &head,
+                                     &nbytes)
+                if count:
+                    added = self.deliver(scratch, count, out, client_id, deadline_ns,
+                                         sample_rate)
+                    ring._commit_pop(head, count, nbytes)
+            finally:
+                ring._unlock_cons()
+        finally:
+            PyBuffer_Release(&view)
+        if count:
+            ring._wake(&ring.hdr.wait_space)
+        return count, added
+
     def seed(self, uint64_t seed):
         """Seed the generator deliver() samples with (tests)."""
         self._rng = seed
@@ -742,21 +879,17 @@ cdef class InFlight:
 
 # -- DeferredQueue ------------------------------------------------------------------
 
-cdef class DeferredQueue:
+cdef class DeferredQueue(MessageStore):
     """Messages waiting for a due time (REQ with a delay, DPUB), earliest first."""
 
     def __cinit__(self, size_t capacity_hint=64):
-        self.heap.nodes = NULL
-        self._total_bytes = 0
+        self.block_state = NSQSHM_BLOCK_DEFERRED
         if _heap_init(&self.heap, capacity_hint) < 0:
             raise MemoryError()
 
-    def __dealloc__(self):
-        _heap_free(&self.heap)
-
     cdef int push_raw(self, const char *msg, uint32_t size, int64_t due_ns) except -1:
         """Copy a message (size >= 26, unchecked) in, due at due_ns."""
-        cdef MsgEntry *e = <MsgEntry *>malloc(sizeof(MsgEntry) + size)
+        cdef MsgEntry *e = self._new_entry(size)
         if e == NULL:
             raise MemoryError()
         e.client_id = 0
@@ -765,36 +898,11 @@ cdef class DeferredQueue:
         e.size = size
         memcpy(_msg(e), msg, size)
         if _heap_push(&self.heap, e, due_ns) < 0:
-            free(e)
+            self._discard(e)
             raise MemoryError()
+        self._commit(e, due_ns)
         self._total_bytes += size
         return 0
-
-    cdef tuple _pop_into(self, int64_t limit, object buffer):
-        cdef Py_buffer view
-        cdef MsgEntry *e
-        cdef char *dst
-        cdef Py_ssize_t pos = 0, count = 0
-        PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
-        try:
-            dst = <char *>view.buf
-            while self.heap.length and self.heap.nodes[0].deadline <= limit:
-                e = self.heap.nodes[0].entry
-                if view.len - pos < RECORD_HEADER_SIZE + <Py_ssize_t>e.size:
-                    if count == 0:
-                        raise ValueError(f"buffer of {view.len} bytes cannot hold the next "
-                                         f"message of {e.size} bytes plus its 4-byte size")
-                    break
-                memcpy(dst + pos, &e.size, RECORD_HEADER_SIZE)
-                memcpy(dst + pos + RECORD_HEADER_SIZE, _msg(e), e.size)
-                pos += RECORD_HEADER_SIZE + e.size
-                count += 1
-                self._total_bytes -= e.size
-                _heap_remove(&self.heap, 0)
-                free(e)
-        finally:
-            PyBuffer_Release(&view)
-        return count, pos
 
     def push(self, msg, int64_t due_ns):
         """Copy msg (a whole encoded message) in, due at due_ns."""

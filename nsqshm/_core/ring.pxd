@@ -42,3 +42,7 @@ cdef class Ring:
     cpdef int push(self, data) except -100
     cpdef int pop_into(self, buffer) except -100
     cdef tuple _copy_out(self, buffer, Py_ssize_t max_records, bint pop)
+    cdef int _check_room(self, Py_ssize_t room) except -1
+    cdef Py_ssize_t _gather(self, char *dst, Py_ssize_t room, Py_ssize_t max_records,
+                            Py_ssize_t *pos_out, uint64_t *head_out,
+                            uint64_t *nbytes_out) except -1

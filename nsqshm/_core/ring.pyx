@@ -758,33 +758,16 @@ cdef class Ring:
 
     cdef tuple _copy_out(self, buffer, Py_ssize_t max_records, bint pop):
         cdef Py_buffer view
-        cdef uint64_t head, tail, nbytes = 0
-        cdef char *rec
-        cdef char *dst
-        cdef uint32_t n
-        cdef Py_ssize_t pos = 0, count = 0, room
+        cdef uint64_t head = 0, nbytes = 0
+        cdef Py_ssize_t pos = 0, count = 0
         self._check()
         PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
         try:
-            if view.len < 4 + <Py_ssize_t>self.max_rec:
-                raise ValueError(f"buffer of {view.len} bytes cannot hold a record of "
-                                 f"max_record {self.max_rec} bytes plus its 4-byte size")
-            dst = <char *>view.buf
-            room = view.len
+            self._check_room(view.len)
             self._lock_cons()
             try:
-                head = self.hdr.head
-                tail = nsqshm_load_acquire(&self.hdr.tail)
-                while (max_records < 0 or count < max_records) and \
-                        self._next(&head, tail, &rec, &n):
-                    if room - pos < 4 + <Py_ssize_t>n:
-                        break
-                    (<uint32_t *>(dst + pos))[0] = n
-                    memcpy(dst + pos + 4, rec, n)
-                    pos += 4 + n
-                    nbytes += n
-                    count += 1
-                    head += NSQSHM_RECORD_HEADER + _align8(n)
+                count = self._gather(<char *>view.buf, view.len, max_records, &pos, &head,
+                                     &nbytes)
                 if count and pop:
                     self._commit_pop(head, count, nbytes)
             finally:
@@ -794,6 +777,39 @@ cdef class Ring:
         if count and pop:
             self._wake(&self.hdr.wait_space)
         return count, pos
+
+    cdef int _check_room(self, Py_ssize_t room) except -1:
+        if room < 4 + <Py_ssize_t>self.max_rec:
+            raise ValueError(f"buffer of {room} bytes cannot hold a record of "
+                             f"max_record {self.max_rec} bytes plus its 4-byte size")
+        return 0
+
+    cdef Py_ssize_t _gather(self, char *dst, Py_ssize_t room, Py_ssize_t max_records,
+                            Py_ssize_t *pos_out, uint64_t *head_out,
+                            uint64_t *nbytes_out) except -1:
+        """Copy records from the head into dst as packed [u32 size][payload],
+        the consumer lock held and nothing popped; returns the count, with the
+        bytes written, the head after them and their payload bytes for
+        _commit_pop."""
+        cdef uint64_t head = self.hdr.head
+        cdef uint64_t tail = nsqshm_load_acquire(&self.hdr.tail)
+        cdef uint64_t nbytes = 0
+        cdef char *rec
+        cdef uint32_t n
+        cdef Py_ssize_t pos = 0, count = 0
+        while (max_records < 0 or count < max_records) and self._next(&head, tail, &rec, &n):
+            if room - pos < 4 + <Py_ssize_t>n:
+                break
+            (<uint32_t *>(dst + pos))[0] = n
+            memcpy(dst + pos + 4, rec, n)
+            pos += 4 + n
+            nbytes += n
+            count += 1
+            head += NSQSHM_RECORD_HEADER + _align8(n)
+        pos_out[0] = pos
+        head_out[0] = head
+        nbytes_out[0] = nbytes
+        return count
 
     def discard(self, Py_ssize_t records):
         """Pop `records` records without copying them (after peek_many_into);

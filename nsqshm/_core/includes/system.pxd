@@ -145,3 +145,63 @@ cdef extern from "ring_layout.h" nogil:
     uint64_t nsqshm_fetch_add(uint64_t *p, uint64_t v)
     bint nsqshm_cas(uint64_t *p, uint64_t expected, uint64_t desired)
     int nsqshm_ctz64(uint64_t v)
+
+
+cdef extern from "arena_layout.h" nogil:
+    uint64_t NSQSHM_ARENA_MAGIC
+    uint32_t NSQSHM_ARENA_VERSION
+    uint32_t NSQSHM_ARENA_HEADER_SIZE
+    uint32_t NSQSHM_ARENA_QUEUE_ENTRY
+    uint32_t NSQSHM_ARENA_QUEUE_NAME_MAX
+    uint32_t NSQSHM_ARENA_MIN_BLOCK
+    uint32_t NSQSHM_BLOCK_FREE
+    uint32_t NSQSHM_BLOCK_LIVE
+    uint32_t NSQSHM_BLOCK_DEFERRED
+
+    ctypedef struct nsqshm_msg_entry:
+        uint64_t client_id
+        uint64_t hash
+        uint32_t heap_index
+        uint32_t size
+        int64_t first_deadline
+
+    ctypedef struct nsqshm_arena_block:
+        uint32_t capacity
+        uint32_t state
+        uint32_t queue
+        int64_t due_ns
+        nsqshm_msg_entry entry
+
+    ctypedef struct nsqshm_arena_client:
+        uint64_t connect_ts
+        uint64_t message_count
+        uint64_t finish_count
+        uint64_t requeue_count
+        uint64_t in_flight
+        uint32_t ready_count
+        uint32_t queue
+        char client_id[64]
+        char hostname[64]
+        char user_agent[64]
+
+    ctypedef struct nsqshm_arena_header:
+        uint64_t magic
+        uint32_t version
+        uint32_t header_size
+        uint64_t total_size
+        uint64_t data_offset
+        uint32_t max_queues
+        uint32_t n_queues
+        uint32_t owner_pid
+        uint32_t flags
+        uint64_t owner_start
+        uint64_t created_ns
+        uint64_t bump
+        uint64_t live_blocks
+        uint64_t live_bytes
+        char label[64]
+        nsqshm_arena_client client
+
+    uint32_t nsqshm_load32_acquire(const uint32_t *p)
+    void nsqshm_store32_release(uint32_t *p, uint32_t v)
+    int nsqshm_cas32(uint32_t *p, uint32_t expected, uint32_t desired)
