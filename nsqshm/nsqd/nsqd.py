@@ -11,7 +11,6 @@ deadline or deferred due time of any channel, and is woken early when an
 earlier one is scheduled; an idle broker does not wake at all.
 """
 
-import hashlib
 import json
 import os
 import random
@@ -24,6 +23,7 @@ from gevent.server import StreamServer
 
 from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm._core.codec import IdGenerator
+from nsqshm.nsqd import instance
 from nsqshm.nsqd.log import Logger
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.topic import Topic
@@ -53,8 +53,7 @@ class NSQD:
         self.opts = opts
         self.log = log or Logger(prefix=opts.log_prefix, level=opts.log_level)
         self.data_path = os.path.abspath(opts.data_path or ".")
-        digest = hashlib.sha1(self.data_path.encode()).hexdigest()[:12]
-        self.shm_prefix = opts.shm_prefix or f"nsqshm.{digest}"
+        self.shm_prefix = instance.prefix_for(self.data_path, opts.shm_prefix)
         self.ids = IdGenerator.open(f"{self.shm_prefix}.ids")
         self.topics = {}
         self.clients = {}
@@ -76,6 +75,7 @@ class NSQD:
         self.loading = False
         self._dirty_backends = set()
         self._syncer = None
+        self.publish_instance = True  # the supervisor writes it when there are workers
         self.lookup = None  # nsqlookupd registration (nsqshm.nsqd.lookup), from start()
         self.statsd = None  # statsd pushes (nsqshm.nsqd.statsd), with --statsd-address
 
@@ -286,13 +286,28 @@ class NSQD:
         self.lookup = lookup.Lookup(self)
         self.lookup.start()
         self.statsd = statsd.start(self)
+        if self.publish_instance:
+            self.write_instance()
         return self.tcp_server.address, self.http_server and self.http_server.address
+
+    def write_instance(self):
+        """Let local clients find this broker (nsqshm.nsqd.instance)."""
+        from nsqshm.nsqd.main import format_address
+
+        http = self.http_server and self.http_server.address
+        instance.write(self.shm_prefix, {
+            "pid": os.getpid(), "prefix": self.shm_prefix, "data_path": self.data_path,
+            "tcp_address": format_address(self.tcp_server.address),
+            "http_address": format_address(http) if http else None,
+            "workers": 1, "max_msg_size": self.opts.max_msg_size,
+            "msg_timeout": self.opts.msg_timeout})
 
     def stop(self):
         """Stop listening, close clients, put in-flight messages back, close rings."""
         if self.exiting:
             return
         self.exiting = True
+        instance.remove(self.shm_prefix, pid=os.getpid())
         for service in (self.lookup, self.statsd):
             if service is not None:
                 service.stop()
