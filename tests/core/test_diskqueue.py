@@ -196,3 +196,33 @@ def test_empty_and_delete(tmp_path):
 def test_names_cannot_escape_the_data_path(tmp_path):
     with pytest.raises(ValueError):
         DiskQueue("../x", str(tmp_path), 1000, 26, 100, 1)
+
+
+KILLED_WRITER = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from tests.core.test_diskqueue import msg, new, pack
+dq = new({path!r}, sync_every=1000)
+dq.put_packed(pack([msg(i) for i in range(5)]))
+dq.sync()
+dq.put_packed(pack([msg(i) for i in range(5, 60)]))  # rolls over; metadata not synced
+os._exit(9)  # as a SIGKILL: no close, no metadata
+"""
+
+
+def test_records_written_after_the_last_sync_survive_a_kill(tmp_path):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([sys.executable, "-c", KILLED_WRITER.format(tests=root, path=str(tmp_path))],
+                   check=False, cwd=root)
+    assert (tmp_path / "t.diskqueue.meta.dat").read_text() == "5\n0,0\n0,220\n"
+    logs = []
+    again = new(tmp_path, logs=logs)
+    assert again.depth == 60
+    assert read_all(again) == [msg(i) for i in range(60)]
+    assert any("recovered 55 messages" in m for _, m in logs)
+    # a torn tail (a size with too few bytes after it) is left to be overwritten
+    again.put_packed(pack([msg(60)]))
+    again.close()
