@@ -1,0 +1,275 @@
+"""What nsqadmin knows about the cluster (internal/clusterinfo/data.go): the
+topics, channels and producers nsqlookupd knows of, or the given nsqd nodes
+when nsqadmin runs without lookupd, and the /stats of those nodes, gathered
+side by side (one greenlet per node) and aggregated as nsqadmin does.
+
+Errors follow clusterinfo's two kinds:
+
+- a query that failed everywhere raises ``UpstreamError`` ("Failed to query
+  any nsqd: ..."; note that with nothing to ask, as for a topic no node has,
+  "everywhere" is also true, as in nsqadmin), which the API answers 502;
+- a query that failed on some nodes returns its result with the list of
+  errors (Go's PartialErr), which the API reports as a WARNING message.
+
+Gathering functions return ``(result, errors)``; actions return ``errors``.
+Topic and channel names go into query strings escaped (url.QueryEscape).
+"""
+
+from urllib.parse import quote_plus
+
+import gevent
+
+from nsqshm.nsqadmin.client import ClientError
+from nsqshm.nsqadmin.stats import ChannelStats, Producer, TopicStats, semver_key
+
+
+class UpstreamError(Exception):
+    """A cluster query that failed on every node; str() is nsqadmin's text."""
+
+
+def _qs(**params):
+    return "&".join(f"{k}={quote_plus(v)}" for k, v in params.items())
+
+
+def _uniq_sorted(names):
+    """stringy.Uniq then sort.Strings; None (Go's nil) when empty."""
+    out = sorted(set(names))
+    return out or None
+
+
+class ClusterInfo:
+    def __init__(self, client, log=None):
+        self.client = client
+        self.log = log
+
+    def _logf(self, msg):
+        if self.log is not None:
+            self.log.info(msg)
+
+    def _get(self, kind, endpoint):
+        self._logf(f"CI: querying {kind} {endpoint}")
+        return self.client.get_v1(endpoint)
+
+    def _each(self, items, query, what):
+        """query(item) for every item side by side: ([(item, result)], [error text]).
+        Raises UpstreamError when every one failed (or there was none)."""
+        jobs = [(item, gevent.spawn(query, item)) for item in items]
+        gevent.joinall([job for _, job in jobs])
+        results, errs = [], []
+        for item, job in jobs:
+            if job.successful():
+                results.append((item, job.value))
+            elif isinstance(job.exception, ClientError | ValueError | TypeError | AttributeError | KeyError):
+                errs.append(str(job.exception))
+            else:
+                raise job.exception
+        if len(errs) == len(jobs):
+            raise UpstreamError(f"Failed to query any {what}: {chr(10).join(errs)}")
+        return results, errs
+
+    # -- nsqlookupd -------------------------------------------------------------------
+
+    def get_lookupd_topics(self, lookupd):
+        results, errs = self._each(
+            lookupd, lambda a: self._get("nsqlookupd", f"http://{a}/topics").get("topics") or [],
+            "nsqlookupd")
+        return _uniq_sorted(t for _, topics in results for t in topics), errs
+
+    def get_lookupd_topic_channels(self, topic, lookupd):
+        def query(addr):
+            doc = self._get("nsqlookupd", f"http://{addr}/channels?{_qs(topic=topic)}")
+            return doc.get("channels") or []
+
+        results, errs = self._each(lookupd, query, "nsqlookupd")
+        return _uniq_sorted(c for _, channels in results for c in channels), errs
+
+    def get_lookupd_producers(self, lookupd):
+        def query(addr):
+            doc = self._get("nsqlookupd", f"http://{addr}/nodes")
+            return [Producer.from_json(p) for p in doc.get("producers") or []]
+
+        results, errs = self._each(lookupd, query, "nsqlookupd")
+        producers, by_addr = [], {}
+        for addr, found in results:
+            for producer in found:
+                known = by_addr.get(producer.tcp_address())
+                if known is None:
+                    known = by_addr[producer.tcp_address()] = producer
+                    producer.sort_topics()
+                    producers.append(producer)
+                known.remote_addresses = [*(known.remote_addresses or ()),
+                                          f"{addr}/{producer.address()}"]
+        newest = max((p.version_key for p in producers), default=semver_key("0.0.0"))
+        for producer in producers:
+            producer.out_of_date = producer.version_key < newest
+        producers.sort(key=lambda p: p.hostname)
+        return producers, errs
+
+    def get_lookupd_topic_producers(self, topic, lookupd):
+        def query(addr):
+            doc = self._get("nsqlookupd", f"http://{addr}/lookup?{_qs(topic=topic)}")
+            return [Producer.from_json(p) for p in doc.get("producers") or []]
+
+        results, errs = self._each(lookupd, query, "nsqlookupd")
+        producers, seen = [], set()
+        for _, found in results:
+            for producer in found:
+                if producer.http_address() not in seen:
+                    seen.add(producer.http_address())
+                    producers.append(producer)
+        return producers, errs
+
+    # -- nsqd ---------------------------------------------------------------------------
+
+    def _topic_names(self, addr, topic=""):
+        endpoint = f"http://{addr}/stats?format=json&include_clients=false"
+        if topic:
+            endpoint += "&" + _qs(topic=topic)
+        topics = self._get("nsqd", endpoint).get("topics") or []
+        return [t.get("topic_name") or "" for t in topics]
+
+    def _info(self, addr):
+        return self._get("nsqd", f"http://{addr}/info")
+
+    @staticmethod
+    def _producer(addr, info, topics):
+        """A Producer from nsqd's /info and its topic names."""
+        producer = Producer(broadcast_address=info.get("broadcast_address") or "",
+                            hostname=info.get("hostname") or "",
+                            tcp_port=int(info.get("tcp_port") or 0),
+                            http_port=int(info.get("http_port") or 0),
+                            version=info.get("version") or "",
+                            topics=[(t, False) for t in topics] or None)
+        if not producer.broadcast_address:  # older nsqd: the address nsqadmin was given
+            host, _, port = addr.rpartition(":")
+            producer.broadcast_address, producer.http_port = host.strip("[]"), int(port)
+        if not producer.hostname:
+            producer.hostname = addr.rpartition(":")[0].strip("[]")
+        return producer
+
+    def get_nsqd_topics(self, nsqd):
+        results, errs = self._each(nsqd, self._topic_names, "nsqd")
+        names = []
+        for _, topics in results:
+            names += [t for t in topics if t not in names]
+        return sorted(names) or None, errs
+
+    def get_nsqd_producers(self, nsqd):
+        def query(addr):
+            info = self._info(addr)  # nsqadmin asks /info first
+            return self._producer(addr, info, self._topic_names(addr))
+
+        results, errs = self._each(nsqd, query, "nsqd")
+        return [p for _, p in results], errs
+
+    def get_nsqd_topic_producers(self, topic, nsqd):
+        def query(addr):
+            topics = self._topic_names(addr, topic)
+            if topic not in topics:
+                return None
+            return self._producer(addr, self._info(addr), topics)
+
+        results, errs = self._each(nsqd, query, "nsqd")
+        return [p for _, p in results if p is not None], errs
+
+    def get_nsqd_stats(self, producers, topic="", channel="", include_clients=False):
+        """([TopicStats] per node, {key: ChannelStats} across nodes, errors); the key
+        is the channel name, or "topic:channel" when no topic is selected."""
+        def query(producer):
+            endpoint = (f"http://{producer.http_address()}/stats?format=json"
+                        f"&include_clients={'true' if include_clients else 'false'}")
+            if topic:
+                endpoint += "&" + _qs(topic=topic)
+                if channel:
+                    endpoint += "&" + _qs(channel=channel)
+            return [TopicStats.from_json(t) for t in self._get("nsqd", endpoint).get("topics") or []]
+
+        results, errs = self._each(producers, query, "nsqd")
+        topic_stats, channel_stats = [], {}
+        for producer, topics in results:
+            addr = producer.http_address()
+            for t in topics:
+                t.node, t.hostname = addr, producer.hostname
+                t.memory_depth = t.depth - t.backend_depth
+                if topic and t.topic_name != topic:
+                    continue
+                topic_stats.append(t)
+                for c in t.channels or ():
+                    c.node, c.hostname, c.topic_name = addr, producer.hostname, t.topic_name
+                    c.memory_depth = c.depth - c.backend_depth
+                    key = c.channel_name if topic else f"{t.topic_name}:{c.channel_name}"
+                    total = channel_stats.get(key)
+                    if total is None:
+                        total = channel_stats[key] = ChannelStats(
+                            addr, topic_name=t.topic_name, channel_name=c.channel_name)
+                    for client in c.clients or ():
+                        client.node = addr
+                    total.add(c)
+        topic_stats.sort(key=lambda s: s.hostname)
+        return topic_stats, channel_stats, errs
+
+    def get_producers(self, lookupd, nsqd):
+        if lookupd:
+            return self.get_lookupd_producers(lookupd)
+        return self.get_nsqd_producers(nsqd)
+
+    def get_topic_producers(self, topic, lookupd, nsqd):
+        if lookupd:
+            return self.get_lookupd_topic_producers(topic, lookupd)
+        return self.get_nsqd_topic_producers(topic, nsqd)
+
+    # -- actions --------------------------------------------------------------------------
+
+    def _post(self, kind, addrs, uri, qs):
+        errs = []
+        for addr in addrs:
+            endpoint = f"http://{addr}/{uri}?{qs}"
+            self._logf(f"CI: querying {kind} {endpoint}")
+            try:
+                self.client.post_v1(endpoint)
+            except ClientError as err:
+                errs.append(str(err))
+        return errs
+
+    def _post_lookupd(self, lookupd, uri, qs):
+        return self._post("nsqlookupd", lookupd, uri, qs)
+
+    def _post_producers(self, producers, uri, qs):
+        return self._post("nsqd", [p.http_address() for p in producers], uri, qs)
+
+    def tombstone_node_for_topic(self, topic, node, lookupd):
+        errs = self._post_lookupd(lookupd, "topic/tombstone", _qs(topic=topic, node=node))
+        producers, more = self.get_nsqd_producers([node])
+        return errs + more + self._post_producers(producers, "topic/delete", _qs(topic=topic))
+
+    def create_topic_channel(self, topic, channel, lookupd):
+        errs = self._post_lookupd(lookupd, "topic/create", _qs(topic=topic))
+        if channel:
+            qs = _qs(topic=topic, channel=channel)
+            errs += self._post_lookupd(lookupd, "channel/create", qs)
+            producers, more = self.get_lookupd_topic_producers(topic, lookupd)
+            errs += more + self._post_producers(producers, "channel/create", qs)
+        return errs
+
+    def delete_topic(self, topic, lookupd, nsqd):
+        producers, errs = self.get_topic_producers(topic, lookupd, nsqd)  # before they forget it
+        qs = _qs(topic=topic)
+        errs += self._post_lookupd(lookupd, "topic/delete", qs)
+        return errs + self._post_producers(producers, "topic/delete", qs)
+
+    def delete_channel(self, topic, channel, lookupd, nsqd):
+        producers, errs = self.get_topic_producers(topic, lookupd, nsqd)
+        qs = _qs(topic=topic, channel=channel)
+        errs += self._post_lookupd(lookupd, "channel/delete", qs)
+        return errs + self._post_producers(producers, "channel/delete", qs)
+
+    def topic_action(self, action, topic, lookupd, nsqd):
+        """pause, unpause or empty a topic on every node that has it."""
+        producers, errs = self.get_topic_producers(topic, lookupd, nsqd)
+        return errs + self._post_producers(producers, f"topic/{action}", _qs(topic=topic))
+
+    def channel_action(self, action, topic, channel, lookupd, nsqd):
+        """pause, unpause or empty a channel on every node that has its topic."""
+        producers, errs = self.get_topic_producers(topic, lookupd, nsqd)
+        return errs + self._post_producers(producers, f"channel/{action}",
+                                           _qs(topic=topic, channel=channel))

@@ -1,0 +1,554 @@
+"""nsqadmin's HTTP API (nsqadmin/http.go) on Flask and gevent, mounted under
+--base-path:
+
+    GET    /ping                          "OK"
+    GET    / /topics /topics/:t /topics/:t/:c /nodes /nodes/:n /counter /lookup
+                                          the HTML pages (nsqshm.nsqadmin.pages)
+    GET    /static/:asset /fonts/:asset   the pages' CSS and JavaScript
+    GET    /render                        graphite, proxied (--proxy-graphite)
+    GET    /api/topics[?inactive=true]    {"topics":[...],"message":""}
+    GET    /api/topics/:t                 the topic's stats across nodes
+    GET    /api/topics/:t/:c              the channel's stats across nodes
+    GET    /api/nodes  /api/nodes/:n      producers; one node's stats
+    GET    /api/counter                   message counts per topic:channel:node
+    GET    /api/graphite?metric=rate&target=...
+    POST   /api/topics                    {"topic":..,"channel":..} creates
+    POST   /api/topics/:t[/:c]            {"action":"pause|unpause|empty"}
+    DELETE /api/topics/:t[/:c]            deletes
+    DELETE /api/nodes/:n                  {"topic":..} tombstones the node for the topic
+    GET|PUT /config/:opt                  options (from --allow-config-from-cidr only)
+
+Answers are nsqadmin's: V1 JSON with Go's field order, a "message" that
+carries "WARNING: ..." when some node failed, 502 "UPSTREAM_ERROR: ..." when
+all did, 403 FORBIDDEN for actions by a user not in --admin-user (read from
+the --acl-http-header header), 400 with the decoder's text for a bad body.
+Beyond nsqadmin, topic and channel names in paths are validated (400
+INVALID_TOPIC / INVALID_CHANNEL) and a node to tombstone must be host:port
+(400 INVALID_NODE), since both end up in requests to the cluster.
+"""
+
+import base64
+import ipaddress
+import json
+import mimetypes
+import os
+import re
+from urllib.parse import urlencode, urlsplit
+
+from werkzeug.wrappers import Response
+
+from nsqshm.flags import LOG_LEVELS, split_host_port
+from nsqshm.nsqadmin.clusterinfo import UpstreamError
+from nsqshm.nsqadmin.options import parse_cidr
+from nsqshm.nsqadmin.router import PatternRoute, join_base
+from nsqshm.nsqadmin.stats import search
+from nsqshm.nsqd.http_api import (
+    HTTPAPI,
+    TEXT_TYPE,
+    Err,
+    JSONBody,
+    Router,
+    _App,
+    _parse_string_list,
+    _Response,
+    parse_query,
+    request_path,
+)
+from nsqshm.nsqd.log import LEVELS
+from nsqshm.nsqd.names import is_valid_name
+from nsqshm.nsqd.stats import go_json
+
+STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
+ASSET_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*\Z")
+GO_MIME = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".map": "application/json", ".svg": "image/svg+xml", ".woff": "application/font-woff",
+           ".ttf": "application/font-sfnt", ".eot": "application/vnd.ms-fontobject",
+           ".woff2": "application/font-woff2"}
+NODE = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}\Z")
+CONFIG_READ_MAX = 1024 * 1024 + 1
+
+
+def maybe_warn(messages):
+    return "WARNING: " + "; ".join(messages) if messages else ""
+
+
+def check_topic(name):
+    if not is_valid_name(name):
+        raise Err(400, "INVALID_TOPIC")
+
+
+def check_channel(name):
+    if not is_valid_name(name):
+        raise Err(400, "INVALID_CHANNEL")
+
+
+def _json_kind(value):
+    return {dict: "object", list: "array", str: "string", bool: "bool"}.get(
+        type(value), "null" if value is None else "number")
+
+
+def decode_body(req, fields):
+    """json.NewDecoder(req.Body).Decode(&struct{fields string}): {field: str}.
+    Raises ValueError with the decoder's text ("EOF" for an empty body)."""
+    text = req.get_data(cache=True).decode("utf-8", "replace").lstrip()
+    if not text:
+        raise ValueError("EOF")
+    try:
+        doc, _ = json.JSONDecoder().raw_decode(text)  # the first value only, as Decode
+    except ValueError:
+        if text[0] in "{[\"-0123456789tfn":
+            raise ValueError("unexpected EOF") from None
+        raise ValueError(f"invalid character {text[0]!r} looking for beginning of value") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"json: cannot unmarshal {_json_kind(doc)} into Go value of type struct")
+    out = {}
+    for field in fields:
+        key = field if field in doc else next((k for k in doc if k.lower() == field), None)
+        value = doc.get(key) if key is not None else None
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
+                             f".{field} of type string")
+        out[field] = value or ""
+    return out
+
+
+class AdminHTTPAPI(HTTPAPI):
+    def __init__(self, admin):
+        from nsqshm.nsqadmin.pages import Pages
+
+        self.nsqd = admin  # HTTPAPI logs through .nsqd.log
+        self.admin = admin
+        self.pages = Pages(self)
+        self.router = Router()
+        base = admin.opts.base_path
+
+        def add(method, path, handler, **kw):
+            self.router.add(PatternRoute(method, join_base(base, path), handler, **kw))
+
+        add("GET", "/", self.pages.topics, raw=True)
+        add("GET", "/ping", self.ping, plain=True)
+        add("GET", "/topics", self.pages.topics, raw=True)
+        add("GET", "/topics/:topic", self.pages.topic, raw=True)
+        add("GET", "/topics/:topic/:channel", self.pages.channel, raw=True)
+        add("GET", "/nodes", self.pages.nodes, raw=True)
+        add("GET", "/nodes/:node", self.pages.node, raw=True)
+        add("GET", "/counter", self.pages.counter, raw=True)
+        add("GET", "/lookup", self.pages.lookup, raw=True)
+        add("GET", "/static/:asset", self.static_asset, raw=True)
+        add("GET", "/fonts/:asset", self.static_asset, raw=True)
+        if admin.opts.proxy_graphite:
+            add("GET", "/render", self.graphite_proxy, raw=True)
+        add("GET", "/api/topics", self.api_topics)
+        add("GET", "/api/topics/:topic", self.api_topic)
+        add("GET", "/api/topics/:topic/:channel", self.api_channel)
+        add("GET", "/api/nodes", self.api_nodes)
+        add("GET", "/api/nodes/:node", self.api_node)
+        add("POST", "/api/topics", self.create_topic_channel)
+        add("POST", "/api/topics/:topic", self.topic_action)
+        add("POST", "/api/topics/:topic/:channel", self.channel_action)
+        add("DELETE", "/api/nodes/:node", self.tombstone_node_for_topic)
+        add("DELETE", "/api/topics/:topic", self.delete_topic)
+        add("DELETE", "/api/topics/:topic/:channel", self.delete_channel)
+        add("GET", "/api/counter", self.api_counter)
+        add("GET", "/api/graphite", self.api_graphite)
+        add("GET", "/config/:opt", self.config)
+        add("PUT", "/config/:opt", self.config)
+
+    @property
+    def opts(self):
+        return self.admin.opts
+
+    @property
+    def ci(self):
+        return self.admin.ci
+
+    # -- dispatch -------------------------------------------------------------------
+
+    def _run(self, route, req, params, started):
+        if not getattr(route, "raw", False):
+            return super()._run(route, req, params, started)
+        try:
+            resp = route.handler(req, **params)
+        except Err as err:
+            resp = _Response(err.text, err.code, content_type=TEXT_TYPE)
+        except Exception as exc:  # the router's PanicHandler
+            self._log("error", f"panic in HTTP handler - {exc}")
+            resp = self._v1_error(500, "INTERNAL_ERROR")
+        self._access_log(req, resp.status_code, started)
+        return resp
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def is_admin(self, req):
+        """isAuthorizedAdminRequest: everyone without --admin-user, else the listed users."""
+        users = self.opts.admin_user
+        return not users or req.headers.get(self.opts.acl_http_header, "") in users
+
+    def _require_admin(self, req):
+        if not self.is_admin(req):
+            raise Err(403, "FORBIDDEN")
+
+    def gather(self, what, messages, fn, *args):
+        """fn(*args) -> (..., errors): the result; errors become a warning in
+        messages, a failure everywhere a 502 UPSTREAM_ERROR."""
+        try:
+            *result, errs = fn(*args)
+        except UpstreamError as err:
+            self._log("error", f"failed to {what} - {err}")
+            raise Err(502, f"UPSTREAM_ERROR: {err}") from None
+        self._warn(errs, messages)
+        return result[0] if len(result) == 1 else result
+
+    def _warn(self, errs, messages):
+        if errs:
+            text = "\n".join(errs)
+            self._log("warn", text)
+            messages.append(text)
+
+    def _act(self, what, messages, fn, *args):
+        """Run an action; Err(502) when it failed everywhere."""
+        self.gather(what, messages, lambda: (None, fn(*args)))
+
+    @staticmethod
+    def _json(doc):
+        return JSONBody(go_json(doc))
+
+    def _lists(self):
+        return self.opts.lookupd_http_address, self.opts.nsqd_http_address
+
+    # -- data shared with the pages ---------------------------------------------------
+
+    def topic_names(self, messages):
+        lookupd, nsqd = self._lists()
+        if lookupd:
+            return self.gather("get topics", messages, self.ci.get_lookupd_topics, lookupd)
+        return self.gather("get topics", messages, self.ci.get_nsqd_topics, nsqd)
+
+    def inactive_topics(self, topics):
+        """{topic: channels} of the topics lookupd knows with no producer left."""
+        lookupd, _ = self._lists()
+        out = {}
+        if not lookupd:
+            return out
+        for topic in topics or ():
+            try:
+                producers, _ = self.ci.get_lookupd_topic_producers(topic, lookupd)
+            except UpstreamError:
+                producers = []
+            if not producers:
+                try:
+                    out[topic], _ = self.ci.get_lookupd_topic_channels(topic, lookupd)
+                except UpstreamError:
+                    out[topic] = None
+        return out
+
+    def topic_stats(self, topic, messages):
+        """The topic aggregated across its nodes (nsqadmin's topicHandler)."""
+        from nsqshm.nsqadmin.stats import TopicStats
+
+        lookupd, nsqd = self._lists()
+        producers = self.gather("get topic producers", messages, self.ci.get_topic_producers,
+                                topic, lookupd, nsqd)
+        per_node, _ = self.gather("get topic metadata", messages, self.ci.get_nsqd_stats,
+                                  producers, topic, "", False)
+        total = TopicStats(topic_name=topic)
+        for t in per_node:
+            total.add(t)
+        return total, producers
+
+    def channel_stats(self, topic, channel, messages):
+        """The channel aggregated across nodes, clients included; None if no node has it."""
+        lookupd, nsqd = self._lists()
+        producers = self.gather("get topic producers", messages, self.ci.get_topic_producers,
+                                topic, lookupd, nsqd)
+        _, channels = self.gather("get channel metadata", messages, self.ci.get_nsqd_stats,
+                                  producers, topic, channel, True)
+        return channels.get(channel)
+
+    def producers(self, what, messages):
+        lookupd, nsqd = self._lists()
+        return self.gather(what, messages, self.ci.get_producers, lookupd, nsqd)
+
+    def node_stats(self, node, messages):
+        """(per-topic stats of one node, total messages, total clients)."""
+        producer = search(self.producers("get producers", messages), node)
+        if producer is None:
+            raise Err(404, "NODE_NOT_FOUND")
+        try:
+            topics, _, errs = self.ci.get_nsqd_stats([producer], "", "", True)
+        except UpstreamError as err:
+            errs, topics = [str(err)], None
+        if errs:
+            self._log("error", f"failed to get nsqd stats - {errs[0]}")
+            raise Err(502, f"UPSTREAM_ERROR: {errs[0]}")
+        clients = sum(len(c.clients or ()) for t in topics for c in t.channels or ())
+        return topics or None, sum(t.message_count for t in topics), clients
+
+    def counter_stats(self, messages):
+        producers = self.producers("get counter producer list", messages)
+        _, channels = self.gather("get nsqd stats", messages, self.ci.get_nsqd_stats,
+                                  producers, "", "", False)
+        stats = {}
+        for c in channels.values():
+            for node in c.node_stats or ():
+                key = f"{c.topic_name}:{c.channel_name}:{node.node}"
+                entry = stats.setdefault(key, {"node": node.node, "topic_name": c.topic_name,
+                                               "channel_name": c.channel_name,
+                                               "message_count": 0})
+                entry["message_count"] += node.message_count
+        return {k: stats[k] for k in sorted(stats)}  # a Go map: keys sorted
+
+    # -- GET endpoints --------------------------------------------------------------------
+
+    def ping(self, req):
+        return "OK"
+
+    def api_topics(self, req):
+        values, err = parse_query(req.query_string)
+        if err is not None:
+            raise Err(400, str(err))
+        messages = []
+        topics = self.topic_names(messages)
+        if values.get("inactive", [""])[0] == "true":
+            return self._json({"topics": dict(sorted(self.inactive_topics(topics).items())),
+                               "message": maybe_warn(messages)})
+        return self._json({"topics": topics, "message": maybe_warn(messages)})
+
+    def api_topic(self, req, topic):
+        check_topic(topic)
+        messages = []
+        total, _ = self.topic_stats(topic, messages)
+        return self._json({**total.to_json(), "message": maybe_warn(messages)})
+
+    def api_channel(self, req, topic, channel):
+        check_topic(topic)
+        check_channel(channel)
+        messages = []
+        stats = self.channel_stats(topic, channel, messages)
+        doc = stats.to_json() if stats is not None else {}  # a nil embedded struct adds nothing
+        return self._json({**doc, "message": maybe_warn(messages)})
+
+    def api_nodes(self, req):
+        messages = []
+        producers = self.producers("get nodes", messages)
+        return self._json({"nodes": [p.to_json() for p in producers] if producers else None,
+                           "message": maybe_warn(messages)})
+
+    def api_node(self, req, node):
+        messages = []
+        topics, total_messages, total_clients = self.node_stats(node, messages)
+        return self._json({"node": node,
+                           "topics": [t.to_json() for t in topics] if topics else None,
+                           "total_messages": total_messages, "total_clients": total_clients,
+                           "message": maybe_warn(messages)})
+
+    def api_counter(self, req):
+        messages = []
+        stats = self.counter_stats(messages)
+        return self._json({"stats": stats, "message": maybe_warn(messages)})
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def _decode(self, req, fields, error=None):
+        try:
+            return decode_body(req, fields)
+        except ValueError as err:
+            raise Err(400, error or str(err)) from None
+
+    def _notify(self, action, topic, channel, node, req):
+        self.admin.notifier.notify(action, topic, channel, node, req)
+
+    def tombstone_node_for_topic(self, req, node):
+        self._require_admin(req)
+        topic = self._decode(req, ("topic",), "INVALID_BODY")["topic"]
+        check_topic(topic)
+        if not NODE.match(node):
+            raise Err(400, "INVALID_NODE")
+        messages = []
+        self._act("tombstone node for topic", messages, self.ci.tombstone_node_for_topic,
+                  topic, node, self.opts.lookupd_http_address)
+        self._notify("tombstone_topic_producer", topic, "", node, req)
+        return self._json({"message": maybe_warn(messages)})
+
+    def create_topic_channel(self, req):
+        self._require_admin(req)
+        body = self._decode(req, ("topic", "channel"))
+        topic, channel = body["topic"], body["channel"]
+        check_topic(topic)
+        if channel:
+            check_channel(channel)
+        messages = []
+        self._act("create topic/channel", messages, self.ci.create_topic_channel, topic, channel,
+                  self.opts.lookupd_http_address)
+        self._notify("create_topic", topic, "", "", req)
+        if channel:
+            self._notify("create_channel", topic, channel, "", req)
+        return self._json({"message": maybe_warn(messages)})
+
+    def delete_topic(self, req, topic):
+        self._require_admin(req)
+        check_topic(topic)
+        messages = []
+        self._act("delete topic", messages, self.ci.delete_topic, topic, *self._lists())
+        self._notify("delete_topic", topic, "", "", req)
+        return self._json({"message": maybe_warn(messages)})
+
+    def delete_channel(self, req, topic, channel):
+        self._require_admin(req)
+        check_topic(topic)
+        check_channel(channel)
+        messages = []
+        self._act("delete channel", messages, self.ci.delete_channel, topic, channel,
+                  *self._lists())
+        self._notify("delete_channel", topic, channel, "", req)
+        return self._json({"message": maybe_warn(messages)})
+
+    def topic_action(self, req, topic):
+        return self._topic_channel_action(req, topic, "")
+
+    def channel_action(self, req, topic, channel):
+        return self._topic_channel_action(req, topic, channel)
+
+    def _topic_channel_action(self, req, topic, channel):
+        self._require_admin(req)
+        check_topic(topic)
+        if channel:
+            check_channel(channel)
+        action = self._decode(req, ("action",))["action"]
+        if action not in ("pause", "unpause", "empty"):
+            raise Err(400, "INVALID_ACTION")
+        if channel:
+            fn, args, kind = self.ci.channel_action, (action, topic, channel), "channel"
+        else:
+            fn, args, kind = self.ci.topic_action, (action, topic), "topic"
+        messages = []
+        try:
+            self._act(f"{action} topic/channel", messages, fn, *args, *self._lists())
+        finally:  # nsqadmin notifies before it looks at the outcome
+            self._notify(f"{action}_{kind}", topic, channel, "", req)
+        return self._json({"message": maybe_warn(messages)})
+
+    # -- graphite ---------------------------------------------------------------------------
+
+    def api_graphite(self, req):
+        values, err = parse_query(req.query_string)
+        if err is not None:
+            raise Err(400, "INVALID_REQUEST")
+        if values.get("metric", [""])[0] != "rate":
+            raise Err(400, "INVALID_ARG_METRIC")
+        if "target" not in values:
+            raise Err(400, "INVALID_ARG_TARGET")
+        interval = int(self.opts.statsd_interval)
+        query = urlencode(sorted({"from": f"-{interval * 2}sec", "until": f"-{interval}sec",
+                                  "format": "json", "target": values["target"][0]}.items()))
+        url = f"{self.opts.graphite_url}/render?{query}"
+        self._log("info", f"GRAPHITE: {url}")
+        try:
+            response = self.admin.client.get_v1(url)
+        except Exception as exc:
+            self._log("error", f"graphite request failed - {exc}")
+            raise Err(500, "INTERNAL_ERROR") from None
+        rate = response[0]["datapoints"][0][0]  # missing data: a 500, as nsqadmin's panic
+        if rate < 0:
+            return self._json({"rate": "N/A"})
+        return self._json({"rate": f"{rate / interval if interval else float('inf'):.2f}"})
+
+    def graphite_proxy(self, req):
+        """/render forwarded to --graphite-url's host, with its basic auth if any."""
+        target = urlsplit(self.opts.graphite_url)
+        url = f"{target.scheme}://{target.hostname}"
+        if target.port:
+            url += f":{target.port}"
+        url += request_path(req)
+        if req.query_string:
+            url += "?" + req.query_string.decode("latin-1")
+        headers = {}
+        if target.username is not None:
+            pair = f"{target.username}:{target.password or ''}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        try:
+            status, ctype, body = self.admin.client.get_raw(url, headers)
+        except Exception as exc:
+            self._log("error", f"http: proxy error: {exc}")
+            return Response(b"", 502)
+        return Response(body, status, content_type=ctype or None)
+
+    # -- static assets ----------------------------------------------------------------------
+
+    def static_asset(self, req, asset):
+        directory = self.opts.dev_static_dir or STATIC_DIR
+        if not ASSET_NAME.match(asset):
+            raise Err(404, "NOT_FOUND")
+        try:
+            with open(os.path.join(directory, asset), "rb") as fh:
+                body = fh.read()
+        except OSError:
+            raise Err(404, "NOT_FOUND") from None
+        ext = os.path.splitext(asset)[1]
+        ctype = GO_MIME.get(ext) or mimetypes.types_map.get(ext)
+        if ctype and ctype.startswith("text/"):
+            ctype += "; charset=utf-8"
+        return Response(body, 200, content_type=ctype)
+
+    # -- /config ----------------------------------------------------------------------------
+
+    def _check_config_client(self, req):
+        cidr = self.opts.allow_config_from_cidr
+        if not cidr:
+            return
+        try:
+            ip = ipaddress.ip_address(req.environ.get("REMOTE_ADDR", ""))
+        except ValueError:
+            self._log("error", f"failed to parse RemoteAddr {req.environ.get('REMOTE_ADDR')}")
+            raise Err(400, "INVALID_REMOTE_ADDR") from None
+        if getattr(ip, "ipv4_mapped", None) is not None:
+            ip = ip.ipv4_mapped
+        if ip not in parse_cidr(cidr):
+            raise Err(403, "FORBIDDEN")
+
+    def _set_lookupd_addresses(self, body):
+        self.opts.lookupd_http_address = _parse_addresses(body)
+
+    def _set_log_level(self, body):
+        level = body.decode("utf-8", "replace").lower()
+        if level not in LOG_LEVELS:
+            raise Err(400, "INVALID_VALUE")
+        self.opts.log_level = level
+        self.admin.log.level = LEVELS[level]
+
+    def config(self, req, opt):
+        self._check_config_client(req)
+        opts = self.opts
+        if req.method == "PUT":  # only these two can change while nsqadmin runs
+            body = self._read_body(req, CONFIG_READ_MAX)
+            if len(body) == CONFIG_READ_MAX or not body:
+                raise Err(413, "INVALID_VALUE")
+            setter = {"nsqlookupd_http_addresses": self._set_lookupd_addresses,
+                      "log_level": self._set_log_level}.get(opt)
+            if setter is None:
+                raise Err(400, "INVALID_OPTION")
+            setter(body)
+        values = opts.to_config_dict(go_types=True)
+        if opt not in values:
+            raise Err(400, "INVALID_OPTION")
+        value = values[opt]
+        if isinstance(value, str):
+            return value  # RespondV1 writes a Go string as is
+        return self._json(value)
+
+
+def _parse_addresses(body):
+    """json.Unmarshal into a []string, as nsqd's /config; each must be host:port,
+    since nsqadmin will send requests there."""
+    addresses = _parse_string_list(body)
+    for address in addresses:
+        try:
+            split_host_port(address)
+        except ValueError:
+            raise Err(400, "INVALID_VALUE") from None
+    return addresses
+
+
+def create_app(admin):
+    app = _App("nsqshm.nsqadmin")
+    app.nsq_api = AdminHTTPAPI(admin)
+    return app

@@ -1,0 +1,199 @@
+/* nsqadmin pages: live refresh, the message-rate chart and the admin actions.
+ *
+ * Every page is complete as the server renders it.  This script
+ *  - refreshes the #live part in place (the page fetched again with ?partial=1),
+ *  - polls the JSON API named by the chart's data-api and draws messages/s,
+ *  - sends the actions of [data-action] buttons to the JSON API, asking for
+ *    confirmation before the destructive ones (empty, delete, tombstone).
+ * No libraries, no build step. */
+(function () {
+  "use strict";
+
+  var body = document.body;
+  var base = (body.getAttribute("data-base") || "/").replace(/\/+$/, "");
+  var refreshMs = parseInt(body.getAttribute("data-refresh"), 10) || 2000;
+  var live = document.getElementById("live");
+  var flash = document.getElementById("flash");
+  var canvas = document.getElementById("rate-chart");
+  var DESTRUCTIVE = { empty: true, delete: true, tombstone: true };
+  var MAX_POINTS = 60;
+
+  function apiUrl(path) { return base + path; }
+  function enc(name) { return encodeURIComponent(name); }
+
+  function showFlash(kind, text) {
+    var div = document.createElement("div");
+    div.className = "alert " + kind;
+    div.setAttribute("role", "alert");
+    div.textContent = text;
+    flash.replaceChildren(div);
+  }
+
+  // -- live refresh -------------------------------------------------------------
+
+  var refreshing = false;
+  var refreshes = 0;
+  function refreshLive() {
+    if (!live || refreshing) { return Promise.resolve(); }
+    refreshing = true;
+    var params = new URLSearchParams(window.location.search);
+    params.set("partial", "1");
+    return fetch(window.location.pathname + "?" + params.toString(), { cache: "no-store" })
+      .then(function (resp) { return resp.text(); })
+      .then(function (html) {
+        live.innerHTML = html;
+        refreshes += 1;
+        live.setAttribute("data-refreshes", String(refreshes));
+      })
+      .catch(function () { /* the next tick tries again */ })
+      .then(function () { refreshing = false; });
+  }
+
+  // -- rate chart ---------------------------------------------------------------
+
+  var rates = [];
+  var last = null;
+
+  function countOf(kind, doc) {
+    if (kind === "counter") {
+      var total = 0;
+      Object.keys(doc.stats || {}).forEach(function (k) { total += doc.stats[k].message_count; });
+      return total;
+    }
+    return typeof doc[kind] === "number" ? doc[kind] : null;
+  }
+
+  function formatRate(r) {
+    return r >= 100 ? Math.round(r).toLocaleString() : r.toFixed(1);
+  }
+
+  function drawChart() {
+    var ctx = canvas.getContext("2d");
+    var w = canvas.width, h = canvas.height, pad = 28;
+    ctx.clearRect(0, 0, w, h);
+    ctx.strokeStyle = "#d8dde6";
+    ctx.lineWidth = 1;
+    for (var g = 0; g <= 4; g++) {
+      var gy = pad / 2 + (h - pad) * g / 4;
+      ctx.beginPath(); ctx.moveTo(pad, gy); ctx.lineTo(w - 4, gy); ctx.stroke();
+    }
+    var max = Math.max.apply(null, rates.concat([1]));
+    ctx.fillStyle = "#6b7280";
+    ctx.font = "11px sans-serif";
+    ctx.fillText(formatRate(max), 2, pad / 2 + 4);
+    ctx.fillText("0", 2, h - pad / 2 + 4);
+    if (rates.length < 1) { return; }
+    var step = (w - pad - 4) / (MAX_POINTS - 1);
+    var x0 = w - 4 - step * (rates.length - 1);
+    ctx.beginPath();
+    rates.forEach(function (r, i) {
+      var x = x0 + step * i;
+      var y = h - pad / 2 - (h - pad) * r / max;
+      if (i === 0) { ctx.moveTo(x, y); } else { ctx.lineTo(x, y); }
+    });
+    ctx.strokeStyle = "#2563eb";
+    ctx.lineWidth = 2;
+    ctx.stroke();
+  }
+
+  function pollChart() {
+    var kind = canvas.getAttribute("data-kind");
+    return fetch(apiUrl(canvas.getAttribute("data-api")), { cache: "no-store" })
+      .then(function (resp) { return resp.ok ? resp.json() : null; })
+      .then(function (doc) {
+        var count = doc ? countOf(kind, doc) : null;
+        if (count === null) { return; }
+        var now = Date.now();
+        if (last !== null && now > last.t) {
+          var rate = Math.max(0, (count - last.count) * 1000 / (now - last.t));
+          rates.push(rate);
+          if (rates.length > MAX_POINTS) { rates.shift(); }
+          document.getElementById("rate-now").textContent = formatRate(rate);
+          document.getElementById("rate-window").textContent = String(rates.length);
+          canvas.setAttribute("data-points", String(rates.length));
+          canvas.setAttribute("data-last-rate", String(rate));
+        }
+        last = { t: now, count: count };
+        drawChart();
+      })
+      .catch(function () { /* the next tick tries again */ });
+  }
+
+  // -- actions ------------------------------------------------------------------
+
+  function describe(topic, channel) {
+    return channel ? "channel " + topic + "/" + channel : "topic " + topic;
+  }
+
+  function send(method, path, doc) {
+    var init = { method: method, headers: { "Content-Type": "application/json" } };
+    if (doc) { init.body = JSON.stringify(doc); }
+    return fetch(apiUrl(path), init).then(function (resp) {
+      return resp.json().catch(function () { return {}; }).then(function (answer) {
+        return { ok: resp.ok, status: resp.status, message: answer.message || "" };
+      });
+    });
+  }
+
+  function afterAction(result, next) {
+    if (!result.ok) {
+      showFlash("error", result.status + " " + (result.message || "request failed"));
+      return;
+    }
+    if (result.message) { showFlash("warning", result.message); } else { flash.replaceChildren(); }
+    if (next) { window.location.href = next; } else { refreshLive(); }
+  }
+
+  document.addEventListener("click", function (ev) {
+    var btn = ev.target.closest("[data-action]");
+    if (!btn) { return; }
+    ev.preventDefault();
+    var action = btn.getAttribute("data-action");
+    var topic = btn.getAttribute("data-topic");
+    var channel = btn.getAttribute("data-channel");
+    var node = btn.getAttribute("data-node");
+    var next = btn.getAttribute("data-next");
+    if (DESTRUCTIVE[action]) {
+      var what = action === "tombstone" ? "node " + node + " for topic " + topic
+                                          : describe(topic, channel);
+      if (!window.confirm("Are you sure you want to " + action + " " + what + "?")) { return; }
+    }
+    var path = "/api/topics/" + enc(topic) + (channel ? "/" + enc(channel) : "");
+    var request;
+    if (action === "tombstone") {
+      request = send("DELETE", "/api/nodes/" + enc(node), { topic: topic });
+    } else if (action === "delete") {
+      request = send("DELETE", path, null);
+    } else {
+      request = send("POST", path, { action: action });
+    }
+    btn.disabled = true;
+    request.then(function (result) {
+      btn.disabled = false;
+      afterAction(result, action === "delete" ? next : "");
+    }, function () {
+      btn.disabled = false;
+      showFlash("error", "nsqadmin did not answer");
+    });
+  });
+
+  document.addEventListener("submit", function (ev) {
+    var form = ev.target;
+    if (form.id !== "create-form") { return; }
+    ev.preventDefault();
+    var doc = { topic: form.elements.topic.value, channel: form.elements.channel.value };
+    send("POST", "/api/topics", doc).then(function (result) {
+      afterAction(result, "");
+      if (result.ok) { form.reset(); }
+    });
+  });
+
+  // -- the clock ------------------------------------------------------------------
+
+  function tick() {
+    refreshLive();
+    if (canvas) { pollChart(); }
+  }
+  if (canvas) { drawChart(); pollChart(); }
+  window.setInterval(tick, refreshMs);
+}());
