@@ -1,0 +1,91 @@
+"""The harness itself, fast enough for the default run: the tcp suite
+against a running nsqshm, the CLI's skips, the workers-mode detection."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nsqshm.bench import main as bench_main
+from nsqshm.bench import server, workers
+
+
+@pytest.fixture(scope="module")
+def nsqshm():
+    target = server.start_nsqshm(["--mem-queue-size=100000"])
+    yield target
+    target.close()
+
+
+def test_tcp_quick_json_against_a_running_server(nsqshm):
+    host, port = nsqshm.tcp
+    cmd = [sys.executable, "-m", "nsqshm.cli", "bench", "tcp", "--quick", "--json",
+           "--no-progress", f"--nsqd-tcp-address={host}:{port}",
+           f"--nsqd-http-address={nsqshm.http[0]}:{nsqshm.http[1]}", f"--nsqd-pid={nsqshm.pid}",
+           "--messages=20000", "--sizes=1024", "--fanout=2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    res = json.loads(done.stdout)  # the figures alone on stdout; lines went to stderr
+    assert "run 1: in" in done.stderr
+    assert res["suite"] == "tcp" and res["server"]["kind"] == "external"
+    assert res["command"].startswith("nsqshm bench tcp --quick")
+    assert {"cpus", "kernel", "python", "loadavg"} <= res["machine"].keys()
+    m = res["median"]
+    for key in ("in_msgs_per_s", "out_msgs_per_s", "raw_in_msgs_per_s", "raw_out_msgs_per_s",
+                "server_cpu_us_per_msg_in", "server_cpu_us_per_msg_out"):
+        assert m[key] > 0, key
+    # the generator alone (raw socket) against its rate through the broker
+    assert res["loadgen"]["alone_in_msgs_per_s"] > 0 and res["loadgen"]["headroom_out"] > 0
+    assert res["channel_after"] == {"message_count": 20000, "in_flight_count": 0, "depth": 0,
+                                    "requeue_count": 0, "timeout_count": 0}
+    assert [r["size"] for r in res["sizes"]] == [1024] and res["sizes"][0]["out_msgs_per_s"] > 0
+    fan = res["fanout"][0]
+    assert fan["channels"] == 2 and fan["out_msgs_per_s"] > 0
+
+
+def _run(argv, capsys):
+    rc = bench_main.main([*argv, "--json", "--no-progress"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("suite, module", [("local", "nsqshm.local"), ("spark", "nsqshm.spark")])
+def test_absent_suites_skip_with_a_reason(suite, module, capsys):
+    rc, res = _run([suite], capsys)
+    assert rc == 0 and res["suite"] == suite
+    assert module in res["skipped"]
+
+
+def test_workers_flag_rejected_is_not_available(monkeypatch):
+    def rejected(extra):
+        raise server.ServerRejected(2, "nsqd: flag provided but not defined: -workers")
+
+    monkeypatch.setattr(workers, "start_nsqshm", rejected)
+    assert "does not take --workers" in workers.available()
+
+
+def test_workers_flag_ignored_is_not_available(monkeypatch):
+    class OneProcess:
+        def processes(self):
+            return 1
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(workers, "start_nsqshm", lambda extra: OneProcess())
+    assert "runs as 1 process" in workers.available(wait=0)
+
+
+def test_workers_suite_skips_for_an_external_server(capsys):
+    rc, res = _run(["workers", "--nsqd-tcp-address=127.0.0.1:1"], capsys)
+    assert rc == 0 and "external" in res["skipped"]
+
+
+def test_help_lists_every_suite(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_main.main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for name in ("ring", "tcp", "latency", "disk", "transport", "workers", "local", "spark",
+                 "all", "writer", "reader", "fanout", "report"):
+        assert name in text
