@@ -27,21 +27,19 @@ INVALID_TOPIC / INVALID_CHANNEL) and a node to tombstone must be host:port
 (400 INVALID_NODE), since both end up in requests to the cluster.
 """
 
-import base64
 import ipaddress
 import json
 import mimetypes
 import os
 import re
-from urllib.parse import urlencode, urlsplit
 
 from werkzeug.wrappers import Response
 
 from nsqshm.flags import LOG_LEVELS, split_host_port
-from nsqshm.nsqadmin.clusterinfo import UpstreamError
+from nsqshm.nsqadmin import graphite
+from nsqshm.nsqadmin.cluster_view import ClusterView, maybe_warn
 from nsqshm.nsqadmin.options import parse_cidr
 from nsqshm.nsqadmin.router import PatternRoute, join_base
-from nsqshm.nsqadmin.stats import search
 from nsqshm.nsqd.http_api import (
     HTTPAPI,
     TEXT_TYPE,
@@ -52,7 +50,6 @@ from nsqshm.nsqd.http_api import (
     _parse_string_list,
     _Response,
     parse_query,
-    request_path,
 )
 from nsqshm.nsqd.log import LEVELS
 from nsqshm.nsqd.names import is_valid_name
@@ -65,10 +62,6 @@ GO_MIME = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", "
            ".woff2": "application/font-woff2"}
 NODE = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}\Z")
 CONFIG_READ_MAX = 1024 * 1024 + 1
-
-
-def maybe_warn(messages):
-    return "WARNING: " + "; ".join(messages) if messages else ""
 
 
 def check_topic(name):
@@ -117,6 +110,7 @@ class AdminHTTPAPI(HTTPAPI):
 
         self.nsqd = admin  # HTTPAPI logs through .nsqd.log
         self.admin = admin
+        self.view = ClusterView(admin)
         self.pages = Pages(self)
         self.router = Router()
         base = admin.opts.base_path
@@ -136,7 +130,7 @@ class AdminHTTPAPI(HTTPAPI):
         add("GET", "/static/:asset", self.static_asset, raw=True)
         add("GET", "/fonts/:asset", self.static_asset, raw=True)
         if admin.opts.proxy_graphite:
-            add("GET", "/render", self.graphite_proxy, raw=True)
+            add("GET", "/render", lambda req: graphite.proxy(admin, req), raw=True)
         add("GET", "/api/topics", self.api_topics)
         add("GET", "/api/topics/:topic", self.api_topic)
         add("GET", "/api/topics/:topic/:channel", self.api_channel)
@@ -149,17 +143,13 @@ class AdminHTTPAPI(HTTPAPI):
         add("DELETE", "/api/topics/:topic", self.delete_topic)
         add("DELETE", "/api/topics/:topic/:channel", self.delete_channel)
         add("GET", "/api/counter", self.api_counter)
-        add("GET", "/api/graphite", self.api_graphite)
+        add("GET", "/api/graphite", lambda req: self._json(graphite.rate(admin, req)))
         add("GET", "/config/:opt", self.config)
         add("PUT", "/config/:opt", self.config)
 
     @property
     def opts(self):
         return self.admin.opts
-
-    @property
-    def ci(self):
-        return self.admin.ci
 
     # -- dispatch -------------------------------------------------------------------
 
@@ -187,115 +177,9 @@ class AdminHTTPAPI(HTTPAPI):
         if not self.is_admin(req):
             raise Err(403, "FORBIDDEN")
 
-    def gather(self, what, messages, fn, *args):
-        """fn(*args) -> (..., errors): the result; errors become a warning in
-        messages, a failure everywhere a 502 UPSTREAM_ERROR."""
-        try:
-            *result, errs = fn(*args)
-        except UpstreamError as err:
-            self._log("error", f"failed to {what} - {err}")
-            raise Err(502, f"UPSTREAM_ERROR: {err}") from None
-        self._warn(errs, messages)
-        return result[0] if len(result) == 1 else result
-
-    def _warn(self, errs, messages):
-        if errs:
-            text = "\n".join(errs)
-            self._log("warn", text)
-            messages.append(text)
-
-    def _act(self, what, messages, fn, *args):
-        """Run an action; Err(502) when it failed everywhere."""
-        self.gather(what, messages, lambda: (None, fn(*args)))
-
     @staticmethod
     def _json(doc):
         return JSONBody(go_json(doc))
-
-    def _lists(self):
-        return self.opts.lookupd_http_address, self.opts.nsqd_http_address
-
-    # -- data shared with the pages ---------------------------------------------------
-
-    def topic_names(self, messages):
-        lookupd, nsqd = self._lists()
-        if lookupd:
-            return self.gather("get topics", messages, self.ci.get_lookupd_topics, lookupd)
-        return self.gather("get topics", messages, self.ci.get_nsqd_topics, nsqd)
-
-    def inactive_topics(self, topics):
-        """{topic: channels} of the topics lookupd knows with no producer left."""
-        lookupd, _ = self._lists()
-        out = {}
-        if not lookupd:
-            return out
-        for topic in topics or ():
-            try:
-                producers, _ = self.ci.get_lookupd_topic_producers(topic, lookupd)
-            except UpstreamError:
-                producers = []
-            if not producers:
-                try:
-                    out[topic], _ = self.ci.get_lookupd_topic_channels(topic, lookupd)
-                except UpstreamError:
-                    out[topic] = None
-        return out
-
-    def topic_stats(self, topic, messages):
-        """The topic aggregated across its nodes (nsqadmin's topicHandler)."""
-        from nsqshm.nsqadmin.stats import TopicStats
-
-        lookupd, nsqd = self._lists()
-        producers = self.gather("get topic producers", messages, self.ci.get_topic_producers,
-                                topic, lookupd, nsqd)
-        per_node, _ = self.gather("get topic metadata", messages, self.ci.get_nsqd_stats,
-                                  producers, topic, "", False)
-        total = TopicStats(topic_name=topic)
-        for t in per_node:
-            total.add(t)
-        return total, producers
-
-    def channel_stats(self, topic, channel, messages):
-        """The channel aggregated across nodes, clients included; None if no node has it."""
-        lookupd, nsqd = self._lists()
-        producers = self.gather("get topic producers", messages, self.ci.get_topic_producers,
-                                topic, lookupd, nsqd)
-        _, channels = self.gather("get channel metadata", messages, self.ci.get_nsqd_stats,
-                                  producers, topic, channel, True)
-        return channels.get(channel)
-
-    def producers(self, what, messages):
-        lookupd, nsqd = self._lists()
-        return self.gather(what, messages, self.ci.get_producers, lookupd, nsqd)
-
-    def node_stats(self, node, messages):
-        """(per-topic stats of one node, total messages, total clients)."""
-        producer = search(self.producers("get producers", messages), node)
-        if producer is None:
-            raise Err(404, "NODE_NOT_FOUND")
-        try:
-            topics, _, errs = self.ci.get_nsqd_stats([producer], "", "", True)
-        except UpstreamError as err:
-            errs, topics = [str(err)], None
-        if errs:
-            self._log("error", f"failed to get nsqd stats - {errs[0]}")
-            raise Err(502, f"UPSTREAM_ERROR: {errs[0]}")
-        clients = sum(len(c.clients or ()) for t in topics for c in t.channels or ())
-        return topics or None, sum(t.message_count for t in topics), clients
-
-    def counter_stats(self, messages):
-        producers = self.producers("get counter producer list", messages)
-        _, channels = self.gather("get nsqd stats", messages, self.ci.get_nsqd_stats,
-                                  producers, "", "", False)
-        stats = {}
-        for c in channels.values():
-            for node in c.node_stats or ():
-                key = f"{c.topic_name}:{c.channel_name}:{node.node}"
-                entry = stats.setdefault(key, {"node": node.node, "topic_name": c.topic_name,
-                                               "channel_name": c.channel_name,
-                                               "message_count": 0})
-                entry["message_count"] += node.message_count
-        return {k: stats[k] for k in sorted(stats)}  # a Go map: keys sorted
 
     # -- GET endpoints --------------------------------------------------------------------
 
@@ -307,35 +191,35 @@ class AdminHTTPAPI(HTTPAPI):
         if err is not None:
             raise Err(400, str(err))
         messages = []
-        topics = self.topic_names(messages)
+        topics = self.view.topic_names(messages)
         if values.get("inactive", [""])[0] == "true":
-            return self._json({"topics": dict(sorted(self.inactive_topics(topics).items())),
+            return self._json({"topics": dict(sorted(self.view.inactive_topics(topics).items())),
                                "message": maybe_warn(messages)})
         return self._json({"topics": topics, "message": maybe_warn(messages)})
 
     def api_topic(self, req, topic):
         check_topic(topic)
         messages = []
-        total, _ = self.topic_stats(topic, messages)
+        total = self.view.topic_stats(topic, messages)
         return self._json({**total.to_json(), "message": maybe_warn(messages)})
 
     def api_channel(self, req, topic, channel):
         check_topic(topic)
         check_channel(channel)
         messages = []
-        stats = self.channel_stats(topic, channel, messages)
+        stats = self.view.channel_stats(topic, channel, messages)
         doc = stats.to_json() if stats is not None else {}  # a nil embedded struct adds nothing
         return self._json({**doc, "message": maybe_warn(messages)})
 
     def api_nodes(self, req):
         messages = []
-        producers = self.producers("get nodes", messages)
+        producers = self.view.producers("get nodes", messages)
         return self._json({"nodes": [p.to_json() for p in producers] if producers else None,
                            "message": maybe_warn(messages)})
 
     def api_node(self, req, node):
         messages = []
-        topics, total_messages, total_clients = self.node_stats(node, messages)
+        topics, total_messages, total_clients = self.view.node_stats(node, messages)
         return self._json({"node": node,
                            "topics": [t.to_json() for t in topics] if topics else None,
                            "total_messages": total_messages, "total_clients": total_clients,
@@ -343,7 +227,7 @@ class AdminHTTPAPI(HTTPAPI):
 
     def api_counter(self, req):
         messages = []
-        stats = self.counter_stats(messages)
+        stats = self.view.counter_stats(messages)
         return self._json({"stats": stats, "message": maybe_warn(messages)})
 
     # -- actions ----------------------------------------------------------------------------
@@ -364,7 +248,7 @@ class AdminHTTPAPI(HTTPAPI):
         if not NODE.match(node):
             raise Err(400, "INVALID_NODE")
         messages = []
-        self._act("tombstone node for topic", messages, self.ci.tombstone_node_for_topic,
+        self.view.act("tombstone node for topic", messages, self.view.ci.tombstone_node_for_topic,
                   topic, node, self.opts.lookupd_http_address)
         self._notify("tombstone_topic_producer", topic, "", node, req)
         return self._json({"message": maybe_warn(messages)})
@@ -377,7 +261,7 @@ class AdminHTTPAPI(HTTPAPI):
         if channel:
             check_channel(channel)
         messages = []
-        self._act("create topic/channel", messages, self.ci.create_topic_channel, topic, channel,
+        self.view.act("create topic/channel", messages, self.view.ci.create_topic_channel, topic, channel,
                   self.opts.lookupd_http_address)
         self._notify("create_topic", topic, "", "", req)
         if channel:
@@ -388,7 +272,7 @@ class AdminHTTPAPI(HTTPAPI):
         self._require_admin(req)
         check_topic(topic)
         messages = []
-        self._act("delete topic", messages, self.ci.delete_topic, topic, *self._lists())
+        self.view.act("delete topic", messages, self.view.ci.delete_topic, topic, *self.view.lists())
         self._notify("delete_topic", topic, "", "", req)
         return self._json({"message": maybe_warn(messages)})
 
@@ -397,8 +281,8 @@ class AdminHTTPAPI(HTTPAPI):
         check_topic(topic)
         check_channel(channel)
         messages = []
-        self._act("delete channel", messages, self.ci.delete_channel, topic, channel,
-                  *self._lists())
+        self.view.act("delete channel", messages, self.view.ci.delete_channel, topic, channel,
+                  *self.view.lists())
         self._notify("delete_channel", topic, channel, "", req)
         return self._json({"message": maybe_warn(messages)})
 
@@ -417,60 +301,15 @@ class AdminHTTPAPI(HTTPAPI):
         if action not in ("pause", "unpause", "empty"):
             raise Err(400, "INVALID_ACTION")
         if channel:
-            fn, args, kind = self.ci.channel_action, (action, topic, channel), "channel"
+            fn, args, kind = self.view.ci.channel_action, (action, topic, channel), "channel"
         else:
-            fn, args, kind = self.ci.topic_action, (action, topic), "topic"
+            fn, args, kind = self.view.ci.topic_action, (action, topic), "topic"
         messages = []
         try:
-            self._act(f"{action} topic/channel", messages, fn, *args, *self._lists())
+            self.view.act(f"{action} topic/channel", messages, fn, *args, *self.view.lists())
         finally:  # nsqadmin notifies before it looks at the outcome
             self._notify(f"{action}_{kind}", topic, channel, "", req)
         return self._json({"message": maybe_warn(messages)})
-
-    # -- graphite ---------------------------------------------------------------------------
-
-    def api_graphite(self, req):
-        values, err = parse_query(req.query_string)
-        if err is not None:
-            raise Err(400, "INVALID_REQUEST")
-        if values.get("metric", [""])[0] != "rate":
-            raise Err(400, "INVALID_ARG_METRIC")
-        if "target" not in values:
-            raise Err(400, "INVALID_ARG_TARGET")
-        interval = int(self.opts.statsd_interval)
-        query = urlencode(sorted({"from": f"-{interval * 2}sec", "until": f"-{interval}sec",
-                                  "format": "json", "target": values["target"][0]}.items()))
-        url = f"{self.opts.graphite_url}/render?{query}"
-        self._log("info", f"GRAPHITE: {url}")
-        try:
-            response = self.admin.client.get_v1(url)
-        except Exception as exc:
-            self._log("error", f"graphite request failed - {exc}")
-            raise Err(500, "INTERNAL_ERROR") from None
-        rate = response[0]["datapoints"][0][0]  # missing data: a 500, as nsqadmin's panic
-        if rate < 0:
-            return self._json({"rate": "N/A"})
-        return self._json({"rate": f"{rate / interval if interval else float('inf'):.2f}"})
-
-    def graphite_proxy(self, req):
-        """/render forwarded to --graphite-url's host, with its basic auth if any."""
-        target = urlsplit(self.opts.graphite_url)
-        url = f"{target.scheme}://{target.hostname}"
-        if target.port:
-            url += f":{target.port}"
-        url += request_path(req)
-        if req.query_string:
-            url += "?" + req.query_string.decode("latin-1")
-        headers = {}
-        if target.username is not None:
-            pair = f"{target.username}:{target.password or ''}".encode()
-            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-        try:
-            status, ctype, body = self.admin.client.get_raw(url, headers)
-        except Exception as exc:
-            self._log("error", f"http: proxy error: {exc}")
-            return Response(b"", 502)
-        return Response(body, status, content_type=ctype or None)
 
     # -- static assets ----------------------------------------------------------------------
 

@@ -20,7 +20,8 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from werkzeug.wrappers import Response
 
 from nsqshm.flags import format_duration
-from nsqshm.nsqadmin.http_api import check_channel, check_topic, maybe_warn
+from nsqshm.nsqadmin.cluster_view import maybe_warn
+from nsqshm.nsqadmin.http_api import check_channel, check_topic
 from nsqshm.nsqadmin.nsqadmin import VERSION_STRING
 from nsqshm.nsqadmin.stats import TopicStats
 from nsqshm.nsqd.http_api import Err
@@ -51,6 +52,7 @@ def percentiles(e2e):
 class Pages:
     def __init__(self, api):
         self.api = api
+        self.view = api.view
         env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
                           undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
         env.filters.update(commafy=commafy, nanotohuman=nanoseconds_to_human,
@@ -98,15 +100,10 @@ class Pages:
 
     def topics(self, req):
         def build(messages):
-            names = self.api.topic_names(messages) or []
+            names = self.view.topic_names(messages) or []
             totals = {}
-            producers = self.api.producers("get producers", messages) if names else []
-            if producers:
-                per_node, _ = self.api.gather("get nsqd stats", messages,
-                                              self.api.ci.get_nsqd_stats, producers, "", "",
-                                              False)
-                for t in per_node:
-                    totals.setdefault(t.topic_name, TopicStats(topic_name=t.topic_name)).add(t)
+            for t in self.view.all_topic_stats(messages) if names else ():
+                totals.setdefault(t.topic_name, TopicStats(topic_name=t.topic_name)).add(t)
             rows = [(name, totals.get(name)) for name in sorted(set(names) | set(totals))]
             return {"rows": rows}
 
@@ -116,7 +113,7 @@ class Pages:
     def topic(self, req, topic):
         def build(messages):
             check_topic(topic)
-            total, _ = self.api.topic_stats(topic, messages)
+            total = self.view.topic_stats(topic, messages)
             return {"total": total}
 
         return self._page(req, "topic.html", build, topic=topic, total=None, section="topics",
@@ -127,7 +124,7 @@ class Pages:
         def build(messages):
             check_topic(topic)
             check_channel(channel)
-            return {"stats": self.api.channel_stats(topic, channel, messages)}
+            return {"stats": self.view.channel_stats(topic, channel, messages)}
 
         api = f"/api/topics/{quote(topic, safe='')}/{quote(channel, safe='')}"
         return self._page(req, "channel.html", build, topic=topic, channel=channel, stats=None,
@@ -135,14 +132,14 @@ class Pages:
 
     def nodes(self, req):
         def build(messages):
-            return {"producers": self.api.producers("get nodes", messages) or []}
+            return {"producers": self.view.producers("get nodes", messages) or []}
 
         return self._page(req, "nodes.html", build, producers=[], section="nodes",
                           chart_api="/api/counter", chart_kind="counter")
 
     def node(self, req, node):
         def build(messages):
-            topics, total_messages, total_clients = self.api.node_stats(node, messages)
+            topics, total_messages, total_clients = self.view.node_stats(node, messages)
             return {"topics": topics or [], "total_messages": total_messages,
                     "total_clients": total_clients}
 
@@ -153,7 +150,7 @@ class Pages:
 
     def counter(self, req):
         def build(messages):
-            stats = self.api.counter_stats(messages)
+            stats = self.view.counter_stats(messages)
             per_channel = {}
             for entry in stats.values():
                 key = (entry["topic_name"], entry["channel_name"])
@@ -167,7 +164,7 @@ class Pages:
         def build(messages):
             if not self.api.opts.lookupd_http_address:
                 return {}
-            topics = self.api.topic_names(messages) or []
-            return {"topics": topics, "inactive": self.api.inactive_topics(topics)}
+            topics = self.view.topic_names(messages) or []
+            return {"topics": topics, "inactive": self.view.inactive_topics(topics)}
 
         return self._page(req, "lookup.html", build, topics=[], inactive={}, section="lookup")

@@ -160,24 +160,33 @@ def cluster(tmp_path_factory):
     c.close()
 
 
-class Receiver:
-    """An HTTP endpoint that keeps what is POSTed to it (the notification webhook)."""
+class StubHTTP:
+    """A small HTTP server standing in for something nsqadmin talks to (the
+    notification endpoint, graphite, a Go nsqd): answer(method, path) gives
+    (content type, JSON-able document); every request is kept in .requests as
+    (method, path, headers, body)."""
 
-    def __init__(self):
-        received = self.received = []
+    def __init__(self, answer):
+        requests = self.requests = []
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
+            def _serve(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                received.append((self.headers.get("Content-Type"), body))
+                requests.append((self.command, self.path, self.headers, body))
+                ctype, doc = answer(self.command, self.path)
+                data = json.dumps(doc).encode()
                 self.send_response(200)
+                self.send_header("Content-Type", ctype)
                 self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _serve
 
             def log_message(self, *args):
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/notify"
+        self.addr = f"127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
@@ -187,6 +196,8 @@ class Receiver:
 
 @pytest.fixture
 def receiver():
-    r = Receiver()
+    """The notification webhook's endpoint: .url, and .requests as POSTed."""
+    r = StubHTTP(lambda method, path: ("application/json", {}))
+    r.url = f"http://{r.addr}/notify"
     yield r
     r.close()

@@ -5,13 +5,11 @@ nodes, errors, /config, the notification webhook, --base-path and
 
 import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from nsqshm import protocol as p
-from tests.nsqadmin.conftest import Admin, channel_of, nsqd_json, topic_of, wait_for
+from tests.nsqadmin.conftest import Admin, StubHTTP, channel_of, nsqd_json, topic_of, wait_for
 from tests.nsqd.transport import Conn
 
 TOPIC_KEYS = ["node", "hostname", "topic_name", "depth", "memory_depth", "backend_depth",
@@ -289,51 +287,30 @@ def test_total_failure_is_502(admin_factory):
                               f": dial tcp {dead}: connect: connection refused")
 
 
-class GoNsqd:
-    """A stand-in for a Go nsqd 1.3: serves /info and /stats documents in Go nsqd's
-    own shape (with the fields nsqshm does not have, which nsqadmin ignores)."""
-
-    def __init__(self, topic):
-        def stats():
-            return {"version": "1.2.1", "health": "OK", "start_time": 1700000000, "topics": [{
-                "topic_name": topic, "channels": [{
-                    "channel_name": "c", "depth": 10, "backend_depth": 4, "in_flight_count": 1,
-                    "deferred_count": 2, "message_count": 40, "requeue_count": 3,
-                    "timeout_count": 1, "client_count": 0, "clients": [], "paused": True,
-                    "e2e_processing_latency": {"count": 8, "percentiles": [
-                        {"quantile": 0.99, "value": 2000000}, {"quantile": 0.5, "value": 500000}]},
-                }], "depth": 0, "backend_depth": 0, "message_count": 40, "message_bytes": 400,
-                "paused": False, "e2e_processing_latency": {"count": 0, "percentiles": None}}],
-                "memory": {"heap_objects": 1}, "producers": []}
-
-        info = {"version": "1.2.1", "broadcast_address": "127.0.0.1", "hostname": "go-nsqd",
-                "http_port": 0, "tcp_port": 4150, "start_time": 1700000000}
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                doc = info if self.path.startswith("/info") else stats()
-                body = json.dumps(doc).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json; charset=utf-8")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        info["http_port"] = self.server.server_address[1]
-        self.addr = f"127.0.0.1:{info['http_port']}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+def go_nsqd(topic):
+    """A stand-in for a Go nsqd 1.2.1: /info and /stats documents in Go nsqd's own
+    shape (with fields nsqshm does not have, which nsqadmin ignores)."""
+    stats = {"version": "1.2.1", "health": "OK", "start_time": 1700000000, "topics": [{
+        "topic_name": topic, "channels": [{
+            "channel_name": "c", "depth": 10, "backend_depth": 4, "in_flight_count": 1,
+            "deferred_count": 2, "message_count": 40, "requeue_count": 3, "timeout_count": 1,
+            "client_count": 0, "clients": [], "paused": True,
+            "e2e_processing_latency": {"count": 8, "percentiles": [
+                {"quantile": 0.99, "value": 2000000}, {"quantile": 0.5, "value": 500000}]},
+        }], "depth": 0, "backend_depth": 0, "message_count": 40, "message_bytes": 400,
+        "paused": False, "e2e_processing_latency": {"count": 0, "percentiles": None}}],
+        "memory": {"heap_objects": 1}, "producers": []}
+    info = {"version": "1.2.1", "broadcast_address": "127.0.0.1", "hostname": "go-nsqd",
+            "http_port": 0, "tcp_port": 4150, "start_time": 1700000000}
+    json_type = "application/json; charset=utf-8"
+    stub = StubHTTP(lambda method, path: (json_type, info if path == "/info" else stats))
+    info["http_port"] = int(stub.addr.rpartition(":")[2])
+    return stub
 
 
 def test_side_by_side_with_a_go_shaped_nsqd(cluster, admin_factory):
     cluster.make_topic("mixed", channel="c", nodes=cluster.nodes[:1], messages=2)
-    go = GoNsqd("mixed")
+    go = go_nsqd("mixed")
     try:
         admin = admin_factory(f"--nsqd-http-address={cluster.addrs[0]}",
                               f"--nsqd-http-address={go.addr}")
@@ -386,9 +363,9 @@ def test_notification_webhook(cluster, admin_factory, receiver):
                           f"--notification-http-endpoint={receiver.url}")
     auth = {"Authorization": "Basic YWxpY2U6c2VjcmV0", "User-Agent": "tester/2"}  # alice:secret
     assert admin.json("POST", "/api/topics/note/c", {"action": "pause"}, auth)[0] == 200
-    assert wait_for(lambda: len(receiver.received) == 1)
-    ctype, body = receiver.received[0]
-    assert ctype == "application/json"
+    assert wait_for(lambda: len(receiver.requests) == 1)
+    method, path, headers, body = receiver.requests[0]
+    assert (method, path, headers["Content-Type"]) == ("POST", "/notify", "application/json")
     doc = json.loads(body)
     assert list(doc) == ["action", "topic", "channel", "timestamp", "user", "remote_ip",
                          "user_agent", "url", "via"]
@@ -398,10 +375,10 @@ def test_notification_webhook(cluster, admin_factory, receiver):
     assert doc["user_agent"] == "tester/2"
     assert doc["url"] == f"http://127.0.0.1:{admin.port}/api/topics/note/c"
     assert admin.json("POST", "/api/topics", {"topic": "note2", "channel": "x"})[0] == 200
-    assert wait_for(lambda: len(receiver.received) == 3)
-    actions = [json.loads(b)["action"] for _, b in receiver.received[1:]]
-    assert actions == ["create_topic", "create_channel"]
-    assert "user" not in json.loads(receiver.received[1][1])  # omitempty
+    assert wait_for(lambda: len(receiver.requests) == 3)
+    docs = [json.loads(r[3]) for r in receiver.requests[1:]]
+    assert [d["action"] for d in docs] == ["create_topic", "create_channel"]
+    assert "user" not in docs[0]  # omitempty
 
 
 def test_admin_users(cluster, admin_factory):
@@ -458,3 +435,37 @@ def test_nsqd_json_reachable(cluster):
     # the fixtures' own sanity: both nodes registered with lookupd
     assert len(cluster.lookupd.get_json("/nodes")["producers"]) == 2
     assert nsqd_json(cluster.nodes[0], "/info")["http_port"] == cluster.nodes[0].http_port
+
+
+def test_graphite_rate_and_proxy(cluster, admin_factory):
+    points = [{"target": "x", "datapoints": [[120.0, 1700000000]]}]
+    graphite = StubHTTP(lambda method, path: ("application/json", points))
+    try:
+        admin = admin_factory(f"--lookupd-http-address={cluster.lookupd.http_address}",
+                              f"--graphite-url=http://user:pw@{graphite.addr}",
+                              "--proxy-graphite", "--statsd-interval=1m")
+        target = "sumSeries(nsq.*.topic.t.message_count)"
+        status, doc = admin.json("GET", f"/api/graphite?metric=rate&target={target}")
+        assert (status, doc) == (200, {"rate": "2.00"})  # 120 per 60 s
+        path = graphite.requests[0][1]
+        assert path == ("/render?format=json&from=-120sec&target=sumSeries%28nsq.%2A.topic.t."
+                        "message_count%29&until=-60sec")
+        assert admin.json("GET", "/api/graphite?metric=depth&target=x") == (
+            400, {"message": "INVALID_ARG_METRIC"})
+        assert admin.json("GET", "/api/graphite?metric=rate") == (
+            400, {"message": "INVALID_ARG_TARGET"})
+        status, _, body = admin.get("/render?target=x&format=json")
+        assert status == 200 and json.loads(body)[0]["target"] == "x"
+        _, path, headers, _ = graphite.requests[-1]
+        assert (path, headers["Authorization"]) == ("/render?target=x&format=json",
+                                                    "Basic dXNlcjpwdw==")
+    finally:
+        graphite.close()
+
+
+def test_config_put_rejects_addresses_that_are_not_host_port(cluster, admin_factory):
+    admin = admin_factory(f"--lookupd-http-address={cluster.lookupd.http_address}")
+    assert admin.json("PUT", "/config/nsqlookupd_http_addresses", b'["no-port"]') == (
+        400, {"message": "INVALID_VALUE"})
+    assert admin.json("PUT", "/config/nsqlookupd_http_addresses", b'{"a":1}') == (
+        400, {"message": "INVALID_VALUE"})

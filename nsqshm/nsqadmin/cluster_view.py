@@ -1,0 +1,136 @@
+"""The numbers the JSON API and the pages show, gathered as nsqadmin's
+handlers gather them (nsqadmin/http.go, the part before the response): a
+query that failed on some nodes adds a warning to ``messages``, one that
+failed everywhere is a 502 UPSTREAM_ERROR (``Err``), each logged with
+nsqadmin's words ("failed to get topic producers - ...")."""
+
+from nsqshm.nsqadmin.clusterinfo import UpstreamError
+from nsqshm.nsqadmin.stats import TopicStats, search
+from nsqshm.nsqd.http_api import Err
+
+
+def maybe_warn(messages):
+    """nsqadmin's "message" field: "" or "WARNING: ..." joined with "; "."""
+    return "WARNING: " + "; ".join(messages) if messages else ""
+
+
+class ClusterView:
+    def __init__(self, admin):
+        self.admin = admin
+
+    @property
+    def opts(self):
+        return self.admin.opts
+
+    @property
+    def ci(self):
+        return self.admin.ci
+
+    def lists(self):
+        """(lookupd addresses, nsqd addresses): nsqadmin uses the first when given."""
+        return self.opts.lookupd_http_address, self.opts.nsqd_http_address
+
+    def gather(self, what, messages, fn, *args):
+        """fn(*args) -> (..., errors): the result; errors become a warning in
+        messages, a failure everywhere a 502 UPSTREAM_ERROR."""
+        try:
+            *result, errs = fn(*args)
+        except UpstreamError as err:
+            self.admin.log.error(f"failed to {what} - {err}")
+            raise Err(502, f"UPSTREAM_ERROR: {err}") from None
+        if errs:
+            text = "\n".join(errs)
+            self.admin.log.warn(text)
+            messages.append(text)
+        return result[0] if len(result) == 1 else result
+
+    def act(self, what, messages, fn, *args):
+        """Run an action (fn returns its errors); Err(502) when it failed everywhere."""
+        self.gather(what, messages, lambda: (None, fn(*args)))
+
+    # -- what the endpoints and pages show ------------------------------------------------
+
+    def topic_names(self, messages):
+        lookupd, nsqd = self.lists()
+        if lookupd:
+            return self.gather("get topics", messages, self.ci.get_lookupd_topics, lookupd)
+        return self.gather("get topics", messages, self.ci.get_nsqd_topics, nsqd)
+
+    def inactive_topics(self, topics):
+        """{topic: channels} of the topics lookupd knows with no producer left."""
+        lookupd, _ = self.lists()
+        out = {}
+        if not lookupd:
+            return out
+        for topic in topics or ():
+            try:
+                producers, _ = self.ci.get_lookupd_topic_producers(topic, lookupd)
+            except UpstreamError:
+                producers = []
+            if not producers:
+                try:
+                    out[topic], _ = self.ci.get_lookupd_topic_channels(topic, lookupd)
+                except UpstreamError:
+                    out[topic] = None
+        return out
+
+    def topic_stats(self, topic, messages):
+        """The topic aggregated across its nodes (nsqadmin's topicHandler)."""
+        producers = self.gather("get topic producers", messages, self.ci.get_topic_producers,
+                                topic, *self.lists())
+        per_node, _ = self.gather("get topic metadata", messages, self.ci.get_nsqd_stats,
+                                  producers, topic, "", False)
+        total = TopicStats(topic_name=topic)
+        for t in per_node:
+            total.add(t)
+        return total
+
+    def channel_stats(self, topic, channel, messages):
+        """The channel aggregated across nodes, clients included; None if no node has it."""
+        producers = self.gather("get topic producers", messages, self.ci.get_topic_producers,
+                                topic, *self.lists())
+        _, channels = self.gather("get channel metadata", messages, self.ci.get_nsqd_stats,
+                                  producers, topic, channel, True)
+        return channels.get(channel)
+
+    def producers(self, what, messages):
+        return self.gather(what, messages, self.ci.get_producers, *self.lists())
+
+    def all_topic_stats(self, messages):
+        """Every node's topics (clients left out)."""
+        producers = self.producers("get producers", messages)
+        if not producers:
+            return []
+        per_node, _ = self.gather("get nsqd stats", messages, self.ci.get_nsqd_stats,
+                                  producers, "", "", False)
+        return per_node
+
+    def node_stats(self, node, messages):
+        """(per-topic stats of one node, total messages, total clients)."""
+        producer = search(self.producers("get producers", messages), node)
+        if producer is None:
+            raise Err(404, "NODE_NOT_FOUND")
+        try:
+            topics, _, errs = self.ci.get_nsqd_stats([producer], "", "", True)
+        except UpstreamError as err:
+            errs, topics = [str(err)], None
+        if errs:  # nsqadmin: any error here is a 502
+            self.admin.log.error(f"failed to get nsqd stats - {errs[0]}")
+            raise Err(502, f"UPSTREAM_ERROR: {errs[0]}")
+        clients = sum(len(c.clients or ()) for t in topics for c in t.channels or ())
+        return topics or None, sum(t.message_count for t in topics), clients
+
+    def counter_stats(self, messages):
+        """{"topic:channel:node": {node, topic_name, channel_name, message_count}}, sorted."""
+        producers = self.producers("get counter producer list", messages)
+        _, channels = self.gather("get nsqd stats", messages, self.ci.get_nsqd_stats,
+                                  producers, "", "", False)
+        stats = {}
+        for c in channels.values():
+            for node in c.node_stats or ():
+                key = f"{c.topic_name}:{c.channel_name}:{node.node}"
+                entry = stats.setdefault(key, {"node": node.node, "topic_name": c.topic_name,
+                                               "channel_name": c.channel_name,
+                                               "message_count": 0})
+                entry["message_count"] += node.message_count
+        return {k: stats[k] for k in sorted(stats)}  # a Go map: keys sorted
