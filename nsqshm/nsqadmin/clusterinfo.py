@@ -22,6 +22,9 @@ import gevent
 from nsqshm.nsqadmin.client import ClientError
 from nsqshm.nsqadmin.stats import ChannelStats, Producer, TopicStats, semver_key
 
+# what a node's bad answer raises: ClientError from the request, the others from its JSON
+QUERY_ERRORS = (ClientError, ValueError, TypeError, AttributeError, KeyError)
+
 
 class UpstreamError(Exception):
     """A cluster query that failed on every node; str() is nsqadmin's text."""
@@ -53,16 +56,22 @@ class ClusterInfo:
     def _each(self, items, query, what):
         """query(item) for every item side by side: ([(item, result)], [error text]).
         Raises UpstreamError when every one failed (or there was none)."""
-        jobs = [(item, gevent.spawn(query, item)) for item in items]
-        gevent.joinall([job for _, job in jobs])
+        def attempt(item):
+            # an expected failure is a result, not a dead greenlet (gevent would print it)
+            try:
+                return True, query(item)
+            except QUERY_ERRORS as err:
+                return False, str(err)
+
+        jobs = [(item, gevent.spawn(attempt, item)) for item in items]
+        gevent.joinall([job for _, job in jobs], raise_error=True)
         results, errs = [], []
         for item, job in jobs:
-            if job.successful():
-                results.append((item, job.value))
-            elif isinstance(job.exception, ClientError | ValueError | TypeError | AttributeError | KeyError):
-                errs.append(str(job.exception))
+            ok, value = job.value
+            if ok:
+                results.append((item, value))
             else:
-                raise job.exception
+                errs.append(value)
         if len(errs) == len(jobs):
             raise UpstreamError(f"Failed to query any {what}: {chr(10).join(errs)}")
         return results, errs

@@ -47,6 +47,10 @@ def consumer(node, topic, channel, rdy, **identify):
     return conn
 
 
+def page_has(admin, path, text, times):
+    return admin.get(path)[2].count(text) == times
+
+
 # -- reading ---------------------------------------------------------------------------
 
 
@@ -95,6 +99,7 @@ def test_topic_aggregates_nodes(cluster, admin):
 def test_channel_with_clients(cluster, admin):
     cluster.make_topic("chan", channel="c", messages=2)
     conns = [consumer(n, "chan", "c", rdy=7) for n in cluster.nodes]
+    conns.append(consumer(cluster.nodes[0], "chan", "sampled", rdy=1, sample_rate=50))
     try:
         assert wait_for(lambda: admin.json("GET", "/api/topics/chan/c")[1]["in_flight_count"] == 4)
         status, doc = admin.json("GET", "/api/topics/chan/c")
@@ -111,6 +116,10 @@ def test_channel_with_clients(cluster, admin):
             assert client["user_agent"] == "ui-test/1.0"
             assert client["version"] == "V2"
             assert client["connected"] % 1_000_000_000 == 0
+        assert page_has(admin, "/topics/chan/c", b"Snappy</span>", 2)
+        [sampled] = admin.json("GET", "/api/topics/chan/sampled")[1]["clients"]
+        assert sampled["sample_rate"] == 50
+        assert page_has(admin, "/topics/chan/sampled", b"Sampled 50%", 1)
     finally:
         for c in conns:
             c.close()
@@ -285,6 +294,10 @@ def test_total_failure_is_502(admin_factory):
     assert status == 502
     assert doc["message"] == (f'UPSTREAM_ERROR: Failed to query any nsqd: Get "http://{dead}/info"'
                               f": dial tcp {dead}: connect: connection refused")
+    assert admin.get("/topics")[0] == 502  # the page says so too
+    assert "Traceback" not in "".join(admin.lines)  # an expected failure, logged as such
+    assert any("ERROR: failed to get nodes - Failed to query any nsqd" in line
+               for line in admin.lines)
 
 
 def go_nsqd(topic):
