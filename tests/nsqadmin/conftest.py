@@ -121,8 +121,8 @@ def topic_of(server, topic):
 
 
 class Cluster:
-    """nsqlookupd with two nsqshm nsqd registered to it (module-scoped: tests use
-    their own topic names)."""
+    """nsqlookupd with two nsqshm nsqd registered to it (one for the session:
+    every test uses its own topic names)."""
 
     def __init__(self, tmp_path_factory):
         self.lookupd = Lookupd()
@@ -153,7 +153,7 @@ class Cluster:
         self.lookupd.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     c = Cluster(tmp_path_factory)
     yield c

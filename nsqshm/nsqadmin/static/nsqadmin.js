@@ -191,6 +191,7 @@
   // -- the clock ------------------------------------------------------------------
 
   function tick() {
+    if (document.hidden) { return; }  // a background tab asks nothing of the cluster
     refreshLive();
     if (canvas) { pollChart(); }
   }
