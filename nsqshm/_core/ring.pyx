@@ -216,6 +216,12 @@ cdef class Ring:
         return self
 
     @staticmethod
+    def exists(str name):
+        """Whether a segment named `name` exists (it may not be a ring)."""
+        validate_name(name)
+        return os.path.exists(f"/dev/shm/{name}")
+
+    @staticmethod
     def unlink_segment(str name):
         """Remove the ring `name` and its waiter FIFOs; False if it was not there."""
         validate_name(name)

@@ -35,6 +35,14 @@ class DummyBackend:
         pass
 
 
+class RingOnly(DummyBackend):
+    """The disk queue as seen by a worker that does not own the topic: it has
+    none; what does not fit the ring stays with the caller (never dropped)."""
+
+    def put_packed(self, packed, max_records=-1):
+        raise AssertionError("a worker that does not own the topic has no disk queue")
+
+
 def memory_first(ring, backend, packed, mem_limit):
     """Push packed records into `ring` while the disk queue is empty (so
     order stays FIFO), up to `mem_limit` messages in the ring; return what
@@ -72,4 +80,4 @@ def remove_later(nsqd, path):
     gevent.get_hub().threadpool.spawn(remove)
 
 
-__all__ = ["DiskQueueError", "DummyBackend", "new_backend"]
+__all__ = ["DiskQueueError", "DummyBackend", "RingOnly", "new_backend"]

@@ -8,6 +8,15 @@ client per round (pop_many_into + InFlight.deliver: frames built, attempts
 counted and the message put in flight without a Python object per
 message).  Timeouts and deferrals are found by the broker's scan loop
 through next_deadline(), never by a timer per message.
+
+Messages are taken from the ring under its consumer lock into the in-flight
+table, whose blocks live in the worker's arena in shared memory; a message
+leaving the table (requeue, timeout, shutdown) is stored elsewhere before
+its block is released.  So no instant of a worker's death loses a message.
+
+With several workers every worker with subscribers runs a dispatcher on
+the same ring; only the topic's owner has the disk queue and refills the
+ring from it, when its own clients wait or another worker asks ("want").
 """
 
 import os
@@ -25,7 +34,7 @@ from nsqshm._core.inflight import (
     InFlight,
     latency_percentiles,
 )
-from nsqshm.nsqd.backend import DiskQueueError, memory_first, new_backend
+from nsqshm.nsqd.backend import DiskQueueError, RingOnly, memory_first, new_backend
 from nsqshm.nsqd.names import is_ephemeral
 from nsqshm.nsqd.waiting import wait_fd_or_event
 
@@ -62,10 +71,15 @@ class Channel:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.ring = self.nsqd.make_ring(f"c.{topic.name}:{name}")
-        self.backend = new_backend(self.nsqd, f"{topic.name}:{name}", self.ephemeral)
+        self.owned = topic.owned
+        self.backend = (new_backend(self.nsqd, f"{topic.name}:{name}", self.ephemeral)
+                        if self.owned else RingOnly())
         self.mem_limit = self.nsqd.opts.mem_queue_size
         self.inflight = InFlight()
         self.deferred = DeferredQueue()
+        if self.nsqd.arena is not None:
+            self.inflight.use_arena(self.nsqd.arena, f"{topic.name}:{name}")
+            self.deferred.use_arena(self.nsqd.arena, f"{topic.name}:{name}")
         self.clients = {}
         self.paused = False
         self.exiting = False
@@ -78,7 +92,7 @@ class Channel:
             self.e2e = LatencyStream(self.nsqd.opts, lambda: [self.inflight])
         self._ready = gevent.event.Event()
         self._scratch = bytearray(max(1 << 20, 2 * (self.ring.max_record + 4)))
-        if not self.ephemeral:
+        if not self.ephemeral and self.owned:
             self._load_deferred()
         self._dispatcher = gevent.spawn(self._dispatch)
 
@@ -100,6 +114,18 @@ class Channel:
         if self.clients.pop(client.id, None) is None:
             return
         if not self.clients and self.ephemeral:
+            if self.nsqd.cluster is None:
+                self.topic.delete_channel(self.name)
+            else:
+                gevent.spawn(self._delete_if_unused)
+
+    def _delete_if_unused(self):
+        """An ephemeral channel goes when no worker has a client on it."""
+        replies = self.nsqd.cluster.gather({"op": "clients", "topic": self.topic.name,
+                                            "channel": self.name}, timeout=2)
+        if any(r is None or r.get("count") for r in replies):
+            return
+        if not self.clients and self.topic.channels.get(self.name) is self:
             self.topic.delete_channel(self.name)
 
     def wake(self):
@@ -133,6 +159,7 @@ class Channel:
             self.defer(msg, delay)
         else:
             self.put_records(len(msg).to_bytes(4, "little") + msg)
+        self.inflight.release()  # stored again: the in-flight block can go
         self._ready.set()
 
     def touch(self, client, msg_id):
@@ -158,7 +185,11 @@ class Channel:
         deferred messages coming due are not, as in nsqd."""
         self.message_count += new
         view = memory_first(self.ring, self.backend, packed, self.mem_limit)
-        if view:
+        if view and not self.owned:
+            _, used = self.ring.push_packed(view)  # past the limit: the owner spills
+            if used < len(view):
+                self._defer_packed(view[used:], 0.1)  # a full ring: try again soon
+        elif view:
             try:
                 self.backend.put_packed(view)
             except DiskQueueError as err:
@@ -168,6 +199,13 @@ class Channel:
                 return
             self.nsqd.backend_written(self.backend)
             self._ready.set()
+
+    def _defer_packed(self, view, delay_s):
+        pos = 0
+        while pos < len(view):
+            size = int.from_bytes(view[pos:pos + 4], "little")
+            self.defer(view[pos + 4:pos + 4 + size], delay_s)
+            pos += 4 + size
 
     def put_deferred(self, msg, due):
         """A DPUB message for this channel: counted now, delivered when due."""
@@ -195,6 +233,8 @@ class Channel:
                 if self.backend.depth:
                     self._refill(sum(c.ready_count - c.in_flight for c in ready))
                     continue
+                if not self.owned:
+                    self.nsqd.tell_owner(self.topic.name, self.name)
                 self._ready.clear()
                 ring.arm()
                 if ring.depth == 0 and not self.backend.depth:
@@ -208,12 +248,12 @@ class Channel:
                 room = client.ready_count - client.in_flight
                 if room <= 0 or client.closed:
                     continue
-                n, nbytes = ring.pop_many_into(scratch, min(room, DELIVER_BATCH))
-                if not n:
-                    break
                 deadline = now + client.msg_timeout_ns
-                n = self.inflight.deliver(scratch, n, client.out, client.id, deadline,
-                                          client.sample_rate)  # sampled-out: dropped, as nsqd
+                taken, n = self.inflight.deliver_from_ring(
+                    ring, min(room, DELIVER_BATCH), scratch, client.out, client.id, deadline,
+                    client.sample_rate)  # sampled-out: dropped, as nsqd
+                if not taken:
+                    break
                 client.in_flight += n
                 client.message_count += n
                 client.kick()
@@ -222,6 +262,11 @@ class Channel:
             if earliest is not None:
                 self.nsqd.schedule_scan(earliest)
             gevent.idle()  # let writers and readers run between rounds
+
+    def wanted(self):
+        """Another worker's clients wait on an empty ring (the owner refills)."""
+        if self.backend.depth and self.ring.depth == 0:
+            self._refill(DELIVER_BATCH)
 
     def _refill(self, wanted):
         """Move up to `wanted` messages from the disk queue into the ring,
@@ -244,6 +289,7 @@ class Channel:
                 break
             total += n
             self.put_records(memoryview(scratch)[:nbytes])
+            self.inflight.release()
         if total:
             self.timeout_count += total
             for client in self.clients.values():
@@ -260,6 +306,7 @@ class Channel:
                 break
             total += n
             self.put_records(memoryview(scratch)[:nbytes])
+            self.deferred.release()
         return total
 
     def next_deadline(self):
@@ -270,10 +317,12 @@ class Channel:
 
     def pause(self):
         self.paused = True
+        self.nsqd.broadcast_change("channel_pause", self.topic.name, self.name)
 
     def unpause(self):
         self.paused = False
         self._ready.set()
+        self.nsqd.broadcast_change("channel_unpause", self.topic.name, self.name)
 
     @property
     def depth(self):
@@ -291,10 +340,13 @@ class Channel:
             pass
         while self.deferred.drain(scratch)[0]:
             pass
+        self.inflight.release()
+        self.deferred.release()
         self.backend.empty()
         for client in self.clients.values():
             client.in_flight = 0
         self._ready.set()
+        self.nsqd.broadcast_change("channel_empty", self.topic.name, self.name)
 
     def close(self, delete=False):
         """Stop the dispatcher.  delete: drop everything and close the clients.
@@ -311,29 +363,58 @@ class Channel:
             self.backend.delete()
             self._remove_deferred_file()
             self.ring.unlink()
-        elif flush_ring(self.ring, self.backend, self._scratch, self.nsqd):
-            scratch = self._scratch
-            while True:
-                n, nbytes = self.inflight.drain(scratch)
-                if not n:
-                    break
-                self.backend.put_packed(memoryview(scratch)[:nbytes])
-            if not self.ephemeral:
-                self._save_deferred()
+        else:
+            self.give_back()
+            if flush_ring(self.ring, self.backend, self._scratch, self.nsqd):
+                self.backend.close()
+                self.ring.unlink()
+        self.ring.close()
+
+    def give_back(self):
+        """Shutdown: in-flight messages back into the channel, deferred ones to
+        this worker's deferred file, each block released once stored."""
+        self._dispatcher.kill(block=False)
+        scratch = self._scratch
+        while True:
+            n, nbytes = self.inflight.drain(scratch)
+            if not n:
+                break
+            self.put_records(memoryview(scratch)[:nbytes])
+            self.inflight.release()
+        if not self.ephemeral:
+            self._save_deferred()
+
+    def close_handles(self, sync=False):
+        """Stop using the channel, its messages left where they are."""
+        self.exiting = True
+        self._dispatcher.kill(block=False)
+        if sync:
             self.backend.close()
-            self.ring.unlink()
         self.ring.close()
 
     # -- deferred messages across a restart -------------------------------------------
     #
-    # <data-path>/<topic>:<channel>.deferred.dat, written at shutdown, read and
+    # <data-path>/<topic>:<channel>.deferred.dat (worker 0; worker i writes
+    # .deferred.w<i>.dat), written at shutdown, read by the topic's owner and
     # removed at start; per message, big-endian:
     #
     #   [ 8-byte due time, ns since the epoch ][ 4-byte size ][ message ]
 
     @property
     def deferred_path(self):
-        return os.path.join(self.nsqd.data_path, f"{self.topic.name}:{self.name}.deferred.dat")
+        worker = f".w{self.nsqd.index}" if self.nsqd.index else ""
+        return os.path.join(self.nsqd.data_path,
+                            f"{self.topic.name}:{self.name}.deferred{worker}.dat")
+
+    def _deferred_files(self):
+        prefix = f"{self.topic.name}:{self.name}.deferred"
+        try:
+            names = os.listdir(self.nsqd.data_path)
+        except OSError:
+            return []
+        return [os.path.join(self.nsqd.data_path, n) for n in sorted(names)
+                if n.startswith(prefix) and n.endswith(".dat")
+                and (n == prefix + ".dat" or n[len(prefix):len(prefix) + 2] == ".w")]
 
     def _save_deferred(self):
         scratch = self._scratch
@@ -350,9 +431,17 @@ class Channel:
                 parts.append(struct.pack(">qI", due + wall_minus_mono, size)
                              + scratch[pos + 4:pos + 4 + size])
                 pos += 4 + size
-        if not parts:
-            self._remove_deferred_file()
+        if not parts:  # (a file written earlier in this shutdown stays)
             return
+        self._write_deferred(parts)
+        self.deferred.release()  # on disk now
+
+    def _write_deferred(self, parts):
+        try:  # a second save in one shutdown adds to the first
+            with open(self.deferred_path, "rb") as f:
+                parts.insert(0, f.read())
+        except FileNotFoundError:
+            pass
         tmp = f"{self.deferred_path}.{random.getrandbits(31)}.tmp"
         with open(tmp, "wb") as f:
             f.write(b"".join(parts))
@@ -361,8 +450,12 @@ class Channel:
         os.rename(tmp, self.deferred_path)
 
     def _load_deferred(self):
+        for path in self._deferred_files():
+            self._load_deferred_file(path)
+
+    def _load_deferred_file(self, path):
         try:
-            with open(self.deferred_path, "rb") as f:
+            with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             return
@@ -371,13 +464,16 @@ class Channel:
         while pos + 12 <= len(data):
             due, size = struct.unpack_from(">qI", data, pos)
             if pos + 12 + size > len(data) or size < 26:
-                self.nsqd.logf("error", f"{self.deferred_path}: truncated at byte {pos}")
+                self.nsqd.logf("error", f"{path}: truncated at byte {pos}")
                 break
             due_mono = due + mono_minus_wall
             self.deferred.push(data[pos + 12:pos + 12 + size], due_mono)
             self.nsqd.schedule_scan(due_mono)
             pos += 12 + size
-        self._remove_deferred_file()
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
     def _remove_deferred_file(self):
         try:

@@ -24,6 +24,7 @@ Parameters come from the query string only, parsed as Go's url.ParseQuery
 
 import gc
 import json
+import os
 import re
 import socket
 import time
@@ -34,9 +35,9 @@ from gevent.pywsgi import WSGIServer
 from werkzeug.wrappers import Response
 
 from nsqshm._core import wire
+from nsqshm.nsqd.listeners import listen
 from nsqshm.nsqd.log import LEVELS
 from nsqshm.nsqd.names import go_quote, is_valid_name
-from nsqshm.nsqd.nsqd import split_address
 from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
 from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
 from nsqshm.nsqd.topic import TopicError
@@ -283,6 +284,7 @@ class HTTPAPI:
         add(Route("PUT", "/config/:opt", self.config))
         add(Route("PUT", "/debug/setblockrate", self.set_block_rate, plain=True))
         add(Route("POST", "/debug/freememory", self.free_memory, plain=True))
+        add(Route("GET", "/debug/nsqshm/worker", self.worker))
 
     # -- logging ------------------------------------------------------------------------
 
@@ -456,6 +458,13 @@ class HTTPAPI:
         if health != "OK":
             raise Err(500, health)
         return health
+
+    def worker(self, req):
+        """nsqshm: which worker answered, and the topics it owns (tests, operators)."""
+        nsqd = self.nsqd
+        return {"index": nsqd.index, "workers": nsqd.nworkers, "pid": os.getpid(),
+                "owned_topics": sorted(t.name for t in nsqd.topics.values() if t.owned),
+                "arena": nsqd.arena.name if nsqd.arena is not None else None}
 
     def info(self, req):
         nsqd = self.nsqd
@@ -744,6 +753,8 @@ def make_http_server(nsqd):
     or a unix socket path as in nsqd 1.3 (then /info reports http_port -1)."""
     address = nsqd.opts.http_address
     if listen_address_kind(address) == "unix":
+        if getattr(nsqd, "index", 0) != 0:  # a path has one listener: worker 0's
+            return None
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(address)
@@ -752,7 +763,7 @@ def make_http_server(nsqd):
             listener.close()
             raise
     else:
-        listener = split_address(address)
+        listener = listen(nsqd.listen_address("http_address"))
     server = WSGIServer(listener, create_app(nsqd), log=None)
     server.init_socket()
     if server.socket.family != socket.AF_UNIX:

@@ -1,6 +1,8 @@
 """`nsqshm start`: a drop-in for the nsqd binary.  A thin shell: flags,
-logging, listeners, signals; the broker is nsqshm.nsqd.nsqd.NSQD."""
+logging, then the supervisor (arbiter.py), which forks the workers
+(worker.py), each one nsqshm.nsqd.nsqd.NSQD over the shared rings."""
 
+import os
 import sys
 
 from nsqshm import NSQD_COMPAT_VERSION, __version__
@@ -11,14 +13,26 @@ EXIT_USAGE = 2
 
 
 def format_address(address):
-    if isinstance(address, str):  # a unix socket path
+    if isinstance(address, str):  # a unix socket path, or host:port already
         return address
     host, port = address[0], address[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def check_writable(path):
+    probe = os.path.join(path, f".nsqshm-check.{os.getpid()}")
+    with open(probe, "w"):
+        pass
+    os.unlink(probe)
+
+
 def main(argv):
-    from nsqshm.nsqd.options import OptionsError, parse_args, unimplemented_flags_set
+    from nsqshm.nsqd.options import (
+        OptionsError,
+        listen_address_kind,
+        parse_args,
+        unimplemented_flags_set,
+    )
 
     try:
         opts = parse_args(list(argv))
@@ -28,17 +42,12 @@ def main(argv):
     if opts.version:
         print(f"nsqd v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version__})")
         return EXIT_OK
+    opts.argv = list(argv)  # SIGHUP re-reads them
 
-    from gevent import monkey
-
-    monkey.patch_all()
-    import signal
-
-    import gevent
-    import gevent.event
-
+    from nsqshm.nsqd import instance
+    from nsqshm.nsqd.arbiter import Arbiter, set_proctitle
     from nsqshm.nsqd.log import Logger
-    from nsqshm.nsqd.nsqd import NSQD
+    from nsqshm.nsqd.worker import main as worker_main
 
     log = Logger(prefix=opts.log_prefix, level=opts.log_level)
     for line in getattr(opts, "warnings", []):
@@ -47,31 +56,42 @@ def main(argv):
         log.warn(f"flag -{name} is accepted but not implemented yet")
     log.info(f"nsqd v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version__})")
     log.info(f"ID: {opts.node_id}")
-    stop = gevent.event.Event()  # handlers first: a signal during start-up is not lost
-
-    def handle_stop():  # signal handlers only queue
-        stop.set()
-
-    gevent.signal_handler(signal.SIGTERM, handle_stop)
-    gevent.signal_handler(signal.SIGINT, handle_stop)
+    data_path = os.path.abspath(opts.data_path or ".")
+    prefix = instance.prefix_for(data_path, opts.shm_prefix)
     try:
-        nsqd = NSQD(opts, log=log)
-        tcp, http = nsqd.start()
-    except (OSError, RuntimeError) as err:
+        check_writable(data_path)
+    except OSError as err:  # one clear line, before any worker exists
         log.fatal(f"failed to start nsqd - {err}")
         return EXIT_FATAL
-    log.info(f"TCP: listening on {format_address(tcp)}")
-    if http is not None:
-        log.info(f"HTTP: listening on {format_address(http)}")
-    if nsqd.https_server is not None:
-        log.info(f"HTTPS: listening on {format_address(nsqd.https_server.address)}")
+    arbiter = Arbiter(opts, list(argv), log, worker_main, parse_args)
+    set_proctitle(f"nsqshm: supervisor of {arbiter.nworkers} workers (data {data_path})")
+    listening = []
 
-    stop.wait()
-    log.info(f"TCP: closing {format_address(tcp)}")
-    if http is not None:
-        log.info(f"HTTP: closing {format_address(http)}")
-    if nsqd.https_server is not None:
-        log.info(f"HTTPS: closing {format_address(nsqd.https_server.address)}")
-    nsqd.stop()
-    log.info("NSQ: bye")
-    return EXIT_OK
+    def on_ready(arb):
+        for key, name in (("tcp_address", "TCP"), ("http_address", "HTTP"),
+                          ("https_address", "HTTPS")):
+            address = arb.addresses.get(key)
+            if address is None and listen_address_kind(getattr(opts, key) or "") == "unix":
+                address = getattr(opts, key)  # a socket path, worker 0's
+            if address:
+                log.info(f"{name}: listening on {address}")
+                listening.append((name, address))
+        instance.write(prefix, {
+            "pid": os.getpid(), "prefix": prefix, "data_path": data_path,
+            "tcp_address": arb.addresses.get("tcp_address"),
+            "http_address": arb.addresses.get("http_address"),
+            "workers": arb.nworkers, "max_msg_size": opts.max_msg_size,
+            "msg_timeout": opts.msg_timeout})
+
+    try:
+        code = arbiter.run(on_ready)
+    except OSError as err:  # a port in use, an unusable address
+        log.fatal(f"failed to start nsqd - {err}")
+        return EXIT_FATAL
+    finally:
+        instance.remove(prefix, pid=os.getpid())
+    for name, address in listening:
+        log.info(f"{name}: closing {address}")
+    if code == EXIT_OK:
+        log.info("NSQ: bye")
+    return code

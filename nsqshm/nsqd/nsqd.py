@@ -9,6 +9,13 @@ same data path finds its rings again.
 The scan loop (nsqd's queueScanLoop) sleeps until the earliest in-flight
 deadline or deferred due time of any channel, and is woken early when an
 earlier one is scheduled; an idle broker does not wake at all.
+
+With several workers (arbiter.py) each runs one NSQD.  Every worker knows
+every topic and channel (cluster.py carries the changes), publishes into
+the topic rings and consumes the channel rings; a topic's owner, a stable
+hash of its name, alone runs its pump and owns its disk queues.  The
+messages a worker holds (in flight, deferred) live in its arena in shared
+memory, and a new worker puts a dead one's back (recovery.py).
 """
 
 import json
@@ -16,14 +23,17 @@ import os
 import random
 import socket
 import time
+import zlib
 
 import gevent
 import gevent.event
+import gevent.local
 from gevent.server import StreamServer
 
 from nsqshm import NSQD_COMPAT_VERSION
+from nsqshm._core.arena import Arena
 from nsqshm._core.codec import IdGenerator
-from nsqshm.nsqd import instance
+from nsqshm.nsqd import instance, listeners
 from nsqshm.nsqd.log import Logger
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.topic import Topic
@@ -32,10 +42,7 @@ from nsqshm.ring import Ring, use_gevent
 MESSAGE_OVERHEAD = 26 + 8  # message header, ring record header
 
 
-def split_address(address):
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
+split_address = listeners.split_address
 
 
 def ring_capacity(opts):
@@ -49,8 +56,13 @@ def ring_capacity(opts):
 
 
 class NSQD:
-    def __init__(self, opts, log=None):
+    def __init__(self, opts, log=None, index=0, workers=1):
         self.opts = opts
+        self.index = index
+        self.nworkers = max(1, workers)
+        self.arena = None    # this worker's in-flight arena, from start()
+        self.cluster = None  # the other workers (cluster.py), when there are any
+        self._remote = gevent.local.local()  # set while applying a peer's change
         self.log = log or Logger(prefix=opts.log_prefix, level=opts.log_level)
         self.data_path = os.path.abspath(opts.data_path or ".")
         self.shm_prefix = instance.prefix_for(self.data_path, opts.shm_prefix)
@@ -95,10 +107,18 @@ class NSQD:
             topic = Topic(self, name)
             self.topics[name] = topic
             self.notify_change(topic=name)
+            self.broadcast_change("topic_create", name)
         return topic
 
     def get_existing_topic(self, name):
-        return self.topics.get(name)
+        """The topic if it exists: here, or made on another worker a moment
+        ago (its ring exists), so a create on one connection is seen by the
+        next request whichever worker takes it."""
+        topic = self.topics.get(name)
+        if topic is None and self.cluster is not None and is_valid_name(name) \
+                and Ring.exists(f"{self.shm_prefix}.t.{name}"):
+            topic = self.get_topic(name)
+        return topic
 
     def delete_topic(self, name):
         topic = self.topics.pop(name, None)
@@ -107,6 +127,93 @@ class NSQD:
         channels = list(topic.channels)
         topic.close(delete=True)
         self.notify_change(topic=name, deleted=True, channels=channels)
+        self.broadcast_change("topic_delete", name)
+
+    # -- the other workers --------------------------------------------------------------
+
+    def owns(self, topic_name):
+        """Whether this worker runs the topic's pump and owns its disk queues."""
+        return zlib.crc32(topic_name.encode()) % self.nworkers == self.index
+
+    def owner_of(self, topic_name):
+        return zlib.crc32(topic_name.encode()) % self.nworkers
+
+    def broadcast_change(self, change, topic, channel=None):
+        """Tell the other workers about a change made here (not one applied
+        from a peer, and not while loading what every worker loads)."""
+        if self.cluster is None or self.loading or getattr(self._remote, "active", False):
+            return
+        self.cluster.broadcast({"op": "apply", "change": change, "topic": topic,
+                                "channel": channel})
+
+    def handle_peer(self, msg):
+        """A message from another worker (cluster.py); returns the reply or None."""
+        op = msg.get("op")
+        if op == "apply":
+            self._remote.active = True
+            try:
+                self.apply_change(msg["change"], msg["topic"], msg.get("channel"))
+            except Exception as err:  # a peer's change must never kill this worker
+                self.logf("error", f"WORKER: failed to apply {msg} - {err!r}")
+            finally:
+                self._remote.active = False
+            return None
+        if op == "want":
+            topic = self.topics.get(msg["topic"])
+            if topic is not None and msg.get("channel") is None:
+                topic.wake()
+            elif topic is not None and msg["channel"] in topic.channels:
+                topic.channels[msg["channel"]].wanted()
+            return None
+        if op == "stats":
+            from nsqshm.nsqd.stats import get_stats
+
+            return get_stats(self, msg.get("topic", ""), msg.get("channel", ""),
+                             msg.get("clients", True), local=True)
+        if op == "topology":
+            return self.topology()
+        if op == "clients":
+            topic = self.topics.get(msg["topic"])
+            channel = topic and topic.channels.get(msg["channel"])
+            return {"count": len(channel.clients) if channel is not None else 0}
+        return {"error": f"unknown op {op!r}"}
+
+    def tell_owner(self, topic, channel):
+        """Ask the topic's owner to move messages: the topic ring is full
+        (channel None), or the channel ring is empty while clients wait."""
+        if self.cluster is not None:
+            self.cluster.tell(self.owner_of(topic), {"op": "want", "topic": topic,
+                                                     "channel": channel})
+
+    def apply_change(self, change, topic_name, channel_name):
+        if self.exiting or not is_valid_name(topic_name or ""):
+            return
+        kind, _, action = change.partition("_")
+        if action == "create":
+            topic = self.get_topic(topic_name)
+            if kind == "channel":
+                topic.get_channel(channel_name)
+            return
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            return
+        target = topic if kind == "topic" else topic.channels.get(channel_name)
+        if target is None:
+            return
+        if action == "delete":
+            if kind == "topic":
+                self.delete_topic(topic_name)
+            else:
+                topic.delete_channel(channel_name)
+        elif action in ("pause", "unpause", "empty"):
+            getattr(target, action)()
+
+    def topology(self):
+        """Every topic and channel, ephemeral ones too, in nsqd.dat's shape."""
+        return {"topics": [
+            {"name": t.name, "paused": t.paused,
+             "channels": [{"name": c.name, "paused": c.paused} for c in t.channels.values()]}
+            for t in self.topics.values()]}
 
     def notify_change(self, topic=None, channel=None, deleted=False, channels=()):
         """Topology changed: persist nsqd.dat; tell nsqlookupd when a topic
@@ -147,6 +254,8 @@ class NSQD:
         return os.path.join(self.data_path, "nsqd.dat")
 
     def persist_metadata(self):
+        if self.index != 0:  # one writer: every worker holds the same topology
+            return
         topics = []
         for topic in self.topics.values():
             if topic.ephemeral:
@@ -181,11 +290,16 @@ class NSQD:
             return
         except ValueError as err:
             raise RuntimeError(f"failed to parse metadata file {self.metadata_path} - {err}") from None
+        self.load_topology(data)
+
+    def load_topology(self, data, ephemeral=False):
+        """Create the topics and channels of data (nsqd.dat's shape); ephemeral
+        ones only when they come from a running peer."""
         self.loading = True
         try:
             for t in data.get("topics") or []:
                 name = t.get("name", "")
-                if not is_valid_name(name) or is_ephemeral(name):
+                if not is_valid_name(name) or (is_ephemeral(name) and not ephemeral):
                     self.logf("warn", f"skipping creation of invalid topic {name}")
                     continue
                 topic = self.get_topic(name)
@@ -193,7 +307,7 @@ class NSQD:
                     topic.pause()
                 for c in t.get("channels") or []:
                     cname = c.get("name", "")
-                    if not is_valid_name(cname) or is_ephemeral(cname):
+                    if not is_valid_name(cname) or (is_ephemeral(cname) and not ephemeral):
                         self.logf("warn", f"skipping creation of invalid channel {cname}")
                         continue
                     channel = topic.get_channel(cname)
@@ -262,11 +376,29 @@ class NSQD:
         from nsqshm.nsqd.protocol_v2 import ProtocolV2
 
         use_gevent()
-        self.load_metadata()
+        self.arena = Arena.create(f"{self.shm_prefix}.f.w{self.index}.{os.getpid()}",
+                                  label=f"nsqd worker {self.index}")
+        peers_topology = None
+        if self.nworkers > 1:
+            from nsqshm.nsqd.cluster import Cluster
+
+            self.cluster = Cluster(self)
+            self.cluster.start()
+            peers_topology = next((t for t in self.cluster.gather({"op": "topology"}, timeout=2)
+                                   if t), None)
+        if peers_topology is not None:  # a worker replacing a dead one
+            self.load_topology(peers_topology, ephemeral=True)
+        else:
+            self.load_metadata()
         self.persist_metadata()  # fails at start-up, as nsqd, when the data path is unwritable
+        if not os.access(self.data_path, os.W_OK):
+            raise RuntimeError(f"data path {self.data_path} is not writable")
+        from nsqshm.nsqd import recovery
+
+        recovery.recover_orphans(self)
         self.protocol = ProtocolV2(self)
-        self.tcp_server = StreamServer(split_address(self.opts.tcp_address), self.protocol.handle,
-                                       backlog=1024)
+        self.tcp_server = StreamServer(listeners.listen(self.listen_address("tcp_address")),
+                                       self.protocol.handle)
         self.tcp_server.init_socket()
         self.tcp_server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.opts.http_address:  # empty: no HTTP listener, as nsqd
@@ -283,12 +415,17 @@ class NSQD:
         from nsqshm.nsqd import lookup, statsd
 
         lookup.resolve_broadcast_ports(self)
-        self.lookup = lookup.Lookup(self)
-        self.lookup.start()
-        self.statsd = statsd.start(self)
+        if self.index == 0:  # one registration and one statsd feed for the whole broker
+            self.lookup = lookup.Lookup(self)
+            self.lookup.start()
+            self.statsd = statsd.start(self)
         if self.publish_instance:
             self.write_instance()
         return self.tcp_server.address, self.http_server and self.http_server.address
+
+    def listen_address(self, key):
+        """Where to listen: the port the supervisor reserved, else the flag."""
+        return getattr(self.opts, "bound", {}).get(key) or getattr(self.opts, key)
 
     def write_instance(self):
         """Let local clients find this broker (nsqshm.nsqd.instance)."""
@@ -299,15 +436,26 @@ class NSQD:
             "pid": os.getpid(), "prefix": self.shm_prefix, "data_path": self.data_path,
             "tcp_address": format_address(self.tcp_server.address),
             "http_address": format_address(http) if http else None,
-            "workers": 1, "max_msg_size": self.opts.max_msg_size,
+            "workers": self.nworkers, "max_msg_size": self.opts.max_msg_size,
             "msg_timeout": self.opts.msg_timeout})
 
-    def stop(self):
-        """Stop listening, close clients, put in-flight messages back, close rings."""
+    def stop(self, alone=False):
+        """Stop this broker (or, alone, this worker while the others go on)."""
+        self.stop_clients()
+        if alone:
+            self.close_queues()
+        else:
+            self.stop_queues()
+
+    def stop_clients(self):
+        """Graceful stop, phase 1: stop listening, close the clients, put the
+        in-flight messages back into their channels and write the deferred
+        ones to disk."""
         if self.exiting:
             return
         self.exiting = True
-        instance.remove(self.shm_prefix, pid=os.getpid())
+        if self.publish_instance:
+            instance.remove(self.shm_prefix, pid=os.getpid())
         for service in (self.lookup, self.statsd):
             if service is not None:
                 service.stop()
@@ -318,12 +466,49 @@ class NSQD:
             client.close()
         if self._scanner is not None:
             self._scanner.kill(block=False)
+        for topic in list(self.topics.values()):
+            for channel in list(topic.channels.values()):
+                channel.give_back()
+
+    def stop_queues(self):
+        """Graceful stop, phase 2 (every worker has done phase 1): the owners
+        write what the rings hold to disk and remove them."""
         if self._syncer is not None:
             self._syncer.kill(block=False)
+        if self.cluster is not None:
+            self.cluster.stop()
         try:
             self.persist_metadata()
         except OSError:
             pass
         for topic in list(self.topics.values()):
-            topic.close(delete=False)  # rings, in-flight and deferred messages to disk
+            if topic.owned:
+                topic.close(delete=False)  # rings, in-flight and deferred messages to disk
+            else:
+                topic.close_handles()
+        self.close_arena()
         self.ids.close()
+
+    def close_queues(self):
+        """A worker stopping alone: disk queues synced and closed, rings left
+        for the others and the next worker."""
+        if self._syncer is not None:
+            self._syncer.kill(block=False)
+        if self.cluster is not None:
+            self.cluster.stop()
+        for topic in list(self.topics.values()):
+            topic.close_handles(sync=True)
+        self.close_arena()
+        self.ids.close()
+
+    def close_arena(self):
+        """Remove the arena when it holds nothing; else leave it for recovery."""
+        if self.arena is None:
+            return
+        if self.arena.live_blocks == 0:
+            self.arena.unlink()
+        else:
+            self.logf("warn", f"{self.arena.live_blocks} messages stay in {self.arena.name} "
+                              f"for the next start")
+        self.arena.close()
+        self.arena = None

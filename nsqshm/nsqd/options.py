@@ -184,6 +184,8 @@ FLAGS: tuple[Flag, ...] = (
     # nsqshm extensions. The last three are fixed (non-flag) nsqd options.
     Flag("workers", INT, 0, _EXT + "number of worker processes (0 = number of CPU cores)",
          extension=True),
+    Flag("graceful-timeout", DURATION, "30s",
+         _EXT + "how long workers may take to stop before they are SIGKILLed", extension=True),
     Flag("shm-prefix", STRING, "",
          _EXT + "name prefix for shared-memory segments (default derived from --data-path)",
          extension=True),
@@ -210,6 +212,7 @@ IMPLEMENTED: frozenset[str] = frozenset({
     "max-heartbeat-interval", "msg-timeout", "max-msg-timeout", "max-req-timeout",
     "max-channel-consumers", "client-timeout", "sync-every", "sync-timeout",
     "max-bytes-per-file", "log-level", "log-prefix", "verbose", "workers", "shm-prefix",
+    "graceful-timeout",
     "node-id", "broadcast-address", "e2e-processing-latency-percentile",
     "e2e-processing-latency-window-time", "snappy", "deflate", "max-deflate-level",
     "queue-scan-interval", "queue-scan-selection-count", "queue-scan-worker-pool-max",

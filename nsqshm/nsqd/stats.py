@@ -283,10 +283,72 @@ def topic_stats(topic, channels, percentiles=()):
     }
 
 
-def get_stats(nsqd, topic_name="", channel_name="", include_clients=True):
+def get_stats(nsqd, topic_name="", channel_name="", include_clients=True, local=False):
     """(topics, producers) as nsqd's GetStats: both None when topic_name
     names no topic; producers None unless include_clients and some client
-    has published."""
+    has published.  With several workers, the whole broker's (every
+    worker's part merged), unless local."""
+    mine = _local_stats(nsqd, topic_name, channel_name, include_clients)
+    cluster = getattr(nsqd, "cluster", None)
+    if local or cluster is None:
+        return mine
+    parts = cluster.gather({"op": "stats", "topic": topic_name, "channel": channel_name,
+                            "clients": include_clients})
+    return merge_stats([mine] + [p for p in parts if p is not None])
+
+
+# what each worker counts for itself (summed) and what they all see (the
+# rings, shared; the disk queues, the owner's): the largest is the broker's
+_SUMMED = ("message_count", "message_bytes", "in_flight_count", "deferred_count",
+           "requeue_count", "timeout_count", "client_count")
+_SHARED = ("depth", "backend_depth")
+
+
+def _merge_into(into, part):
+    for key in _SUMMED:
+        if key in into:
+            into[key] += part[key]
+    for key in _SHARED:
+        into[key] = max(into[key], part[key])
+    into["paused"] = into["paused"] or part["paused"]
+    mine, theirs = into.get("e2e_processing_latency"), part.get("e2e_processing_latency")
+    if theirs and (not mine or theirs.get("count", 0) > mine.get("count", 0)):
+        into["e2e_processing_latency"] = theirs  # the worker that saw most finishes
+
+
+def merge_stats(parts):
+    """Merge the (topics, producers) of several workers into one."""
+    topics, producers, found = {}, None, False
+    for part_topics, part_producers in parts:
+        if part_topics is None:
+            continue
+        found = True
+        for t in part_topics:
+            merged = topics.get(t["topic_name"])
+            if merged is None:
+                topics[t["topic_name"]] = dict(t, channels=[dict(c) for c in t["channels"]])
+                continue
+            _merge_into(merged, t)
+            channels = {c["channel_name"]: c for c in merged["channels"]}
+            for c in t["channels"]:
+                have = channels.get(c["channel_name"])
+                if have is None:
+                    merged["channels"].append(dict(c))
+                    continue
+                _merge_into(have, c)
+                if c.get("clients") is not None:
+                    have["clients"] = (have.get("clients") or []) + c["clients"]
+        if part_producers:
+            producers = (producers or []) + part_producers
+    if not found:
+        return None, None
+    ordered = sorted(topics.values(), key=lambda t: t["topic_name"].encode())
+    for t in ordered:
+        t["channels"].sort(key=lambda c: c["channel_name"].encode())
+    return ordered, producers
+
+
+def _local_stats(nsqd, topic_name, channel_name, include_clients):
     if topic_name:
         topic = nsqd.topics.get(topic_name)
         if topic is None:
@@ -310,6 +372,7 @@ def get_stats(nsqd, topic_name="", channel_name="", include_clients=True):
             clients = None
             if include_clients:
                 clients = [client_stats(c, topic_name) for c in list(channel.clients.values())]
+                _tag_worker(nsqd, clients)
             channels.append(channel_stats(channel, clients, percentiles))
         topics.append(topic_stats(topic, channels, percentiles))
     producers = None
@@ -319,7 +382,16 @@ def get_stats(nsqd, topic_name="", channel_name="", include_clients=True):
                 if producers is None:
                     producers = []
                 producers.append(client_stats(client, topic_name))
+    _tag_worker(nsqd, producers or ())
     return topics, producers
+
+
+def _tag_worker(nsqd, clients):
+    """With several workers, each client says whose it is (nsqshm_worker;
+    clients and nsqadmin ignore keys they do not know)."""
+    if getattr(nsqd, "nworkers", 1) > 1:
+        for c in clients:
+            c["nsqshm_worker"] = nsqd.index
 
 
 # ---------------------------------------------------------------------------

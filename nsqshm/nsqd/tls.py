@@ -198,9 +198,9 @@ def make_https_server(nsqd, ctx):
     from gevent.pywsgi import WSGIServer
 
     from nsqshm.nsqd.http_api import create_app
-    from nsqshm.nsqd.nsqd import split_address
+    from nsqshm.nsqd.listeners import listen
 
-    server = WSGIServer(split_address(nsqd.opts.https_address), create_app(nsqd), log=None,
+    server = WSGIServer(listen(nsqd.listen_address("https_address")), create_app(nsqd), log=None,
                         ssl_context=ctx)
     server.init_socket()
     return server

@@ -8,6 +8,11 @@ message.  Until the first channel exists the pump does not run, so the
 topic keeps its messages, as nsqd does.  DPUB messages skip the ring and go
 straight to every channel's deferred queue (kept here until a channel
 exists).
+
+With several workers only the topic's owner runs the pump and has the disk
+queue; another worker's publishes go into the ring, past --mem-queue-size
+if need be (the owner moves what is over the limit to disk while no
+channel takes it), waiting a little for room when the ring is full.
 """
 
 import time
@@ -16,11 +21,11 @@ import gevent
 import gevent.event
 
 from nsqshm._core.wire import pack_message
-from nsqshm.nsqd.backend import DiskQueueError, memory_first, new_backend
+from nsqshm.nsqd.backend import DiskQueueError, RingOnly, memory_first, new_backend
 from nsqshm.nsqd.channel import Channel, LatencyStream
-from nsqshm.nsqd.names import is_ephemeral
+from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.waiting import wait_fd_or_event
-from nsqshm.ring import FULL
+from nsqshm.ring import FULL, Ring
 
 
 class TopicError(Exception):
@@ -33,7 +38,8 @@ class Topic:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.ring = nsqd.make_ring(f"t.{name}")
-        self.backend = new_backend(nsqd, name, self.ephemeral)
+        self.owned = nsqd.owns(name)
+        self.backend = new_backend(nsqd, name, self.ephemeral) if self.owned else RingOnly()
         self.mem_limit = nsqd.opts.mem_queue_size
         self.channels = {}
         self.paused = False
@@ -46,7 +52,7 @@ class Topic:
             self.e2e = LatencyStream(nsqd.opts, lambda: [c.inflight for c in self.channels.values()])
         self._wake = gevent.event.Event()
         self._scratch = bytearray(max(1 << 20, 2 * (self.ring.max_record + 4)))
-        self._pump = gevent.spawn(self._pump_loop)
+        self._pump = gevent.spawn(self._pump_loop) if self.owned else None
 
     def __repr__(self):
         return f"<Topic {self.name}>"
@@ -58,7 +64,9 @@ class Topic:
         if self.exiting:
             raise TopicError("exiting")
         view = memory_first(self.ring, self.backend, packed, self.mem_limit)
-        if view:
+        if view and not self.owned:
+            self._push_waiting(view)
+        elif view:
             try:
                 self.backend.put_packed(view)
             except DiskQueueError as err:
@@ -69,6 +77,29 @@ class Topic:
             self._wake.set()
         self.message_count += count
         self.message_bytes += body_bytes
+
+    def wake(self):
+        self._wake.set()
+
+    def _push_waiting(self, view, timeout=5.0):
+        """A worker without the disk queue: into the ring as far as its bytes
+        allow, waiting for the owner's pump to make room."""
+        ring = self.ring
+        deadline = time.monotonic() + timeout
+        while True:
+            _, used = ring.push_packed(view)
+            view = view[used:]
+            if not view:
+                return
+            if time.monotonic() > deadline:
+                raise TopicError("queue full")
+            self.nsqd.tell_owner(self.name, None)
+            ring.arm(for_space=True)
+            try:
+                wait_fd_or_event(ring.fileno(), self._wake, timeout=0.05)
+                ring.drain()
+            finally:
+                ring.disarm(for_space=True)
 
     def put_message(self, body):
         out = bytearray()
@@ -103,10 +134,15 @@ class Topic:
             self.deferred_waiting = []
             self._wake.set()
             self.nsqd.notify_change(topic=self.name, channel=name)
+            self.nsqd.broadcast_change("channel_create", self.name, name)
         return channel
 
     def get_existing_channel(self, name):
-        return self.channels.get(name)
+        channel = self.channels.get(name)
+        if channel is None and self.nsqd.cluster is not None and is_valid_name(name) \
+                and Ring.exists(f"{self.nsqd.shm_prefix}.c.{self.name}:{name}"):
+            channel = self.get_channel(name)  # made on another worker a moment ago
+        return channel
 
     def delete_channel(self, name):
         channel = self.channels.pop(name, None)
@@ -114,6 +150,7 @@ class Topic:
             raise TopicError("channel does not exist")
         channel.close(delete=True)
         self.nsqd.notify_change(topic=self.name, channel=name, deleted=True)
+        self.nsqd.broadcast_change("channel_delete", self.name, name)
         if not self.channels and self.ephemeral:
             self.nsqd.delete_topic(self.name)
 
@@ -125,8 +162,14 @@ class Topic:
         backend = self.backend
         while not self.exiting:
             if self.paused or not self.channels:
+                # others' publishes land in the ring: past the limit, to disk
+                stuck = self._spill_excess() == 0 and ring.depth > self.mem_limit
                 self._wake.clear()
-                self._wake.wait()
+                ring.arm()
+                if ring.depth <= self.mem_limit or stuck:
+                    wait_fd_or_event(ring.fileno(), self._wake, timeout=1.0 if stuck else None)
+                ring.drain()
+                ring.disarm()
                 continue
             # the ring holds the oldest messages, the disk queue the newer ones
             # peek, store into every channel, then discard: a death in between
@@ -154,16 +197,39 @@ class Topic:
                 ring.discard(n)
             gevent.idle()
 
+    def _spill_excess(self):
+        """Move what the ring holds past --mem-queue-size to the disk queue
+        (ephemeral: drop it, as nsqd); returns how many moved."""
+        excess = self.ring.depth - self.mem_limit
+        if excess <= 0 or not self.owned:
+            return 0
+        n, nbytes = self.ring.peek_many_into(self._scratch, excess)
+        if not n:
+            return 0
+        done = n
+        if not self.ephemeral:
+            try:
+                done, _ = self.backend.put_packed(memoryview(self._scratch)[:nbytes])
+            except DiskQueueError as err:
+                self.nsqd.set_health(err)
+                done = getattr(err, "written", 0)
+        self.ring.discard(done)
+        if done and not self.ephemeral:
+            self.nsqd.backend_written(self.backend)
+        return done
+
     # -- pause, empty, delete --------------------------------------------------------
 
     def pause(self):
         self.paused = True
         self.nsqd.notify_change()
+        self.nsqd.broadcast_change("topic_pause", self.name)
 
     def unpause(self):
         self.paused = False
         self._wake.set()
         self.nsqd.notify_change()
+        self.nsqd.broadcast_change("topic_unpause", self.name)
 
     @property
     def depth(self):
@@ -178,13 +244,15 @@ class Topic:
             pass
         self.backend.empty()
         self.deferred_waiting = []
+        self.nsqd.broadcast_change("topic_empty", self.name)
 
     def close(self, delete=False):
         """Stop the pump.  delete: drop everything.  Otherwise (shutdown) every
         message in memory goes to the disk queue, which is synced and closed,
         and the rings are removed (ephemeral messages are dropped, as nsqd)."""
         self.exiting = True
-        self._pump.kill(block=False)
+        if self._pump is not None:
+            self._pump.kill(block=False)
         for channel in list(self.channels.values()):
             channel.close(delete=delete)
         if delete:
@@ -196,6 +264,18 @@ class Topic:
                 self.backend.put_packed(len(msg).to_bytes(4, "little") + msg)
             self.backend.close()
             self.ring.unlink()
+        self.ring.close()
+
+    def close_handles(self, sync=False):
+        """Stop using the topic, leaving its rings for the other workers (and
+        the disk queues, synced, for the next owner)."""
+        self.exiting = True
+        if self._pump is not None:
+            self._pump.kill(block=False)
+        for channel in list(self.channels.values()):
+            channel.close_handles(sync)
+        if sync:
+            self.backend.close()
         self.ring.close()
 
 

@@ -19,6 +19,8 @@ class Server:
     def __init__(self, args, data_path, env=None, prefix=None):
         self.prefix = prefix or f"nsqshm-test-{uuid.uuid4().hex[:10]}"
         self.data_path = data_path
+        if not any(a.startswith(("--workers", "-workers")) for a in args):
+            args = ["--workers=1", *args]  # one worker unless a test asks for more
         cmd = [sys.executable, "-m", "nsqshm.cli", "start", "--tcp-address=127.0.0.1:0",
                "--http-address=127.0.0.1:0", f"--data-path={data_path}",
                f"--shm-prefix={self.prefix}", *args]

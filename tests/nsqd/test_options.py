@@ -22,7 +22,7 @@ NSQD_FLAGS = {
     "deflate", "max-deflate-level", "snappy",
     "auth-http-request-method",  # nsqd master, after 1.3.0
 }
-EXTENSIONS = {"workers", "shm-prefix", "client-timeout", "queue-scan-interval",
+EXTENSIONS = {"workers", "graceful-timeout", "shm-prefix", "client-timeout", "queue-scan-interval",
               "queue-scan-dirty-percent", "lookupd-ping-interval"}
 
 
@@ -112,6 +112,7 @@ DEFAULTS = [
     ("queue_scan_dirty_percent", 0.25),
     ("lookupd_ping_interval", 15.0),
     ("workers", 0),
+    ("graceful_timeout", 30.0),
     ("shm_prefix", ""),
 ]
 

@@ -1,0 +1,148 @@
+"""Worker-to-worker messages (one broker, several worker processes).
+
+Each worker listens on an abstract unix socket named after the broker's
+shared-memory prefix and its index; a peer must run as the same user
+(SO_PEERCRED).  One JSON object per line each way.
+
+    {"op": "apply", "change": "channel_pause", "topic": "t", "channel": "c"}
+        a topology change made on one worker, applied by every other
+        (create, delete, pause, unpause, empty of topics and channels)
+    {"op": "want", "topic": "t", "channel": "c"}
+        to the topic's owner: a worker has ready clients and an empty
+        channel ring; refill it from the disk queue
+    {"op": "stats", ...}   this worker's part of /stats
+    {"op": "topology"}     every topic and channel, for a worker starting up
+    {"op": "clients", "topic": "t", "channel": "c"}   subscribed clients here
+
+Changes go to each peer in order, over one kept connection per peer; a
+peer that is down misses them and asks for the topology when it starts.
+"""
+
+import json
+import os
+import socket
+import struct
+
+import gevent
+import gevent.queue
+from gevent import socket as gsocket
+from gevent.server import StreamServer
+
+TIMEOUT = 5.0
+MAX_LINE = 64 << 20
+
+
+def control_address(prefix, index):
+    return f"\0{prefix}.ctl.{index}"
+
+
+def _peer_uid(sock):
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _read_line(fileobj):
+    line = fileobj.readline(MAX_LINE)
+    if not line:
+        return None
+    return json.loads(line)
+
+
+class Cluster:
+    def __init__(self, nsqd):
+        self.nsqd = nsqd
+        self.index = nsqd.index
+        self.peers = [i for i in range(nsqd.nworkers) if i != nsqd.index]
+        self.queues = {i: gevent.queue.Queue() for i in self.peers}
+        self.senders = []
+        self.server = None
+
+    # -- serving peers --------------------------------------------------------------------
+
+    def start(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(control_address(self.nsqd.shm_prefix, self.index))
+        sock.listen(64)
+        self.server = StreamServer(sock, self._handle)
+        self.server.start()
+        self.senders = [gevent.spawn(self._send_loop, i) for i in self.peers]
+
+    def stop(self):
+        if self.server is not None:
+            self.server.stop(timeout=1)
+        for g in self.senders:
+            g.kill(block=False)
+
+    def _handle(self, sock, _address):
+        if _peer_uid(sock) != os.getuid():
+            sock.close()
+            return
+        f = sock.makefile("rwb")
+        try:
+            while True:
+                msg = _read_line(f)
+                if msg is None:
+                    return
+                reply = self.nsqd.handle_peer(msg)
+                if reply is not None:
+                    f.write(json.dumps(reply).encode() + b"\n")
+                    f.flush()
+        except (OSError, ValueError) as err:
+            self.nsqd.logf("warn", f"WORKER: bad message from a peer - {err}")
+        finally:
+            f.close()
+            sock.close()
+
+    # -- talking to peers -----------------------------------------------------------------
+
+    def _connect(self, peer):
+        sock = gsocket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(TIMEOUT)
+        sock.connect(control_address(self.nsqd.shm_prefix, peer))
+        return sock
+
+    def _send_loop(self, peer):
+        """Send queued one-way messages to peer, in order."""
+        sock = None
+        queue = self.queues[peer]
+        while True:
+            msg = queue.get()
+            for _attempt in range(2):
+                try:
+                    if sock is None:
+                        sock = self._connect(peer)
+                    sock.sendall(json.dumps(msg).encode() + b"\n")
+                    break
+                except OSError:
+                    if sock is not None:
+                        sock.close()
+                    sock = None
+
+    def tell(self, peer, msg):
+        if peer in self.queues:
+            self.queues[peer].put(msg)
+
+    def broadcast(self, msg):
+        for peer in self.peers:
+            self.queues[peer].put(msg)
+
+    def call(self, peer, msg, timeout=TIMEOUT):
+        """One request and its reply, or None when the peer does not answer."""
+        try:
+            with gevent.Timeout(timeout):
+                sock = self._connect(peer)
+                try:
+                    f = sock.makefile("rwb")
+                    f.write(json.dumps(msg).encode() + b"\n")
+                    f.flush()
+                    return _read_line(f)
+                finally:
+                    sock.close()
+        except (OSError, ValueError, gevent.Timeout):
+            return None
+
+    def gather(self, msg, timeout=TIMEOUT):
+        """Every peer's reply to msg (None for a peer that did not answer)."""
+        jobs = [gevent.spawn(self.call, peer, msg, timeout) for peer in self.peers]
+        gevent.joinall(jobs)
+        return [j.value for j in jobs]

@@ -1,0 +1,88 @@
+"""Putting back the messages a dead process held.
+
+A worker's in-flight and deferred messages live in its arena
+(`<prefix>.f.w<index>.<pid>`, nsqshm._core.arena).  When the worker dies,
+its replacement (the same index) finds the arena, sees the owner gone, and
+puts every message back: in-flight ones into their channel (attempts as
+delivered), deferred ones into its own deferred queue with their due time.
+Each block is released only after its message is stored again, so a death
+during recovery repeats messages and loses none.  Worker 0 also takes the
+arenas of indexes no longer running (fewer --workers than before) and of
+local clients (nsqshm.local) that died.
+
+When the channel a message belonged to was deleted meanwhile, the message
+goes with it, as in nsqd.
+"""
+
+import time
+
+from nsqshm._core.arena import DEFERRED, Arena, ArenaError
+
+
+def _worker_index(name, prefix):
+    # <prefix>.f.w<index>.<pid>
+    rest = name[len(prefix) + 4:]
+    index, _, pid = rest.partition(".")
+    return int(index) if index.isdigit() and pid.isdigit() else None
+
+
+def orphan_arenas(nsqd):
+    """Names of dead processes' arenas this worker should recover."""
+    prefix = nsqd.shm_prefix
+    own = nsqd.arena.name if nsqd.arena is not None else None
+    names = []
+    for name in Arena.list(f"{prefix}.f."):
+        if name == own:
+            continue
+        kind = name[len(prefix) + 3:len(prefix) + 4]
+        if kind == "w":
+            index = _worker_index(name, prefix)
+            if index is None:
+                continue
+            mine = index == nsqd.index or (index >= nsqd.nworkers and nsqd.index == 0)
+        else:  # local clients and Spark readers: worker 0
+            mine = nsqd.index == 0
+        if mine:
+            names.append(name)
+    return names
+
+
+def recover_orphans(nsqd):
+    total = 0
+    for name in orphan_arenas(nsqd):
+        total += recover_arena(nsqd, name)
+    return total
+
+
+def recover_arena(nsqd, name):
+    """Put back the messages of arena `name` if its owner is dead; returns how many."""
+    try:
+        arena = Arena.attach(name)
+    except (ArenaError, OSError, ValueError) as err:
+        nsqd.logf("error", f"RECOVERY: cannot read {name} - {err}")
+        return 0
+    try:
+        if arena.owner_alive():
+            return 0
+        label, pid = arena.label, arena.owner_pid
+        moved = dropped = 0
+        now_wall = time.time_ns()
+        for offset, queue, state, due_wall, msg in arena.blocks():
+            topic_name, _, channel_name = queue.partition(":")
+            topic = nsqd.topics.get(topic_name)
+            channel = topic.channels.get(channel_name) if topic is not None else None
+            if channel is None:
+                dropped += 1
+            elif state == DEFERRED and due_wall > now_wall:
+                channel.defer(msg, (due_wall - now_wall) / 1e9)
+                moved += 1
+            else:
+                channel.put_records(len(msg).to_bytes(4, "little") + msg)
+                moved += 1
+            arena.release(offset)
+        nsqd.logf("info", f"RECOVERY: {moved} messages held by {label or name} (pid {pid}) put "
+                          f"back" + (f", {dropped} of deleted channels dropped" if dropped else ""))
+        arena.unlink()
+        return moved
+    finally:
+        arena.close()

@@ -1,0 +1,120 @@
+"""One worker process of `nsqshm start` (forked by arbiter.py).
+
+The worker sets up everything process-wide itself, after the fork: gevent's
+monkey patching, its shared-memory arena, its listening sockets (SO_REUSEPORT
+on the ports the supervisor reserved).  It talks to the supervisor over a
+socketpair: "ready" once listening, "hb" every HEARTBEAT seconds, "phase1"
+when its clients are closed on "stop"; on "phase2" the topic owners write
+the rings to disk and the worker exits.
+
+It dies with the supervisor (PR_SET_PDEATHSIG, SIGKILL): a worker left
+alone would serve without anyone to restart it.  Its messages are in shared
+memory for the next start.  SIGTERM sent to a worker alone stops just that
+worker, gracefully; the supervisor starts another.
+"""
+
+import ctypes
+import os
+import signal
+
+from nsqshm.nsqd.arbiter import EXIT_FATAL, EXIT_OK, HEARTBEAT, set_proctitle
+
+PR_SET_PDEATHSIG = 1
+FAULT_CRASH_ENV = "NSQSHM_FAULT_WORKER_CRASH"  # seconds after ready (tests)
+
+
+def die_with_parent():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the supervisor died before prctl took effect
+        os._exit(EXIT_FATAL)
+
+
+def main(opts, index, nworkers, ctl, log):
+    set_proctitle(f"nsqshm: worker {index} (data {os.path.abspath(opts.data_path or '.')})")
+    die_with_parent()
+    from gevent import monkey
+
+    monkey.patch_all()
+    import socket
+
+    import gevent
+    import gevent.event
+
+    from nsqshm.nsqd.nsqd import NSQD
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C: the supervisor decides
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    ctl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=ctl.detach())
+    done = gevent.event.Event()
+    alone = gevent.event.Event()
+    gevent.signal_handler(signal.SIGTERM, alone.set)  # handlers only queue
+
+    def send(line):
+        try:
+            ctl.sendall(line.encode() + b"\n")
+        except OSError:
+            alone.set()
+
+    nsqd = NSQD(opts, log=log, index=index, workers=nworkers)
+    nsqd.publish_instance = False  # the supervisor's
+    try:
+        nsqd.start()
+    except (OSError, RuntimeError) as err:
+        log.fatal(f"failed to start nsqd - {err}")
+        nsqd.close_arena()
+        return EXIT_FATAL
+    send("ready")
+
+    def heartbeat():
+        while True:
+            gevent.sleep(HEARTBEAT)
+            send("hb")
+
+    def commands():
+        f = ctl.makefile("rb")
+        for raw in f:
+            cmd = raw.decode(errors="replace").strip()
+            if cmd == "stop":
+                nsqd.stop_clients()
+                send("phase1")
+            elif cmd == "phase2":
+                nsqd.stop_queues()
+                done.set()
+                return
+            elif cmd == "reload":
+                reload_options(nsqd, log)
+        alone.set()  # the supervisor is gone
+
+    workers = [gevent.spawn(heartbeat), gevent.spawn(commands)]
+    crash_after = os.environ.get(FAULT_CRASH_ENV)
+    if crash_after:  # fault injection (tests): die at once, as a segfault would
+        gevent.spawn_later(float(crash_after), os._exit, 70)
+    gevent.wait([done, alone], count=1)
+    if alone.is_set() and not done.is_set():
+        log.info(f"worker {index}: stopping alone")
+        nsqd.stop(alone=True)
+    for g in workers:
+        g.kill(block=False)
+    return EXIT_OK
+
+
+def reload_options(nsqd, log):
+    """SIGHUP: re-read the flags and config file; apply what may change while
+    running (what nsqd's PUT /config allows: lookupd addresses, log level)."""
+    from nsqshm.nsqd.log import LEVELS
+    from nsqshm.nsqd.options import OptionsError, parse_args
+
+    try:
+        fresh = parse_args(list(nsqd.opts.argv))
+    except OptionsError as err:
+        log.error(f"reload: {err}")
+        return
+    for key in ("lookupd_tcp_address", "log_level"):
+        setattr(nsqd.opts, key, getattr(fresh, key))
+    log.warn(f"reload: configuration re-read (log level {nsqd.opts.log_level})")
+    log.level = LEVELS.get(str(nsqd.opts.log_level).lower(), log.level)
+    nsqd.options_changed()
