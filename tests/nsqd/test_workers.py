@@ -443,3 +443,22 @@ def test_graceful_restart_under_load_loses_nothing(tmp_path, nsqd_factory):
     load.finish()
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(server.prefix + ".c.")]
     audit("graceful restart under load", load, server, nsqd_factory, data)
+
+
+def test_disk_backlog_reaches_a_consumer_on_a_worker_without_the_disk_queue(nsqd_factory):
+    server = nsqd_factory("--workers=2", "--mem-queue-size=0")
+    owner = zlib.crc32(b"spill") % 2
+    consumer = client_on_worker(server, 1 - owner, "spill", "ch")  # not the owner's
+    http = http_on_worker(server, owner)
+    bodies = [f"d{i}".encode() for i in range(300)]
+    http.request("POST", "/mpub?topic=spill", body=b"\n".join(bodies))
+    assert http.getresponse().read() == b"OK"
+    (channel,) = next(t for t in stats(server)["topics"] if t["topic_name"] == "spill")["channels"]
+    assert channel["backend_depth"] == 300  # every message went through disk
+    consumer.send(p.rdy(50))
+    got = []
+    while len(got) < 300:
+        msg = consumer.message()
+        got.append(msg.body)
+        consumer.send(p.fin(msg.id))
+    assert got == bodies  # in order, refilled by the owner when asked
