@@ -98,6 +98,15 @@ def steal_share(before, after):
     return d[7] / sum(d) if sum(d) else 0.0
 
 
+def busy_share(seconds=0.3):
+    """The share of all cores busy (steal included) over `seconds`, with this
+    program idle: what others are doing to the machine right now."""
+    before = cpu_ticks()
+    time.sleep(seconds)
+    d = [b - a for a, b in zip(before, cpu_ticks(), strict=True)]
+    return 1 - (d[3] + d[4]) / sum(d) if sum(d) else 0.0
+
+
 class Context:
     """A suite's run: its arguments, where it prints, its progress bars.
 
@@ -109,6 +118,7 @@ class Context:
         self.args = args
         self.progress = progress
         self.stream = sys.stderr if json_to_stdout else sys.stdout
+        self.busy = []  # the machine's busy share before each run (settle)
 
     @property
     def quick(self):
@@ -120,3 +130,14 @@ class Context:
 
     def say(self, text=""):
         self.progress.say(text, self.stream)
+
+    def settle(self):
+        """Before a run: how busy the machine is without us; with --quiet-wait,
+        wait up to that many seconds for it to drop below --quiet-below."""
+        wait = getattr(self.args, "quiet_wait", 0) or 0
+        deadline = time.monotonic() + wait
+        busy = busy_share()
+        while busy > getattr(self.args, "quiet_below", 0.15) and time.monotonic() < deadline:
+            busy = busy_share(1.0)
+        self.busy.append(busy)
+        return busy

@@ -109,6 +109,7 @@ def run(ctx):
     rows = []
     with ctx.progress.task("disk", ctx.runs()) as advance:
         for i in range(ctx.runs()):
+            ctx.settle()
             base = tempfile.mkdtemp(prefix="nsqshm-bench-disk-", dir=a.dir)
             try:
                 with concurrent.futures.ThreadPoolExecutor(1) as remover:

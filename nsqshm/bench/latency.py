@@ -272,6 +272,7 @@ def _say(ctx, label, r):
 
 
 def _one(ctx, a, mode, rate, seconds, relay):
+    ctx.settle()
     mpub = mode == "mpub"
     if relay:
         proc, address = baseline.start_relay()

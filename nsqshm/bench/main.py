@@ -18,7 +18,7 @@ import time
 import traceback
 
 from . import SUITES, TOOLS, load
-from .common import Context, cpu_ticks, machine, steal_share
+from .common import Context, cpu_ticks, machine, median, steal_share
 from .progress import make as make_progress
 
 EXIT_FAILED = 1
@@ -39,6 +39,10 @@ def _common():
     g.add_argument("--out", metavar="DIR", help="write DIR/results/SUITE.json and regenerate "
                    "DIR/RESULTS.md and DIR/plots/ from every result there")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument("--quiet-wait", type=float, default=0, metavar="SECONDS",
+                   help="before each run, wait up to this long for the machine to be quiet")
+    g.add_argument("--quiet-below", type=float, default=0.15, metavar="SHARE",
+                   help="quiet: at most this share of all cores busy without us (0.15)")
     return ap
 
 
@@ -87,6 +91,9 @@ def run_suite(name, args, progress, command, json_stdout):
     started, ticks, t0 = machine(), cpu_ticks(), time.monotonic()
     res = module.run(ctx)
     started["steal_share"] = steal_share(ticks, cpu_ticks())
+    if ctx.busy:  # how busy others kept the machine just before each run
+        started["busy_before_runs"] = {"median": median(ctx.busy), "max": max(ctx.busy),
+                                       "runs": len(ctx.busy)}
     res = {"suite": name, "command": command, "machine": started, "quick": ctx.quick,
            "server": describe_server(args), **res, "seconds": round(time.monotonic() - t0, 1),
            "loadavg_after": os.getloadavg()[0]}

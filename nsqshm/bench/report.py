@@ -162,10 +162,13 @@ def markdown(results, out, plots):
             lines.append(f"Failed: {res['error']}")
             continue
         m = res["machine"]
+        busy = m.get("busy_before_runs")
         lines.append(f"`{res['command']}`: {m['date']}, {res.get('seconds')} s, load average "
-                     f"{m['loadavg']:.2f} at the start, steal {m.get('steal_share', 0):.1%} during it; "
-                     f"server: {res['server']['kind']}" + (" (quick run)" if res.get("quick")
-                                                           else "") + ".")
+                     f"{m['loadavg']:.2f} at the start, steal {m.get('steal_share', 0):.1%} during "
+                     "it" + (f", others kept {busy['median']:.0%} (median; max {busy['max']:.0%}) "
+                             "of the cores busy just before a run" if busy else "")
+                     + f"; server: {res['server']['kind']}"
+                     + (" (quick run)" if res.get("quick") else "") + ".")
         lines.append("")
         if "skipped" in res:
             lines.append(f"Not measured: {res['skipped']}.")

@@ -64,10 +64,11 @@ def run(ctx):
     baseline = not a.no_baseline
     sizes, fanout = _ints(a.sizes), _ints(a.fanout)
     runs, raws = [], []
-    steps = ctx.runs() * (1 + baseline) + len(sizes) * (1 + baseline) + len(fanout)
+    steps = ctx.runs() * (1 + baseline) * (1 + len(sizes)) + len(fanout)
     with ctx.progress.task("tcp", steps) as advance:
         spec = spec_for(a)
         for i in range(ctx.runs()):
+            ctx.settle()
             if baseline:
                 raws.append(loadgen.run_phases(None, spec, raw=True))
                 ctx.say(_line(f"raw-socket baseline {i + 1}", raws[-1]))
@@ -78,11 +79,11 @@ def run(ctx):
             advance()
         size_rows = []
         for size in sizes:
-            row = _size_run(ctx, a, size, baseline)
-            size_rows.append(row)
-            advance(1 + baseline)
+            size_rows.append(_size_run(ctx, a, size, baseline))
+            advance(ctx.runs() * (1 + baseline))
         fan = []
         for channels in fanout:
+            ctx.settle()
             # the same load, every channel getting every message (its consumers share it)
             s = spec_for(a, consumers=max(1, a.consumers // channels))
             with server(a, backlog=(s.messages, s.size)) as target:
@@ -116,23 +117,28 @@ def run(ctx):
 
 def _size_run(ctx, a, size, baseline):
     # a byte budget per size, so 64 KiB messages take about as long as 64 B ones
-    budget = (20 << 20) if ctx.quick else (256 << 20)
-    messages = max(10_000 if ctx.quick else 20_000, min(a.messages, budget // size))
+    budget = (16 << 20) if ctx.quick else (128 << 20)
+    messages = max(2_000, min(a.messages, budget // size))
     batch = max(1, min(a.batch, (4 << 20) // (size + 4)))  # under nsqd's 5 MiB --max-body-size
     spec = spec_for(a, size=size, batch=batch, messages=messages)
-    with server(a, backlog=(messages, size)) as target:
-        r = loadgen.run_phases(target, spec)
-    row = {k: r[k] for k in ("size", "messages", "batch", "in_msgs_per_s", "out_msgs_per_s",
-                             "in_MB_per_s", "out_MB_per_s")}
-    if baseline:
-        raw = loadgen.run_phases(None, spec, raw=True)
-        row["raw_in_msgs_per_s"], row["raw_out_msgs_per_s"] = (raw["in_msgs_per_s"],
-                                                               raw["out_msgs_per_s"])
-        row["ratio_in"] = r["in_msgs_per_s"] / raw["in_msgs_per_s"]
-        row["ratio_out"] = r["out_msgs_per_s"] / raw["out_msgs_per_s"]
-    ctx.say(f"size {size:>6} B: in {r['in_msgs_per_s'] / 1e3:8.1f} k msg/s "
-            f"({r['in_MB_per_s']:7.1f} MB/s), out {r['out_msgs_per_s'] / 1e3:8.1f} k msg/s "
-            f"({r['out_MB_per_s']:7.1f} MB/s)"
+    keys = ("in_msgs_per_s", "out_msgs_per_s", "in_MB_per_s", "out_MB_per_s")
+    runs = []
+    for _ in range(ctx.runs()):
+        ctx.settle()
+        with server(a, backlog=(messages, size)) as target:
+            r = loadgen.run_phases(target, spec)
+        row = {k: r[k] for k in keys}
+        if baseline:
+            raw = loadgen.run_phases(None, spec, raw=True)
+            for way in ("in", "out"):
+                row[f"raw_{way}_msgs_per_s"] = raw[f"{way}_msgs_per_s"]
+                row[f"ratio_{way}"] = r[f"{way}_msgs_per_s"] / raw[f"{way}_msgs_per_s"]
+        runs.append(row)
+    row = {"size": size, "messages": spec.messages // spec.publishers // batch * batch
+           * spec.publishers, "batch": batch, "runs": len(runs), **medians(runs)}
+    ctx.say(f"size {size:>6} B: in {row['in_msgs_per_s'] / 1e3:8.1f} k msg/s "
+            f"({row['in_MB_per_s']:7.1f} MB/s), out {row['out_msgs_per_s'] / 1e3:8.1f} k msg/s "
+            f"({row['out_MB_per_s']:7.1f} MB/s)"
             + (f"; of raw socket {row['ratio_in']:.2f} in, {row['ratio_out']:.2f} out"
                if baseline else ""))
     return row
@@ -174,7 +180,9 @@ def render(res):
     if res.get("channel_after"):
         out += ["", f"Channel after the last run (/stats): {res['channel_after']}."]
     if res.get("sizes"):
-        out += ["", "Throughput against message size (one run each; ![](plots/throughput_vs_size.png)):",
+        out += ["", f"Throughput against message size (medians of {res['sizes'][0].get('runs', 1)} "
+                "runs each):", "",
+                "![throughput against message size](plots/throughput_vs_size.png)",
                 "", "| size | messages | MPUB batch | in msg/s | in MB/s | out msg/s | out MB/s "
                 "| in / raw | out / raw |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in res["sizes"]:

@@ -132,6 +132,7 @@ def run(ctx):
         for i in range(ctx.runs()):
             row = {}
             for transport in transports:
+                ctx.settle()
                 opener = negotiate(transport)
                 extra = tls_flags if "tls" in transport else ()
                 with server(a, extra=extra, backlog=(spec.messages, spec.size)) as target:

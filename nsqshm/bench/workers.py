@@ -76,6 +76,7 @@ def run(ctx):
         for n in counts:
             runs = []
             for _ in range(ctx.runs()):
+                ctx.settle()
                 target = start_nsqshm([f"--workers={n}",
                                        f"--mem-queue-size={mem_queue_size(a.messages, a.size)}"])
                 try:
