@@ -59,7 +59,6 @@ def listen(address, backlog=1024):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(backlog)
-        sock.setblocking(False)
     except OSError:
         sock.close()
         raise
