@@ -164,5 +164,5 @@ def render(res):
 
 def targets(res):
     m = res["median"]
-    return [("5", f"disk spill {way}, of raw {way}", ">= 0.60", f"{m[f'{way}_ratio']:.2f}",
+    return [("5", f"disk spill {way}, of raw {way}", ">= 0.60", f"{m[f'{way}_ratio']:.3f}",
              m[f"{way}_ratio"] >= TARGET_RATIO) for way in ("write", "read")]

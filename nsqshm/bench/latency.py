@@ -84,7 +84,8 @@ def publisher(address, topic, rate, count, size, t0, tick_ns, mpub, pipe):
     tick is in the measured latency like any other.  With mpub, the messages
     of one write go as one MPUB (a batching producer) instead of a PUB each."""
     _fine_timers()
-    sock = loadgen.connect(address)
+    # a connected socket is used as it is (the workers suite pins it to a worker)
+    sock = address if isinstance(address, socket.socket) else loadgen.connect(address)
     pub = b"PUB " + topic.encode() + b"\n" + struct.pack(">I", size)
     size_prefix = struct.pack(">I", size)
     pad = b"p" * (size - STAMP.size)
@@ -138,10 +139,15 @@ def _drain(sock, dec, block):
 
 
 def consumer(address, topic, rdy, count, ready, stop, pipe):
+    """address: where to connect and SUB, or a socket already subscribed."""
     _fine_timers()
-    conn = loadgen.open_plain(address)
-    conn.send(p.sub(topic, "ch") + p.rdy(rdy))
-    conn.read_frames(1)
+    if isinstance(address, socket.socket):
+        conn = loadgen.Conn(address)
+        conn.send(p.rdy(rdy))
+    else:
+        conn = loadgen.open_plain(address)
+        conn.send(p.sub(topic, "ch") + p.rdy(rdy))
+        conn.read_frames(1)
     ready.set()
     sock = conn.sock
     sock.settimeout(0.2)
@@ -187,23 +193,31 @@ def _unpack(data):
     return a
 
 
-def measure(target, rate, seconds, size, rdy, warmup, tick_us, mpub=False):
-    """One open-loop run at `rate`; percentiles of the messages due after warmup."""
+def measure(target, rate, seconds, size, rdy, warmup, tick_us, mpub=False, topic=None,
+            pub_sock=None, sub_sock=None):
+    """One open-loop run at `rate`; percentiles of the messages due after warmup.
+    pub_sock / sub_sock: connections to use (the second already subscribed
+    to topic, channel "ch") instead of new ones."""
     count = int(rate * seconds)
-    topic = f"lat{uuid.uuid4().hex[:8]}"
+    topic = topic or f"lat{uuid.uuid4().hex[:8]}"
     ready, stop = CTX.Event(), CTX.Event()
     crecv, csend = CTX.Pipe(False)
     precv, psend = CTX.Pipe(False)
-    cons = CTX.Process(target=consumer, args=(target.tcp, topic, rdy, count, ready, stop, csend))
+    cons = CTX.Process(target=consumer, args=(sub_sock or target.tcp, topic, rdy, count, ready,
+                                              stop, csend))
     cons.start()
+    if sub_sock:
+        sub_sock.close()  # the child has its own copy
     if not ready.wait(20):
         cons.kill()
         raise RuntimeError("the latency consumer did not subscribe")
     t0 = time.monotonic_ns() + NS // 5
-    pub = CTX.Process(target=publisher, args=(target.tcp, topic, rate, count, size, t0,
+    pub = CTX.Process(target=publisher, args=(pub_sock or target.tcp, topic, rate, count, size, t0,
                                                      int(tick_us * 1000), mpub, psend))
     s0 = target.cpu_seconds()
     pub.start()
+    if pub_sock:
+        pub_sock.close()
     try:
         sent = precv.recv() if precv.poll(seconds + 60) else None
         if sent is None:
@@ -217,7 +231,8 @@ def measure(target, rate, seconds, size, rdy, warmup, tick_us, mpub=False):
         stop_all([pub, cons], stop)
     wall = (time.monotonic_ns() - t0) / NS
     s1 = target.cpu_seconds()
-    target.delete_topic(topic)
+    if not pub_sock:
+        target.delete_topic(topic)
     lat, seqs, lag = _unpack(got["lat"]), _unpack(got["seqs"]), _unpack(sent["lag"])
     skip = int(rate * warmup)
     res = percentiles([v for v, s in zip(lat, seqs, strict=True) if s >= skip])

@@ -251,6 +251,7 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1):
         time.sleep(0.2)  # let the pump move the tail into the channels
         s1 = cpu() if cpu else None
         t1b = time.perf_counter()
+        procs = None if raw else target.processes()
         go.set()
         _wait(cout.msgs, total * channels, cons, 60)
         t2 = time.perf_counter()
@@ -274,7 +275,7 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1):
         "client_cpu_in_s": sum(pout.cpu), "client_cpu_out_s": sum(cout.cpu),
         "wall_in_s": t1 - t0, "wall_out_s": t2 - t1b,
         "wire_bytes_per_msg": sum(cout.wire) / out,
-        "channel_after": after,
+        "channel_after": after, "server_processes": procs,
     }
     if s0 is not None:
         res["server_cpu_in_s"], res["server_cpu_out_s"] = s1 - s0, s2 - s1

@@ -15,7 +15,7 @@ from .server import server
 
 TITLE, ISSUE = "nsqd over TCP: publish and consume (issue 3)", "3"
 HELP = "TCP publish and consume (bench_writer/bench_reader), sizes, fan-out"
-TARGET_IN, TARGET_OUT, TARGET_CPU_US = 650_000, 600_000, 2.0  # issue 3
+TARGET_IN, TARGET_OUT = 650_000, 600_000  # issue 3 (its CPU target: the workers suite)
 
 
 def add_arguments(ap):
@@ -151,7 +151,11 @@ def _k(v):
 def render(res):
     m, runs = res["median"], res["runs"]
     p = res["params"]
-    out = [f"{p['messages']:,} messages of {p['size']} B per run, {p['publishers']} publishers "
+    procs = runs[0].get("server_processes")
+    started = res.get("server", {}).get("kind") != "external"
+    out = [(f"The server ran as {procs} processes (`nsqshm start` with its default --workers). "
+            if procs and started else "")
+           + f"{p['messages']:,} messages of {p['size']} B per run, {p['publishers']} publishers "
            f"(MPUB of {p['batch']}, {p['window']} outstanding), then {p['consumers']} consumers "
            f"at RDY {p['rdy']} finishing every message; medians of {len(runs)} runs.", "",
            "| | " + " | ".join(f"run {i + 1}" for i in range(len(runs)))
@@ -206,13 +210,9 @@ def render(res):
 
 def targets(res):
     m = res["median"]
-    rows = [("3", "publish, msg/s (finished broker)", f">= {_k(TARGET_IN)}",
+    # issue 3 sets these for the finished broker (the workers issue brings the second core)
+    rows = [("3", "publish, msg/s (target for the finished broker)", f">= {_k(TARGET_IN)}",
              _k(m["in_msgs_per_s"]), m["in_msgs_per_s"] >= TARGET_IN),
-            ("3", "consume, msg/s (finished broker)", f">= {_k(TARGET_OUT)}",
+            ("3", "consume, msg/s (target for the finished broker)", f">= {_k(TARGET_OUT)}",
              _k(m["out_msgs_per_s"]), m["out_msgs_per_s"] >= TARGET_OUT)]
-    for way in ("in", "out"):
-        v = m.get(f"server_cpu_us_per_msg_{way}")
-        if v is not None:
-            rows.append(("3", f"server CPU per message {way}, one worker",
-                         f"<= {TARGET_CPU_US} us", f"{v:.2f} us", v <= TARGET_CPU_US))
     return rows

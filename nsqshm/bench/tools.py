@@ -86,6 +86,10 @@ def reader(target, a):
 
 
 def main(a, progress):
+    if a.command == "reader" and not a.nsqd_tcp_address:
+        print("nsqshm bench reader: give --nsqd-tcp-address (a server with messages to read)",
+              file=sys.stderr)
+        return 2
     backlog = (int(min(a.runfor * 2e6, 2e7)), a.size) if a.command != "reader" else (0, a.size)
     with server(a, backlog=backlog) as target:
         print(f"{a.command} against {target.tcp[0]}:{target.tcp[1]}"

@@ -89,3 +89,24 @@ def test_help_lists_every_suite(capsys):
     for name in ("ring", "tcp", "latency", "disk", "transport", "workers", "local", "spark",
                  "all", "writer", "reader", "fanout", "report"):
         assert name in text
+
+
+def test_connections_pinned_to_each_worker():
+    """The cross-worker hop needs a connection on a chosen worker: the
+    harness reconnects until /stats shows it there."""
+    target = server.start_nsqshm(["--workers=2"])
+    try:
+        if target.processes() < 3:
+            pytest.skip("the workers mode is not built")
+        topic = "pin_test"
+        workers._http(target, f"/topic/create?topic={topic}", "POST")
+        owner = workers.topic_owner(target, topic)
+        assert owner in (0, 1)
+        for worker in (0, 1):
+            for subscribe in (True, False):
+                sock = workers.pinned(target, worker, topic, subscribe)
+                probe = topic if subscribe else topic + "_probe"
+                assert workers._worker_of(target, probe, sock.getsockname()[1]) == worker
+                sock.close()
+    finally:
+        target.close()
