@@ -90,6 +90,7 @@ class NSQD:
         self.publish_instance = True  # the supervisor writes it when there are workers
         self.lookup = None  # nsqlookupd registration (nsqshm.nsqd.lookup), from start()
         self.statsd = None  # statsd pushes (nsqshm.nsqd.statsd), with --statsd-address
+        self.local_watch = None  # worker 0: local clients' arenas (local_watch.py)
 
     # -- shared memory ----------------------------------------------------------------
 
@@ -419,6 +420,10 @@ class NSQD:
             self.lookup = lookup.Lookup(self)
             self.lookup.start()
             self.statsd = statsd.start(self)
+            from nsqshm.nsqd.local_watch import LocalWatch
+
+            self.local_watch = LocalWatch(self)  # local clients that die
+            self.local_watch.start()
         if self.publish_instance:
             self.write_instance()
         return self.tcp_server.address, self.http_server and self.http_server.address
@@ -456,7 +461,7 @@ class NSQD:
         self.exiting = True
         if self.publish_instance:
             instance.remove(self.shm_prefix, pid=os.getpid())
-        for service in (self.lookup, self.statsd):
+        for service in (self.lookup, self.statsd, self.local_watch):
             if service is not None:
                 service.stop()
         for server in (self.tcp_server, self.http_server, self.https_server):
