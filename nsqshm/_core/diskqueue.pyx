@@ -61,6 +61,8 @@ cdef extern from "<unistd.h>" nogil:
     int fsync(int fd)
 
 cdef Py_ssize_t STAGING = 1 << 20
+# reads for peek_into(big_endian=True): small enough to stay in L2 while walked
+cdef Py_ssize_t READ_CHUNK = 128 << 10
 FAULT_ENV = "NSQSHM_FAULT_ENOSPC"   # a path: while it exists, writes fail with ENOSPC
 
 
@@ -537,14 +539,17 @@ cdef class DiskQueue:
 
     cdef int _peek_raw(self, char *out, Py_ssize_t room, Py_ssize_t max_records,
                        Py_ssize_t *count_out, Py_ssize_t *bytes_out) except -1:
-        """peek_into(big_endian=True): pread the segment bytes into `out`, then
-        walk their headers there.  (Copying out of a fresh mapping ran at about
-        2 GB/s on this VM against 15 GB/s for read() from the same page cache.)
-        0, or 1 when a corrupt segment was set aside."""
-        cdef long long num = self.read_file_num, pos = self.read_pos, end
-        cdef Py_ssize_t count = 0, written = 0, got, off
+        """peek_into(big_endian=True): pread the segment bytes into `out`, a
+        cache-sized chunk at a time, walking each chunk's record headers while
+        it is still in the CPU's cache (walking a whole 1 MiB read afterwards
+        cost a cache miss per record).  Copying out of a fresh mapping instead
+        ran at about 2 GB/s on this VM against 15 GB/s for read() from the
+        same page cache.  0, or 1 when a corrupt segment was set aside."""
+        cdef long long num = self.read_file_num, pos = self.read_pos, avail
+        cdef Py_ssize_t count = 0, written = 0, got, off, filled, want
         cdef _Segment seg
         cdef uint32_t size
+        cdef bint corrupt, done
         while (max_records < 0 or count < max_records) and written < room and \
                 (num < self.write_file_num or pos < self.write_pos):
             try:
@@ -555,46 +560,56 @@ cdef class DiskQueue:
                 self.read_file_num, self.read_pos = num, pos
                 self._skip_bad("segment missing")
                 return 1
-            if num == self.write_file_num:
-                end = self.write_pos
-            else:
-                end = os.fstat(seg.fd).st_size
-            if pos >= end:
+            avail = (self.write_pos if num == self.write_file_num
+                     else os.fstat(seg.fd).st_size) - pos
+            if avail <= 0:
                 if num < self.write_file_num:
                     num += 1
                     pos = 0
                     continue
                 break
-            got = pread(seg.fd, out + written, min(room - written, end - pos), pos)
-            if got <= 0:
-                break
-            off = 0
+            filled = off = 0
+            corrupt = done = False
             while max_records < 0 or count < max_records:
-                if got - off < 4:
-                    size = 0xFFFFFFFF if end - pos - off < 4 and end - pos - off > 0 else 0
-                    if size == 0:
-                        break
-                else:
+                if off + 4 <= filled:
                     size = be32(out + written + off)
-                    if off + 4 + size > got:
-                        if pos + off + 4 + size <= end \
-                                and min_max_ok(size, self.min_msg_size, self.max_msg_size):
-                            break  # a whole record that did not fit this buffer
-                if size == 0xFFFFFFFF or not min_max_ok(size, self.min_msg_size,
-                                                         self.max_msg_size) \
-                        or pos + off + 4 + size > end:
-                    if count or off:
-                        break  # hand over the good records; the next read sets it aside
-                    self.read_file_num, self.read_pos = num, pos
-                    self._skip_bad("truncated record size" if size == 0xFFFFFFFF
-                                   else f"invalid message read size ({<int>size})")
-                    return 1
-                off += 4 + size
-                count += 1
+                    if not min_max_ok(size, self.min_msg_size, self.max_msg_size) \
+                            or off + 4 + size > avail:
+                        corrupt = True
+                        break
+                    if off + 4 + size <= filled:
+                        off += 4 + size
+                        count += 1
+                        continue
+                    want = off + 4 + size - filled  # the rest of this record
+                elif off == avail:
+                    done = True  # the segment's end, on a record boundary
+                    break
+                elif off + 4 > avail:
+                    corrupt = True  # a size cut short
+                    size = 0xFFFFFFFF
+                    break
+                else:
+                    want = 4
+                if written + off + want > room or filled == avail:
+                    break  # the buffer is full
+                got = pread(seg.fd, out + written + filled,
+                            min(max(want, READ_CHUNK), room - written - filled, avail - filled),
+                            pos + filled)
+                if got <= 0:
+                    break
+                filled += got
+            if corrupt and not count and not off:
+                self.read_file_num, self.read_pos = num, pos
+                self._skip_bad("truncated record size" if size == 0xFFFFFFFF
+                               else f"invalid message read size ({<int>size})")
+                return 1
             written += off
             pos += off
-            if off < got:
-                break  # the buffer or max_records is full
+            if not done or num == self.write_file_num:
+                break  # the buffer, max_records or a corrupt record stopped us
+            num += 1
+            pos = 0
         count_out[0] = count
         bytes_out[0] = written
         self.peek_count = count
