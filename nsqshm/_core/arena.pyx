@@ -65,7 +65,8 @@ def validate_name(str name):
 
 def process_start(int pid):
     """A process's start time in clock ticks since boot (/proc/<pid>/stat
-    field 22), so a recycled pid is not taken for the owner; 0 if gone."""
+    field 22), so a recycled pid is not taken for the owner; 0 if gone (or
+    a zombie)."""
     try:
         with io.open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -73,6 +74,8 @@ def process_start(int pid):
         return 0
     # the command name (field 2) may hold spaces and parentheses: split after its last ')'
     fields = stat[stat.rindex(b")") + 2:].split()
+    if fields[0] in (b"Z", b"X"):  # exited, not yet reaped: its messages are ours to recover
+        return 0
     return int(fields[19])
 
 

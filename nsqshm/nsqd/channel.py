@@ -336,17 +336,21 @@ class Channel:
         scratch = self._scratch
         while self.ring.pop_many_into(scratch)[0]:
             pass
-        while self.inflight.drain(scratch)[0]:
-            pass
-        while self.deferred.drain(scratch)[0]:
-            pass
-        self.inflight.release()
-        self.deferred.release()
+        self._drop_held()
         self.backend.empty()
         for client in self.clients.values():
             client.in_flight = 0
         self._ready.set()
         self.nsqd.broadcast_change("channel_empty", self.topic.name, self.name)
+
+    def _drop_held(self):
+        """Forget this worker's in-flight and deferred messages (empty, delete)."""
+        while self.inflight.drain(self._scratch)[0]:
+            pass
+        while self.deferred.drain(self._scratch)[0]:
+            pass
+        self.inflight.release()
+        self.deferred.release()
 
     def close(self, delete=False):
         """Stop the dispatcher.  delete: drop everything and close the clients.
@@ -360,6 +364,7 @@ class Channel:
             for client in list(self.clients.values()):
                 client.close()
             self.clients.clear()
+            self._drop_held()
             self.backend.delete()
             self._remove_deferred_file()
             self.ring.unlink()

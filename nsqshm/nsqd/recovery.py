@@ -71,7 +71,10 @@ def recover_arena(nsqd, name):
             topic_name, _, channel_name = queue.partition(":")
             topic = nsqd.topics.get(topic_name)
             channel = topic.channels.get(channel_name) if topic is not None else None
-            if channel is None:
+            if topic is not None and channel_name == "":  # a DPUB before any channel
+                topic.defer_waiting(msg, time.monotonic_ns() + max(0, due_wall - now_wall))
+                moved += 1
+            elif channel is None:
                 dropped += 1
             elif state == DEFERRED and due_wall > now_wall:
                 channel.defer(msg, (due_wall - now_wall) / 1e9)

@@ -20,6 +20,7 @@ import time
 import gevent
 import gevent.event
 
+from nsqshm._core.inflight import DeferredQueue
 from nsqshm._core.wire import pack_message
 from nsqshm.nsqd.backend import DiskQueueError, RingOnly, memory_first, new_backend
 from nsqshm.nsqd.channel import Channel, LatencyStream
@@ -46,7 +47,10 @@ class Topic:
         self.exiting = False
         self.message_count = 0
         self.message_bytes = 0
-        self.deferred_waiting = []  # (message, due_ns) for DPUB before any channel
+        # DPUB messages before any channel, in the worker's arena as queue "<topic>:"
+        self.deferred_waiting = DeferredQueue()
+        if nsqd.arena is not None:
+            self.deferred_waiting.use_arena(nsqd.arena, f"{name}:")
         self.e2e = None
         if nsqd.opts.e2e_processing_latency_percentile:  # nsqd merges its channels' streams
             self.e2e = LatencyStream(nsqd.opts, lambda: [c.inflight for c in self.channels.values()])
@@ -117,7 +121,7 @@ class Topic:
         self.message_count += 1
         self.message_bytes += len(body)
         if not self.channels:
-            self.deferred_waiting.append((msg, due))
+            self.deferred_waiting.push(msg, due)
             return
         for channel in list(self.channels.values()):
             channel.put_deferred(msg, due)
@@ -129,13 +133,39 @@ class Topic:
         if channel is None:
             channel = Channel(self, name)
             self.channels[name] = channel
-            for msg, due in self.deferred_waiting:
-                channel.put_deferred(msg, due)
-            self.deferred_waiting = []
+            self._hand_over_waiting(channel)
             self._wake.set()
             self.nsqd.notify_change(topic=self.name, channel=name)
             self.nsqd.broadcast_change("channel_create", self.name, name)
         return channel
+
+    def _hand_over_waiting(self, channel):
+        """The first channel takes the DPUB messages that waited for it."""
+        waiting = self.deferred_waiting
+        while True:
+            due = waiting.next_due()
+            if due < 0:
+                return
+            n, _ = waiting.pop_due(due, self._scratch)
+            pos = 0
+            for _ in range(n):
+                size = int.from_bytes(self._scratch[pos:pos + 4], "little")
+                channel.put_deferred(bytes(self._scratch[pos + 4:pos + 4 + size]), due)
+                pos += 4 + size
+            waiting.release()
+
+    def _drop_waiting(self):
+        while self.deferred_waiting.drain(self._scratch)[0]:
+            pass
+        self.deferred_waiting.release()
+
+    def defer_waiting(self, msg, due):
+        """A recovered DPUB message that had no channel yet."""
+        if self.channels:
+            for channel in list(self.channels.values()):
+                channel.put_deferred(msg, due)
+        else:
+            self.deferred_waiting.push(msg, due)
 
     def get_existing_channel(self, name):
         channel = self.channels.get(name)
@@ -243,7 +273,7 @@ class Topic:
         while self.ring.pop_many_into(self._scratch)[0]:
             pass
         self.backend.empty()
-        self.deferred_waiting = []
+        self._drop_waiting()
         self.nsqd.broadcast_change("topic_empty", self.name)
 
     def close(self, delete=False):
@@ -257,11 +287,16 @@ class Topic:
             channel.close(delete=delete)
         if delete:
             self.channels.clear()
+            self._drop_waiting()
             self.backend.delete()
             self.ring.unlink()
         elif flush_ring(self.ring, self.backend, self._scratch, self.nsqd):
-            for msg, _ in self.deferred_waiting:
-                self.backend.put_packed(len(msg).to_bytes(4, "little") + msg)
+            while True:  # waiting DPUB messages: on disk, due now (as before a restart)
+                n, nbytes = self.deferred_waiting.drain(self._scratch)
+                if not n:
+                    break
+                self.backend.put_packed(memoryview(self._scratch)[:nbytes])
+                self.deferred_waiting.release()
             self.backend.close()
             self.ring.unlink()
         self.ring.close()

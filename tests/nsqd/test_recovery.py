@@ -55,3 +55,26 @@ def test_messages_of_a_killed_local_client_are_put_back(nsqd_factory):
     c.send(p.rdy(20))
     got = sorted(c.message().body for _ in range(10))
     assert got == sorted(f"l{i}".encode() for i in range(10))
+
+
+def test_dpub_before_any_channel_survives_a_kill(tmp_path, nsqd_factory):
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    c = Client(server)
+    c.send(p.dpub("early", 1500, b"waiting"))  # no channel yet: the topic keeps it
+    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    pids = [server.proc.pid]
+    import psutil
+
+    pids += [ch.pid for ch in psutil.Process(server.proc.pid).children()]
+    for pid in pids:
+        psutil.Process(pid).kill()
+    server.proc.wait(10)
+    again = nsqd_factory(data_path=data, prefix=server.prefix)
+    wait_for(lambda: any("RECOVERY: 1 messages" in line for line in again.lines), timeout=10)
+    consumer = Client(again)
+    consumer.send(p.sub("early", "ch"))
+    consumer.response()
+    consumer.send(p.rdy(1))
+    assert consumer.message().body == b"waiting"
