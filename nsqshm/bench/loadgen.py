@@ -201,7 +201,7 @@ def launch(consumers, publishers, ready):
     time.sleep(0.3)
 
 
-def _wait(counter, total, procs, timeout):
+def wait_for(counter, total, procs, timeout):
     """Until the counters reach total; an error when the processes died or stalled."""
     last, since = -1, time.monotonic()
     while (now := sum(counter)) < total:
@@ -212,6 +212,23 @@ def _wait(counter, total, procs, timeout):
         if time.monotonic() - since > timeout:
             raise RuntimeError(f"no progress for {timeout} s at {now} of {total} messages")
         time.sleep(0.001)
+
+
+def publish(target, topic, spec):
+    """Publish spec.messages with spec.publishers processes (to fill a topic
+    for a reader that is measured apart); returns msg/s."""
+    per = spec.messages // spec.publishers // spec.batch * spec.batch
+    ready, go, out = CTX.Event(), CTX.Event(), Shared(spec.publishers)
+    pubs = [CTX.Process(target=publisher, args=(target.tcp, topic, spec, per, ready, go, out, i))
+            for i in range(spec.publishers)]
+    try:
+        launch([], pubs, ready)
+        t0 = time.perf_counter()
+        go.set()
+        wait_for(out.msgs, per * spec.publishers, pubs, 60)
+        return per * spec.publishers / (time.perf_counter() - t0)
+    finally:
+        stop_all(pubs)
 
 
 def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1):
@@ -244,7 +261,7 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1):
         s0 = cpu() if cpu else None
         t0 = time.perf_counter()
         pub_go.set()
-        _wait(pout.msgs, total, pubs, 60)
+        wait_for(pout.msgs, total, pubs, 60)
         t1 = time.perf_counter()
         for x in pubs:
             x.join()
@@ -253,7 +270,7 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1):
         t1b = time.perf_counter()
         procs = None if raw else target.processes()
         go.set()
-        _wait(cout.msgs, total * channels, cons, 60)
+        wait_for(cout.msgs, total * channels, cons, 60)
         t2 = time.perf_counter()
         s2 = cpu() if cpu else None
         after = None if raw else target.settled(topic, "ch0")

@@ -1,16 +1,22 @@
-"""Local shared-memory clients (nsqshm.local, issue 9): publish into a
-topic's ring and consume a channel's ring of a broker on the same host,
-against the same load over TCP in the same run.
+"""Local shared-memory clients (nsqshm.local, issue 9) against TCP, in one run.
 
-Not written yet: nsqshm.local does not exist.  When it does, run() should
-start nsqshm (server.server), publish N messages of 100 B with
-nsqshm.local.Producer (batch API) and consume them with
-nsqshm.local.Consumer (batch views, finish a batch at once), then the same
-through loadgen.run_phases over TCP, and report msg/s both ways and the
-ratio.
+The tcp suite's phases with the other transport: --procs producer processes
+publish N messages with nsqshm.local.Producer.publish_buffer (batches of
+--batch-size from one buffer), then --procs consumer processes take them
+with Consumer.fetch and finish each batch at once; then the same N through
+TCP (loadgen.run_phases, as many publishers and consumers).  A fresh
+broker for each.  Skipped until nsqshm.local imports.
 """
 
-from .common import not_built
+import time
+import uuid
+
+import numpy as np
+
+from . import loadgen
+from .common import CTX, median, medians, not_built, stop_all
+from .server import server
+from .tcp import spec_for
 
 TITLE, ISSUE = "Local shared-memory clients (issue 9)", "9"
 HELP = "local shared-memory producer/consumer vs TCP (issue 9)"
@@ -19,15 +25,135 @@ HELP = "local shared-memory producer/consumer vs TCP (issue 9)"
 def add_arguments(ap):
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--batch-size", "--batch", dest="batch", type=int, default=10_000,
+                    help="messages per publish_buffer / fetch")
+    ap.add_argument("--procs", type=int, default=2, help="producer and consumer processes")
+
+
+def _producer(target, topic, count, size, batch, go, out, idx):
+    from nsqshm.local import Producer
+
+    data = b"l" * (size * batch)
+    offsets = np.arange(batch, dtype=np.int64) * size
+    lengths = np.full(batch, size, dtype=np.int64)
+    with Producer(topic, data_path=target.data, shm_prefix=target.prefix) as prod:
+        go.wait()
+        t0 = time.process_time()
+        done = 0
+        while done < count:
+            n = min(batch, count - done)
+            prod.publish_buffer(data, offsets[:n], lengths[:n])
+            done += n
+            out.msgs[idx] = done
+        out.cpu[idx] = time.process_time() - t0
+
+
+def _consumer(target, topic, batch, ready, go, stop, out, idx):
+    from nsqshm.local import Consumer
+
+    with Consumer(topic, "ch", data_path=target.data, shm_prefix=target.prefix,
+                  max_in_flight=batch) as cons:
+        ready.set()
+        go.wait()
+        t0 = time.process_time()
+        while not stop.is_set():
+            got = cons.fetch(batch, timeout=0.2)
+            if got:
+                got.finish()
+                out.msgs[idx] += len(got)
+        out.cpu[idx] = time.process_time() - t0
+
+
+def run_local(target, messages, size, batch, procs):
+    topic = f"local{uuid.uuid4().hex[:8]}"
+    per = messages // procs
+    total = per * procs
+    pout, cout = loadgen.Shared(procs), loadgen.Shared(procs)
+    ready = [CTX.Event() for _ in range(procs)]
+    pub_go, go, stop = CTX.Event(), CTX.Event(), CTX.Event()
+    cons = [CTX.Process(target=_consumer, args=(target, topic, batch, ready[i], go, stop, cout, i))
+            for i in range(procs)]
+    pubs = [CTX.Process(target=_producer, args=(target, topic, per, size, batch, pub_go, pout, i))
+            for i in range(procs)]
+    try:
+        for x in cons:  # the channel exists before publishing, as in the tcp suite
+            x.start()
+        for e in ready:
+            e.wait(30)
+        for x in pubs:
+            x.start()
+        time.sleep(0.3)
+        s0, t0 = target.cpu_seconds(), time.perf_counter()
+        pub_go.set()
+        loadgen.wait_for(pout.msgs, total, pubs, 60)
+        t1 = time.perf_counter()
+        time.sleep(0.2)  # the pump moves the tail into the channel
+        s1, t1b = target.cpu_seconds(), time.perf_counter()
+        go.set()
+        loadgen.wait_for(cout.msgs, total, cons, 60)
+        t2 = time.perf_counter()
+        s2 = target.cpu_seconds()
+    finally:
+        stop_all(cons, stop)
+        stop_all(pubs)
+    res = {"messages": total, "in_msgs_per_s": total / (t1 - t0),
+           "out_msgs_per_s": total / (t2 - t1b),
+           "client_cpu_in_s": sum(pout.cpu), "client_cpu_out_s": sum(cout.cpu),
+           "wall_in_s": t1 - t0, "wall_out_s": t2 - t1b}
+    if s0 is not None:  # the broker's share: its pump still moves topic to channel
+        res["server_cpu_us_per_msg_in"] = (s1 - s0) / total * 1e6
+        res["server_cpu_us_per_msg_out"] = (s2 - s1) / total * 1e6
+    return res
 
 
 def run(ctx):
     missing = not_built("nsqshm.local", ISSUE)
     if missing:
         return missing
-    return {"skipped": "nsqshm.local exists but this suite is not written yet "
-                       "(nsqshm/bench/local.py)"}
+    a = ctx.args
+    if a.nsqd_tcp_address:
+        return {"skipped": "starts nsqshm itself (local clients attach to its shared memory)"}
+    if ctx.quick:
+        a.messages = min(a.messages, 200_000)
+    a.window, a.rdy = 4, 2500
+    tcp_spec = spec_for(a, publishers=a.procs, consumers=a.procs, batch=200)
+    rows = []
+    with ctx.progress.task("local", 2 * ctx.runs()) as advance:
+        for i in range(ctx.runs()):
+            ctx.settle()
+            with server(a, backlog=(a.messages, a.size)) as target:
+                local = run_local(target, a.messages, a.size, a.batch, a.procs)
+            advance()
+            with server(a, backlog=(a.messages, a.size)) as target:
+                tcp = loadgen.run_phases(target, tcp_spec)
+            advance()
+            row = {"local": local, "tcp": tcp,
+                   "ratio_in": local["in_msgs_per_s"] / tcp["in_msgs_per_s"],
+                   "ratio_out": local["out_msgs_per_s"] / tcp["out_msgs_per_s"]}
+            rows.append(row)
+            ctx.say(f"run {i + 1}: local in {local['in_msgs_per_s'] / 1e6:6.2f} M msg/s, out "
+                    f"{local['out_msgs_per_s'] / 1e6:6.2f} M msg/s; TCP in "
+                    f"{tcp['in_msgs_per_s'] / 1e6:6.2f} M, out {tcp['out_msgs_per_s'] / 1e6:6.2f} M")
+    summary = {"local": medians([r["local"] for r in rows]), "tcp": medians([r["tcp"] for r in rows]),
+               "ratio_in": median([r["ratio_in"] for r in rows]),
+               "ratio_out": median([r["ratio_out"] for r in rows])}
+    return {"params": {"messages": a.messages, "size": a.size, "batch": a.batch, "procs": a.procs},
+            "runs": rows, "median": summary}
 
 
 def render(res):
-    return []
+    p, m = res["params"], res["median"]
+    out = [f"{p['messages']:,} messages of {p['size']} B: {p['procs']} producer processes "
+           f"(publish_buffer of {p['batch']:,}), then {p['procs']} consumer processes (fetch of "
+           f"up to {p['batch']:,}, each batch finished at once); the same through TCP (MPUB of "
+           f"200, RDY 2500); medians of {len(res['runs'])} runs.", "",
+           "| | local shared memory | TCP | local / TCP |", "|---|---:|---:|---:|"]
+    for way, name in (("in", "publish, msg/s"), ("out", "consume, msg/s")):
+        out.append(f"| {name} | {m['local'][f'{way}_msgs_per_s'] / 1e6:.2f} M | "
+                   f"{m['tcp'][f'{way}_msgs_per_s'] / 1e6:.2f} M | {m[f'ratio_{way}']:.1f}x |")
+    for way in ("in", "out"):
+        key = f"server_cpu_us_per_msg_{way}"
+        if key in m["local"] and key in m["tcp"]:
+            out.append(f"| broker CPU per message {way} | {m['local'][key]:.2f} us | "
+                       f"{m['tcp'][key]:.2f} us | |")
+    return out

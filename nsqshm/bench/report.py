@@ -174,6 +174,8 @@ def markdown(results, out, plots):
             lines.append(f"Not measured: {res['skipped']}.")
         else:
             lines += module.render(res)
+        for failure in res.get("server_start_failures", []):
+            lines += ["", f"A server start failed and was retried: {failure}"]
         note = os.path.join(out, "notes", f"{name}.md")
         if os.path.exists(note):
             with open(note) as f:

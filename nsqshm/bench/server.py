@@ -28,8 +28,11 @@ class ServerRejected(RuntimeError):
     """`nsqshm start` exited before listening (exit 2: a flag it does not take)."""
 
     def __init__(self, returncode, output):
-        last = (output.strip().splitlines() or ["(no output)"])[-1]
-        super().__init__(f"nsqshm start exited with {returncode}: {last}")
+        lines = output.strip().splitlines() or ["(no output)"]
+        # the first fatal line says why; the last one what happened then
+        why = [x for x in lines if "FATAL" in x or "Error" in x][:1]
+        super().__init__(f"nsqshm start exited with {returncode}: "
+                         + " / ".join(dict.fromkeys([*why, lines[-1]])))
         self.returncode = returncode
         self.output = output
 
@@ -147,8 +150,23 @@ class Target:
         self.proc = None
 
 
-def start_nsqshm(extra=(), timeout=30):
-    """`nsqshm start` on 127.0.0.1 ephemeral ports in a fresh temp dir."""
+START_FAILURES = []  # starts that failed and were retried, for the suite's JSON
+
+
+def start_nsqshm(extra=(), timeout=30, retries=1):
+    """`nsqshm start` on 127.0.0.1 ephemeral ports in a fresh temp dir; a
+    start that fails other than on its flags (exit 2) is retried, and noted
+    in START_FAILURES."""
+    for attempt in range(retries + 1):
+        try:
+            return _start(extra, timeout)
+        except (ServerRejected, RuntimeError) as err:
+            if getattr(err, "returncode", None) == 2 or attempt == retries:
+                raise
+            START_FAILURES.append(str(err))
+
+
+def _start(extra, timeout):
     prefix = f"nsqshm-bench-{uuid.uuid4().hex[:8]}"
     data = tempfile.mkdtemp(prefix="nsqshm-bench-")
     cmd = [sys.executable, "-m", "nsqshm.cli", "start", "--tcp-address=127.0.0.1:0",

@@ -38,8 +38,8 @@ def _ints(text):
 
 
 def spec_for(args, **over):
-    fields = {k: getattr(args, k) for k in ("messages", "size", "batch", "window", "rdy",
-                                            "publishers", "consumers")}
+    fields = {k: getattr(args, k, None) for k in ("messages", "size", "batch", "window", "rdy",
+                                                  "publishers", "consumers")}
     return argparse.Namespace(**{"rate": 0, "runfor": 0, **fields, **over})
 
 

@@ -145,7 +145,7 @@ def cross_worker_hop(ctx, a, rate=2000, seconds=3.0):
 def run(ctx):
     a = ctx.args
     if a.nsqd_tcp_address:
-        return {"skipped": "starts nsqshm itself with --workers N; not for an external server"}
+        return {"skipped": "starts nsqshm itself (with --workers N); not for an external server"}
     why = available()
     if why:
         return {"skipped": why}
