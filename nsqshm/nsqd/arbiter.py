@@ -11,7 +11,9 @@ dies, and stops them all gracefully.
   shared memory; a worker sets all that up in its own process.
 - Dead workers are reaped with a non-blocking waitpid loop.
 - A worker that dies before it is ready stops the broker with a named exit
-  code instead of a crash loop; so does a worker that keeps dying.
+  code instead of a crash loop; so do CRASH_LIMIT workers in a row dying
+  within BOOT_GRACE of starting.  A worker killed after it ran a while is
+  simply replaced.
 - Liveness: a worker sends "hb" every HEARTBEAT seconds and is killed
   after WORKER_TIMEOUT of silence (a hung event loop), then replaced.
 - Graceful stop (SIGTERM, SIGINT): every worker closes its clients and puts
@@ -33,15 +35,15 @@ import time
 EXIT_OK = 0
 EXIT_FATAL = 1            # a worker could not start (it logged why)
 EXIT_USAGE = 2
-EXIT_CRASH_LOOP = 4       # workers kept dying after they had started
+EXIT_CRASH_LOOP = 4       # workers kept dying just after they had started
 
 HEARTBEAT = 5.0
 # tests shorten the silence a hung worker is allowed (and its heartbeat with it)
 WORKER_TIMEOUT = float(os.environ.get("NSQSHM_WORKER_TIMEOUT", "30"))
 HEARTBEAT = min(HEARTBEAT, WORKER_TIMEOUT / 3)
 BOOT_TIMEOUT = 60.0
-CRASH_WINDOW = 60.0       # more than CRASH_LIMIT deaths within it: stop
-CRASH_LIMIT = 5
+BOOT_GRACE = 5.0          # a worker dying this soon after it was ready died at boot
+CRASH_LIMIT = 5           # this many boot deaths in a row: stop
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 SIG_NAMES = {s: s.name[3:].lower() for s in SIGNALS}
@@ -63,6 +65,7 @@ class Worker:
         self.born = time.monotonic()
         self.last_seen = self.born
         self.ready = False
+        self.ready_at = 0.0
         self.phase1 = False
         self.buf = b""
 
@@ -82,7 +85,7 @@ class Arbiter:
         self.stop_deadline = None
         self.sent_phase2 = False
         self.booted = False
-        self.deaths = []
+        self.boot_deaths = 0
         self.exit_code = EXIT_OK
         self.addresses = {}
 
@@ -169,6 +172,7 @@ class Arbiter:
             cmd = line.decode(errors="replace").strip()
             if cmd == "ready":
                 worker.ready = True
+                worker.ready_at = time.monotonic()
             elif cmd == "phase1":
                 worker.phase1 = True
 
@@ -200,11 +204,13 @@ class Arbiter:
             self.exit_code = EXIT_FATAL
             self.begin_stop()
             return
-        now = time.monotonic()
-        self.deaths = [t for t in self.deaths if now - t < CRASH_WINDOW] + [now]
-        if len(self.deaths) > CRASH_LIMIT:
-            self.log.fatal(f"worker {worker.index} (pid {worker.pid}) {how}: "
-                           f"{len(self.deaths)} workers died within {CRASH_WINDOW:.0f}s; stopping")
+        if time.monotonic() - worker.ready_at < BOOT_GRACE:
+            self.boot_deaths += 1
+        else:
+            self.boot_deaths = 0  # killed after it ran a while: not a crash loop
+        if self.boot_deaths >= CRASH_LIMIT:
+            self.log.fatal(f"worker {worker.index} (pid {worker.pid}) {how}: {self.boot_deaths} "
+                           f"workers in a row died within {BOOT_GRACE:.0f}s of starting; stopping")
             self.exit_code = EXIT_CRASH_LOOP
             self.begin_stop()
             return
