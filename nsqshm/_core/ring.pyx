@@ -1018,6 +1018,27 @@ cdef class Ring:
         return self.max_rec
 
     @property
+    def waiting_for_data(self):
+        """Whether some handle (in any process) sleeps until the next push."""
+        self._check()
+        return nsqshm_load_acquire(&self.hdr.wait_data) != 0
+
+    @property
+    def disk_backlog(self):
+        """Set by the queue's owner while its disk queue holds messages (the
+        header's flags bit 0), so other processes know to ask for a refill."""
+        self._check()
+        return bool(nsqshm_flags_load(&self.hdr.flags) & 1)
+
+    @disk_backlog.setter
+    def disk_backlog(self, bint value):
+        self._check()
+        if value:
+            nsqshm_flags_or(&self.hdr.flags, 1)
+        else:
+            nsqshm_flags_and(&self.hdr.flags, 0xFFFFFFFE)
+
+    @property
     def depth(self):
         """Records in the ring (pushed minus popped)."""
         self._check()

@@ -92,6 +92,8 @@ class Channel:
             self.e2e = LatencyStream(self.nsqd.opts, lambda: [self.inflight])
         self._ready = gevent.event.Event()
         self._scratch = bytearray(max(1 << 20, 2 * (self.ring.max_record + 4)))
+        if self.owned:
+            self.ring.disk_backlog = bool(self.backend.depth)
         if not self.ephemeral and self.owned:
             self._load_deferred()
         self._dispatcher = gevent.spawn(self._dispatch)
@@ -198,6 +200,9 @@ class Channel:
                 self.nsqd.set_health(err)
                 return
             self.nsqd.backend_written(self.backend)
+            self.ring.disk_backlog = True  # then the waiter check: see _dispatch
+            if self.ring.depth == 0 and self.ring.waiting_for_data:
+                self._refill(DELIVER_BATCH)  # consumers (of any worker) wait on the ring
             self._ready.set()
 
     def _defer_packed(self, view, delay_s):
@@ -233,10 +238,10 @@ class Channel:
                 if self.backend.depth:
                     self._refill(sum(c.ready_count - c.in_flight for c in ready))
                     continue
-                if not self.owned:
-                    self.nsqd.tell_owner(self.topic.name, self.name)
                 self._ready.clear()
-                ring.arm()
+                ring.arm()  # before the flag check: the owner refills for armed waiters
+                if not self.owned and ring.disk_backlog:
+                    self.nsqd.tell_owner(self.topic.name, self.name)
                 if ring.depth == 0 and not self.backend.depth:
                     wait_fd_or_event(ring.fileno(), self._ready)
                 ring.drain()
@@ -276,6 +281,8 @@ class Channel:
             done, _ = self.ring.push_packed(memoryview(self._scratch)[:nbytes])
             self.backend.advance(done)
             self.nsqd.backend_written(self.backend)
+        if not self.backend.depth:
+            self.ring.disk_backlog = False
 
     # -- the scan loop's work ---------------------------------------------------------
 
@@ -338,6 +345,8 @@ class Channel:
             pass
         self._drop_held()
         self.backend.empty()
+        if self.owned:
+            self.ring.disk_backlog = False
         for client in self.clients.values():
             client.in_flight = 0
         self._ready.set()

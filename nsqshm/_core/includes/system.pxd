@@ -136,6 +136,9 @@ cdef extern from "ring_layout.h" nogil:
         uint64_t waiters[64]
 
     uint64_t nsqshm_load_acquire(const uint64_t *p)
+    uint32_t nsqshm_flags_load(const uint32_t *p)
+    void nsqshm_flags_or(uint32_t *p, uint32_t v)
+    void nsqshm_flags_and(uint32_t *p, uint32_t v)
     uint64_t nsqshm_load_relaxed(const uint64_t *p)
     void nsqshm_store_release(uint64_t *p, uint64_t v)
     void nsqshm_fence()
