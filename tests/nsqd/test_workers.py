@@ -16,6 +16,9 @@ import pytest
 from nsqshm import protocol as p
 
 from .conftest import wait_for
+from .transport import client_context, https_port, tls_args
+
+pytest_plugins = ["tests.nsqd.transport_fixtures"]  # certs
 
 # -- a small blocking client -----------------------------------------------------------
 
@@ -471,3 +474,20 @@ def test_disk_backlog_reaches_a_consumer_on_a_worker_without_the_disk_queue(nsqd
         got.append(msg.body)
         consumer.send(p.fin(msg.id))
     assert got == bodies  # in order, refilled by the owner when asked
+
+
+def test_https_is_served_by_every_worker(nsqd_factory, certs):
+    import http.client
+
+    server = nsqd_factory("--workers=2", *tls_args(certs))
+    port = https_port(server)
+    seen = set()
+    for _ in range(100):
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_context(certs),
+                                           timeout=10)
+        conn.request("GET", "/debug/nsqshm/worker")
+        seen.add(json.loads(conn.getresponse().read())["index"])
+        conn.close()
+        if seen == {0, 1}:
+            break
+    assert seen == {0, 1}
