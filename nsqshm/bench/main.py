@@ -152,8 +152,9 @@ def main(argv=None):
                     raise
                 traceback.print_exc()
                 failed.append(name)
-                results[name] = {"suite": name, "command": command, "error": repr(exc)}
-            if args.out and "error" not in results[name]:
+                results[name] = {"suite": name, "command": command, "machine": machine(),
+                                 "error": repr(exc)}
+            if args.out:  # a failure too: older figures would pass for this run's
                 _write_json(os.path.join(args.out, "results", f"{name}.json"), results[name])
     if args.json:
         _write_json(args.json, results if args.command == "all" else results[names[0]])
