@@ -12,6 +12,7 @@ the reader receives).  The writer holds `_write_lock` while it sends, so an
 upgrade can flush what precedes it through the old transport and switch.
 """
 
+import socket
 import time
 
 import gevent
@@ -69,6 +70,7 @@ class ClientV2:
         self.pub_counts = {}
         self.channel = None
         self.closed = False
+        self.unwritable = False  # a failed TLS handshake: the socket takes no more writes
         self.out = bytearray()
         self._write_lock = gevent.lock.Semaphore()
         self._wake_writer = gevent.event.Event()
@@ -130,6 +132,9 @@ class ClientV2:
 
     def _send_buffered(self):
         """Send `out` through the current transport (the write lock held)."""
+        if self.unwritable:
+            del self.out[:]
+            return
         while self.out:
             data = bytes(self.out)
             del self.out[:]
@@ -177,7 +182,13 @@ class ClientV2:
         tls_sock = ctx.wrap_socket(self.sock, server_side=True, do_handshake_on_connect=False)
         self.sock = reader.sock = tls_sock
         tls_sock.settimeout(tls_mod.HANDSHAKE_TIMEOUT)
-        tls_sock.do_handshake()
+        try:
+            tls_sock.do_handshake()
+        except BaseException:
+            # nothing more can be written: a write would retry the handshake
+            # and wait out its timeout before the connection is closed
+            self.unwritable = True
+            raise
         tls_sock.settimeout(None)
         reader.recv = tls_sock.recv
         self.tls_sock = tls_sock
@@ -236,6 +247,12 @@ class ClientV2:
             self._heartbeat.kill(block=False)
         if self._writer is not None:
             self._writer.kill(block=False)
+        try:
+            # shutdown first: the peer sees the end now, even when gevent defers
+            # the close of a socket another greenlet was waiting on
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError):
+            pass
         try:
             self.sock.close()
         except OSError:
