@@ -1,0 +1,643 @@
+# cython: freethreading_compatible=False
+"""Batch helpers for local clients and the Spark source (nsqshm.local,
+nsqshm.spark): the per-message loops that must not cost a Python object
+per message.
+
+* pack_bodies / mpub_body: message bodies given as one buffer plus offsets
+  (an Arrow binary array's int32/int64 offsets, or numpy offsets and
+  lengths) become packed ring records with fresh IDs, or an MPUB body.
+* Columns: collects messages into the buffers of an Arrow record batch
+  (body values and int32 offsets, 16-byte IDs, microsecond timestamps,
+  attempts), from NSQ frames, from a ring straight into an arena
+  (take), or from an arena's blocks.
+* index_frames / finish_frames: a consumer's batch of NSQ frames indexed
+  for zero-copy views, and finished in one call.
+* arena_reset: finish every message of an arena at once.
+
+A message is nsqd's encoding: [8 BE ts ns][2 BE attempts][16 hex ID][body].
+"""
+
+from cpython.buffer cimport (
+    PyBUF_SIMPLE,
+    PyBUF_WRITABLE,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+
+from nsqshm._core.arena cimport Arena
+from nsqshm._core.codec cimport IdGenerator, MSG_HEADER_SIZE, get_u32be, put_message_header, put_u32be
+from nsqshm._core.includes.system cimport (
+    NSQSHM_BLOCK_LIVE,
+    NSQSHM_RECORD_HEADER,
+    memcpy,
+    nsqshm_arena_block,
+    nsqshm_load32_acquire,
+    nsqshm_load_acquire,
+    nsqshm_store_release,
+)
+from nsqshm._core.inflight cimport InFlight
+from nsqshm._core.ring cimport Ring
+
+cdef enum:
+    ID_OFFSET = 10
+    ATTEMPTS_OFFSET = 8
+    BLOCK_HEADER = 64
+    FRAME_MESSAGE = 2
+
+# Arrow binary arrays have int32 offsets: a batch's bodies stay under 2 GiB.
+cdef int64_t MAX_VALUES = 0x7FFFFFFF
+
+
+cdef inline uint64_t _align8(uint64_t n) noexcept nogil:
+    return (n + 7) & ~(<uint64_t>7)
+
+
+cdef inline int64_t _get_i64be(const char *p) noexcept nogil:
+    cdef const unsigned char *b = <const unsigned char *>p
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v = (v << 8) | b[i]
+    return <int64_t>v
+
+
+cdef inline void _bump_attempts(char *msg) noexcept nogil:
+    # big-endian u16 at offset 8, saturating, as InFlight.deliver counts
+    cdef unsigned char *p = <unsigned char *>msg + ATTEMPTS_OFFSET
+    cdef uint32_t a = (<uint32_t>p[0] << 8) | p[1]
+    if a < 0xFFFF:
+        a += 1
+        p[0] = <unsigned char>(a >> 8)
+        p[1] = <unsigned char>a
+
+
+cdef inline int64_t _span(const char *offs, int width, Py_ssize_t i) noexcept nogil:
+    if width == 4:
+        return (<const int32_t *>offs)[i]
+    return (<const int64_t *>offs)[i]
+
+
+cdef class _Spans:
+    """Bodies as (data, offsets[, lengths]): offsets of width 4 or 8; without
+    lengths, Arrow-style (body i = data[off[i]:off[i+1]])."""
+    cdef Py_buffer data
+    cdef Py_buffer offs
+    cdef Py_buffer lens
+    cdef bint has_lens
+    cdef int width
+    cdef Py_ssize_t count
+    cdef int held                 # how many of data, offs, lens are held
+
+    def __cinit__(self):
+        self.held = 0
+
+    cdef int open(self, data, offsets, lengths, Py_ssize_t start, Py_ssize_t count) except -1:
+        PyObject_GetBuffer(data, &self.data, PyBUF_SIMPLE)
+        self.held = 1
+        PyObject_GetBuffer(offsets, &self.offs, PyBUF_SIMPLE)
+        self.held = 2
+        self.has_lens = lengths is not None
+        if self.has_lens:
+            PyObject_GetBuffer(lengths, &self.lens, PyBUF_SIMPLE)
+            self.held = 3
+        return 0
+
+    def __dealloc__(self):
+        if self.held >= 3:
+            PyBuffer_Release(&self.lens)
+        if self.held >= 2:
+            PyBuffer_Release(&self.offs)
+        if self.held >= 1:
+            PyBuffer_Release(&self.data)
+
+
+cdef _Spans _open_spans(data, offsets, lengths, Py_ssize_t start, Py_ssize_t count, int width,
+                        Py_ssize_t max_size):
+    """Validate every body once (bounds, 1..max_size bytes) before anything is written."""
+    cdef _Spans s = _Spans()
+    cdef Py_ssize_t i, need
+    cdef int64_t b, e
+    if width != 4 and width != 8:
+        raise ValueError(f"offsets must be int32 or int64, not {width}-byte items")
+    if start < 0 or count < 0:
+        raise ValueError("start and count must be >= 0")
+    s.open(data, offsets, lengths, start, count)
+    s.width = width
+    s.count = count
+    need = (start + count + (0 if s.has_lens else 1)) * width
+    if s.offs.len < need or (s.has_lens and s.lens.len < (start + count) * width):
+        raise ValueError(f"offsets hold fewer than the {count} bodies from {start}")
+    for i in range(start, start + count):
+        b = _span(<const char *>s.offs.buf, width, i)
+        if s.has_lens:
+            e = b + _span(<const char *>s.lens.buf, width, i)
+        else:
+            e = _span(<const char *>s.offs.buf, width, i + 1)
+        if b < 0 or e > s.data.len or e < b:
+            raise ValueError(f"body {i - start}: span [{b}, {e}) is outside the "
+                             f"{s.data.len}-byte data")
+        if e == b:
+            raise ValueError(f"body {i - start} is empty (nsqd rejects empty messages)")
+        if e - b > max_size:
+            raise ValueError(f"body {i - start} is {e - b} bytes, over max_msg_size {max_size}")
+    return s
+
+
+cdef inline void _body(_Spans s, Py_ssize_t i, const char **p, int64_t *n) noexcept:
+    cdef int64_t b = _span(<const char *>s.offs.buf, s.width, i)
+    if s.has_lens:
+        n[0] = _span(<const char *>s.lens.buf, s.width, i)
+    else:
+        n[0] = _span(<const char *>s.offs.buf, s.width, i + 1) - b
+    p[0] = <const char *>s.data.buf + b
+
+
+def pack_bodies(data, offsets, lengths, Py_ssize_t start, Py_ssize_t count, int width,
+                IdGenerator ids not None, uint64_t timestamp, Py_ssize_t max_size,
+                bytearray out not None):
+    """Append `count` new messages (attempts 0, fresh IDs, `timestamp` ns)
+    as packed [u32 native size][message] records to `out`; returns count.
+    ValueError (nothing appended) if a body is empty, too big or out of bounds."""
+    cdef _Spans s = _open_spans(data, offsets, lengths, start, count, width, max_size)
+    cdef Py_ssize_t i, total = 0, base
+    cdef const char *p
+    cdef int64_t n
+    cdef char *dst
+    for i in range(start, start + count):
+        _body(s, i, &p, &n)
+        total += 4 + MSG_HEADER_SIZE + n
+    base = PyByteArray_GET_SIZE(out)
+    PyByteArray_Resize(out, base + total)
+    dst = PyByteArray_AS_STRING(out) + base
+    for i in range(start, start + count):
+        _body(s, i, &p, &n)
+        (<uint32_t *>dst)[0] = <uint32_t>(MSG_HEADER_SIZE + n)
+        ids.next_raw(dst + 4 + ID_OFFSET)
+        put_message_header(dst + 4, timestamp, 0, dst + 4 + ID_OFFSET)
+        memcpy(dst + 4 + MSG_HEADER_SIZE, p, n)
+        dst += 4 + MSG_HEADER_SIZE + n
+    return count
+
+
+def mpub_body(data, offsets, lengths, Py_ssize_t start, Py_ssize_t count, int width,
+              Py_ssize_t max_size):
+    """The body of an MPUB command: [u32 BE count]([u32 BE size][body])*."""
+    cdef _Spans s = _open_spans(data, offsets, lengths, start, count, width, max_size)
+    cdef Py_ssize_t i, total = 4
+    cdef const char *p
+    cdef int64_t n
+    cdef char *dst
+    for i in range(start, start + count):
+        _body(s, i, &p, &n)
+        total += 4 + n
+    out = PyBytes_FromStringAndSize(NULL, total)
+    dst = PyBytes_AS_STRING(out)
+    put_u32be(dst, <unsigned int>count)
+    dst += 4
+    for i in range(start, start + count):
+        _body(s, i, &p, &n)
+        put_u32be(dst, <unsigned int>n)
+        memcpy(dst + 4, p, n)
+        dst += 4 + n
+    return out
+
+
+# -- Arrow columns ------------------------------------------------------------------------
+
+cdef class CBuffer:
+    """malloc'd bytes handed to pyarrow (pa.py_buffer keeps this alive)."""
+    cdef char *data
+    cdef Py_ssize_t size
+    cdef Py_ssize_t shape[1]
+
+    def __cinit__(self):
+        self.data = NULL
+        self.size = 0
+
+    def __dealloc__(self):
+        free(self.data)
+
+    def __len__(self):
+        return self.size
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        self.shape[0] = self.size
+        view.buf = self.data
+        view.obj = self
+        view.len = self.size
+        view.readonly = 1
+        view.itemsize = 1
+        view.format = b"B"
+        view.ndim = 1
+        view.shape = self.shape
+        view.strides = NULL
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *view):
+        pass
+
+
+cdef CBuffer _wrap(char *data, Py_ssize_t size):
+    cdef CBuffer b = CBuffer()
+    b.data = data
+    b.size = size
+    return b
+
+
+cdef nsqshm_arena_block *_block_at(Arena arena, uint64_t off, uint64_t end) except NULL:
+    """The block at `off`, its capacity checked (a power of two >= 128 within the blocks)."""
+    cdef nsqshm_arena_block *b = <nsqshm_arena_block *>(arena.base + off)
+    cdef uint32_t cap = b.capacity
+    if cap < 128 or (cap & (cap - 1)) or off + cap > end:
+        raise ValueError(f"arena {arena.name!r}: bad block at offset {off}")
+    return b
+
+
+cdef class Columns:
+    """Messages gathered column by column for one Arrow record batch:
+    body values with int32 offsets, IDs (16 bytes each), timestamps in
+    microseconds (Spark's unit), attempts.  export() hands the buffers over
+    and starts a new batch.  Messages with a timestamp before `since_ns`
+    are skipped (still taken and finished: a starting position)."""
+    cdef char *values
+    cdef int64_t vlen, vcap
+    cdef int32_t *offsets
+    cdef char *ids
+    cdef int64_t *ts
+    cdef int32_t *attempts
+    cdef Py_ssize_t n, cap
+    cdef public int64_t since_ns
+    cdef public int64_t skipped
+
+    def __cinit__(self):
+        self._forget()
+        self.since_ns = 0
+        self.skipped = 0
+
+    def __dealloc__(self):
+        free(self.values)
+        free(self.offsets)
+        free(self.ids)
+        free(self.ts)
+        free(self.attempts)
+
+    cdef void _forget(self) noexcept:
+        """Start empty (the buffers were freed or handed over)."""
+        self.values = NULL
+        self.offsets = NULL
+        self.ids = NULL
+        self.ts = NULL
+        self.attempts = NULL
+        self.n = self.cap = 0
+        self.vlen = self.vcap = 0
+
+    def __len__(self):
+        return self.n
+
+    @property
+    def nbytes(self):
+        """Body bytes gathered."""
+        return self.vlen
+
+    cdef int _grow_rows(self, Py_ssize_t rows) except -1:
+        cdef Py_ssize_t cap = self.cap if self.cap else 1024
+        while cap < self.n + rows:
+            cap *= 2
+        if cap == self.cap:
+            return 0
+        o = <int32_t *>realloc(self.offsets, (cap + 1) * sizeof(int32_t))
+        if o == NULL:
+            raise MemoryError()
+        self.offsets = o
+        i = <char *>realloc(self.ids, cap * 16)
+        if i == NULL:
+            raise MemoryError()
+        self.ids = i
+        t = <int64_t *>realloc(self.ts, cap * sizeof(int64_t))
+        if t == NULL:
+            raise MemoryError()
+        self.ts = t
+        a = <int32_t *>realloc(self.attempts, cap * sizeof(int32_t))
+        if a == NULL:
+            raise MemoryError()
+        self.attempts = a
+        if self.cap == 0:
+            self.offsets[0] = 0
+        self.cap = cap
+        return 0
+
+    cdef int _grow_values(self, int64_t nbytes) except -1:
+        cdef int64_t cap = self.vcap if self.vcap else 1 << 16
+        if self.vlen + nbytes > MAX_VALUES:
+            raise OverflowError("a batch's bodies would pass 2 GiB (Arrow int32 offsets)")
+        while cap < self.vlen + nbytes:
+            cap *= 2
+        if cap > MAX_VALUES:
+            cap = MAX_VALUES
+        v = <char *>realloc(self.values, cap)
+        if v == NULL:
+            raise MemoryError()
+        self.values = v
+        self.vcap = cap
+        return 0
+
+    cdef int _reserve(self, int64_t body) noexcept:
+        """Room for one more message of `body` bytes: 0, or -1 if memory ran out."""
+        try:
+            if self.n == self.cap:
+                self._grow_rows(1)
+            if self.vlen + body > self.vcap:
+                self._grow_values(body)
+        except (MemoryError, OverflowError):
+            return -1
+        return 0
+
+    cdef inline int _add(self, const char *msg, uint32_t size, bint bump) except -1:
+        """One message (size >= 26, unchecked); bump: count this delivery in attempts."""
+        cdef int64_t body = size - MSG_HEADER_SIZE
+        cdef int64_t ts = _get_i64be(msg)
+        cdef const unsigned char *a = <const unsigned char *>msg + ATTEMPTS_OFFSET
+        cdef int32_t attempts = (<int32_t>a[0] << 8) | a[1]
+        if ts < self.since_ns:
+            self.skipped += 1
+            return 0
+        if self.n == self.cap:
+            self._grow_rows(1)
+        if self.vlen + body > self.vcap:
+            self._grow_values(body)
+        if bump and attempts < 0xFFFF:
+            attempts += 1
+        memcpy(self.values + self.vlen, msg + MSG_HEADER_SIZE, body)
+        self.vlen += body
+        self.offsets[self.n + 1] = <int32_t>self.vlen
+        memcpy(self.ids + 16 * self.n, msg + ID_OFFSET, 16)
+        # floor to microseconds; nsqd timestamps are never negative
+        self.ts[self.n] = ts // 1000
+        self.attempts[self.n] = attempts
+        self.n += 1
+        return 0
+
+    def add_frames(self, buf, Py_ssize_t pos=0, Py_ssize_t end=-1):
+        """Add the messages of whole NSQ frames ([u32 BE size][u32 BE type][data])
+        in buf[pos:end]; other frames are skipped.  Returns (position after the
+        last whole frame, messages added)."""
+        cdef Py_buffer view
+        cdef const char *p
+        cdef uint32_t size, ftype
+        cdef Py_ssize_t added = 0
+        PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+        try:
+            p = <const char *>view.buf
+            if end < 0 or end > view.len:
+                end = view.len
+            while end - pos >= 8:
+                size = get_u32be(p + pos)
+                if size < 4 or end - pos - 4 < <Py_ssize_t>size:
+                    break
+                ftype = get_u32be(p + pos + 4)
+                if ftype == FRAME_MESSAGE and size >= 4 + MSG_HEADER_SIZE:
+                    self._add(p + pos + 8, size - 4, False)
+                    added += 1
+                pos += 4 + size
+        finally:
+            PyBuffer_Release(&view)
+        return pos, added
+
+    def add_records(self, buf, Py_ssize_t count, bint bump=False):
+        """Add `count` packed [u32 native size][message] records (as from
+        Ring.pop_many_into); returns the bytes they used."""
+        cdef Py_buffer view
+        cdef const char *p
+        cdef uint32_t size
+        cdef Py_ssize_t pos = 0, k
+        PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+        try:
+            p = <const char *>view.buf
+            for k in range(count):
+                if view.len - pos < 4:
+                    raise ValueError(f"record {k} of {count} is truncated")
+                memcpy(&size, p + pos, 4)
+                if size < MSG_HEADER_SIZE or view.len - pos - 4 < <Py_ssize_t>size:
+                    raise ValueError(f"record {k} of {count} is not a whole message")
+                self._add(p + pos + 4, size, bump)
+                pos += 4 + size
+        finally:
+            PyBuffer_Release(&view)
+        return pos
+
+    def take(self, Ring ring not None, Arena arena not None, uint32_t queue,
+             Py_ssize_t max_records, int64_t max_bytes, int64_t due_wall_ns,
+             bint collect=True):
+        """Move up to max_records messages (and about max_bytes of bodies) from
+        `ring` into `arena`, as one step under the ring's consumer lock: each
+        leaves the ring only once its block is LIVE in the arena (attempts
+        counted, recorded for `queue`), so a death at any instant repeats
+        messages and never loses one.  With collect, the messages are added
+        here too.  Stops early when the arena is full.  Returns the count."""
+        cdef uint64_t head, tail, nbytes = 0, popped_head
+        cdef char *rec
+        cdef uint32_t n
+        cdef Py_ssize_t count = 0
+        cdef int64_t body_bytes = 0
+        cdef nsqshm_arena_block *b
+        cdef char *msg
+        cdef int64_t bad = -1
+        ring._check()
+        arena._check()
+        if queue >= arena.hdr.n_queues:
+            raise ValueError(f"queue {queue} is not in arena {arena.name!r}")
+        if collect and max_records > 0:
+            self._grow_rows(max_records if max_records < 65536 else 65536)
+        ring._lock_cons()
+        try:
+            head = ring.hdr.head
+            popped_head = head
+            tail = nsqshm_load_acquire(&ring.hdr.tail)
+            while count < max_records and body_bytes < max_bytes and \
+                    ring._next(&head, tail, &rec, &n):
+                if n < MSG_HEADER_SIZE:
+                    bad = n
+                    break
+                if collect and (self.vlen + n > MAX_VALUES or
+                                self._reserve(n - MSG_HEADER_SIZE) < 0):
+                    break  # this batch is full: the record stays for the next
+                b = arena.alloc(n)
+                if b == NULL:
+                    break
+                msg = <char *>b + BLOCK_HEADER
+                memcpy(msg, rec, n)
+                _bump_attempts(msg)
+                b.entry.size = n
+                b.entry.client_id = 0
+                b.entry.hash = 0
+                b.entry.heap_index = 0
+                b.entry.first_deadline = due_wall_ns
+                arena.commit(b, queue, NSQSHM_BLOCK_LIVE, due_wall_ns)
+                if collect:
+                    self._add(msg, n, False)
+                head += NSQSHM_RECORD_HEADER + _align8(n)
+                popped_head = head
+                nbytes += n
+                body_bytes += n - MSG_HEADER_SIZE
+                count += 1
+            if count:
+                ring._commit_pop(popped_head, count, nbytes)
+        finally:
+            ring._unlock_cons()
+        if count:
+            ring._wake(&ring.hdr.wait_space)
+        if bad >= 0:
+            raise ValueError(f"ring {ring.name!r} holds a record of {bad} bytes, not a message")
+        return count
+
+    def add_arena(self, Arena arena not None, uint64_t offset=0, Py_ssize_t max_records=-1):
+        """Add the LIVE messages of `arena` from block offset `offset` (0: the
+        first), up to max_records; returns the offset to continue from, or 0
+        when the arena's blocks are all read."""
+        cdef uint64_t off, end
+        cdef nsqshm_arena_block *b
+        cdef Py_ssize_t added = 0
+        cdef uint32_t cap, size
+        arena._check()
+        off = offset if offset else arena.hdr.data_offset
+        end = nsqshm_load_acquire(&arena.hdr.bump)
+        while off + BLOCK_HEADER <= end:
+            if max_records >= 0 and added >= max_records:
+                return off
+            b = _block_at(arena, off, end)
+            cap = b.capacity
+            if nsqshm_load32_acquire(&b.state) == NSQSHM_BLOCK_LIVE:
+                size = b.entry.size
+                if size < MSG_HEADER_SIZE or size > cap - BLOCK_HEADER:
+                    raise ValueError(f"arena {arena.name!r}: block at {off} holds {size} bytes")
+                self._add(<char *>b + BLOCK_HEADER, size, False)
+                added += 1
+            off += cap
+        return 0
+
+    def export(self):
+        """(rows, values, offsets, ids, timestamps, attempts): buffers for
+        pyarrow (int32 offsets, 16-byte IDs, int64 us, int32), handed over;
+        this object starts empty again."""
+        cdef Py_ssize_t n = self.n
+        if self.cap == 0:
+            self._grow_rows(1)
+        if self.values == NULL:  # no body yet: a real (empty) allocation for the buffer
+            self._grow_values(0)
+        out = (n, _wrap(self.values, self.vlen), _wrap(<char *>self.offsets, (n + 1) * 4),
+               _wrap(self.ids, n * 16), _wrap(<char *>self.ts, n * 8),
+               _wrap(<char *>self.attempts, n * 4))
+        self._forget()
+        return out
+
+
+# -- a consumer's batch of frames ---------------------------------------------------------
+
+def index_frames(buf, Py_ssize_t pos, Py_ssize_t end, starts, sizes):
+    """Fill int64 arrays `starts` and `sizes` with each message's offset in
+    buf and its size, for the whole message frames in buf[pos:end];
+    returns the count (at most len(starts))."""
+    cdef Py_buffer view, sv, zv
+    cdef const char *p
+    cdef uint32_t size
+    cdef Py_ssize_t n = 0, room
+    cdef int64_t *s
+    cdef int64_t *z
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    PyObject_GetBuffer(starts, &sv, PyBUF_WRITABLE)
+    try:
+        PyObject_GetBuffer(sizes, &zv, PyBUF_WRITABLE)
+        try:
+            p = <const char *>view.buf
+            s = <int64_t *>sv.buf
+            z = <int64_t *>zv.buf
+            room = min(sv.len, zv.len) // 8
+            if end < 0 or end > view.len:
+                end = view.len
+            while end - pos >= 8 and n < room:
+                size = get_u32be(p + pos)
+                if size < 4 or end - pos - 4 < <Py_ssize_t>size:
+                    break
+                if get_u32be(p + pos + 4) == FRAME_MESSAGE and size >= 4 + MSG_HEADER_SIZE:
+                    s[n] = pos + 8
+                    z[n] = size - 4
+                    n += 1
+                pos += 4 + size
+        finally:
+            PyBuffer_Release(&zv)
+    finally:
+        PyBuffer_Release(&sv)
+        PyBuffer_Release(&view)
+    return n
+
+
+def finish_frames(InFlight inflight not None, buf, starts, Py_ssize_t count,
+                  uint64_t client_id):
+    """FIN the messages at buf[starts[i]] (i < count) held by client_id in
+    one C loop; returns how many were in flight and are finished now (the
+    others timed out or were finished or requeued before)."""
+    cdef Py_buffer view, sv
+    cdef const char *p
+    cdef const int64_t *s
+    cdef Py_ssize_t i, done = 0
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        PyObject_GetBuffer(starts, &sv, PyBUF_SIMPLE)
+        try:
+            if sv.len < count * 8:
+                raise ValueError(f"starts hold fewer than {count} entries")
+            p = <const char *>view.buf
+            s = <const int64_t *>sv.buf
+            for i in range(count):
+                if s[i] < 0 or s[i] + MSG_HEADER_SIZE > view.len:
+                    raise ValueError(f"message {i} at {s[i]} is outside the buffer")
+            for i in range(count):
+                if inflight.finish_raw(p + s[i] + ID_OFFSET, client_id) == 0:
+                    done += 1
+        finally:
+            PyBuffer_Release(&sv)
+    finally:
+        PyBuffer_Release(&view)
+    return done
+
+
+def arena_reset(Arena arena not None):
+    """Finish every message in `arena` at once (its owner, after the batch
+    they belong to was handed on): the blocks are forgotten, the pages
+    reused.  The end of the blocks moves first, so a death in between
+    leaves either all of them or none.  Returns how many were live."""
+    arena._check()
+    cdef uint64_t live = arena.hdr.live_blocks
+    nsqshm_store_release(&arena.hdr.bump, arena.hdr.data_offset)
+    arena.hdr.live_blocks = 0
+    arena.hdr.live_bytes = 0
+    for i in range(32):
+        arena.free_lists[i].length = 0
+    return live
+
+
+def arena_due(Arena arena not None):
+    """(live messages, the latest due time (wall ns) among them, or 0): how
+    long a dead Spark reader's batch is kept for a restarted query to adopt."""
+    cdef uint64_t off, end
+    cdef nsqshm_arena_block *b
+    cdef uint32_t cap
+    cdef int64_t latest = 0
+    cdef Py_ssize_t live = 0
+    arena._check()
+    off = arena.hdr.data_offset
+    end = nsqshm_load_acquire(&arena.hdr.bump)
+    while off + BLOCK_HEADER <= end:
+        b = _block_at(arena, off, end)
+        cap = b.capacity
+        if nsqshm_load32_acquire(&b.state) != 0:
+            live += 1
+            if b.due_ns > latest:
+                latest = b.due_ns
+        off += cap
+    return live, latest

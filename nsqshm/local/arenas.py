@@ -1,0 +1,90 @@
+"""The in-flight arenas of local clients: their names, and putting their
+messages back into the rings.
+
+A local consumer keeps every message it holds in an arena of its own
+(nsqshm._core.arena, mode 0600), so when it dies the broker finds them:
+
+    <prefix>.f.l<pid>.<n>               a local consumer (Consumer, BulkConsumer)
+    <prefix>.f.s<reader>.<seq>.<part>   one partition of a Spark micro-batch
+    <prefix>.f.s<reader>.c              a Spark stream reader's client counters
+
+The broker lists these for /stats and, when an arena's owner is gone, puts
+its messages back into their channels and unlinks it
+(nsqshm.nsqd.local_clients).  A client unlinks only its own arena, and only
+after every message in it went back or was finished.
+"""
+
+import itertools
+import os
+import re
+import struct
+
+from nsqshm._core.arena import DEFERRED, LIVE, Arena
+
+LOCAL_TAG = "f.l"
+SPARK_TAG = "f.s"
+_READER_ID = re.compile(r"[0-9a-f]{8,32}\Z")
+_counter = itertools.count()
+
+
+def local_name(prefix):
+    """A new arena name for a local consumer of this process."""
+    return f"{prefix}.{LOCAL_TAG}{os.getpid()}.{next(_counter)}"
+
+
+def check_reader_id(reader):
+    if not isinstance(reader, str) or not _READER_ID.match(reader):
+        raise ValueError(f"invalid Spark reader id {reader!r}")
+    return reader
+
+
+def spark_batch_name(prefix, reader, seq, part):
+    return f"{prefix}.{SPARK_TAG}{check_reader_id(reader)}.{int(seq)}.{int(part)}"
+
+
+def spark_client_name(prefix, reader):
+    return f"{prefix}.{SPARK_TAG}{check_reader_id(reader)}.c"
+
+
+def spark_batch_arenas(prefix, reader):
+    """{seq: [names]} of a Spark reader's batch arenas in /dev/shm."""
+    head = f"{prefix}.{SPARK_TAG}{check_reader_id(reader)}."
+    out = {}
+    for name in Arena.list(head):
+        seq, _, part = name[len(head):].partition(".")
+        if seq.isdigit() and part.isdigit():
+            out.setdefault(int(seq), []).append(name)
+    return out
+
+
+def pack_blocks(blocks, queue=None):
+    """Packed [u32 native size][message] records of an arena's blocks (all,
+    or those of `queue`), with their offsets."""
+    parts, offsets = [], []
+    for offset, q, state, _due, msg in blocks:
+        if state in (LIVE, DEFERRED) and (queue is None or q == queue):
+            parts.append(struct.pack("=I", len(msg)))
+            parts.append(msg)
+            offsets.append(offset)
+    return b"".join(parts), offsets
+
+
+def put_back(arena, ring, queue, timeout=None):
+    """Push the messages `arena` holds for `queue` back into `ring` and free
+    their blocks (each only once it is in the ring: a death in between
+    repeats it, never loses it).  Waits up to `timeout` seconds for room
+    (None: no wait).  Returns (put back, left in the arena)."""
+    packed, offsets = pack_blocks(arena.blocks(), queue)
+    view = memoryview(packed)
+    done = 0
+    while done < len(offsets):
+        n, used = ring.push_packed(view)
+        if not n and timeout:
+            n, used = ring.push_packed_wait(view, timeout=timeout)
+        if not n:
+            break
+        for offset in offsets[done:done + n]:
+            arena.release(offset)
+        done += n
+        view = view[used:]
+    return done, len(offsets) - done

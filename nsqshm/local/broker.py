@@ -1,0 +1,124 @@
+"""The broker a local client talks to: found through its instance file in
+/dev/shm (nsqshm.nsqd.instance), asked over its HTTP API to create topics and
+channels (it only pumps those it knows), and the names of its segments."""
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import quote
+
+import posix_ipc
+
+from nsqshm.nsqd import instance
+from nsqshm.nsqd.instance import NoBroker
+from nsqshm.nsqd.names import is_valid_name
+from nsqshm.ring import Ring, RingError
+
+ATTACH_WAIT = 5.0  # seconds to wait for a just-created queue's ring to appear
+
+
+class LocalError(Exception):
+    pass
+
+
+def check_name(kind, name):
+    if not is_valid_name(name):
+        raise ValueError(f"invalid {kind} name {name!r}: 1-64 characters of "
+                         "[.a-zA-Z0-9_-], optionally ending in #ephemeral")
+    return name
+
+
+class Broker:
+    """A running nsqshm broker on this host, by data path or shm prefix."""
+
+    def __init__(self, data_path=None, shm_prefix=None):
+        self.info = instance.find(data_path, shm_prefix)
+        self.prefix = self.info["prefix"]
+        self.pid = self.info["pid"]
+        self.http_address = self.info.get("http_address")
+        self.tcp_address = self.info.get("tcp_address")
+        self.max_msg_size = int(self.info.get("max_msg_size") or 1048576)
+        self.msg_timeout = float(self.info.get("msg_timeout") or 60.0)
+
+    def __repr__(self):
+        return f"<Broker {self.prefix} pid={self.pid}>"
+
+    def alive(self):
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    # -- names -----------------------------------------------------------------------
+
+    def topic_ring_name(self, topic):
+        return f"{self.prefix}.t.{check_name('topic', topic)}"
+
+    def channel_ring_name(self, topic, channel):
+        return f"{self.prefix}.c.{check_name('topic', topic)}:{check_name('channel', channel)}"
+
+    # -- the HTTP API ------------------------------------------------------------------
+
+    def _post(self, path):
+        if not self.http_address:
+            raise LocalError(f"broker {self.prefix} has no HTTP listener to create queues with")
+        req = urllib.request.Request(f"http://{self.http_address}{path}", data=b"",
+                                     method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.read()
+        except urllib.error.HTTPError as err:
+            body = err.read()
+            try:
+                text = json.loads(body).get("message", body)
+            except ValueError:
+                text = body
+            raise LocalError(f"POST {path}: {err.code} {text}") from None
+        except OSError as err:
+            raise LocalError(f"POST {path}: broker at {self.http_address} unreachable "
+                             f"({err})") from None
+
+    def create_topic(self, topic):
+        self._post(f"/topic/create?topic={quote(check_name('topic', topic), safe='')}")
+
+    def create_channel(self, topic, channel):
+        self.create_topic(topic)  # nsqd's /channel/create wants an existing topic
+        self._post(f"/channel/create?topic={quote(check_name('topic', topic), safe='')}"
+                   f"&channel={quote(check_name('channel', channel), safe='')}")
+
+    # -- rings -------------------------------------------------------------------------
+
+    def attach(self, name):
+        """Attach a queue's ring, waiting briefly for the broker to create it."""
+        deadline = time.monotonic() + ATTACH_WAIT
+        while True:
+            try:
+                return Ring.attach(name)
+            except (posix_ipc.ExistentialError, RingError):  # not there, or being made
+                if time.monotonic() >= deadline:
+                    raise LocalError(f"queue ring {name!r} does not exist (is the topic or "
+                                     f"channel created on broker {self.prefix}?)") from None
+                time.sleep(0.01)
+
+    def topic_ring(self, topic, create=True):
+        if create:
+            self.create_topic(topic)
+        return self.attach(self.topic_ring_name(topic))
+
+    def channel_ring(self, topic, channel, create=True):
+        if create:
+            self.create_channel(topic, channel)
+        return self.attach(self.channel_ring_name(topic, channel))
+
+    def ids(self):
+        from nsqshm._core.codec import IdGenerator
+
+        return IdGenerator.open(f"{self.prefix}.ids")
+
+
+__all__ = ["Broker", "LocalError", "NoBroker", "check_name"]

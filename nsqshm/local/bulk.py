@@ -1,0 +1,152 @@
+"""BulkConsumer: a channel's messages in large lots, as Arrow record batches,
+finished or requeued only as a whole (the Spark source's read path).
+
+take() moves messages from the channel ring straight into this consumer's
+arena and into Arrow column buffers in one C pass under the ring's consumer
+lock (Columns.take); finish() forgets every message held at once
+(arena_reset) and requeue() pushes them all back.  There is no ID table and
+no per-message timeout: a bulk consumer holds what it took until it
+finishes or requeues the lot, closes (which requeues), or dies (the broker
+recovers its arena).  Use Consumer for per-message FIN/REQ/TOUCH.
+"""
+
+import os
+import socket
+import time
+
+from nsqshm import __version__
+from nsqshm._core.arena import Arena
+from nsqshm._core.localbatch import Columns, arena_reset
+from nsqshm.local import arenas
+from nsqshm.local.broker import Broker, LocalError, check_name
+
+USER_AGENT = f"nsqshm.local.bulk/{__version__}"
+
+
+class BulkConsumer:
+    def __init__(self, topic, channel, data_path=None, shm_prefix=None, *, create=True,
+                 client_id=None, user_agent=USER_AGENT, arena_size=1 << 32, since_ns=0,
+                 broker=None, label="local-bulk"):
+        self.topic = check_name("topic", topic)
+        self.channel = check_name("channel", channel)
+        self.queue = f"{topic}:{channel}"
+        self.broker = broker or Broker(data_path, shm_prefix)
+        if create:
+            self.broker.create_channel(topic, channel)
+        self.ring = self.broker.attach(self.broker.channel_ring_name(topic, channel))
+        self.arena = Arena.create(arenas.local_name(self.broker.prefix), size=arena_size,
+                                  max_queues=4, label=label)
+        self._pid = os.getpid()
+        self._qidx = self.arena.queue_index(self.queue)
+        self.columns = Columns()
+        self.columns.since_ns = since_ns
+        self.held = 0
+        self.message_count = self.finish_count = self.requeue_count = 0
+        self.closed = False
+        self.arena.set_client_info(
+            client_id=client_id or socket.gethostname().split(".")[0],
+            hostname=socket.gethostname(), user_agent=user_agent, queue=self.queue,
+            connect_ts=int(time.time()), ready_count=0, message_count=0, finish_count=0,
+            requeue_count=0, in_flight=0)
+
+    def _check(self):
+        if self.closed:
+            raise LocalError("consumer is closed")
+        if os.getpid() != self._pid:
+            raise LocalError("a BulkConsumer belongs to the process that made it")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def depth(self):
+        """Messages in the channel ring now."""
+        return self.ring.depth
+
+    def take(self, max_messages, max_bytes=1 << 62, timeout=0.0):
+        """Take up to max_messages (about max_bytes of bodies) now, waiting up
+        to `timeout` s for the first; a pyarrow.RecordBatch (maybe empty)."""
+        self._check()
+        n = self._take(max_messages, max_bytes)
+        if not n and timeout > 0:
+            end = time.monotonic() + timeout
+            try:
+                while not n:
+                    self.ring.arm()
+                    n = self._take(max_messages, max_bytes)
+                    remaining = end - time.monotonic()
+                    if n or remaining <= 0:
+                        break
+                    self.ring.sleep(remaining)
+                    self.ring.drain()
+            finally:
+                self.ring.disarm()
+        return self.export()
+
+    def _take(self, max_messages, max_bytes):
+        if max_messages <= 0:
+            return 0
+        due = time.time_ns()  # no timeout: the due time only records when it was taken
+        n = self.columns.take(self.ring, self.arena, self._qidx, max_messages, max_bytes, due)
+        if n:
+            self.held += n
+            self.message_count += n
+            self.arena.set_client_info(message_count=self.message_count, in_flight=self.held)
+        return n
+
+    def export(self):
+        """The messages taken since the last export, as a RecordBatch."""
+        from nsqshm.local.arrow import record_batch
+
+        return record_batch(self.columns.export(), self.topic, self.channel)
+
+    @property
+    def skipped(self):
+        """Messages taken but left out of the batches (older than since_ns)."""
+        return self.columns.skipped
+
+    def finish(self):
+        """FIN every message held; returns how many."""
+        self._check()
+        n = arena_reset(self.arena)
+        self.finish_count += n
+        self.held = 0
+        self.arena.set_client_info(finish_count=self.finish_count, in_flight=0)
+        return n
+
+    def requeue(self, timeout=5.0):
+        """Put every message held back into the channel; returns how many went
+        back (the rest stay held: LocalError if some could not)."""
+        self._check()
+        done, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout)
+        self.requeue_count += done
+        self.held = left
+        if not left:
+            arena_reset(self.arena)  # reuse the space
+        self.arena.set_client_info(requeue_count=self.requeue_count, in_flight=left)
+        if left:
+            raise LocalError(f"{left} messages could not go back into the full channel ring")
+        return done
+
+    def close(self, timeout=5.0):
+        """Requeue what is held, then remove the arena (kept, for the broker to
+        recover, if some messages could not go back)."""
+        if self.closed:
+            return
+        self.closed = True
+        if os.getpid() != self._pid:
+            return
+        _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout)
+        if not left:
+            self.arena.unlink()
+        self.arena.close()
+        self.ring.close()
+
+    def __del__(self):
+        try:
+            self.close(timeout=1.0)
+        except Exception:
+            pass

@@ -1,0 +1,345 @@
+"""Consumer: one channel's messages through shared memory, with NSQ's
+semantics: a message is in flight from delivery until finished; a requeue
+(with an optional delay) or a passed timeout puts it back in the channel
+with its attempts counted; TOUCH moves the timeout.
+
+Delivery is the broker's own C path (InFlight.deliver_from_ring): messages
+move from the channel ring into this consumer's in-flight table under the
+ring's consumer lock, each in a block of the consumer's arena in shared
+memory, so if this process dies the broker puts them back.  A timer thread
+requeues messages whose timeout passed and deferred messages that came due.
+
+Fork safety: every entry point checks the pid.  A forked child (a Spark
+worker) never touches its parent's arena or table; it gets its own on
+first use, and batches fetched by the parent cannot be finished there.
+"""
+
+import atexit
+import os
+import socket
+import struct
+import threading
+import time
+import weakref
+
+from nsqshm import __version__
+from nsqshm._core.arena import Arena
+from nsqshm._core.inflight import NOT_IN_FLIGHT, DeferredQueue, InFlight
+from nsqshm._core.localbatch import finish_frames
+from nsqshm.local import arenas
+from nsqshm.local.batch import Batch
+from nsqshm.local.broker import Broker, LocalError, check_name
+
+CLIENT = 1                      # the one client id of this consumer's table
+MAX_MSG_TIMEOUT = 15 * 60.0     # nsqd's default --max-msg-timeout caps TOUCH
+RETRY_NS = 100_000_000          # a full channel ring: retry a requeue after 0.1 s
+USER_AGENT = f"nsqshm.local/{__version__}"
+STATUS_TEXT = {NOT_IN_FLIGHT: "ID not in flight"}
+
+_live = weakref.WeakSet()
+
+
+class Consumer:
+    def __init__(self, topic, channel, data_path=None, shm_prefix=None, *,
+                 max_in_flight=10_000, msg_timeout=None, client_id=None, hostname=None,
+                 user_agent=USER_AGENT, create=True, arena_size=1 << 30, broker=None):
+        self.topic = check_name("topic", topic)
+        self.channel = check_name("channel", channel)
+        self.queue = f"{topic}:{channel}"
+        self.broker = broker or Broker(data_path, shm_prefix)
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        self.max_in_flight = int(max_in_flight)
+        self.msg_timeout = float(msg_timeout or self.broker.msg_timeout)
+        self.client_id = client_id or socket.gethostname().split(".")[0]
+        self.hostname = hostname or socket.gethostname()
+        self.user_agent = user_agent
+        self.arena_size = arena_size
+        self.closed = False
+        if create:
+            self.broker.create_channel(topic, channel)
+        self._open()
+
+    def _open(self):
+        """This process's handles (again in a forked child)."""
+        self._pid = os.getpid()
+        self.ring = self.broker.attach(self.broker.channel_ring_name(self.topic, self.channel))
+        self.arena = Arena.create(arenas.local_name(self.broker.prefix), size=self.arena_size,
+                                  max_queues=4, label="local")
+        self._inflight = InFlight()
+        self._inflight.use_arena(self.arena, self.queue)
+        self._deferred = DeferredQueue()
+        self._deferred.use_arena(self.arena, self.queue)
+        self._scratch = bytearray(max(4 << 20, 2 * (self.ring.max_record + 4)))
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._timer = None
+        self.message_count = self.finish_count = self.requeue_count = self.timeout_count = 0
+        self.connect_ts = int(time.time())
+        self.arena.set_client_info(
+            client_id=self.client_id, hostname=self.hostname, user_agent=self.user_agent,
+            queue=self.queue, ready_count=self.max_in_flight, connect_ts=self.connect_ts,
+            message_count=0, finish_count=0, requeue_count=0, in_flight=0)
+        _live.add(self)
+
+    def _check(self):
+        if self.closed:
+            raise LocalError("consumer is closed")
+        if os.getpid() != self._pid:
+            self._open()  # the parent's handles stay the parent's
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<Consumer {self.queue} in_flight={self.in_flight}>"
+
+    @property
+    def in_flight(self):
+        return len(self._inflight) if os.getpid() == self._pid else 0
+
+    @property
+    def deferred(self):
+        return len(self._deferred) if os.getpid() == self._pid else 0
+
+    def _publish_info(self):
+        self.arena.set_client_info(message_count=self.message_count,
+                                   finish_count=self.finish_count,
+                                   requeue_count=self.requeue_count,
+                                   in_flight=len(self._inflight))
+
+    # -- fetching ----------------------------------------------------------------------
+
+    def fetch(self, max_messages=None, timeout=0.0):
+        """Up to max_messages (default: max_in_flight) messages as a Batch,
+        waiting up to `timeout` seconds for the first; never more than
+        max_in_flight in flight at once (an empty batch when the window is full)."""
+        self._check()
+        want = self.max_in_flight if max_messages is None else int(max_messages)
+        batch = self._deliver(want)
+        if batch or timeout <= 0:
+            return batch
+        end = time.monotonic() + timeout
+        ring = self.ring
+        try:
+            while True:
+                ring.arm()
+                batch = self._deliver(want)
+                remaining = end - time.monotonic()
+                if batch or remaining <= 0:
+                    return batch
+                ring.sleep(remaining)
+                ring.drain()
+        finally:
+            ring.disarm()
+
+    def _deliver(self, want):
+        out = bytearray()
+        added = 0
+        with self._lock:
+            n = min(want, self.max_in_flight - len(self._inflight))
+            deadline = time.monotonic_ns() + int(self.msg_timeout * 1e9)
+            taken = 0
+            while taken < n:
+                t, a = self._inflight.deliver_from_ring(self.ring, n - taken, self._scratch,
+                                                        out, CLIENT, deadline)
+                if not t:
+                    break
+                taken += t
+                added += a
+            if added:
+                self.message_count += added
+                self._publish_info()
+        if added:
+            self._start_timer()
+        return Batch(self, out, added)
+
+    # -- FIN / REQ / TOUCH -------------------------------------------------------------
+
+    def _own(self, batch):
+        if batch._pid != os.getpid() or batch.consumer is not self:
+            raise LocalError("this batch was fetched by another process or consumer")
+
+    def finish(self, msg_id):
+        self._check()
+        with self._lock:
+            status = self._inflight.finish(msg_id, CLIENT)
+            if status:
+                raise LocalError(f"E_FIN_FAILED FIN {_text(msg_id)} failed "
+                                 f"{STATUS_TEXT.get(status, status)}")
+            self.finish_count += 1
+            self._publish_info()
+
+    def _finish_batch(self, batch):
+        self._check()
+        self._own(batch)
+        with self._lock:
+            done = finish_frames(self._inflight, batch._frames, batch._starts, len(batch), CLIENT)
+            self.finish_count += done
+            self._publish_info()
+        return done
+
+    def requeue(self, msg_id, delay=0.0):
+        """REQ: back to the channel now, or after `delay` seconds (held here
+        meanwhile, as nsqd holds a deferred message)."""
+        if self._requeue_ids([msg_id], delay) != 1:
+            raise LocalError(f"E_REQ_FAILED REQ {_text(msg_id)} failed ID not in flight")
+
+    def _requeue_ids(self, ids, delay):
+        self._check()
+        now = time.monotonic_ns()
+        packed = []
+        done = 0
+        with self._lock:
+            for msg_id in ids:
+                msg = self._inflight.requeue(bytes(msg_id), CLIENT)
+                if isinstance(msg, int):
+                    continue
+                done += 1
+                if delay > 0:
+                    self._deferred.push(msg, now + int(delay * 1e9))
+                else:
+                    packed.append(struct.pack("=I", len(msg)) + msg)
+            if packed:
+                self._store(b"".join(packed), len(packed), now)
+            self._inflight.release()  # the copies are stored: free the blocks
+            self.requeue_count += done
+            self._publish_info()
+        if delay > 0 and done:
+            self._start_timer()
+        return done
+
+    def touch(self, msg_id):
+        if self._touch_ids([msg_id]) != 1:
+            raise LocalError(f"E_TOUCH_FAILED TOUCH {_text(msg_id)} failed ID not in flight")
+
+    def _touch_ids(self, ids):
+        self._check()
+        timeout_ns = int(self.msg_timeout * 1e9)
+        now = time.monotonic_ns()
+        done = 0
+        with self._lock:
+            for msg_id in ids:
+                key = bytes(msg_id)
+                first = self._inflight.get_first_deadline(key)
+                if first < 0:
+                    continue
+                cap = first - timeout_ns + int(MAX_MSG_TIMEOUT * 1e9)
+                if self._inflight.touch(key, CLIENT, min(now + timeout_ns, cap)) == 0:
+                    done += 1
+        return done
+
+    # -- putting messages back -----------------------------------------------------------
+
+    def _store(self, packed, count, now):
+        """Push packed records back into the channel ring; what does not fit
+        (a full ring) waits here as deferred and is retried shortly, so a
+        requeue never blocks on a ring only this consumer would drain."""
+        view = memoryview(packed)
+        done, used = self.ring.push_packed(view)
+        if done < count:
+            rest = view[used:]
+            pos = 0
+            while pos < len(rest):
+                (size,) = struct.unpack_from("=I", rest, pos)
+                self._deferred.push(rest[pos + 4:pos + 4 + size], now + RETRY_NS)
+                pos += 4 + size
+
+    def process_timeouts(self, now=None):
+        """Requeue expired in-flight messages and deferred ones now due;
+        returns how many went back (the timer thread calls this)."""
+        if os.getpid() != self._pid or self.closed:
+            return 0
+        now = time.monotonic_ns() if now is None else now
+        total = 0
+        with self._lock:
+            for store, timed_out in ((self._inflight, True), (self._deferred, False)):
+                while True:
+                    n, nbytes = store.pop_expired(now, self._scratch) if timed_out else \
+                        store.pop_due(now, self._scratch)
+                    if not n:
+                        break
+                    self._store(bytes(self._scratch[:nbytes]), n, now)
+                    store.release()
+                    total += n
+                    if timed_out:
+                        self.timeout_count += n
+            if total:
+                self._publish_info()
+        return total
+
+    def _next_due(self):
+        times = [t for t in (self._inflight.next_deadline(), self._deferred.next_due()) if t >= 0]
+        return min(times) if times else -1
+
+    def _start_timer(self):
+        if self._timer is None or not self._timer.is_alive():
+            self._timer = threading.Thread(target=_run_timer, args=(weakref.ref(self),),
+                                           name=f"nsqshm-timeouts-{self.queue}", daemon=True)
+            self._timer.start()
+        self._wake.set()
+
+    # -- closing -------------------------------------------------------------------------
+
+    def close(self, timeout=5.0):
+        """Put every message still held back into the channel (waiting up to
+        `timeout` s for room), then remove this consumer's arena.  Messages
+        that cannot go back stay in the arena for the broker to recover."""
+        if self.closed:
+            return
+        self.closed = True
+        if os.getpid() != self._pid:
+            return  # a forked child: the arena and rings are the parent's
+        self._wake.set()
+        if self._timer is not None and self._timer is not threading.current_thread():
+            self._timer.join(1.0)
+        with self._lock:
+            _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout)
+            self.arena.set_client_info(in_flight=left)
+            if not left:
+                self.arena.unlink()
+            # the tables point into the arena: drop them before unmapping it
+            self._inflight = InFlight()
+            self._deferred = DeferredQueue()
+            self.arena.close()
+            self.ring.close()
+        _live.discard(self)
+
+    def __del__(self):
+        try:
+            self.close(timeout=1.0)
+        except Exception:
+            pass
+
+
+def _run_timer(ref):
+    """Requeue timed-out and due messages until the consumer is closed or gone."""
+    while True:
+        consumer = ref()
+        if consumer is None or consumer.closed or os.getpid() != consumer._pid:
+            return
+        consumer.process_timeouts()
+        with consumer._lock:
+            due = consumer._next_due()
+        wake = consumer._wake
+        del consumer
+        wait = None if due < 0 else max(0.0, (due - time.monotonic_ns()) / 1e9) + 0.001
+        wake.wait(wait)
+        wake.clear()
+
+
+def _text(msg_id):
+    return bytes(msg_id).decode("ascii", "replace")
+
+
+@atexit.register
+def _close_all():
+    for consumer in list(_live):
+        if consumer._pid == os.getpid():
+            try:
+                consumer.close(timeout=1.0)
+            except Exception:
+                pass

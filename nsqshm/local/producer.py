@@ -1,0 +1,156 @@
+"""Producer: publish into a topic's ring, as a PUB or MPUB does in the
+broker (the topic's pump then copies each message into every channel).
+
+Bodies are packed into ring records in C (fresh IDs from the broker's
+shared ID generator, attempts 0, one timestamp per call): a list of
+bytes, one buffer with numpy offsets and lengths, or a pyarrow binary or
+string array, without a Python object per message.  When the ring is full
+the producer waits for the pump to make room, up to `timeout`.
+"""
+
+import os
+import time
+
+import numpy as np
+
+from nsqshm._core.localbatch import pack_bodies
+from nsqshm.local.broker import Broker, LocalError, check_name
+
+CHUNK = 16384  # messages packed and pushed per ring call
+
+
+class PublishTimeout(LocalError):
+    def __init__(self, text, published):
+        super().__init__(text)
+        self.published = published
+
+
+class Producer:
+    def __init__(self, topic=None, data_path=None, shm_prefix=None, *, timeout=30.0,
+                 create=True, broker=None):
+        self.broker = broker or Broker(data_path, shm_prefix)
+        self.topic = check_name("topic", topic) if topic is not None else None
+        self.timeout = timeout
+        self.create = create
+        self.max_msg_size = self.broker.max_msg_size
+        self.published = 0
+        self.closed = False
+        self._pid = None
+        if self.topic is not None:
+            self._ring(self.topic)
+
+    def _ring(self, topic):
+        if self.closed:
+            raise LocalError("producer is closed")
+        if self._pid != os.getpid():  # new, or a forked child: handles of its own
+            self._pid = os.getpid()
+            self._rings = {}
+            self._ids = self.broker.ids()
+            self._buf = bytearray()
+        ring = self._rings.get(topic)
+        if ring is None:
+            check_name("topic", topic)
+            ring = self._rings[topic] = self.broker.topic_ring(topic, create=self.create)
+        return ring
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<Producer {self.topic or '*'} published={self.published}>"
+
+    # -- publishing ------------------------------------------------------------------
+
+    def publish(self, body, topic=None):
+        """Publish one message (bytes-like, or str as UTF-8)."""
+        body = memoryview(body.encode() if isinstance(body, str) else body).cast("B")
+        return self.publish_buffer(body, np.zeros(1, dtype=np.int64),
+                                   np.array([len(body)], dtype=np.int64), topic=topic)
+
+    def publish_many(self, bodies, topic=None):
+        """Publish a sequence of bytes-like bodies; returns the count."""
+        bodies = [memoryview(b.encode() if isinstance(b, str) else b).cast("B") for b in bodies]
+        lengths = np.fromiter((len(b) for b in bodies), dtype=np.int64, count=len(bodies))
+        offsets = np.zeros(len(bodies), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        return self.publish_buffer(b"".join(bodies), offsets, lengths, topic=topic)
+
+    def publish_buffer(self, data, offsets, lengths=None, topic=None):
+        """Publish bodies that lie in one buffer: body i is
+        data[offsets[i]:offsets[i] + lengths[i]]; without lengths, `offsets`
+        has one more entry and body i ends where i + 1 begins (Arrow's layout).
+        Offsets are int32 or int64 arrays.  Returns the count."""
+        offsets = np.ascontiguousarray(offsets)
+        if offsets.dtype not in (np.int32, np.int64):
+            offsets = offsets.astype(np.int64)
+        if lengths is not None:
+            lengths = np.ascontiguousarray(lengths, dtype=offsets.dtype)
+            count = len(lengths)
+            if len(offsets) < count:
+                raise ValueError("fewer offsets than lengths")
+        else:
+            count = max(0, len(offsets) - 1)
+        return self._publish(data, offsets, lengths, 0, count, offsets.dtype.itemsize, topic)
+
+    def publish_arrow(self, array, topic=None):
+        """Publish the values of a pyarrow binary or string array (or chunked
+        array, large types too) as message bodies; returns the count."""
+        from nsqshm.local.arrow import body_spans
+
+        data, offsets, width, start, count = body_spans(array)
+        return self._publish(data, offsets, None, start, count, width, topic)
+
+    def _publish(self, data, offsets, lengths, start, count, width, topic):
+        topic = topic or self.topic
+        if topic is None:
+            raise ValueError("no topic: give one to Producer() or to this call")
+        ring = self._ring(topic)
+        buf = self._buf
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        done = 0
+        while done < count:
+            n = min(CHUNK, count - done)
+            try:
+                del buf[:]
+            except BufferError:  # a view of it outlived a failed push (a traceback)
+                buf = self._buf = bytearray()
+            pack_bodies(data, offsets, lengths, start + done, n, width, self._ids,
+                        time.time_ns(), self.max_msg_size, buf)
+            self._push(ring, buf, n, deadline, done)
+            done += n
+            self.published += n
+        return count
+
+    def _push(self, ring, buf, n, deadline, before):
+        view = memoryview(buf)
+        pushed = 0
+        while True:
+            k, used = ring.push_packed(view)
+            pushed += k
+            view = view[used:]
+            if pushed == n:
+                return
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                self.published += pushed
+                raise PublishTimeout(f"topic ring {ring.name!r} stayed full for "
+                                     f"{self.timeout} s ({before + pushed} of the messages "
+                                     "published)", before + pushed)
+            k, used = ring.push_packed_wait(view, timeout=remaining)
+            pushed += k
+            view = view[used:]
+            if pushed == n:
+                return
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        if self._pid == os.getpid():
+            for ring in self._rings.values():
+                ring.close()
+            self._ids.close()
+        self._rings = {}

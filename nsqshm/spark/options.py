@@ -1,0 +1,144 @@
+"""The "nsqshm" data source's options (case-insensitive, as Spark passes
+them), modelled on Kafka's source:
+
+    topic                  topic(s) to read, comma-separated; the topic to write
+                           (rows may carry their own in a `topic` column)
+    channel                channel to read from (default "spark")
+    dataPath / shmPrefix   find the broker on this host: shared memory
+    nsqdTcpAddress         host:port: TCP when the broker is not on this host
+    nsqdHttpAddress        host:port of its HTTP API (depth for batch reads,
+                           creating the channel); default: TCP port + 1
+    transport              auto (shared memory where the broker is local, else
+                           TCP), shm or tcp
+    maxMessagesPerTrigger  streaming: at most this many messages per micro-batch
+                           (Kafka's maxOffsetsPerTrigger)
+    maxMessages            batch read: at most this many messages
+    startingOffsets        earliest (default: what the channel holds) or latest
+                           (skip messages published before the query started)
+    startingTimestamp      ms since the epoch: skip messages published before it
+    numPartitions          shards per channel: Spark partitions per topic (default 2)
+    batchSize              rows per Arrow batch (default 65536)
+    msgTimeout             seconds a streaming batch may stay uncommitted before
+                           its messages are redelivered (default: the broker's)
+    idleTimeout            TCP batch read: stop after this many seconds without a
+                           message (default 1.0)
+
+Messages skipped by a starting position are consumed (finished) without
+being returned, as Kafka's offsets skip them.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from nsqshm.nsqd.names import is_valid_name
+
+DEFAULT_CHANNEL = "spark"
+
+
+class OptionError(ValueError):
+    pass
+
+
+def _int(opts, name, default, minimum=0):
+    raw = opts.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OptionError(f"option {name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise OptionError(f"option {name}={raw!r} must be >= {minimum}")
+    return value
+
+
+def _float(opts, name, default):
+    raw = opts.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise OptionError(f"option {name}={raw!r} is not a number") from None
+    if value < 0:
+        raise OptionError(f"option {name}={raw!r} must be >= 0")
+    return value
+
+
+def _name(kind, value):
+    if not is_valid_name(value):
+        raise OptionError(f"invalid {kind} name {value!r}")
+    return value
+
+
+@dataclass
+class Options:
+    topics: list = field(default_factory=list)
+    channel: str = DEFAULT_CHANNEL
+    data_path: str | None = None
+    shm_prefix: str | None = None
+    tcp_address: str | None = None
+    http_address: str | None = None
+    transport: str = "auto"
+    max_per_trigger: int = 0
+    max_messages: int = 0
+    since_ns: int = 0
+    latest: bool = False
+    partitions: int = 2
+    batch_size: int = 65536
+    msg_timeout: float = 0.0
+    idle_timeout: float = 1.0
+
+    @property
+    def topic(self):
+        return self.topics[0] if self.topics else None
+
+    @property
+    def wants_shm(self):
+        return self.transport in ("auto", "shm") and (
+            self.data_path is not None or self.shm_prefix is not None or not self.tcp_address)
+
+
+def parse(options, reading=True):
+    """Options from Spark's option map; OptionError names what is wrong."""
+    opts = {str(k).lower(): (None if v is None else str(v)) for k, v in dict(options).items()}
+    o = Options()
+    topics = [t.strip() for t in (opts.get("topic") or opts.get("subscribe") or "").split(",")
+              if t.strip()]
+    o.topics = [_name("topic", t) for t in topics]
+    if reading and not o.topics:
+        raise OptionError('option "topic" is required to read')
+    o.channel = _name("channel", opts.get("channel") or DEFAULT_CHANNEL)
+    o.data_path = opts.get("datapath") or None
+    o.shm_prefix = opts.get("shmprefix") or None
+    o.tcp_address = opts.get("nsqdtcpaddress") or None
+    o.http_address = opts.get("nsqdhttpaddress") or None
+    if o.tcp_address and not o.http_address:
+        host, _, port = o.tcp_address.rpartition(":")
+        if not port.isdigit():
+            raise OptionError(f"nsqdTcpAddress {o.tcp_address!r} is not host:port")
+        o.http_address = f"{host}:{int(port) + 1}"
+    o.transport = (opts.get("transport") or "auto").lower()
+    if o.transport not in ("auto", "shm", "tcp"):
+        raise OptionError(f"transport {o.transport!r} is not auto, shm or tcp")
+    if o.transport == "tcp" and not o.tcp_address:
+        raise OptionError("transport tcp needs nsqdTcpAddress")
+    o.max_per_trigger = _int(opts, "maxmessagespertrigger", 0, 1) if \
+        opts.get("maxmessagespertrigger") else 0
+    o.max_messages = _int(opts, "maxmessages", 0, 1) if opts.get("maxmessages") else 0
+    starting = (opts.get("startingoffsets") or "earliest").lower()
+    if starting not in ("earliest", "latest"):
+        raise OptionError(f"startingOffsets {starting!r} is not earliest or latest")
+    o.latest = starting == "latest"
+    o.since_ns = _int(opts, "startingtimestamp", 0) * 1_000_000
+    o.partitions = _int(opts, "numpartitions", 2, 1)
+    o.batch_size = _int(opts, "batchsize", 65536, 1)
+    o.msg_timeout = _float(opts, "msgtimeout", 0.0)
+    o.idle_timeout = _float(opts, "idletimeout", 1.0)
+    return o
+
+
+def starting_ns(o):
+    """The publish time before which messages are skipped, fixed when a
+    query (or a batch read) starts."""
+    return max(o.since_ns, time.time_ns() if o.latest else 0)
