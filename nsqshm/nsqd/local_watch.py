@@ -4,7 +4,9 @@ source) and puts back the messages of a client that died.
 Nothing polls.  inotify on /dev/shm tells when an arena of this broker's
 prefix appears; a pidfd of its owner (os.pidfd_open) becomes readable when
 that process exits; then recovery.recover_arena puts its LIVE and DEFERRED
-messages back into their channels and removes it.  An arena whose owner
+messages back into their channels and removes it.  A Spark micro-batch's
+arena is kept until its messages' due time first, for a restarted query to
+adopt (nsqshm/spark/stream.py).  An arena whose owner
 changes (a Spark driver taking its readers' batches, Arena.set_owner) is
 watched again under the new owner.
 """
@@ -13,11 +15,13 @@ import ctypes
 import errno
 import os
 import struct
+import time
 
 import gevent
 from gevent.hub import get_hub
 
 from nsqshm._core.arena import Arena, ArenaError
+from nsqshm._core.localbatch import arena_due
 from nsqshm.nsqd import recovery
 
 IN_CREATE = 0x100
@@ -107,11 +111,21 @@ class LocalWatch:
                     gevent.sleep(0.1)
             else:
                 return
+            spark = name.startswith(f"{self.nsqd.shm_prefix}.f.s")
             try:
                 while True:
                     pid = arena.owner_pid
                     if not arena.owner_alive():
-                        break
+                        if not spark:
+                            break
+                        # a Spark batch waits for its due time: a query restarted from
+                        # its checkpoint meanwhile adopts it (nsqshm/spark/stream.py)
+                        live, due = arena_due(arena)
+                        wait = (due - time.time_ns()) / 1e9 if live else 0
+                        if wait <= 0:
+                            break
+                        gevent.sleep(min(wait, 30.0))
+                        continue
                     try:
                         pidfd = os.pidfd_open(pid)
                     except ProcessLookupError:

@@ -68,6 +68,13 @@ def main(argv):
     listening = []
 
     def on_ready(arb):
+        # the instance file first: a client may act on the "listening" lines at once
+        instance.write(prefix, {
+            "pid": os.getpid(), "prefix": prefix, "data_path": data_path,
+            "tcp_address": arb.addresses.get("tcp_address"),
+            "http_address": arb.addresses.get("http_address"),
+            "workers": arb.nworkers, "max_msg_size": opts.max_msg_size,
+            "msg_timeout": opts.msg_timeout})
         for key, name in (("tcp_address", "TCP"), ("http_address", "HTTP"),
                           ("https_address", "HTTPS")):
             address = arb.addresses.get(key)
@@ -76,12 +83,6 @@ def main(argv):
             if address:
                 log.info(f"{name}: listening on {address}")
                 listening.append((name, address))
-        instance.write(prefix, {
-            "pid": os.getpid(), "prefix": prefix, "data_path": data_path,
-            "tcp_address": arb.addresses.get("tcp_address"),
-            "http_address": arb.addresses.get("http_address"),
-            "workers": arb.nworkers, "max_msg_size": opts.max_msg_size,
-            "msg_timeout": opts.msg_timeout})
 
     try:
         code = arbiter.run(on_ready)

@@ -48,9 +48,15 @@ def orphan_arenas(nsqd):
 
 
 def recover_orphans(nsqd):
+    from nsqshm.nsqd.local_clients import dead_arenas
+
+    clients = f"{nsqd.shm_prefix}.f.w"
+    # a Spark batch not yet due waits (local_watch.py takes it when it is)
+    ready = set(dead_arenas(nsqd.shm_prefix)) if nsqd.index == 0 else set()
     total = 0
     for name in orphan_arenas(nsqd):
-        total += recover_arena(nsqd, name)
+        if name.startswith(clients) or name in ready:
+            total += recover_arena(nsqd, name)
     return total
 
 

@@ -358,6 +358,7 @@ def _local_stats(nsqd, topic_name, channel_name, include_clients):
         real_topics = sorted(nsqd.topics.values(), key=lambda t: t.name.encode())
     opts = getattr(nsqd, "opts", None)
     percentiles = getattr(opts, "e2e_processing_latency_percentile", None) or ()
+    local = _local_clients(nsqd)
     topics = []
     for topic in real_topics:
         if channel_name:
@@ -373,7 +374,9 @@ def _local_stats(nsqd, topic_name, channel_name, include_clients):
             if include_clients:
                 clients = [client_stats(c, topic_name) for c in list(channel.clients.values())]
                 _tag_worker(nsqd, clients)
-            channels.append(channel_stats(channel, clients, percentiles))
+            entry = channel_stats(channel, clients, percentiles)
+            _add_local_clients(entry, local.get((topic.name, channel.name)), include_clients)
+            channels.append(entry)
         topics.append(topic_stats(topic, channels, percentiles))
     producers = None
     if include_clients:
@@ -384,6 +387,27 @@ def _local_stats(nsqd, topic_name, channel_name, include_clients):
                 producers.append(client_stats(client, topic_name))
     _tag_worker(nsqd, producers or ())
     return topics, producers
+
+
+def _local_clients(nsqd):
+    """nsqshm.local and Spark clients of the broker (shared-memory arenas),
+    listed by worker 0 alone so that merged /stats count them once."""
+    prefix = getattr(nsqd, "shm_prefix", None)
+    if prefix is None or getattr(nsqd, "index", 0) != 0:
+        return {}
+    from nsqshm.nsqd.local_clients import local_client_stats
+
+    return local_client_stats(prefix)
+
+
+def _add_local_clients(entry, clients, include_clients):
+    """A channel's local clients: counted like TCP clients, their held messages in flight."""
+    if not clients:
+        return
+    entry["client_count"] += len(clients)
+    entry["in_flight_count"] += sum(c["in_flight_count"] for c in clients)
+    if include_clients:
+        entry["clients"] = (entry["clients"] or []) + clients
 
 
 def _tag_worker(nsqd, clients):
