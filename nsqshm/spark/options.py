@@ -18,8 +18,11 @@ them), modelled on Kafka's source:
     startingTimestamp      ms since the epoch: skip messages published before it
     numPartitions          shards per channel: Spark partitions per topic (default 2)
     batchSize              rows per Arrow batch (default 65536)
-    msgTimeout             seconds a streaming batch may stay uncommitted before
-                           its messages are redelivered (default: the broker's)
+    msgTimeout             streaming: the due time given to a batch's messages, how
+                           long a dead driver's batches wait for a restarted
+                           application before the broker redelivers them (where it
+                           honours it: local_clients.dead_arenas); default: the
+                           broker's --msg-timeout
     idleTimeout            TCP batch read: stop after this many seconds without a
                            message (default 1.0)
 

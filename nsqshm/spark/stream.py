@@ -26,10 +26,11 @@ behind, still owned by the driver.  A query restarted from its checkpoint
 in the same application takes them up: a replayed batch reads the same
 arenas, a batch Spark had committed is finished by the first latestOffset,
 so a restart repeats nothing.  When the driver dies the broker puts the
-messages back into their channels (nsqshm.nsqd.local_clients: after
-msgTimeout, so that an application restarted meanwhile adopts them in
-turn).  Not for asyncProgressTrackingEnabled, whose commit log lags the
-offsets.
+messages back into their channels.  Each batch's messages carry a due time
+(msgTimeout after they were taken): nsqshm.nsqd.local_clients.dead_arenas
+waits for it, so that an application restarted meanwhile adopts its
+predecessor's batches too.  Not for asyncProgressTrackingEnabled, whose
+commit log lags the offsets.
 
 TCP.  The reader holds one connection per topic; a micro-batch is what
 arrived (at most nsqd's max_rdy_count in flight, which includes the batch

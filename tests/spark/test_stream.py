@@ -166,3 +166,30 @@ def test_available_now_over_tcp(spark, broker, tmp_path):
     # the last batch was FINed too (else nsqd would requeue it when the reader goes)
     assert wait_for(lambda: channel()["in_flight_count"] == 0, timeout=30)
     assert channel()["depth"] == 0
+
+
+def test_streaming_write(spark, broker, tmp_path):
+    """A stream from one topic published to another, each row to its own topic column."""
+    for topic, channel in (("src", "spark"), ("dst_a", "check"), ("dst_b", "check")):
+        broker.post(f"/topic/create?topic={topic}")
+        broker.post(f"/channel/create?topic={topic}&channel={channel}")
+    with Producer("src", shm_prefix=broker.prefix) as p:
+        p.publish_many([f"w{i}".encode() for i in range(2000)])
+    q = (stream(spark, broker, "src", maxMessagesPerTrigger=800)
+         .selectExpr("upper(cast(body as string)) as body",
+                     "if(cast(substr(cast(body as string), 2) as int) % 2 = 0, 'dst_a', 'dst_b') "
+                     "as topic")
+         .writeStream.format("nsqshm").option("shmPrefix", broker.prefix)
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    assert q.awaitTermination(180)
+    from nsqshm.local import Consumer
+
+    for topic, parity in (("dst_a", 0), ("dst_b", 1)):
+        got = []
+        with Consumer(topic, "check", shm_prefix=broker.prefix) as c:
+            while len(got) < 1000:
+                batch = c.fetch(1000, timeout=10)
+                assert batch, f"{topic}: {len(got)} of 1000"
+                got += [bytes(b) for b in batch.bodies()]
+                batch.finish()
+        assert sorted(got) == sorted(f"W{i}".encode() for i in range(parity, 2000, 2))
