@@ -65,12 +65,14 @@ cdef class MessageStore:
     cdef Arena arena
     cdef uint32_t queue
     cdef uint32_t block_state
+    cdef int64_t wall_offset            # wall clock minus monotonic, for arena deadlines
     cdef nsqshm_arena_block **pending
     cdef size_t n_pending
     cdef size_t cap_pending
 
     cdef MsgEntry *_new_entry(self, uint32_t size) noexcept
     cdef void _commit(self, MsgEntry *e, int64_t mono_ns) noexcept
+    cdef void _clock(self) noexcept
     cdef void _discard(self, MsgEntry *e) noexcept
     cdef int _hand_out(self, MsgEntry *e) except -1
     cdef void _unlink(self, MsgEntry *e) noexcept

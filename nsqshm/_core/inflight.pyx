@@ -412,6 +412,7 @@ cdef class MessageStore:
         self.arena = None
         self.queue = 0
         self.block_state = NSQSHM_BLOCK_LIVE
+        self.wall_offset = 0
         self.pending = NULL
         self.n_pending = self.cap_pending = 0
 
@@ -436,10 +437,15 @@ cdef class MessageStore:
         return &b.entry
 
     cdef void _commit(self, MsgEntry *e, int64_t mono_ns) noexcept:
-        """The message is copied in: record it in the arena (its state last)."""
+        """The message is copied in: record it in the arena (its state last),
+        its deadline on the wall clock (wall_offset: set once per call)."""
         cdef nsqshm_arena_block *b = _block_of(e)
         if b.capacity and self.arena is not None:
-            self.arena.commit(b, self.queue, self.block_state, mono_ns + _wall_ns() - time_ns())
+            self.arena.commit(b, self.queue, self.block_state, mono_ns + self.wall_offset)
+
+    cdef void _clock(self) noexcept:
+        if self.arena is not None:
+            self.wall_offset = _wall_ns() - time_ns()
 
     cdef void _discard(self, MsgEntry *e) noexcept:
         block_free(self.arena, _block_of(e))
@@ -594,6 +600,7 @@ cdef class InFlight(MessageStore):
                      int64_t deadline_ns) except -1:
         """Copy a message (size >= 26, unchecked) into the table.  KeyError
         if its ID is in flight, MemoryError if out of memory."""
+        self._clock()
         cdef int r = self._insert(msg, size, client_id, deadline_ns)
         if r == 1:
             raise KeyError(PyBytes_FromStringAndSize(msg + MSG_ID_OFFSET, MSG_ID_SIZE))
@@ -747,6 +754,7 @@ cdef class InFlight(MessageStore):
         cdef bint sampling = 0 < sample_rate < 100
         if count < 0:
             raise ValueError(f"count {count} is negative")
+        self._clock()
         if not 0 <= sample_rate <= 99:
             raise ValueError(f"sample_rate {sample_rate} is not in 0-99")
         PyObject_GetBuffer(records, &view, PyBUF_SIMPLE)
@@ -889,6 +897,7 @@ cdef class DeferredQueue(MessageStore):
 
     cdef int push_raw(self, const char *msg, uint32_t size, int64_t due_ns) except -1:
         """Copy a message (size >= 26, unchecked) in, due at due_ns."""
+        self._clock()
         cdef MsgEntry *e = self._new_entry(size)
         if e == NULL:
             raise MemoryError()

@@ -38,6 +38,8 @@ cdef class Ring:
     cdef int _fifo_path(self, int s, uint64_t v, char *buf, size_t n) noexcept
     cdef void _reap_slot(self, int s, uint64_t v) noexcept
     cdef int _check(self) except -1
+    cdef bint _flag(self, uint32_t bit) except -1
+    cdef int _set_flag(self, uint32_t bit, bint value) except -1
     cdef int _map_raw(self, int fd, size_t size) except -1
     cpdef int push(self, data) except -100
     cpdef int pop_into(self, buffer) except -100

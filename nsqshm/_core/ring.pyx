@@ -1023,20 +1023,43 @@ cdef class Ring:
         self._check()
         return nsqshm_load_acquire(&self.hdr.wait_data) != 0
 
+    cdef bint _flag(self, uint32_t bit) except -1:
+        self._check()
+        return (nsqshm_flags_load(&self.hdr.flags) & bit) != 0
+
+    cdef int _set_flag(self, uint32_t bit, bint value) except -1:
+        self._check()
+        if value:
+            nsqshm_flags_or(&self.hdr.flags, bit)
+        else:
+            nsqshm_flags_and(&self.hdr.flags, ~bit)
+        return 0
+
+    @property
+    def paused(self):
+        """Set while the channel is paused (flags bit 1), for local consumers."""
+        return self._flag(2)
+
+    @paused.setter
+    def paused(self, bint value):
+        self._set_flag(2, value)
+
+    def nudge(self):
+        """Wake the handles waiting for space, as a pop does: a consumer that
+        finds the ring empty while the owner has a disk backlog asks for a
+        refill this way (from any process)."""
+        self._check()
+        self._wake(&self.hdr.wait_space)
+
     @property
     def disk_backlog(self):
         """Set by the queue's owner while its disk queue holds messages (the
         header's flags bit 0), so other processes know to ask for a refill."""
-        self._check()
-        return bool(nsqshm_flags_load(&self.hdr.flags) & 1)
+        return self._flag(1)
 
     @disk_backlog.setter
     def disk_backlog(self, bint value):
-        self._check()
-        if value:
-            nsqshm_flags_or(&self.hdr.flags, 1)
-        else:
-            nsqshm_flags_and(&self.hdr.flags, 0xFFFFFFFE)
+        self._set_flag(1, value)
 
     @property
     def depth(self):

@@ -80,14 +80,16 @@ class BulkConsumer:
                     remaining = end - time.monotonic()
                     if n or remaining <= 0:
                         break
-                    self.ring.sleep(remaining)
+                    if self.ring.disk_backlog and not self.ring.paused:
+                        self.ring.nudge()  # the owner refills the ring from disk
+                    self.ring.sleep(min(remaining, 0.1) if self.ring.paused else remaining)
                     self.ring.drain()
             finally:
                 self.ring.disarm()
         return self.export()
 
     def _take(self, max_messages, max_bytes):
-        if max_messages <= 0:
+        if max_messages <= 0 or self.ring.paused:  # a paused channel delivers nothing
             return 0
         due = time.time_ns()  # no timeout: the due time only records when it was taken
         n = self.columns.take(self.ring, self.arena, self._qidx, max_messages, max_bytes, due)

@@ -131,7 +131,10 @@ class Consumer:
                 remaining = end - time.monotonic()
                 if batch or remaining <= 0:
                     return batch
-                ring.sleep(remaining)
+                if ring.disk_backlog and not ring.paused:
+                    ring.nudge()  # the owner refills the ring from disk
+                # paused: an unpause does not push, so look again now and then
+                ring.sleep(min(remaining, 0.1) if ring.paused else remaining)
                 ring.drain()
         finally:
             ring.disarm()
@@ -139,6 +142,8 @@ class Consumer:
     def _deliver(self, want):
         out = bytearray()
         added = 0
+        if self.ring.paused:  # a paused channel delivers nothing, as to TCP clients
+            return Batch(self, out, 0)
         with self._lock:
             n = min(want, self.max_in_flight - len(self._inflight))
             deadline = time.monotonic_ns() + int(self.msg_timeout * 1e9)

@@ -91,9 +91,14 @@ class Channel:
             self.inflight.enable_latency()
             self.e2e = LatencyStream(self.nsqd.opts, lambda: [self.inflight])
         self._ready = gevent.event.Event()
+        self._refill_wake = gevent.event.Event()
+        self._refiller = None
         self._scratch = bytearray(max(1 << 20, 2 * (self.ring.max_record + 4)))
         if self.owned:
             self.ring.disk_backlog = bool(self.backend.depth)
+            self.ring.paused = False  # a peer's or nsqd.dat's pause comes right after
+            if self.backend.depth:
+                self._start_refiller()
         if not self.ephemeral and self.owned:
             self._load_deferred()
         self._dispatcher = gevent.spawn(self._dispatch)
@@ -203,6 +208,7 @@ class Channel:
             self.ring.disk_backlog = True  # then the waiter check: see _dispatch
             if self.ring.depth == 0 and self.ring.waiting_for_data:
                 self._refill(DELIVER_BATCH)  # consumers (of any worker) wait on the ring
+            self._start_refiller()
             self._ready.set()
 
     def _defer_packed(self, view, delay_s):
@@ -241,7 +247,7 @@ class Channel:
                 self._ready.clear()
                 ring.arm()  # before the flag check: the owner refills for armed waiters
                 if not self.owned and ring.disk_backlog:
-                    self.nsqd.tell_owner(self.topic.name, self.name)
+                    ring.nudge()  # wakes the owner's refiller, as a pop would
                 if ring.depth == 0 and not self.backend.depth:
                     wait_fd_or_event(ring.fileno(), self._ready)
                 ring.drain()
@@ -267,6 +273,35 @@ class Channel:
             if earliest is not None:
                 self.nsqd.schedule_scan(earliest)
             gevent.idle()  # let writers and readers run between rounds
+
+    def _start_refiller(self):
+        if self._refiller is None and not self.exiting:
+            self._refiller = gevent.spawn(self._refill_loop)
+
+    def _refill_loop(self):
+        """The owner, while its disk queue holds messages: after each pop or
+        nudge from any process (a worker's dispatcher, a local consumer),
+        top the ring up to a batch from disk.  Nothing moves while nobody
+        consumes; nothing polls."""
+        ring = self.ring
+        try:
+            while not self.exiting and self.backend.depth:
+                ring.arm(for_space=True)
+                try:
+                    if not ring.waiting_for_data:
+                        wait_fd_or_event(ring.fileno(), self._refill_wake)
+                        ring.drain()
+                finally:
+                    ring.disarm(for_space=True)
+                self._refill_wake.clear()
+                while self.backend.depth and ring.depth < DELIVER_BATCH and not self.exiting:
+                    before = ring.depth
+                    self._refill(DELIVER_BATCH)
+                    if ring.depth <= before:
+                        break  # the ring is full (bytes)
+                    gevent.idle()
+        finally:
+            self._refiller = None
 
     def wanted(self):
         """Another worker's clients wait on an empty ring (the owner refills)."""
@@ -324,10 +359,12 @@ class Channel:
 
     def pause(self):
         self.paused = True
+        self.ring.paused = True  # local consumers honour it
         self.nsqd.broadcast_change("channel_pause", self.topic.name, self.name)
 
     def unpause(self):
         self.paused = False
+        self.ring.paused = False
         self._ready.set()
         self.nsqd.broadcast_change("channel_unpause", self.topic.name, self.name)
 
@@ -347,10 +384,16 @@ class Channel:
         self.backend.empty()
         if self.owned:
             self.ring.disk_backlog = False
+            self._refill_wake.set()
         for client in self.clients.values():
             client.in_flight = 0
         self._ready.set()
         self.nsqd.broadcast_change("channel_empty", self.topic.name, self.name)
+
+    def _stop_greenlets(self):
+        self._dispatcher.kill(block=False)
+        if self._refiller is not None:
+            self._refiller.kill(block=False)
 
     def _drop_held(self):
         """Forget this worker's in-flight and deferred messages (empty, delete)."""
@@ -368,7 +411,7 @@ class Channel:
         from nsqshm.nsqd.topic import flush_ring
 
         self.exiting = True
-        self._dispatcher.kill(block=False)
+        self._stop_greenlets()
         if delete:
             for client in list(self.clients.values()):
                 client.close()
@@ -387,7 +430,7 @@ class Channel:
     def give_back(self):
         """Shutdown: in-flight messages back into the channel, deferred ones to
         this worker's deferred file, each block released once stored."""
-        self._dispatcher.kill(block=False)
+        self._stop_greenlets()
         scratch = self._scratch
         while True:
             n, nbytes = self.inflight.drain(scratch)
@@ -401,7 +444,7 @@ class Channel:
     def close_handles(self, sync=False):
         """Stop using the channel, its messages left where they are."""
         self.exiting = True
-        self._dispatcher.kill(block=False)
+        self._stop_greenlets()
         if sync:
             self.backend.close()
         self.ring.close()

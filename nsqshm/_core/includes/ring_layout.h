@@ -17,7 +17,8 @@
  *       36     4  mutex_size     sizeof(pthread_mutex_t): an ABI check
  *       40     8  created_ns     CLOCK_REALTIME at creation
  *       48     4  creator_pid
- *       52     4  flags          bit 0: the owner's disk queue holds messages
+ *       52     4  flags          bit 0: the owner's disk queue holds messages;
+ *                                bit 1: the channel is paused
  *       64    64  prod_lock      robust process-shared pthread mutex
  *      128    64  producer line  tail, push_records, push_bytes,
  *                                j_tail, j_push_records, j_push_bytes
@@ -150,7 +151,8 @@ static inline int nsqshm_cas(uint64_t *p, uint64_t expected, uint64_t desired) {
                                        __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 static inline int nsqshm_ctz64(uint64_t v) { return __builtin_ctzll(v); }
-/* flags: bit 0 = the queue's owner has messages on disk (a refill may be asked) */
+/* flags: bit 0 = the queue's owner has messages on disk (a refill may be asked),
+ * bit 1 = the channel is paused */
 static inline uint32_t nsqshm_flags_load(const uint32_t *p) {
     return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
