@@ -16,7 +16,9 @@ its block is released.  So no instant of a worker's death loses a message.
 
 With several workers every worker with subscribers runs a dispatcher on
 the same ring; only the topic's owner has the disk queue and refills the
-ring from it, when its own clients wait or another worker asks ("want").
+ring from it, when its own clients wait, and after any pop or nudge from
+another process (a worker's dispatcher, a local consumer) while the disk
+queue holds messages.
 """
 
 import os
@@ -302,11 +304,6 @@ class Channel:
                     gevent.idle()
         finally:
             self._refiller = None
-
-    def wanted(self):
-        """Another worker's clients wait on an empty ring (the owner refills)."""
-        if self.backend.depth and self.ring.depth == 0:
-            self._refill(DELIVER_BATCH)
 
     def _refill(self, wanted):
         """Move up to `wanted` messages from the disk queue into the ring,

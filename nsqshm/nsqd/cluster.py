@@ -7,9 +7,8 @@ shared-memory prefix and its index; a peer must run as the same user
     {"op": "apply", "change": "channel_pause", "topic": "t", "channel": "c"}
         a topology change made on one worker, applied by every other
         (create, delete, pause, unpause, empty of topics and channels)
-    {"op": "want", "topic": "t", "channel": "c"}
-        to the topic's owner: a worker has ready clients and an empty
-        channel ring; refill it from the disk queue
+    {"op": "want", "topic": "t"}
+        to the topic's owner: its topic ring is full, run the pump
     {"op": "stats", ...}   this worker's part of /stats
     {"op": "topology"}     every topic and channel, for a worker starting up
     {"op": "clients", "topic": "t", "channel": "c"}   subscribed clients here

@@ -159,12 +159,10 @@ class NSQD:
             finally:
                 self._remote.active = False
             return None
-        if op == "want":
+        if op == "want":  # the topic ring is full: the owner's pump should run
             topic = self.topics.get(msg["topic"])
-            if topic is not None and msg.get("channel") is None:
+            if topic is not None:
                 topic.wake()
-            elif topic is not None and msg["channel"] in topic.channels:
-                topic.channels[msg["channel"]].wanted()
             return None
         if op == "stats":
             from nsqshm.nsqd.stats import get_stats
@@ -179,12 +177,11 @@ class NSQD:
             return {"count": len(channel.clients) if channel is not None else 0}
         return {"error": f"unknown op {op!r}"}
 
-    def tell_owner(self, topic, channel):
-        """Ask the topic's owner to move messages: the topic ring is full
-        (channel None), or the channel ring is empty while clients wait."""
+    def tell_owner(self, topic):
+        """Ask the topic's owner to run its pump: its ring is full.  (An empty
+        channel ring asks for a refill through the ring itself: Ring.nudge.)"""
         if self.cluster is not None:
-            self.cluster.tell(self.owner_of(topic), {"op": "want", "topic": topic,
-                                                     "channel": channel})
+            self.cluster.tell(self.owner_of(topic), {"op": "want", "topic": topic})
 
     def apply_change(self, change, topic_name, channel_name):
         if self.exiting or not is_valid_name(topic_name or ""):

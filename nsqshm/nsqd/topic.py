@@ -97,7 +97,7 @@ class Topic:
                 return
             if time.monotonic() > deadline:
                 raise TopicError("queue full")
-            self.nsqd.tell_owner(self.name, None)
+            self.nsqd.tell_owner(self.name)
             ring.arm(for_space=True)
             try:
                 wait_fd_or_event(ring.fileno(), self._wake, timeout=0.05)
