@@ -6,7 +6,8 @@ sequential write and read of the same bytes, in the same run.
 Writes N messages (NSQ encoding, `size`-byte bodies) through
 DiskQueue.put_packed in batches, then reads them back with
 peek_into(big_endian=True) and advance, as the broker refills a ring from
-disk (fully read segments deleted on a worker thread, as the broker does),
+disk (fully read segments deleted on a worker thread at nice 19, as the
+broker does),
 each phase ending in a sync (fsync + metadata); the
 baseline writes the same bytes (the same [4-byte size][message] records)
 to one file with os.write in 1 MiB chunks and fsync, then reads it back
@@ -22,6 +23,7 @@ import tempfile
 import time
 
 from nsqshm._core.diskqueue import DiskQueue
+from nsqshm.nsqd.backend import lower_priority
 
 from .common import medians
 
@@ -112,7 +114,9 @@ def run(ctx):
             ctx.settle()
             base = tempfile.mkdtemp(prefix="nsqshm-bench-disk-", dir=a.dir)
             try:
-                with concurrent.futures.ThreadPoolExecutor(1) as remover:
+                # at nice 19, as the broker's remover (backend.remove_later)
+                with concurrent.futures.ThreadPoolExecutor(1, initializer=lower_priority) \
+                        as remover:
                     qw, qr = run_queue(base, packed, a.batch * record, a.messages, a.size,
                                        a.max_bytes_per_file, remover)
                 rw, rr = run_raw(base, packed, 1 << 20)

@@ -69,7 +69,7 @@ def new_backend(nsqd, name, ephemeral):
 _remover = None
 
 
-def _lower_priority():
+def lower_priority():
     """Run this OS thread at nice 19: cleanup yields to serving."""
     import threading
 
@@ -88,7 +88,7 @@ def remove_later(nsqd, path):
 
     if _remover is None:
         _remover = ThreadPool(1)
-        _remover.spawn(_lower_priority).get()
+        _remover.spawn(lower_priority).get()
 
     def remove():
         try:
