@@ -246,6 +246,7 @@ def measure(target, rate, seconds, size, rdy, warmup, tick_us, mpub=False, topic
     res["consumer_cpu_share"] = got["cpu"] / seconds
     if s0 is not None:
         res["server_cpu_share"] = (s1 - s0) / wall
+        res["server_cpu_us_per_msg"] = (s1 - s0) / count * 1e6
     return res
 
 
@@ -350,15 +351,17 @@ def render(res):
            f"{_us(t, 'p99_us')} (p99), {_us(t, 'p999_us')} (p99.9).", "",
            "![latency against rate](plots/latency_vs_rate.png)", "",
            "| publish | rate | samples | p50 | p99 | p99.9 | max | relay p50 | relay p99 "
-           "| relay p99.9 | send lag p99 | server CPU | missing |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| relay p99.9 | send lag p99 | server CPU, cores | us/msg | missing |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in res["rates"]:
         m, r = row["server"], row.get("relay")
         cpu = m.get("server_cpu_share")
+        # CPU per message: measured, or from the share over the run (older results)
+        per = m.get("server_cpu_us_per_msg") or (cpu * 1e6 / row["rate"] if cpu else None)
         out.append(f"| {row['mode']} | {row['rate']:,}/s | {m['samples']:,.0f} | "
                    f"{_us(m, 'p50_us')} | {_us(m, 'p99_us')} | {_us(m, 'p999_us')} | "
                    f"{_us(m, 'max_us')} | {_us(r, 'p50_us')} | {_us(r, 'p99_us')} | "
                    f"{_us(r, 'p999_us')} | {_us(m, 'send_lag_p99_us')} | "
-                   + (f"{cpu:.2f} |" if cpu is not None else "- |")
+                   + (f"{cpu:.2f} | {per:,.1f} |" if cpu is not None else "- | - |")
                    + f" {sum(x['missing'] for x in row['server_runs'])} |")
     return out

@@ -277,6 +277,7 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1):
     finally:
         stop_all(cons, stop)
         stop_all(pubs)
+        failed = sum(x.exitcode not in (0, None) for x in cons + pubs)
         if raw_proc is not None:
             raw_proc.kill()
             raw_proc.join()
@@ -293,6 +294,7 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1):
         "wall_in_s": t1 - t0, "wall_out_s": t2 - t1b,
         "wire_bytes_per_msg": sum(cout.wire) / out,
         "channel_after": after, "server_processes": procs,
+        "client_processes_failed": failed,  # the others carried the load; see stderr
     }
     if s0 is not None:
         res["server_cpu_in_s"], res["server_cpu_out_s"] = s1 - s0, s2 - s1

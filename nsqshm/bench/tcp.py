@@ -181,6 +181,10 @@ def render(res):
                 f"the broker; its CPU over the phase's wall time: "
                 f"{lg['client_cpu_share_in']:.2f} in, {lg['client_cpu_share_out']:.2f} out "
                 f"(of {p['publishers']} and {p['consumers']} processes)."]
+    failed = sum(r.get("client_processes_failed", 0) for r in runs)
+    if failed:
+        out += ["", f"{failed} load-generator process(es) died in these runs (their error is "
+                "on the run's stderr); the others carried the load."]
     if res.get("channel_after"):
         out += ["", f"Channel after the last run (/stats): {res['channel_after']}."]
     if res.get("sizes"):

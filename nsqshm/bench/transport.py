@@ -90,7 +90,7 @@ def negotiate(transport):
 
 
 def add_arguments(ap):
-    ap.add_argument("--messages", type=int, default=300_000)
+    ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--batch-size", "--batch", dest="batch", type=int, default=200)
     ap.add_argument("--window", type=int, default=4, help="MPUBs outstanding per publisher")
@@ -116,7 +116,7 @@ def _certs():
 def run(ctx):
     a = ctx.args
     if ctx.quick:
-        a.messages = min(a.messages, 50_000)
+        a.messages = min(a.messages, 100_000)
     transports = ["plain"] + [t for t in a.transports.split(",") if t and t != "plain"]
     certs = None if a.nsqd_tcp_address else _certs()
     if not certs and not a.nsqd_tcp_address:
