@@ -296,7 +296,10 @@ class Channel:
                 finally:
                     ring.disarm(for_space=True)
                 self._refill_wake.clear()
-                while self.backend.depth and ring.depth < DELIVER_BATCH and not self.exiting:
+                # up to --mem-queue-size (at least a batch): a fast consumer should not
+                # wait a round trip per batch
+                target = max(DELIVER_BATCH, self.mem_limit)
+                while self.backend.depth and ring.depth < target and not self.exiting:
                     before = ring.depth
                     self._refill(DELIVER_BATCH)
                     if ring.depth <= before:
