@@ -128,25 +128,27 @@ def run(ctx):
     ratio = len(zlib.compress(b"".join(bodies), 6)) / len(b"".join(bodies))
     spec = spec_for(a)
     rounds = []
-    with ctx.progress.task("transport", ctx.runs() * len(transports)) as advance:
-        for i in range(ctx.runs()):
-            row = {}
-            for transport in transports:
-                ctx.settle()
-                opener = negotiate(transport)
-                extra = tls_flags if "tls" in transport else ()
-                with server(a, extra=extra, backlog=(spec.messages, spec.size)) as target:
-                    r = loadgen.run_phases(target, spec, opener=opener, bodies=bodies)
-                row[transport] = r
-                cpu = r.get("server_cpu_us_per_msg_out")
-                ctx.say(f"round {i + 1} {transport:>11}: out {r['out_msgs_per_s'] / 1e3:7.1f} k "
-                        f"msg/s, server CPU {cpu if cpu is None else round(cpu, 2)} us/msg out, "
-                        f"{r['wire_bytes_per_msg']:.1f} wire bytes/msg, consumer CPU "
-                        f"{r['client_cpu_out_s']:.2f} s / {r['wall_out_s']:.2f} s wall")
-                advance()
-            rounds.append(row)
-    if certs:
-        shutil.rmtree(certs, ignore_errors=True)
+    try:
+        with ctx.progress.task("transport", ctx.runs() * len(transports)) as advance:
+            for i in range(ctx.runs()):
+                row = {}
+                for transport in transports:
+                    ctx.settle()
+                    opener = negotiate(transport)
+                    extra = tls_flags if "tls" in transport else ()
+                    with server(a, extra=extra, backlog=(spec.messages, spec.size)) as target:
+                        r = loadgen.run_phases(target, spec, opener=opener, bodies=bodies)
+                    row[transport] = r
+                    cpu = r.get("server_cpu_us_per_msg_out")
+                    ctx.say(f"round {i + 1} {transport:>11}: out {r['out_msgs_per_s'] / 1e3:7.1f} k "
+                            f"msg/s, server CPU {cpu if cpu is None else round(cpu, 2)} us/msg out, "
+                            f"{r['wire_bytes_per_msg']:.1f} wire bytes/msg, consumer CPU "
+                            f"{r['client_cpu_out_s']:.2f} s / {r['wall_out_s']:.2f} s wall")
+                    advance()
+                rounds.append(row)
+    finally:
+        if certs:
+            shutil.rmtree(certs, ignore_errors=True)
     summary = {}
     for t in transports:
         rows = [r[t] for r in rounds]
