@@ -15,7 +15,7 @@ import numpy as np
 
 from . import loadgen
 from .common import CTX, median, medians, not_built, stop_all
-from .server import server
+from .server import server, wait_local
 from .tcp import spec_for
 
 TITLE, ISSUE = "Local shared-memory clients (issue 9)", "9"
@@ -122,6 +122,7 @@ def run(ctx):
         for i in range(ctx.runs()):
             ctx.settle()
             with server(a, backlog=(a.messages, a.size)) as target:
+                wait_local(target)
                 local = run_local(target, a.messages, a.size, a.batch, a.procs)
             advance()
             with server(a, backlog=(a.messages, a.size)) as target:

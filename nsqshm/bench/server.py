@@ -200,6 +200,16 @@ def _start(extra, timeout):
     return target
 
 
+def wait_local(target, timeout=10):
+    """Until the broker's instance file is in /dev/shm: how local clients
+    (nsqshm.local) find it; it may come a moment after the listen lines."""
+    deadline = time.monotonic() + timeout
+    path = f"/dev/shm/{target.prefix}.instance"
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return os.path.exists(path)
+
+
 def mem_queue_size(messages, size):
     """--mem-queue-size that holds a whole backlog in memory: the count, and
     ring bytes (the broker gives a queue 512 bytes per unit)."""

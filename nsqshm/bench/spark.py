@@ -1,91 +1,112 @@
-"""Rows/s into Spark (issue 9): the "nsqshm" data source's batch read through
-shared memory and through TCP, and a Python data source yielding the same
-rows from memory (the ceiling of Spark's Python data source path), in one
-run on local[2].  100 B messages; each read forces every body through
-(sum of lengths).  Target: at least 2 M rows/s through shared memory.
+"""Rows/s into Spark (issue 9), local[2], 100 B messages, in one run:
 
-Each read gets N messages published before it (over TCP, not timed) to a
-fresh topic of one broker.  Skipped until nsqshm.spark and pyspark import.
+  shm      the "nsqshm" source reading a channel through shared memory
+  tcp      the same source over TCP (transport=tcp, nsqd's max_rdy_count window)
+  ceiling  a Python data source yielding ready-made Arrow batches of the same
+           schema and sizes from an in-memory list: what Spark's Python data
+           source path itself costs, the most any such source can reach
+
+Each figure is a batch read of N messages ending in count(): every row and
+every column crosses from the Python worker into the JVM.  The messages are
+published (through shared memory) and pumped into the channel before the
+clock starts.  One warm-up run, then --runs runs; the order of the sources
+rotates each run; medians.  Target: at least 2 M rows/s through shared memory.
+(The method of issue 9's bench/spark.py, which now runs this suite.)
 """
 
-import argparse
 import os
 import sys
 import time
-import urllib.request
-import uuid
 
-from . import loadgen
 from .common import median, not_built
-from .server import server
+from .server import server, wait_local
 
 TITLE, ISSUE = "Spark (issue 9)", "9"
 HELP = "rows/s into Spark via shared memory, TCP, in-memory ceiling (issue 9)"
+SIZE = 100
 TARGET_ROWS = 2_000_000
 
 
 def add_arguments(ap):
-    ap.add_argument("--messages", type=int, default=2_000_000)
-    ap.add_argument("--size", type=int, default=100)
-    ap.add_argument("--partitions", type=int, default=2, help="numPartitions of the source")
+    ap.add_argument("--messages", type=int, default=4_000_000)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--batch-size", "--batch", dest="batch", type=int, default=65536,
+                    help="rows per Arrow batch")
 
 
-class _MemorySource:
-    """Built on first use: pyspark is imported only when the suite runs."""
+def publish(target, topic, n):
+    """n messages of SIZE bytes through shared memory, pumped into channel "spark"."""
+    import numpy as np
 
-    cls = None
+    from nsqshm.local import Producer
+    from nsqshm.local.broker import Broker
 
-    @classmethod
-    def get(cls):
-        if cls.cls is None:
-            cls.cls = _memory_source()
-        return cls.cls
+    local = Broker(shm_prefix=target.prefix)
+    local.create_channel(topic, "spark")
+    ring = local.attach(local.channel_ring_name(topic, "spark"))
+    base = ring.depth
+    body = (os.urandom(SIZE // 2).hex().encode() * 2)[:SIZE]
+    chunk = 250_000
+    data = body * chunk
+    offsets = np.arange(chunk + 1, dtype=np.int64) * SIZE
+    with Producer(topic, broker=local) as p:
+        done = 0
+        while done < n:
+            k = min(chunk, n - done)
+            p.publish_buffer(data, offsets[:k + 1])
+            done += k
+    deadline = time.monotonic() + 120
+    while ring.depth < base + n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    depth = ring.depth
+    ring.close()
+    if depth < base + n:
+        raise RuntimeError(f"only {depth - base} of {n} messages reached the channel ring")
 
 
-def _memory_source():
+def ceiling_source():
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
     from nsqshm.spark.schema import SCHEMA
 
-    class MemoryReader(DataSourceReader):
-        def __init__(self, options):
-            self.rows = int(options["rows"])
-            self.size = int(options["size"])
-            self.parts = int(options["partitions"])
+    class Reader(DataSourceReader):
+        def __init__(self, n, parts, batch):
+            self.n, self.parts, self.batch = n, parts, batch
 
         def partitions(self):
             return [InputPartition(i) for i in range(self.parts)]
 
         def read(self, partition):
-            import pyarrow as pa
+            # the in-memory list: Arrow batches as the shared-memory source yields
+            # them, built (by the same C code) before the first row is handed over
+            from nsqshm._core.localbatch import Columns
+            from nsqshm.local.arrow import record_batch
 
-            n = 65536
-            batch = pa.RecordBatch.from_arrays(
-                [pa.array([b"m" * self.size] * n, pa.binary()),
-                 pa.array([f"{i:016x}" for i in range(n)]),
-                 pa.array([time.time_ns() // 1000] * n, pa.timestamp("us", tz="UTC")),
-                 pa.array([1] * n, pa.int32()), pa.array(["t"] * n), pa.array(["c"] * n)],
-                schema=pa.schema([("body", pa.binary()), ("id", pa.string()),
-                                  ("timestamp", pa.timestamp("us", tz="UTC")),
-                                  ("attempts", pa.int32()), ("topic", pa.string()),
-                                  ("channel", pa.string())]))
-            left = self.rows // self.parts
-            while left > 0:
-                yield batch if left >= n else batch.slice(0, left)
-                left -= n
+            per = self.n // self.parts + (partition.value < self.n % self.parts)
+            k = min(self.batch, per)
+            msg = (b"\x00" * 8) + b"\x00\x01" + b"0123456789abcdef" + b"x" * SIZE
+            frames = (len(msg) + 4).to_bytes(4, "big") + (2).to_bytes(4, "big") + msg
+            cols = Columns()
+            cols.add_frames(frames * k)
+            full = record_batch(cols.export(), "bench", "spark")
+            batches = [full] * (per // k)
+            if per % k:
+                batches.append(full.slice(0, per % k))
+            yield from batches
 
-    class MemorySource(DataSource):
+    class Ceiling(DataSource):
         @classmethod
         def name(cls):
-            return "nsqshm_bench_memory"
+            return "nsqshm_ceiling"
 
         def schema(self):
             return SCHEMA
 
         def reader(self, schema):
-            return MemoryReader(self.options)
+            return Reader(int(self.options["n"]), int(self.options.get("parts", 2)),
+                          int(self.options.get("batch", 65536)))
 
-    return MemorySource
+    return Ceiling
 
 
 def _session():
@@ -94,34 +115,18 @@ def _session():
 
     from nsqshm.spark import register
 
-    spark = (SparkSession.builder.master("local[2]").appName("nsqshm-bench")
+    spark = (SparkSession.builder.master("local[2]").appName("nsqshm-bench-spark")
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    spark.dataSource.register(_MemorySource.get())
+    spark.dataSource.register(ceiling_source())
     return spark
 
 
-def _timed_read(reader):
-    t0 = time.perf_counter()
-    row = reader.load().selectExpr("count(*) AS n", "sum(length(body)) AS bytes").collect()[0]
-    return row["n"], time.perf_counter() - t0
-
-
-def _publish(target, topic, messages, size):
-    # the channel first, so the messages are queued in it when the read starts
-    for path in (f"/topic/create?topic={topic}", f"/channel/create?topic={topic}&channel=spark"):
-        req = urllib.request.Request("http://{}:{}".format(*target.http) + path, method="POST")
-        urllib.request.urlopen(req, timeout=10).close()
-    spec = argparse.Namespace(messages=messages, size=size, batch=1000, window=4, rdy=2500,
-                              publishers=2, consumers=0, rate=0, runfor=0)
-    loadgen.publish(target, topic, spec)
-
-
 def run(ctx):
-    missing = not_built("nsqshm.spark", ISSUE) or not_built("pyspark", ISSUE)
+    missing = (not_built("nsqshm.spark", ISSUE) or not_built("nsqshm.local", ISSUE)
+               or not_built("pyspark", ISSUE))
     if missing:
         return missing
     a = ctx.args
@@ -129,65 +134,72 @@ def run(ctx):
         return {"skipped": "starts nsqshm itself (the shared-memory read needs a local broker)"}
     if ctx.quick:
         a.messages = min(a.messages, 200_000)
+    n, runs = a.messages, ctx.runs(default=5)
+    results = {"shm": [], "tcp": [], "ceiling": []}
     spark = _session()
-    rows = []
     try:
-        # not timed: Spark starts its Python workers and loads the sources on first use
-        with server(a, backlog=(20_000, a.size)) as target:
-            _publish(target, "warmup", 10_000, a.size)
-            _timed_read(spark.read.format("nsqshm").options(topic="warmup",
-                                                             shmPrefix=target.prefix))
-        _timed_read(spark.read.format("nsqshm_bench_memory").options(
-            rows=100_000, size=a.size, partitions=a.partitions))
-        with ctx.progress.task("spark", 3 * ctx.runs()) as advance:
-            for i in range(ctx.runs()):
-                row = {}
-                ctx.settle()
-                with server(a, backlog=(2 * a.messages, a.size)) as target:
-                    for way in ("shm", "tcp"):
-                        topic = f"spark{uuid.uuid4().hex[:8]}"
-                        _publish(target, topic, a.messages, a.size)
-                        opts = {"topic": topic, "transport": way, "maxMessages": a.messages,
-                                "numPartitions": a.partitions}
-                        if way == "shm":
-                            opts.update(shmPrefix=target.prefix)
-                        else:
-                            opts.update(nsqdTcpAddress="{}:{}".format(*target.tcp),
-                                        nsqdHttpAddress="{}:{}".format(*target.http))
-                        n, secs = _timed_read(spark.read.format("nsqshm").options(**opts))
-                        row[way] = {"rows": n, "seconds": secs, "rows_per_s": n / secs}
-                        advance()
-                mem = spark.read.format("nsqshm_bench_memory").options(
-                    rows=a.messages, size=a.size, partitions=a.partitions)
-                n, secs = _timed_read(mem)
-                row["memory"] = {"rows": n, "seconds": secs, "rows_per_s": n / secs}
-                advance()
-                rows.append(row)
-                ctx.say(f"run {i + 1}: " + ", ".join(
-                    f"{k} {v['rows_per_s'] / 1e6:.2f} M rows/s ({v['rows']:,} rows)"
-                    for k, v in row.items()))
+        with server(a, backlog=(n + 100_000, SIZE)) as target, \
+                ctx.progress.task("spark", 3 * (runs + 1)) as advance:
+            wait_local(target)
+            common = {"numPartitions": a.partitions, "batchSize": a.batch}
+            options = {
+                "shm": {"shmPrefix": target.prefix, **common},
+                "tcp": {"nsqdTcpAddress": "{}:{}".format(*target.tcp), "transport": "tcp",
+                        "nsqdHttpAddress": "{}:{}".format(*target.http), **common}}
+
+            def read(name):
+                if name == "ceiling":
+                    df = spark.read.format("nsqshm_ceiling").options(
+                        n=n, parts=a.partitions, batch=a.batch)
+                else:
+                    publish(target, "bench", n)  # not timed
+                    df = spark.read.format("nsqshm").option("topic", "bench").options(
+                        **options[name])
+                t0 = time.perf_counter()
+                rows = df.load().count()
+                return rows, time.perf_counter() - t0
+
+            names = ["ceiling", "shm", "tcp"]
+            for i in range(runs + 1):  # run 0 warms the JVM and the Python workers up
+                if i:
+                    ctx.settle()
+                for name in names[i % 3:] + names[:i % 3]:  # no source always follows another
+                    rows, secs = read(name)
+                    if rows != n:
+                        raise RuntimeError(f"{name}: {rows} rows, expected {n}")
+                    ctx.say(f"run {i} {name:8s} {rows} rows in {secs:6.2f} s: "
+                            f"{rows / secs / 1e6:5.2f} M rows/s{'  (warm-up)' if not i else ''}")
+                    if i:
+                        results[name].append(rows / secs)
+                    advance()
     finally:
         spark.stop()
-    summary = {k: median([r[k]["rows_per_s"] for r in rows]) for k in ("shm", "tcp", "memory")}
-    summary["shm_of_memory"] = summary["shm"] / summary["memory"]
-    summary["shm_over_tcp"] = summary["shm"] / summary["tcp"]
-    return {"params": {"messages": a.messages, "size": a.size, "partitions": a.partitions},
-            "runs": rows, "median": summary}
+    med = {k: median(v) for k, v in results.items()}
+    return {"params": {"messages": n, "size": SIZE, "partitions": a.partitions,
+                       "batch": a.batch, "master": "local[2]"},
+            "runs": results, "median": med,
+            "ratios": {"shm_to_ceiling": med["shm"] / med["ceiling"],
+                       "tcp_to_ceiling": med["tcp"] / med["ceiling"],
+                       "shm_to_tcp": med["shm"] / med["tcp"]}}
 
 
 def render(res):
-    p, m, last = res["params"], res["median"], res["runs"][-1]
-    return [f"Batch read of {p['messages']:,} messages of {p['size']} B into a local[2] "
-            f"SparkSession ({p['partitions']} partitions), count and sum of body lengths; "
-            f"medians of {len(res['runs'])} runs (the session is started once, not timed).", "",
-            "| source | rows read (last run) | rows/s | of the in-memory source |",
-            "|---|---:|---:|---:|",
-            f"| nsqshm, shared memory | {last['shm']['rows']:,} | {m['shm'] / 1e6:.2f} M | "
-            f"{m['shm_of_memory']:.2f} |",
-            f"| nsqshm, TCP | {last['tcp']['rows']:,} | {m['tcp'] / 1e6:.2f} M | "
-            f"{m['tcp'] / m['memory']:.2f} |",
-            f"| Python data source over memory (the ceiling) | {last['memory']['rows']:,} | "
-            f"{m['memory'] / 1e6:.2f} M | 1.00 |"]
+    p, m, r = res["params"], res["median"], res["ratios"]
+    n = len(res["runs"]["shm"])
+    out = [f"Rows/s into Spark on `local[2]`: a batch read of {p['messages']:,} messages of "
+           f"{p['size']} B ending in `count()`, so every row and every column crosses from the "
+           f"Python worker into the JVM; {p['partitions']} partitions, Arrow batches of "
+           f"{p['batch']:,} rows. One warm-up run, then {n}; the order of the three sources "
+           "rotates each run.", "",
+           "| source | median | runs | of ceiling |", "|---|---:|---|---:|"]
+    for key, name in (("shm", "`nsqshm`, shared memory"), ("tcp", "`nsqshm`, TCP"),
+                      ("ceiling", "ceiling: Python data source over an in-memory list of "
+                                  "Arrow batches")):
+        runs = ", ".join(f"{v / 1e6:.2f}" for v in res["runs"][key])
+        out.append(f"| {name} | {m[key] / 1e6:.2f} M rows/s | {runs} | "
+                   f"{m[key] / m['ceiling']:.2f} |")
+    out += ["", f"Shared memory / TCP: {r['shm_to_tcp']:.1f}x."]
+    return out
 
 
 def targets(res):
