@@ -374,8 +374,10 @@ class NSQD:
         from nsqshm.nsqd.protocol_v2 import ProtocolV2
 
         use_gevent()
-        self.arena = Arena.create(f"{self.shm_prefix}.f.w{self.index}.{os.getpid()}",
-                                  label=f"nsqd worker {self.index}")
+        # the random tail: a dead worker's arena may carry a pid now reused
+        self.arena = Arena.create(
+            f"{self.shm_prefix}.f.w{self.index}.{os.getpid()}.{os.urandom(3).hex()}",
+            label=f"nsqd worker {self.index}")
         peers_topology = None
         if self.nworkers > 1:
             from nsqshm.nsqd.cluster import Cluster

@@ -1,7 +1,7 @@
 """Putting back the messages a dead process held.
 
 A worker's in-flight and deferred messages live in its arena
-(`<prefix>.f.w<index>.<pid>`, nsqshm._core.arena).  When the worker dies,
+(`<prefix>.f.w<index>.<pid>.<random>`, nsqshm._core.arena).  When the worker dies,
 its replacement (the same index) finds the arena, sees the owner gone, and
 puts every message back: in-flight ones into their channel (attempts as
 delivered), deferred ones into its own deferred queue with their due time.
@@ -20,10 +20,9 @@ from nsqshm._core.arena import DEFERRED, Arena, ArenaError
 
 
 def _worker_index(name, prefix):
-    # <prefix>.f.w<index>.<pid>
-    rest = name[len(prefix) + 4:]
-    index, _, pid = rest.partition(".")
-    return int(index) if index.isdigit() and pid.isdigit() else None
+    # <prefix>.f.w<index>.<pid>.<6 hex digits>
+    index, _, rest = name[len(prefix) + 4:].partition(".")
+    return int(index) if index.isdigit() and rest else None
 
 
 def orphan_arenas(nsqd):

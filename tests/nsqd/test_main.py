@@ -1,5 +1,6 @@
 """The nsqd command line: a drop-in for the nsqd binary."""
 
+import os
 import subprocess
 import sys
 import time
@@ -40,15 +41,19 @@ def test_unimplemented_flag_is_accepted_with_a_warning(nsqd_factory):
 
 
 def test_ping_within_a_second_of_launch(tmp_path):
+    prefix = f"nsqshm-test-ping-{os.getpid()}"
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "nsqshm.cli", "start",
                              "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-                             f"--data-path={tmp_path}", "--shm-prefix=nsqshm-test-ping"],
+                             f"--data-path={tmp_path}", f"--shm-prefix={prefix}"],
                             stderr=subprocess.PIPE, text=True)
     try:
         port = None
+        seen = []
         while port is None:
             line = proc.stderr.readline()
+            assert line, "the broker exited before listening:\n" + "".join(seen)
+            seen.append(line)
             if "HTTP: listening on" in line:
                 port = int(line.rsplit(":", 1)[1])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5) as resp:
@@ -57,7 +62,7 @@ def test_ping_within_a_second_of_launch(tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(10) == 0  # SIGTERM: clean exit
-        subprocess.run("rm -f /dev/shm/nsqshm-test-ping*", shell=True)
+        subprocess.run(f"rm -f /dev/shm/{prefix}*", shell=True)
 
 
 def test_sigint_exits_cleanly(nsqd):
