@@ -147,7 +147,8 @@ def render(res):
     out = [f"{p['messages']:,} messages of {p['size']} B: {p['procs']} producer processes "
            f"(publish_buffer of {p['batch']:,}), then {p['procs']} consumer processes (fetch of "
            f"up to {p['batch']:,}, each batch finished at once); the same through TCP (MPUB of "
-           f"200, RDY 2500); medians of {len(res['runs'])} runs.", "",
+           f"200, RDY 2500), alternating; medians of {len(res['runs'])} runs, and of each "
+           "run's ratio local / TCP (the runs pair up).", "",
            "| | local shared memory | TCP | local / TCP |", "|---|---:|---:|---:|"]
     for way, name in (("in", "publish, msg/s"), ("out", "consume, msg/s")):
         out.append(f"| {name} | {m['local'][f'{way}_msgs_per_s'] / 1e6:.2f} M | "
