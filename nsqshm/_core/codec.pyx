@@ -204,6 +204,11 @@ cdef class IdGenerator:
         except posix_ipc.ExistentialError:
             shm = posix_ipc.SharedMemory("/" + name)
             created = False
+            # another process has just created it and may not have sized it yet
+            for _ in range(100):
+                if shm.size != 0:
+                    break
+                time.sleep(0.01)
         try:
             if shm.size != ID_SEGMENT_SIZE:
                 raise ValueError(f"ID segment {name!r} is {shm.size} bytes, "
