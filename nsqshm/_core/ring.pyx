@@ -113,6 +113,27 @@ cdef inline uint64_t _now_ns(int clock) noexcept nogil:
     return <uint64_t>ts.tv_sec * 1000000000 + <uint64_t>ts.tv_nsec
 
 
+# getpid() is a system call (glibc no longer caches it) and the waiter
+# checks asked for it several times per message; this copy is reset in a
+# forked child.
+cdef int _pid = 0
+
+
+cdef inline int _my_pid() noexcept:
+    global _pid
+    if _pid == 0:
+        _pid = getpid()
+    return _pid
+
+
+def _forget_pid():
+    global _pid
+    _pid = 0
+
+
+os.register_at_fork(after_in_child=_forget_pid)
+
+
 cdef bint _valid_name(str name):
     if not 0 < len(name) <= NAME_MAX_LEN or name[0] in ".-":
         return False
@@ -336,7 +357,7 @@ cdef class Ring:
         cdef char path[320]
         if self.hdr == NULL:
             return
-        if self.slot >= 0 and self.slot_pid == getpid():
+        if self.slot >= 0 and self.slot_pid == _my_pid():
             nsqshm_fetch_and(&self.hdr.wait_data, ~(<uint64_t>1 << self.slot))
             nsqshm_fetch_and(&self.hdr.wait_space, ~(<uint64_t>1 << self.slot))
             self._fifo_path(self.slot, self.slot_value, path, sizeof(path))
@@ -852,7 +873,7 @@ cdef class Ring:
         which must not share its parent's slot).
         """
         cdef char path[320]
-        cdef int pid = getpid()
+        cdef int pid = _my_pid()
         cdef uint64_t v
         cdef int s, fd
         self._check()
@@ -914,7 +935,7 @@ cdef class Ring:
 
     def disarm(self, bint for_space=False):
         """Withdraw a wake request made by arm()."""
-        if self.slot >= 0 and self.hdr != NULL and self.slot_pid == getpid():
+        if self.slot >= 0 and self.hdr != NULL and self.slot_pid == _my_pid():
             nsqshm_fetch_and(&self.hdr.wait_space if for_space else &self.hdr.wait_data,
                              ~(<uint64_t>1 << self.slot))
 

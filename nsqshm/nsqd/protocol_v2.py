@@ -187,6 +187,7 @@ class ProtocolV2:
 
     def io_loop(self, client, reader):
         commands = self.commands
+        sock_timeout = None
         tls_required = self.opts.tls_required != TLS_NOT_REQUIRED
         while not client.closed:
             channel = client.channel
@@ -198,7 +199,10 @@ class ProtocolV2:
                     channel.finished(client, n)
                     continue
             hb = client.heartbeat_interval
-            client.sock.settimeout(hb * 2 if hb > 0 else None)
+            timeout = (client.sock, hb * 2 if hb > 0 else None)
+            if timeout != sock_timeout:  # settimeout costs system calls: only on a change
+                client.sock.settimeout(timeout[1])
+                sock_timeout = timeout
             try:
                 line = reader.readline()
             except (Disconnect, OSError):
