@@ -18,11 +18,13 @@ import struct
 import time
 
 import gevent
+import gevent.event
 from gevent.hub import get_hub
 
 from nsqshm._core.arena import Arena, ArenaError
 from nsqshm._core.localbatch import arena_due
 from nsqshm.nsqd import recovery
+from nsqshm.nsqd.waiting import wait_fd_or_event
 
 IN_CREATE = 0x100
 IN_MOVED_TO = 0x80
@@ -39,6 +41,7 @@ class LocalWatch:
         self.watched = {}  # arena name -> greenlet waiting for its owner to exit
         self.fd = -1
         self.greenlet = None
+        self._never = gevent.event.Event()  # waits here end on the pidfd or the timeout
 
     def start(self):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -133,7 +136,7 @@ class LocalWatch:
                     try:
                         # readable when the process exits; re-check the owner now and then
                         # in case it was handed over (a Spark driver taking its batches)
-                        _wait_readable(pidfd, 30.0)
+                        wait_fd_or_event(pidfd, self._never, timeout=30.0)
                     finally:
                         os.close(pidfd)
                     if not os.path.exists(f"/dev/shm/{name}"):
@@ -146,18 +149,3 @@ class LocalWatch:
         finally:
             self.watched.pop(name, None)
 
-
-def _wait_readable(fd, timeout):
-    hub = get_hub()
-    watcher = hub.loop.io(fd, 1)
-    timer = hub.loop.timer(timeout)
-    waiter = gevent.hub.Waiter(hub)
-    watcher.start(waiter.switch, None)
-    timer.start(waiter.switch, None)
-    try:
-        waiter.get()
-    finally:
-        watcher.stop()
-        watcher.close()
-        timer.stop()
-        timer.close()
