@@ -95,6 +95,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.broker = local_broker(self.o)
         self.rings = {}
         self.owned = {}          # seq -> [Arena] this process holds
+        self.adopted = []        # an earlier process's arena found by _batch_arena
         self.target = None       # availableNow: messages still to take
         self.client = None       # the reader's counters arena (for /stats)
         self.reader_id = None
@@ -229,10 +230,31 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             connect_ts=int(time.time()), message_count=0, finish_count=0, in_flight=0)
 
     def _batch_arena(self, name, queue, taken_ns):
+        """A new batch arena `name`; None when an earlier process's arena
+        still holds the name with messages _drop_stale could not put back:
+        that one joins the batch instead (appended to self.adopted)."""
+        import posix_ipc
+
         from nsqshm._core.arena import Arena
 
-        arena = Arena.create(name, size=ARENA_SIZE, max_queues=1, owner_pid=self.owner,
-                             label="spark")
+        for _attempt in range(3):
+            try:
+                arena = Arena.create(name, size=ARENA_SIZE, max_queues=1,
+                                     owner_pid=self.owner, label="spark")
+                break
+            except posix_ipc.ExistentialError:
+                left = self._attach_left(name)
+                if left is None:  # half made, now unlinked: try again
+                    continue
+                if left.owner_alive() and left.owner_pid != self.owner:
+                    left.close()
+                    raise RuntimeError(f"batch arena {name} belongs to live process "
+                                       f"{left.owner_pid}: two readers on one checkpoint?") from None
+                left.set_owner(self.owner)
+                self.adopted.append(left)
+                return None
+        else:
+            raise RuntimeError(f"batch arena {name} cannot be created")
         arena.set_client_info(client_id=f"spark-{self.reader_id}", hostname=socket.gethostname(),
                               user_agent=USER_AGENT, queue=queue, connect_ts=taken_ns // 10**9)
         return arena
@@ -252,13 +274,26 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     back += self._put_back(name)
         return back
 
-    def _put_back(self, name):
-        from nsqshm._core.arena import Arena
-        from nsqshm.local import arenas
+    def _attach_left(self, name):
+        """An arena an earlier process of this reader left as `name`, or None.
+        A segment whose creator died before it wrote the header (a kill inside
+        Arena.create) never held a message: it is unlinked so that the name
+        can be used again."""
+        from nsqshm._core.arena import Arena, ArenaError
 
         try:
-            arena = Arena.attach(name)
-        except Exception:
+            return Arena.attach(name)
+        except ArenaError:
+            Arena.unlink_segment(name)
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            pass
+        return None
+
+    def _put_back(self, name):
+        from nsqshm.local import arenas
+
+        arena = self._attach_left(name)
+        if arena is None:
             return 0
         done = 0
         try:
@@ -306,7 +341,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if share <= 0:
                     break
                 name = arenas.spark_batch_name(self.broker.prefix, reader, seq, part)
+                part += 1
                 arena = self._batch_arena(name, queue, now)
+                if arena is None:  # the name holds what an earlier process left
+                    left = self.adopted.pop()
+                    held.append(left)
+                    total += left.live_blocks
+                    if self.target is not None:
+                        self.target += left.live_blocks  # were there before; not a take
+                    continue
                 got = cols.take(self._ring(topic), arena, arena.queue_index(queue),
                                 min(per, share), 1 << 62, due, False)
                 if not got:
@@ -314,7 +357,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     arena.close()
                     break
                 held.append(arena)
-                part += 1
                 share -= got
                 total += got
         if not held:

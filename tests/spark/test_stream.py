@@ -50,6 +50,24 @@ def live_reader(broker):
     return None
 
 
+def leave_half_made_batches(broker):
+    """Empty segments named as the reader's next batches would be; their
+    names."""
+    import posix_ipc
+
+    names = batch_arenas(broker)
+    assert names, "the killed reader left no batch"
+    reader = names[0].split(".f.s", 1)[1].split(".")[0]
+    top = max(int(n.rsplit(".", 2)[1]) for n in names)
+    made = []
+    for seq in range(top + 1, top + 4):
+        for part in range(2):
+            name = f"{broker.prefix}.f.s{reader}.{seq}.{part}"
+            posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=0o600, size=0).close_fd()
+            made.append(name)
+    return made
+
+
 def drain_to_memory(df, name, tmp_path):
     """Run df with availableNow into a memory table: (query, its rows)."""
     q = (df.writeStream.format("memory").queryName(name)
@@ -126,8 +144,12 @@ def test_restart_from_checkpoint_loses_nothing(spark, broker, tmp_path):
     feeder.join()
     producer.close()
 
+    # a kill inside Arena.create leaves a segment with no header: make one for
+    # each of the next batches the restarted reader may name (CI saw it once)
+    half_made = leave_half_made_batches(broker)
     q = query(availableNow=True)  # phase 3
     assert q.awaitTermination(180)
+    assert not [n for n in half_made if os.path.exists(f"/dev/shm/{n}")]
     # through Spark: the file sink's log leaves out the files of a failed batch
     rows = spark.read.parquet(out).select("body", "attempts").collect()
     bodies = [r.body for r in rows]
