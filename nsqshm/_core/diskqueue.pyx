@@ -80,6 +80,27 @@ cdef inline uint32_t be32(const char *p) noexcept nogil:
     return (<uint32_t>b[0] << 24) | (<uint32_t>b[1] << 16) | (<uint32_t>b[2] << 8) | b[3]
 
 
+cdef inline Py_ssize_t same_size_run(const char *base, Py_ssize_t off, Py_ssize_t filled,
+                                     Py_ssize_t stride, Py_ssize_t max_more,
+                                     Py_ssize_t *count) noexcept nogil:
+    """Walk on from `off` while the records have the size of the one just
+    walked (stride = 4 + size) and fit before `filled`, at most max_more
+    of them (-1: no limit); returns the offset after the last, adding to
+    count.  The header compare is on raw bytes, so no byte swap either."""
+    cdef uint32_t want, got
+    cdef Py_ssize_t n = 0
+    cdef Py_ssize_t last = filled - stride
+    memcpy(&want, base + off - stride, 4)
+    while off <= last and n != max_more:
+        memcpy(&got, base + off, 4)
+        if got != want:
+            break
+        off += stride
+        n += 1
+    count[0] += n
+    return off
+
+
 cdef inline bint min_max_ok(uint32_t size, int lo, int hi) noexcept:
     return <uint32_t>lo <= size <= <uint32_t>hi
 
@@ -159,6 +180,8 @@ cdef class DiskQueue:
     # peeked is O(1): (records, start file, start pos, end file, end pos)
     cdef Py_ssize_t peek_count
     cdef long long peek_from_num, peek_from_pos, peek_num, peek_pos
+    # the write position the metadata on disk was last fsynced with
+    cdef long long synced_write_num, synced_write_pos
 
     def __init__(self, str name, str data_path, long long max_bytes_per_file,
                  int min_msg_size, int max_msg_size, long long sync_every=2500, logf=None,
@@ -181,6 +204,7 @@ cdef class DiskQueue:
         self.reader_num = -1
         self.peek_count = -1
         self._retrieve_metadata()
+        self.synced_write_num, self.synced_write_pos = self.write_file_num, self.write_pos
 
     # -- names and metadata ------------------------------------------------------------
 
@@ -199,6 +223,8 @@ cdef class DiskQueue:
             with open(self.metadata_file_name()) as f:
                 text = f.read()
         except FileNotFoundError:
+            if self._segment_numbers():
+                self._rebuild_metadata("metadata file missing")
             return
         try:
             depth, read, write = text.split("\n")[:3]
@@ -206,10 +232,35 @@ cdef class DiskQueue:
             self.read_file_num, self.read_pos = (int(x) for x in read.split(","))
             self.write_file_num, self.write_pos = (int(x) for x in write.split(","))
         except ValueError:
-            self._log("error", f"failed to retrieveMetaData - bad metadata {text!r}")
-            self.depth = self.read_file_num = self.read_pos = 0
-            self.write_file_num = self.write_pos = 0
+            self._rebuild_metadata(f"bad metadata {text[:80]!r}")
             return
+        synced = self.synced_write_num, self.synced_write_pos = \
+            self.write_file_num, self.write_pos
+        self._recover_tail()
+        self.synced_write_num, self.synced_write_pos = synced
+
+    def _segment_numbers(self):
+        """The numbers of this queue's segment files in the data path, sorted."""
+        head, tail = f"{self.name}.diskqueue.", ".dat"
+        nums = []
+        for entry in os.listdir(self.data_path):
+            if entry.startswith(head) and entry.endswith(tail):
+                num = entry[len(head):-len(tail)]
+                if len(num) >= 6 and num.isdigit():
+                    nums.append(int(num))
+        return sorted(nums)
+
+    def _rebuild_metadata(self, str why):
+        """No usable metadata but segments: read them all again from the first
+        (a host crash can leave a metadata file that was replaced without
+        fsync empty; see sync).  Messages already read are delivered again,
+        none is lost."""
+        nums = self._segment_numbers()
+        first = nums[0] if nums else 0
+        self.depth = self.read_pos = self.write_pos = 0
+        self.read_file_num = self.write_file_num = first
+        self._log("error", f"failed to retrieveMetaData - {why}; reading the segments again "
+                           f"from {first:06d}")
         self._recover_tail()
 
     def _recover_tail(self):
@@ -247,17 +298,22 @@ cdef class DiskQueue:
             self._log("info", f"recovered {found} messages written after the last metadata "
                               f"sync (now {self.write_file_num},{self.write_pos})")
 
-    def _persist_metadata(self):
+    def _persist_metadata(self, bint durable=True):
         name = self.metadata_file_name()
+        if not durable and self._overwrite_metadata(name):
+            return
         tmp = f"{name}.{random.getrandbits(63)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, (f"{self.depth}\n{self.read_file_num},{self.read_pos}\n"
                           f"{self.write_file_num},{self.write_pos}\n").encode())
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, name)
+        if durable:
+            self.synced_write_num, self.synced_write_pos = self.write_file_num, self.write_pos
 
     # -- writing ------------------------------------------------------------------------
 
@@ -397,11 +453,43 @@ cdef class DiskQueue:
             self.sync()
         return count, pos
 
+    def _overwrite_metadata(self, str name):
+        """Write the metadata over the file in place, in one pwrite padded with
+        newlines to the file's length (go-diskqueue's Fscanf and our parser
+        stop at the third line): no new inode and no rename, so it does not
+        queue behind the unlink of a read segment in the same directory.
+        False when there is no file to overwrite."""
+        text = (f"{self.depth}\n{self.read_file_num},{self.read_pos}\n"
+                f"{self.write_file_num},{self.write_pos}\n").encode()
+        try:
+            fd = os.open(name, os.O_WRONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            size = os.fstat(fd).st_size
+            if size > len(text):
+                text += b"\n" * (size - len(text))
+            os.pwrite(fd, text, 0)
+        finally:
+            os.close(fd)
+        return True
+
     def sync(self):
-        """fsync the current segment, then persist the metadata."""
-        if self.wfd >= 0:
+        """fsync the current segment, then persist the metadata.
+
+        When only the read position moved since the last sync, the metadata
+        file is replaced (temp file, rename) without the two fsyncs: go-diskqueue
+        fsyncs every --sync-every reads too, which throttles draining a backlog
+        to the disk's flush rate.  Reads need no durability: after a host
+        crash the metadata is the old one (messages delivered again) or, on a
+        filesystem that persisted the rename before the data, empty, and then
+        it is rebuilt from the segments (_rebuild_metadata).  A process crash
+        loses nothing either way: the rename is in the page cache."""
+        durable = (self.write_file_num, self.write_pos) != \
+            (self.synced_write_num, self.synced_write_pos)
+        if durable and self.wfd >= 0:
             os.fsync(self.wfd)
-        self._persist_metadata()
+        self._persist_metadata(durable)
         self.writes_since_sync = 0
         self.dirty = False
 
@@ -580,6 +668,12 @@ cdef class DiskQueue:
                     if off + 4 + size <= filled:
                         off += 4 + size
                         count += 1
+                        # records of one size in a row (the usual spill): stride
+                        # on, comparing each header with the first, so that no
+                        # load waits for the one before it (the walk was a chain)
+                        off = same_size_run(out + written, off, filled, 4 + size,
+                                            max_records - count if max_records >= 0
+                                            else -1, &count)
                         continue
                     want = off + 4 + size - filled  # the rest of this record
                 elif off == avail:

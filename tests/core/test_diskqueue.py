@@ -226,3 +226,68 @@ def test_records_written_after_the_last_sync_survive_a_kill(tmp_path):
     # a torn tail (a size with too few bytes after it) is left to be overwritten
     again.put_packed(pack([msg(60)]))
     again.close()
+
+
+@pytest.mark.parametrize("batch", [7, -1])
+def test_runs_of_one_size_stop_at_max_records_and_at_a_change(tmp_path, batch):
+    # the big-endian walk strides over records of one size; it must stop at
+    # max_records, at a record of another size, and at a corrupt size
+    dq = new(tmp_path, max_bytes=1 << 20)
+    msgs = [msg(i, 40 if i % 100 < 60 else 41) for i in range(1000)]
+    dq.put_packed(pack(msgs))
+    buf = bytearray(1 << 20)
+    n, _ = dq.peek_into(buf, batch, big_endian=True)
+    assert n == (7 if batch == 7 else 1000)
+    assert unpack(buf, n, True) == msgs[:n]
+    assert read_all(dq, batch=batch, big_endian=True) == msgs
+    dq.close()
+
+
+def test_a_read_only_sync_rewrites_the_metadata_in_place(tmp_path):
+    dq = new(tmp_path, max_bytes=1 << 20)
+    msgs = [msg(i) for i in range(100)]
+    dq.put_packed(pack(msgs))
+    dq.sync()  # writes moved: a new file, fsynced and renamed over the old
+    meta = tmp_path / "t.diskqueue.meta.dat"
+    inode = os.stat(meta).st_ino
+    assert meta.read_text() == f"100\n0,0\n0,{100 * 44}\n"
+    assert take(dq, 95) == msgs[:95]
+    dq.sync()  # only the read position moved: the same file, overwritten
+    assert os.stat(meta).st_ino == inode
+    # padded to the old length with newlines, which go-diskqueue's Fscanf ignores
+    assert meta.read_text() == f"5\n0,{95 * 44}\n0,{100 * 44}\n".ljust(len("100\n0,0\n0,4400\n"),
+                                                                      "\n")
+    again = new(tmp_path, max_bytes=1 << 20)
+    assert again.depth == 5 and read_all(again) == msgs[95:]
+    again.put_packed(pack([msg(100)]))
+    again.sync()
+    assert os.stat(meta).st_ino != inode
+
+
+@pytest.mark.parametrize("damage", ["empty", "missing", "garbage"])
+def test_lost_metadata_is_rebuilt_from_the_segments(tmp_path, damage):
+    # a host crash can leave a metadata file that was replaced without fsync
+    # empty: every message in the segments is served again, none lost
+    logs = []
+    dq = new(tmp_path, logs=logs)
+    msgs = [msg(i) for i in range(66)]  # 3 files of 22
+    dq.put_packed(pack(msgs))
+    assert take(dq, 30) == msgs[:30]  # the first file read and deleted, 8 of the second
+    dq.close()
+    meta = tmp_path / "t.diskqueue.meta.dat"
+    if damage == "missing":
+        meta.unlink()
+    else:
+        meta.write_bytes(b"" if damage == "empty" else b"\x00\x00\x00")
+    again = new(tmp_path, logs=logs)
+    assert again.depth == 44
+    assert read_all(again) == msgs[22:]  # the second file again, from its start
+    assert any("reading the segments again from 000001" in m for _, m in logs)
+    again.put_packed(pack([msg(66)]))
+    assert read_all(again) == [msg(66)]
+
+
+def test_a_new_queue_without_segments_starts_empty(tmp_path):
+    logs = []
+    dq = new(tmp_path, logs=logs)
+    assert dq.depth == 0 and not logs
