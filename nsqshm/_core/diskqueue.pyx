@@ -180,6 +180,7 @@ cdef class DiskQueue:
     # peeked is O(1): (records, start file, start pos, end file, end pos)
     cdef Py_ssize_t peek_count
     cdef long long peek_from_num, peek_from_pos, peek_num, peek_pos
+    cdef list read_files        # segments read to their end, for _remove_read_files
     # the write position the metadata on disk was last fsynced with
     cdef long long synced_write_num, synced_write_pos
 
@@ -203,6 +204,7 @@ cdef class DiskQueue:
         self.reader = None
         self.reader_num = -1
         self.peek_count = -1
+        self.read_files = []
         self._retrieve_metadata()
         self.synced_write_num, self.synced_write_pos = self.write_file_num, self.write_pos
 
@@ -574,16 +576,12 @@ cdef class DiskQueue:
                         if seg is self.reader:
                             self.reader.close()
                             self.reader = None
-                        try:
-                            self.remove(self.file_name(num))
-                        except OSError as err:
-                            self._log("error", f"failed to Remove({self.file_name(num)}) - {err}")
+                        self.read_file_num, self.read_pos = num + 1, 0
                         self.dirty = True
+                        self.read_files.append(num)  # removed once the walk is done
                     num += 1
                     pos = 0
                     seg_num = -1
-                    if commit:
-                        self.read_file_num, self.read_pos = num, pos
                     continue
                 break
             size = be32(seg.base + pos) if end - pos >= 4 else 0
@@ -719,6 +717,9 @@ cdef class DiskQueue:
         A corrupt segment met on the way is set aside (.bad) and skipped."""
         cdef Py_buffer view
         cdef Py_ssize_t count = 0, nbytes = 0
+        if self.read_file_num > self.write_file_num or (
+                self.read_file_num == self.write_file_num and self.read_pos > self.write_pos):
+            self._read_past_write()
         PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
         try:
             if big_endian:
@@ -733,6 +734,32 @@ cdef class DiskQueue:
             PyBuffer_Release(&view)
         return count, nbytes
 
+    def _read_past_write(self):
+        """The read position is past the write position (a bug, or metadata
+        edited by hand): go-diskqueue resets to the write position, as here,
+        rather than skip missing segments for ever."""
+        self._log("error", f"read position {self.read_file_num},{self.read_pos} is past the "
+                           f"write position {self.write_file_num},{self.write_pos}; "
+                           "resetting it there")
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        self.read_file_num, self.read_pos = self.write_file_num, self.write_pos
+        self.depth = 0
+        self.peek_count = -1
+        self.dirty = True
+
+    def _remove_read_files(self):
+        """Delete the segments advance() finished, once the read position is
+        past them all: remove() may let another greenlet in (it hands the
+        file to a thread), which must find the queue in a settled state."""
+        files, self.read_files = self.read_files, []
+        for num in files:
+            try:
+                self.remove(self.file_name(num))
+            except OSError as err:
+                self._log("error", f"failed to Remove({self.file_name(num)}) - {err}")
+
     def advance(self, Py_ssize_t records):
         """Consume `records` records from the read position (after peek_into)."""
         cdef Py_ssize_t count = 0, nbytes = 0
@@ -745,11 +772,7 @@ cdef class DiskQueue:
                 if self.reader is not None and self.reader_num == self.read_file_num:
                     self.reader.close()
                     self.reader = None
-                try:
-                    self.remove(self.file_name(self.read_file_num))
-                except OSError as err:
-                    self._log("error", f"failed to Remove({self.file_name(self.read_file_num)})"
-                                       f" - {err}")
+                self.read_files.append(self.read_file_num)
                 self.read_file_num += 1
                 self.dirty = True
             self.read_pos = self.peek_pos
@@ -759,6 +782,7 @@ cdef class DiskQueue:
         else:
             self._walk(NULL, 0, records, &count, &nbytes, True, False)
             self.peek_count = -1
+        self._remove_read_files()
         self.writes_since_sync += count
         if self.writes_since_sync >= self.sync_every:
             self.sync()

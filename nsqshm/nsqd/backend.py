@@ -82,21 +82,32 @@ def lower_priority():
 def remove_later(nsqd, path):
     """Delete a fully read segment on a low-priority OS thread: dropping 100 MB
     of page cache takes ~20 ms of kernel time, which neither the event loop
-    nor, on a busy machine, the reading of the next segment should wait on."""
+    nor, on a busy machine, the reading of the next segment should wait on.
+
+    The hand-off never yields to another greenlet: the disk queue calls this
+    in the middle of moving its read position, and gevent's ThreadPool.spawn
+    blocks (and switches) while its one thread is busy -- another greenlet
+    then read the same queue from a stale position and a segment was
+    deleted twice, the next one skipped."""
     global _remover
-    from gevent.threadpool import ThreadPool
+    import queue
+    import threading
 
     if _remover is None:
-        _remover = ThreadPool(1)
-        _remover.spawn(lower_priority).get()
+        _remover = queue.SimpleQueue()
+        threading.Thread(target=_remove_loop, args=(_remover,), name="nsqshm-remover",
+                         daemon=True).start()
+    _remover.put((nsqd, path))
 
-    def remove():
+
+def _remove_loop(paths):
+    lower_priority()
+    while True:
+        nsqd, path = paths.get()
         try:
             os.unlink(path)
         except OSError as err:
             nsqd.logf("error", f"failed to Remove({path}) - {err}")
-
-    _remover.spawn(remove)
 
 
 __all__ = ["DiskQueueError", "DummyBackend", "RingOnly", "new_backend"]

@@ -291,3 +291,32 @@ def test_a_new_queue_without_segments_starts_empty(tmp_path):
     logs = []
     dq = new(tmp_path, logs=logs)
     assert dq.depth == 0 and not logs
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["peeked", "walked"])
+def test_a_remove_that_lets_another_reader_in_repeats_and_skips_nothing(tmp_path, exact):
+    # the broker's remove() hands the file to a thread; had it yielded to another
+    # greenlet reading the same queue mid-advance, that reader saw a stale position
+    got = []
+    inside = []
+
+    def remove(path):
+        os.unlink(path)
+        if not inside:  # another greenlet gets in, once per removal
+            inside.append(path)
+            got.extend(take(dq, 5))
+            inside.clear()
+
+    dq = DiskQueue("t", str(tmp_path), 1000, 26, 1 << 16, 1000, remove=remove)
+    msgs = [msg(i) for i in range(200)]  # 22 to a file
+    dq.put_packed(pack(msgs))
+    buf = bytearray(1 << 16)
+    while True:
+        n, _ = dq.peek_into(buf, 9)
+        if not n:
+            break
+        keep = n if exact else max(1, n - 1)  # walked: the last one peeked is read again
+        got.extend(unpack(buf, n)[:keep])
+        assert dq.advance(keep) == keep
+    assert sorted(got) == msgs
+    assert dq.depth == 0
