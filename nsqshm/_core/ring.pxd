@@ -20,6 +20,8 @@ cdef class Ring:
     # FIFOs of other waiters, opened for writing on first wake, by slot
     cdef int wake_fds[64]
     cdef uint64_t wake_vals[64]
+    # called instead of writing this handle's own FIFO, in its own process
+    cdef object local_waker
 
     cdef int _lock_prod(self) except -1
     cdef int _lock_cons(self) except -1
@@ -34,7 +36,7 @@ cdef class Ring:
     cdef int _next(self, uint64_t *head, uint64_t tail,
                    char **rec, uint32_t *size) except -2
     cdef void _wake(self, uint64_t *word) noexcept
-    cdef void _wake_slot(self, int s) noexcept
+    cdef void _wake_slot(self, int s, bint space) noexcept
     cdef int _fifo_path(self, int s, uint64_t v, char *buf, size_t n) noexcept
     cdef void _reap_slot(self, int s, uint64_t v) noexcept
     cdef int _check(self) except -1

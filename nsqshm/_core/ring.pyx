@@ -355,6 +355,7 @@ cdef class Ring:
     def close(self):
         """Unmap, release this handle's waiter slot and FIFO.  Never unlinks."""
         cdef char path[320]
+        self.local_waker = None  # it usually refers to the handle's owner: no cycle left
         if self.hdr == NULL:
             return
         if self.slot >= 0 and self.slot_pid == _my_pid():
@@ -516,20 +517,28 @@ cdef class Ring:
             return
         m = nsqshm_exchange(word, 0)
         while m:
-            self._wake_slot(nsqshm_ctz64(m))
+            self._wake_slot(nsqshm_ctz64(m), word == &self.hdr.wait_space)
             m &= m - 1
 
     cdef int _fifo_path(self, int s, uint64_t v, char *buf, size_t n) noexcept:
         return snprintf(buf, n, b"%s.w%02d-%016llx", PyBytes_AS_STRING(self._path_prefix),
                         s, <unsigned long long>v)
 
-    cdef void _wake_slot(self, int s) noexcept:
+    cdef void _wake_slot(self, int s, bint space) noexcept:
         cdef uint64_t v = nsqshm_load_acquire(&self.hdr.waiters[s])
         cdef char path[320]
         cdef int fd
         cdef char one = 33
         if v == 0:
             return
+        if s == self.slot and v == self.slot_value and self.local_waker is not None \
+                and self.slot_pid == _my_pid():
+            # the waiter is this handle, in this process: no FIFO round trip
+            try:
+                self.local_waker(space)
+                return
+            except BaseException:
+                pass  # fall back to the FIFO
         if self.wake_vals[s] != v:
             if self.wake_fds[s] >= 0:
                 close(self.wake_fds[s])
@@ -919,6 +928,13 @@ cdef class Ring:
                     nsqshm_cas(&self.hdr.waiters[i], 0, v):
                 return i
         return -1
+
+    def set_local_waker(self, waker):
+        """waker(for_space) is called, instead of a write to this handle's
+        FIFO, when a push (or, for_space, a pop) through this same handle
+        in this process wakes it: an event loop that also watches fileno()
+        learns of its own pushes without a system call.  None: the FIFO."""
+        self.local_waker = waker
 
     def arm(self, bint for_space=False):
         """Ask to be woken by the next push (or, for_space, the next pop).

@@ -38,7 +38,7 @@ from nsqshm._core.inflight import (
 )
 from nsqshm.nsqd.backend import DiskQueueError, RingOnly, memory_first, new_backend
 from nsqshm.nsqd.names import is_ephemeral
-from nsqshm.nsqd.waiting import wait_fd_or_event
+from nsqshm.nsqd.waiting import RingWaker
 
 DELIVER_BATCH = 1024
 STATUS_TEXT = {NOT_IN_FLIGHT: "ID not in flight", NOT_OWNER: "client does not own message"}
@@ -94,6 +94,8 @@ class Channel:
             self.e2e = LatencyStream(self.nsqd.opts, lambda: [self.inflight])
         self._ready = gevent.event.Event()
         self._refill_wake = gevent.event.Event()
+        # pushes wake the dispatcher, pops and nudges the refiller
+        self._waker = RingWaker(self.ring, self._ready, self._refill_wake)
         self._refiller = None
         self._scratch = bytearray(max(1 << 20, 2 * (self.ring.max_record + 4)))
         if self.owned:
@@ -251,8 +253,7 @@ class Channel:
                 if not self.owned and ring.disk_backlog:
                     ring.nudge()  # wakes the owner's refiller, as a pop would
                 if ring.depth == 0 and not self.backend.depth:
-                    wait_fd_or_event(ring.fileno(), self._ready)
-                ring.drain()
+                    self._ready.wait()
                 ring.disarm()
                 continue
             now = time.monotonic_ns()
@@ -274,7 +275,8 @@ class Channel:
                     earliest = deadline
             if earliest is not None:
                 self.nsqd.schedule_scan(earliest)
-            gevent.idle()  # let writers and readers run between rounds
+            if ring.depth:
+                gevent.idle()  # let writers and readers run between rounds
 
     def _start_refiller(self):
         if self._refiller is None and not self.exiting:
@@ -291,8 +293,7 @@ class Channel:
                 ring.arm(for_space=True)
                 try:
                     if not ring.waiting_for_data:
-                        wait_fd_or_event(ring.fileno(), self._refill_wake)
-                        ring.drain()
+                        self._refill_wake.wait()
                 finally:
                     ring.disarm(for_space=True)
                 self._refill_wake.clear()
@@ -425,6 +426,7 @@ class Channel:
             if flush_ring(self.ring, self.backend, self._scratch, self.nsqd):
                 self.backend.close()
                 self.ring.unlink()
+        self._waker.close()
         self.ring.close()
 
     def give_back(self):
@@ -447,6 +449,7 @@ class Channel:
         self._stop_greenlets()
         if sync:
             self.backend.close()
+        self._waker.close()
         self.ring.close()
 
     # -- deferred messages across a restart -------------------------------------------

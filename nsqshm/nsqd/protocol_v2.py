@@ -66,13 +66,16 @@ class Reader:
     """Buffered reads of lines and exact sizes from a gevent socket (or, once
     upgraded, a TLS socket and/or a decompressing codec: `recv`)."""
 
-    def __init__(self, sock):
+    def __init__(self, sock, before_wait=None):
         self.sock = sock
         self.recv = sock.recv
         self.buf = bytearray()
         self.pos = 0
+        self.before_wait = before_wait  # called before each read from the socket
 
     def _fill(self):
+        if self.before_wait is not None:
+            self.before_wait()
         if self.pos:
             del self.buf[:self.pos]
             self.pos = 0
@@ -179,6 +182,7 @@ class ProtocolV2:
         nsqd = self.nsqd
         client = ClientV2(nsqd, sock, address, nsqd.next_client_id())
         nsqd.clients[client.id] = client
+        reader.before_wait = client.flush_pending
         client.start()
         try:
             self.io_loop(client, reader)
@@ -228,7 +232,7 @@ class ProtocolV2:
             except (Disconnect, OSError):
                 return
             if response is not None:
-                client.send_response(response)
+                client.queue_response(response)  # sent before the reader next waits
 
     def close_after_flush(self, client):
         client.kick()

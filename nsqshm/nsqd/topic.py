@@ -25,7 +25,7 @@ from nsqshm._core.wire import pack_message
 from nsqshm.nsqd.backend import DiskQueueError, RingOnly, memory_first, new_backend
 from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
-from nsqshm.nsqd.waiting import wait_fd_or_event
+from nsqshm.nsqd.waiting import RingWaker
 from nsqshm.ring import FULL, Ring
 
 
@@ -55,6 +55,7 @@ class Topic:
         if nsqd.opts.e2e_processing_latency_percentile:  # nsqd merges its channels' streams
             self.e2e = LatencyStream(nsqd.opts, lambda: [c.inflight for c in self.channels.values()])
         self._wake = gevent.event.Event()
+        self._waker = RingWaker(self.ring, self._wake)
         self._scratch = bytearray(max(1 << 20, 2 * (self.ring.max_record + 4)))
         self._pump = gevent.spawn(self._pump_loop) if self.owned else None
 
@@ -98,10 +99,10 @@ class Topic:
             if time.monotonic() > deadline:
                 raise TopicError("queue full")
             self.nsqd.tell_owner(self.name)
+            self._wake.clear()
             ring.arm(for_space=True)
             try:
-                wait_fd_or_event(ring.fileno(), self._wake, timeout=0.05)
-                ring.drain()
+                self._wake.wait(0.05)
             finally:
                 ring.disarm(for_space=True)
 
@@ -197,8 +198,7 @@ class Topic:
                 self._wake.clear()
                 ring.arm()
                 if ring.depth <= self.mem_limit or stuck:
-                    wait_fd_or_event(ring.fileno(), self._wake, timeout=1.0 if stuck else None)
-                ring.drain()
+                    self._wake.wait(1.0 if stuck else None)
                 ring.disarm()
                 continue
             # the ring holds the oldest messages, the disk queue the newer ones
@@ -213,8 +213,7 @@ class Topic:
                 self._wake.clear()
                 ring.arm()
                 if ring.depth == 0 and not backend.depth:
-                    wait_fd_or_event(ring.fileno(), self._wake)
-                ring.drain()
+                    self._wake.wait()
                 ring.disarm()
                 continue
             batch = memoryview(scratch)[:nbytes]
@@ -225,7 +224,8 @@ class Topic:
                 self.nsqd.backend_written(backend)
             else:
                 ring.discard(n)
-            gevent.idle()
+            if ring.depth or backend.depth:
+                gevent.idle()  # more to move: let clients run first
 
     def _spill_excess(self):
         """Move what the ring holds past --mem-queue-size to the disk queue
@@ -299,6 +299,7 @@ class Topic:
                 self.deferred_waiting.release()
             self.backend.close()
             self.ring.unlink()
+        self._waker.close()
         self.ring.close()
 
     def close_handles(self, sync=False):
@@ -311,6 +312,7 @@ class Topic:
             channel.close_handles(sync)
         if sync:
             self.backend.close()
+        self._waker.close()
         self.ring.close()
 
 

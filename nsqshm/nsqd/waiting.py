@@ -31,3 +31,39 @@ def wait_fd_or_event(fd, event, timeout=None):
         if timer is not None:
             timer.stop()
             timer.close()
+
+
+class RingWaker:
+    """A ring handle's wake-ups as gevent events, for the life of the handle.
+
+    One io watcher stays on the handle's wake FIFO: a byte from another
+    process (a push or pop there) drains the FIFO and sets every event; a
+    push or pop through this handle in this process sets the matching event
+    directly (Ring.set_local_waker).  A queue's loop then waits with
+    event.wait() after ring.arm(): no watcher made and no epoll_ctl or read
+    per wait, which at low rates was most of the system calls of a message.
+    Spurious wake-ups are harmless: every loop checks the ring again."""
+
+    def __init__(self, ring, data, space=None):
+        self.ring = ring
+        self.data = data
+        self.space = space if space is not None else data
+        ring.set_local_waker(self._local)
+        self._watcher = get_hub().loop.io(ring.fileno(), 1)
+        self._watcher.start(self._on_fifo)
+
+    def _local(self, for_space):
+        (self.space if for_space else self.data).set()
+
+    def _on_fifo(self):
+        self.ring.drain()
+        self.data.set()
+        self.space.set()
+
+    def close(self):
+        """Before the ring handle closes (its FIFO with it)."""
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher.close()
+            self._watcher = None
+            self.ring.set_local_waker(None)
