@@ -6,18 +6,17 @@ Spark source): each holds its messages in an arena in /dev/shm,
     <prefix>.f.s<reader>.c              a Spark stream reader's counters
 
 whose header carries a client description (Arena.client_info).  This module
-turns those into /stats client entries, finds the arenas whose owner died,
-and puts such an arena's messages back (recover_arena), for the broker's
-/stats and recovery.
+turns those into /stats client entries and finds the arenas whose owner
+died, for the broker's /stats and for recovery.recover_arena, which puts
+their messages back.
 """
 
 import socket
-import struct
 import time
 
 import posix_ipc
 
-from nsqshm._core.arena import DEFERRED, LIVE, Arena, ArenaError
+from nsqshm._core.arena import Arena, ArenaError
 from nsqshm._core.localbatch import arena_due
 
 TAGS = ("f.l", "f.s")
@@ -133,43 +132,4 @@ def dead_arenas(prefix, now_ns=None):
     return dead
 
 
-def recover_arena(name, put_records):
-    """Put the messages of a dead client's arena back and unlink it.
-
-    put_records(topic, channel, packed) stores packed [u32 native size]
-    [message] records in that channel (ring, or disk past the memory
-    limit), as the broker's Channel.put_records does; it is called once per
-    (topic, channel), and each block is released only after its call
-    returned, so a death part way repeats messages and never loses them.
-    A queue whose put_records raises KeyError (the channel was deleted)
-    loses its messages, as a deleted channel's do.  Returns how many went
-    back.  Deferred messages go back at once (their delay is dropped)."""
-    arena = _attach(name)
-    if arena is None:
-        return 0
-    try:
-        if arena.owner_alive():
-            return 0
-        by_queue = {}
-        for offset, queue, state, _due, msg in arena.blocks():
-            if state in (LIVE, DEFERRED):
-                parts, offsets = by_queue.setdefault(queue, ([], []))
-                parts.append(struct.pack("=I", len(msg)) + msg)
-                offsets.append(offset)
-        total = 0
-        for queue, (parts, offsets) in by_queue.items():
-            topic, _, channel = queue.partition(":")
-            try:
-                put_records(topic, channel, b"".join(parts))
-            except KeyError:
-                pass
-            for offset in offsets:
-                arena.release(offset)
-            total += len(offsets)
-        Arena.unlink_segment(name)
-        return total
-    finally:
-        arena.close()
-
-
-__all__ = ["client_entry", "dead_arenas", "local_arenas", "local_client_stats", "recover_arena"]
+__all__ = ["client_entry", "dead_arenas", "local_arenas", "local_client_stats"]
