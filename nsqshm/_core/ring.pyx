@@ -929,6 +929,20 @@ cdef class Ring:
                 return i
         return -1
 
+    def count_local(self, uint64_t msgs, uint64_t body_bytes):
+        """A local producer published `msgs` messages of `body_bytes` body
+        bytes into this (topic) ring: counted in the header, for /stats."""
+        self._check()
+        nsqshm_fetch_add(&self.hdr.local_msgs, msgs)
+        nsqshm_fetch_add(&self.hdr.local_body_bytes, body_bytes)
+
+    @property
+    def local_published(self):
+        """(messages, body bytes) local producers published into this ring."""
+        self._check()
+        return (nsqshm_load_acquire(&self.hdr.local_msgs),
+                nsqshm_load_acquire(&self.hdr.local_body_bytes))
+
     def set_local_waker(self, waker):
         """waker(for_space) is called, instead of a write to this handle's
         FIFO, when a push (or, for_space, a pop) through this same handle
@@ -1144,6 +1158,8 @@ cdef class Ring:
             "pop_records": nsqshm_load_acquire(&h.pop_records),
             "pop_bytes": nsqshm_load_acquire(&h.pop_bytes),
             "recoveries": nsqshm_load_acquire(&h.recoveries),
+            "local_msgs": nsqshm_load_acquire(&h.local_msgs),
+            "local_body_bytes": nsqshm_load_acquire(&h.local_body_bytes),
             "waiters": waiters,
             "creator_pid": h.creator_pid,
             "created_ns": h.created_ns,

@@ -17,6 +17,7 @@ from nsqshm._core.localbatch import pack_bodies
 from nsqshm.local.broker import Broker, LocalError, check_name
 
 CHUNK = 16384  # messages packed and pushed per ring call
+RECORD_BYTES = 4 + 26  # a packed record's size field and message header, around the body
 
 
 class PublishTimeout(LocalError):
@@ -129,17 +130,18 @@ class Producer:
         pushed = 0
         while True:
             k, used = ring.push_packed(view)
-            pushed += k
-            view = view[used:]
-            if pushed == n:
-                return
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                self.published += pushed
-                raise PublishTimeout(f"topic ring {ring.name!r} stayed full for "
-                                     f"{self.timeout} s ({before + pushed} of the messages "
-                                     "published)", before + pushed)
-            k, used = ring.push_packed_wait(view, timeout=remaining)
+            if not k:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    self.published += pushed
+                    raise PublishTimeout(f"topic ring {ring.name!r} stayed full for "
+                                         f"{self.timeout} s ({before + pushed} of the messages "
+                                         "published)", before + pushed)
+                k, used = ring.push_packed_wait(view, timeout=remaining)
+            if k:
+                # for the topic's message_count and message_bytes in /stats: each
+                # record is [u32 size][26-byte message header][body]
+                ring.count_local(k, used - k * RECORD_BYTES)
             pushed += k
             view = view[used:]
             if pushed == n:

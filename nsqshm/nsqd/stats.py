@@ -269,13 +269,14 @@ def topic_stats(topic, channels, percentiles=()):
     # DPUB/defer messages published before the first channel wait in the topic
     # (nsqd keeps them in the topic's queue, so they count in its depth)
     waiting = len(getattr(topic, "deferred_waiting", ()))
+    messages, body_bytes = topic.published  # local producers' too
     return {
         "topic_name": topic.name,
         "channels": channels,
         "depth": topic.depth + waiting,
         "backend_depth": topic.backend_depth,
-        "message_count": topic.message_count,
-        "message_bytes": topic.message_bytes,
+        "message_count": messages,
+        "message_bytes": body_bytes,
         "paused": bool(topic.paused),
         # nsqd merges the channels' streams: none without channels
         "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None),

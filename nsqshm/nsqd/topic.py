@@ -47,6 +47,9 @@ class Topic:
         self.exiting = False
         self.message_count = 0
         self.message_bytes = 0
+        # local producers count into the ring's header; the owner reports what
+        # they published since it took the topic (nsqd's counts start with it)
+        self._local_base = self.ring.local_published
         # DPUB messages before any channel, in the worker's arena as queue "<topic>:"
         self.deferred_waiting = DeferredQueue()
         if nsqd.arena is not None:
@@ -260,6 +263,16 @@ class Topic:
         self._wake.set()
         self.nsqd.notify_change()
         self.nsqd.broadcast_change("topic_unpause", self.name)
+
+    @property
+    def published(self):
+        """(messages, body bytes) published into this topic through this
+        worker, and by local producers when this worker owns the topic."""
+        if not self.owned:
+            return self.message_count, self.message_bytes
+        msgs, body = self.ring.local_published
+        return (self.message_count + msgs - self._local_base[0],
+                self.message_bytes + body - self._local_base[1])
 
     @property
     def depth(self):

@@ -1,16 +1,22 @@
 """nsqshm.nsqd.local_clients: local clients as /stats shows them, and the
 arenas the broker must recover."""
 
+import json
 import subprocess
 import sys
 import time
 import uuid
+
+import pyarrow as pa
+import pytest
 
 from nsqshm._core.arena import Arena
 from nsqshm._core.codec import encode_message, int_to_id
 from nsqshm.local import Consumer, Producer
 from nsqshm.nsqd import stats
 from nsqshm.nsqd.local_clients import dead_arenas, local_client_stats
+
+from .conftest import started, wait_for
 
 
 class _TcpClient:
@@ -78,3 +84,23 @@ def test_dead_owners_and_the_spark_grace():
     finally:
         for name in names.values():
             Arena.unlink_segment(name)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_local_publishes_count_in_the_topics_message_count(nsqd_factory, workers):
+    # a local producer writes the topic ring directly: its messages count in
+    # /stats as a PUB's do, once, whichever worker owns the topic
+    broker = started(nsqd_factory(f"--workers={workers}", "--mem-queue-size=100000"))
+    assert broker.post("/topic/create?topic=counted")[0] == 200
+    with Producer("counted", shm_prefix=broker.prefix) as p:
+        p.publish_many([b"0123456789"] * 100)
+        p.publish_arrow(pa.array([b"abc", b"de"]))
+    for _ in range(3):
+        assert broker.post("/pub?topic=counted", b"fives")[0] == 200
+
+    def topic():
+        _, body = broker.get("/stats?format=json&topic=counted")
+        return json.loads(body)["topics"][0]
+
+    assert wait_for(lambda: topic()["message_count"] == 105, timeout=10), topic()
+    assert topic()["message_bytes"] == 100 * 10 + 3 + 2 + 3 * 5

@@ -459,6 +459,7 @@ def fake_topic(name, channels=(), **kw):
     base = dict(name=name, channels={c.name: c for c in channels}, depth=0, backend_depth=0, message_count=0,
                 message_bytes=0, paused=False, deferred_waiting=[])
     base.update(kw)
+    base["published"] = (base["message_count"], base["message_bytes"])  # Topic.published
     return SimpleNamespace(**base)
 
 

@@ -105,9 +105,13 @@ typedef struct {
     uint64_t _pad5[7];
     uint64_t wait_space;
     uint64_t _pad6[7];
-    /* line 7: how often a dead lock holder was recovered */
+    /* line 7: how often a dead lock holder was recovered; and the messages
+       (with their body bytes) local producers published into the ring, which
+       a topic's owner adds to the topic's message_count (nsqshm.local) */
     uint64_t recoveries;
-    uint64_t _pad7[7];
+    uint64_t local_msgs;
+    uint64_t local_body_bytes;
+    uint64_t _pad7[5];
     /* 512: waiter slots */
     uint64_t waiters[NSQSHM_RING_WAITERS];
 } nsqshm_ring_header;
