@@ -973,10 +973,12 @@ cdef extern from "<stdlib.h>" nogil:
     void qsort(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *))
 
 
-def latency_percentiles(tables, int64_t now_ns, int64_t window_ns, quantiles):
+def latency_percentiles(tables, int64_t now_ns, int64_t window_ns, quantiles, int points=0):
     """nsqd's e2e_processing_latency over the finishes of the last window in
     `tables` (InFlight objects; a topic passes all its channels', merged as
-    nsqd merges their streams): {"count": n, "percentiles": [{quantile, value}]}."""
+    nsqd merges their streams): {"count": n, "percentiles": [{quantile, value}]}.
+    With points, also "sketch": the values at `points` evenly spaced ranks
+    (all of them when fewer), so that workers' windows can be merged."""
     cdef InFlight t
     cdef size_t total = 0, k, i
     cdef int64_t *vals
@@ -1004,6 +1006,13 @@ def latency_percentiles(tables, int64_t now_ns, int64_t window_ns, quantiles):
                 continue
             i = min(k - 1, <size_t>(float(q) * k))
             out.append({"quantile": float(q), "value": float(vals[i])})
-        return {"count": int(k), "percentiles": out}
+        result = {"count": int(k), "percentiles": out}
+        if points > 0:
+            if k <= <size_t>points:
+                result["sketch"] = [float(vals[i]) for i in range(k)]
+            else:
+                result["sketch"] = [float(vals[min(k - 1, (2 * j + 1) * k // (2 * points))])
+                                    for j in range(points)]
+        return result
     finally:
         free(vals)

@@ -57,13 +57,13 @@ class LatencyStream:
         self.opts = opts
         self.tables = tables
 
-    def result(self):
+    def result(self, sketch_points=0):
         tables = self.tables()
         if not tables:  # a topic without channels has no stream to merge, as in nsqd
             return {"count": 0, "percentiles": None}
         return latency_percentiles(tables, time.time_ns(),
                                    int(self.opts.e2e_processing_latency_window_time * 1e9),
-                                   self.opts.e2e_processing_latency_percentile)
+                                   self.opts.e2e_processing_latency_percentile, sketch_points)
 
 
 class Channel:

@@ -85,6 +85,10 @@ class NSQD:
         self.tls_context = None  # --tls-cert/--tls-key (nsqshm.nsqd.tls)
         self.exiting = False
         self.loading = False
+        # set once start() loaded the topology: before that a peer asking for it
+        # (all workers start together after a group kill) must not take our
+        # empty one for the broker's, write it to nsqd.dat and drop messages
+        self.topology_loaded = False
         self._dirty_backends = set()
         self._syncer = None
         self.publish_instance = True  # the supervisor writes it when there are workers
@@ -168,9 +172,10 @@ class NSQD:
             from nsqshm.nsqd.stats import get_stats
 
             return get_stats(self, msg.get("topic", ""), msg.get("channel", ""),
-                             msg.get("clients", True), local=True)
+                             msg.get("clients", True), local=True,
+                             sketches=msg.get("sketches", False))
         if op == "topology":
-            return self.topology()
+            return self.topology() if self.topology_loaded else None
         if op == "clients":
             topic = self.topics.get(msg["topic"])
             channel = topic and topic.channels.get(msg["channel"])
@@ -390,6 +395,7 @@ class NSQD:
             self.load_topology(peers_topology, ephemeral=True)
         else:
             self.load_metadata()
+        self.topology_loaded = True
         self.persist_metadata()  # fails at start-up, as nsqd, when the data path is unwritable
         if not os.access(self.data_path, os.W_OK):
             raise RuntimeError(f"data path {self.data_path} is not writable")

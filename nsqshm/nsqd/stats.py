@@ -132,17 +132,27 @@ def _clean(obj):
 # end-to-end processing latency (internal/quantile Result)
 
 
-def e2e_result(stream, percentiles=()):
+SKETCH_POINTS = 128  # values per worker's window when workers' streams are merged
+
+
+def e2e_result(stream, percentiles=(), sketch=False):
     """quantile.Result of a latency stream.  Without a stream: count 0 and, as
     nsqd's empty stream answers, each configured percentile with value 0, or
-    {"count":0,"percentiles":null} when none is configured."""
+    {"count":0,"percentiles":null} when none is configured.  With sketch, the
+    result carries "sketch" for merge_stats (which removes it)."""
     if stream is not None:
-        result = stream.result() if callable(getattr(stream, "result", None)) else stream
+        if callable(getattr(stream, "result", None)):
+            result = stream.result(SKETCH_POINTS) if sketch else stream.result()
+        else:
+            result = stream
         if isinstance(result, dict):
             ps = result.get("percentiles")
             if ps is not None:
                 ps = [{"quantile": float(p["quantile"]), "value": float(p["value"])} for p in ps]
-            return {"count": int(result.get("count", 0)), "percentiles": ps}
+            out = {"count": int(result.get("count", 0)), "percentiles": ps}
+            if sketch and "sketch" in result:
+                out["sketch"] = result["sketch"]
+            return out
     if percentiles:
         return {"count": 0, "percentiles": [{"quantile": float(p), "value": 0.0}
                                             for p in percentiles]}
@@ -248,7 +258,7 @@ def client_text(stats, now=None):
 # topics and channels (nsqd's GetStats)
 
 
-def channel_stats(channel, clients, percentiles=()):
+def channel_stats(channel, clients, percentiles=(), sketch=False):
     return {
         "channel_name": channel.name,
         "depth": channel.depth,
@@ -261,11 +271,12 @@ def channel_stats(channel, clients, percentiles=()):
         "client_count": len(channel.clients),
         "clients": clients,
         "paused": bool(channel.paused),
-        "e2e_processing_latency": e2e_result(getattr(channel, "e2e", None), percentiles),
+        "e2e_processing_latency": e2e_result(getattr(channel, "e2e", None), percentiles,
+                                             sketch),
     }
 
 
-def topic_stats(topic, channels, percentiles=()):
+def topic_stats(topic, channels, percentiles=(), sketch=False):
     # DPUB/defer messages published before the first channel wait in the topic
     # (nsqd keeps them in the topic's queue, so they count in its depth)
     waiting = len(getattr(topic, "deferred_waiting", ()))
@@ -280,21 +291,23 @@ def topic_stats(topic, channels, percentiles=()):
         "paused": bool(topic.paused),
         # nsqd merges the channels' streams: none without channels
         "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None),
-                                             percentiles if topic.channels else ()),
+                                             percentiles if topic.channels else (), sketch),
     }
 
 
-def get_stats(nsqd, topic_name="", channel_name="", include_clients=True, local=False):
+def get_stats(nsqd, topic_name="", channel_name="", include_clients=True, local=False,
+              sketches=False):
     """(topics, producers) as nsqd's GetStats: both None when topic_name
     names no topic; producers None unless include_clients and some client
     has published.  With several workers, the whole broker's (every
-    worker's part merged), unless local."""
-    mine = _local_stats(nsqd, topic_name, channel_name, include_clients)
+    worker's part merged), unless local (a worker's part; with sketches,
+    its e2e windows summarised for merging)."""
     cluster = getattr(nsqd, "cluster", None)
     if local or cluster is None:
-        return mine
+        return _local_stats(nsqd, topic_name, channel_name, include_clients, sketches)
+    mine = _local_stats(nsqd, topic_name, channel_name, include_clients, True)
     parts = cluster.gather({"op": "stats", "topic": topic_name, "channel": channel_name,
-                            "clients": include_clients})
+                            "clients": include_clients, "sketches": True})
     return merge_stats([mine] + [p for p in parts if p is not None])
 
 
@@ -313,8 +326,44 @@ def _merge_into(into, part):
         into[key] = max(into[key], part[key])
     into["paused"] = into["paused"] or part["paused"]
     mine, theirs = into.get("e2e_processing_latency"), part.get("e2e_processing_latency")
-    if theirs and (not mine or theirs.get("count", 0) > mine.get("count", 0)):
-        into["e2e_processing_latency"] = theirs  # the worker that saw most finishes
+    if mine and theirs and "sketch" in mine and "sketch" in theirs:
+        into["e2e_processing_latency"] = merge_e2e(mine, theirs)
+    elif theirs and (not mine or theirs.get("count", 0) > mine.get("count", 0)):
+        into["e2e_processing_latency"] = theirs  # no sketches: the worker that saw most
+
+
+def merge_e2e(a, b):
+    """Two workers' e2e results as one: each sketch value stands for
+    count / len(sketch) finishes, and the percentiles are read off the merged
+    weights at the rank a single window's would be (floor(q * count))."""
+    pairs = sorted(_weighted(a) + _weighted(b))
+    count = a["count"] + b["count"]
+    out = {"count": count, "percentiles": None, "sketch": pairs}
+    quantiles = a["percentiles"] if a["percentiles"] is not None else b["percentiles"]
+    if quantiles is not None:
+        out["percentiles"] = []
+        for p in quantiles:
+            value, seen = 0.0, 0.0
+            for v, w in pairs:
+                value, seen = v, seen + w
+                if seen > p["quantile"] * count:
+                    break
+            out["percentiles"].append({"quantile": p["quantile"], "value": float(value)})
+    return out
+
+
+def _weighted(e2e):
+    sketch, count = e2e.get("sketch") or [], e2e.get("count", 0)
+    if sketch and isinstance(sketch[0], list | tuple):
+        return [tuple(x) for x in sketch]  # merged already
+    return [(float(v), count / len(sketch)) for v in sketch] if count else []
+
+
+def _drop_sketches(topics):
+    for t in topics or ():
+        t.get("e2e_processing_latency", {}).pop("sketch", None)
+        for c in t["channels"]:
+            c.get("e2e_processing_latency", {}).pop("sketch", None)
 
 
 def merge_stats(parts):
@@ -346,10 +395,11 @@ def merge_stats(parts):
     ordered = sorted(topics.values(), key=lambda t: t["topic_name"].encode())
     for t in ordered:
         t["channels"].sort(key=lambda c: c["channel_name"].encode())
+    _drop_sketches(ordered)
     return ordered, producers
 
 
-def _local_stats(nsqd, topic_name, channel_name, include_clients):
+def _local_stats(nsqd, topic_name, channel_name, include_clients, sketches=False):
     if topic_name:
         topic = nsqd.topics.get(topic_name)
         if topic is None:
@@ -375,10 +425,10 @@ def _local_stats(nsqd, topic_name, channel_name, include_clients):
             if include_clients:
                 clients = [client_stats(c, topic_name) for c in list(channel.clients.values())]
                 _tag_worker(nsqd, clients)
-            entry = channel_stats(channel, clients, percentiles)
+            entry = channel_stats(channel, clients, percentiles, sketches)
             _add_local_clients(entry, local.get((topic.name, channel.name)), include_clients)
             channels.append(entry)
-        topics.append(topic_stats(topic, channels, percentiles))
+        topics.append(topic_stats(topic, channels, percentiles, sketches))
     producers = None
     if include_clients:
         for client in list(nsqd.clients.values()):

@@ -604,3 +604,24 @@ def test_every_field_has_nsqds_go_type(nsqd):
     finally:
         producer.close()
         consumer.close()
+
+
+def test_merge_stats_merges_the_workers_e2e_windows():
+    def part(count, sketch):
+        e2e = {"count": count, "percentiles": [{"quantile": 0.2, "value": -1.0},
+                                               {"quantile": 0.9, "value": -1.0}],
+               "sketch": sketch}
+        channel = {"channel_name": "c", "depth": 0, "backend_depth": 0, "in_flight_count": 0,
+                   "deferred_count": 0, "message_count": count, "requeue_count": 0,
+                   "timeout_count": 0, "client_count": 1, "clients": None, "paused": False,
+                   "e2e_processing_latency": e2e}
+        return [{"topic_name": "t", "channels": [channel], "depth": 0, "backend_depth": 0,
+                 "message_count": count, "message_bytes": 0, "paused": False,
+                 "e2e_processing_latency": dict(e2e)}], None
+
+    # 100 finishes at 1 ms on one worker, 300 at 5 ms on the other
+    topics, _ = st.merge_stats([part(100, [1e6] * 100), part(300, [5e6] * 128)])
+    for e2e in (topics[0]["e2e_processing_latency"],
+                topics[0]["channels"][0]["e2e_processing_latency"]):
+        assert e2e == {"count": 400, "percentiles": [{"quantile": 0.2, "value": 1e6},
+                                                     {"quantile": 0.9, "value": 5e6}]}

@@ -501,3 +501,49 @@ def test_https_is_served_by_every_worker(nsqd_factory, certs):
         if seen == {0, 1}:
             break
     assert seen == {0, 1}
+
+
+def test_e2e_percentiles_merge_every_workers_finishes(nsqd_factory):
+    # a consumer on each worker: one finishes at once, the other holds each
+    # message ~50 ms; the broker's percentiles come from both workers' windows
+    server = nsqd_factory("--workers=2", "--e2e-processing-latency-percentile=0.25,0.99")
+    fast = client_on_worker(server, 0, "lat", "ch")
+    slow = client_on_worker(server, 1, "lat", "ch")
+    publisher = client_on_worker(server, 0, "lat")
+    fast.send(p.rdy(1))
+    slow.send(p.rdy(1))
+    publisher.send(p.mpub("lat", [b"x"] * 40))
+    assert publisher.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    done = {"fast": 0, "slow": 0}
+
+    def consume(conn, name, hold):
+        conn.sock.settimeout(0.5)
+        while sum(done.values()) < 40:
+            try:
+                msg = conn.message()
+            except TimeoutError:
+                continue
+            time.sleep(hold)
+            conn.send(p.fin(msg.id))
+            done[name] += 1
+
+    threads = [threading.Thread(target=consume, args=(fast, "fast", 0.0)),
+               threading.Thread(target=consume, args=(slow, "slow", 0.05))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sum(done.values()) == 40 and done["fast"] and done["slow"], done
+
+    def channel():
+        topic = next(t for t in stats(server)["topics"] if t["topic_name"] == "lat")
+        return topic["channels"][0]["e2e_processing_latency"]
+
+    # every worker's finishes (it was the one worker's with the most)
+    assert wait_for(lambda: channel()["count"] == 40, timeout=10), channel()
+    e2e = channel()
+    assert list(e2e) == ["count", "percentiles"]  # the merge's sketches stay inside
+    values = {q["quantile"]: q["value"] for q in e2e["percentiles"]}
+    p25, p99 = values[0.25], values[0.99]
+    assert p99 >= 40e6  # the slow worker's holds are in it
+    assert p25 < 40e6 or done["fast"] < 10  # and the fast one's finishes
