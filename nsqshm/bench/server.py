@@ -65,16 +65,38 @@ def descendants(pid):
 
 
 def tree_cpu_seconds(pid):
-    """utime+stime of pid and its live descendants, plus the children each has
-    reaped (cutime+cstime), so a worker that exited still counts."""
-    total = 0
+    """CPU time of pid and its live descendants, plus the children each has
+    reaped (cutime+cstime), so a worker that exited still counts.  Live
+    processes are read in nanoseconds from their threads' schedstat (the
+    10 ms ticks of utime+stime rounded a short phase to 0); ticks when a
+    kernel has no schedstat."""
+    total = 0.0
     for p in [pid, *descendants(pid)]:
         try:
             f = _stat(p)
         except OSError:
             continue
-        total += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
-    return total / TICK
+        total += (int(f[13]) + int(f[14])) / TICK
+        ns = _schedstat_ns(p)
+        total += ns / 1e9 if ns is not None else (int(f[11]) + int(f[12])) / TICK
+    return total
+
+
+def _schedstat_ns(pid):
+    """Nanoseconds on CPU of every thread of pid, or None."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            if tid == str(pid):
+                return None  # no schedstat here
+    return total
 
 
 class Target:
