@@ -249,7 +249,7 @@ class Channel:
                     self._refill(sum(c.ready_count - c.in_flight for c in ready))
                     continue
                 self._ready.clear()
-                ring.arm()  # before the flag check: the owner refills for armed waiters
+                self._waker.arm()  # before the flag check: the owner refills for armed waiters
                 if not self.owned and ring.disk_backlog:
                     ring.nudge()  # wakes the owner's refiller, as a pop would
                 if ring.depth == 0 and not self.backend.depth:
@@ -290,7 +290,7 @@ class Channel:
         ring = self.ring
         try:
             while not self.exiting and self.backend.depth:
-                ring.arm(for_space=True)
+                self._waker.arm(for_space=True)
                 try:
                     if not ring.waiting_for_data:
                         self._refill_wake.wait()

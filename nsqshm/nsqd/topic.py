@@ -103,7 +103,7 @@ class Topic:
                 raise TopicError("queue full")
             self.nsqd.tell_owner(self.name)
             self._wake.clear()
-            ring.arm(for_space=True)
+            self._waker.arm(for_space=True)
             try:
                 self._wake.wait(0.05)
             finally:
@@ -199,7 +199,7 @@ class Topic:
                 # others' publishes land in the ring: past the limit, to disk
                 stuck = self._spill_excess() == 0 and ring.depth > self.mem_limit
                 self._wake.clear()
-                ring.arm()
+                self._waker.arm()
                 if ring.depth <= self.mem_limit or stuck:
                     self._wake.wait(1.0 if stuck else None)
                 ring.disarm()
@@ -214,7 +214,7 @@ class Topic:
                 from_disk = True
             if not n:
                 self._wake.clear()
-                ring.arm()
+                self._waker.arm()
                 if ring.depth == 0 and not backend.depth:
                     self._wake.wait()
                 ring.disarm()

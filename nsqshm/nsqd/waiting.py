@@ -36,21 +36,28 @@ def wait_fd_or_event(fd, event, timeout=None):
 class RingWaker:
     """A ring handle's wake-ups as gevent events, for the life of the handle.
 
-    One io watcher stays on the handle's wake FIFO: a byte from another
-    process (a push or pop there) drains the FIFO and sets every event; a
-    push or pop through this handle in this process sets the matching event
-    directly (Ring.set_local_waker).  A queue's loop then waits with
-    event.wait() after ring.arm(): no watcher made and no epoll_ctl or read
-    per wait, which at low rates was most of the system calls of a message.
+    From the first arm() on, one io watcher stays on the handle's wake FIFO:
+    a byte from another process (a push or pop there) drains the FIFO and
+    sets every event; a push or pop through this handle in this process sets
+    the matching event directly (Ring.set_local_waker).  A queue's loop then
+    waits with event.wait() after arm(): no watcher made and no epoll_ctl or
+    read per wait, which at low rates was most of the system calls of a
+    message.  A handle that never waits claims no waiter slot (a ring has 64).
     Spurious wake-ups are harmless: every loop checks the ring again."""
 
     def __init__(self, ring, data, space=None):
         self.ring = ring
         self.data = data
         self.space = space if space is not None else data
-        ring.set_local_waker(self._local)
-        self._watcher = get_hub().loop.io(ring.fileno(), 1)
-        self._watcher.start(self._on_fifo)
+        self._watcher = None
+
+    def arm(self, for_space=False):
+        """ring.arm(for_space), watching the FIFO from the first call on."""
+        if self._watcher is None:
+            self.ring.set_local_waker(self._local)
+            self._watcher = get_hub().loop.io(self.ring.fileno(), 1)
+            self._watcher.start(self._on_fifo)
+        self.ring.arm(for_space)
 
     def _local(self, for_space):
         (self.space if for_space else self.data).set()
@@ -66,4 +73,4 @@ class RingWaker:
             self._watcher.stop()
             self._watcher.close()
             self._watcher = None
-            self.ring.set_local_waker(None)
+        self.ring.set_local_waker(None)

@@ -547,3 +547,22 @@ def test_e2e_percentiles_merge_every_workers_finishes(nsqd_factory):
     p25, p99 = values[0.25], values[0.99]
     assert p99 >= 40e6  # the slow worker's holds are in it
     assert p25 < 40e6 or done["fast"] < 10  # and the fast one's finishes
+
+
+def test_only_handles_that_wait_take_a_rings_waiter_slot(nsqd_factory):
+    # a ring has 64 waiter slots for every process's handles: a worker takes one
+    # only where it waits (the topic's owner pumps; a dispatcher with a ready client)
+    from nsqshm.ring import Ring
+
+    server = nsqd_factory("--workers=2")
+    c = client_on_worker(server, 0, "slots", "ch")
+    c.send(p.rdy(1))
+    assert wait_for(lambda: all_workers_answer(server, 2))
+    topic = Ring.attach(f"{server.prefix}.t.slots")
+    channel = Ring.attach(f"{server.prefix}.c.slots:ch")
+    try:
+        assert wait_for(lambda: channel.stats()["waiters"] == 1), channel.stats()  # worker 0's
+        assert topic.stats()["waiters"] == 1, topic.stats()  # the owner's pump alone
+    finally:
+        topic.close()
+        channel.close()
