@@ -205,8 +205,10 @@ cdef class DiskQueue:
         self.reader_num = -1
         self.peek_count = -1
         self.read_files = []
+        # 0,0 until _retrieve_metadata reads a write position: a rebuilt queue's
+        # first sync is then a durable one
+        self.synced_write_num = self.synced_write_pos = 0
         self._retrieve_metadata()
-        self.synced_write_num, self.synced_write_pos = self.write_file_num, self.write_pos
 
     # -- names and metadata ------------------------------------------------------------
 
@@ -236,10 +238,10 @@ cdef class DiskQueue:
         except ValueError:
             self._rebuild_metadata(f"bad metadata {text[:80]!r}")
             return
-        synced = self.synced_write_num, self.synced_write_pos = \
-            self.write_file_num, self.write_pos
+        # what the file says was synced; records found after it (_recover_tail)
+        # make the next sync a durable one
+        self.synced_write_num, self.synced_write_pos = self.write_file_num, self.write_pos
         self._recover_tail()
-        self.synced_write_num, self.synced_write_pos = synced
 
     def _segment_numbers(self):
         """The numbers of this queue's segment files in the data path, sorted."""
@@ -291,6 +293,9 @@ cdef class DiskQueue:
                     break
                 off += 4 + size
                 found += 1
+            if off:  # the killed writer may not have fsynced them
+                with open(self.file_name(num), "rb") as f:
+                    os.fsync(f.fileno())
             self.write_file_num, self.write_pos = num, pos + off
             if off < len(data) or not os.path.exists(self.file_name(num + 1)):
                 break
@@ -300,6 +305,10 @@ cdef class DiskQueue:
             self._log("info", f"recovered {found} messages written after the last metadata "
                               f"sync (now {self.write_file_num},{self.write_pos})")
 
+    def _metadata_text(self):
+        return (f"{self.depth}\n{self.read_file_num},{self.read_pos}\n"
+                f"{self.write_file_num},{self.write_pos}\n").encode()
+
     def _persist_metadata(self, bint durable=True):
         name = self.metadata_file_name()
         if not durable and self._overwrite_metadata(name):
@@ -307,8 +316,7 @@ cdef class DiskQueue:
         tmp = f"{name}.{random.getrandbits(63)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, (f"{self.depth}\n{self.read_file_num},{self.read_pos}\n"
-                          f"{self.write_file_num},{self.write_pos}\n").encode())
+            os.write(fd, self._metadata_text())
             if durable:
                 os.fsync(fd)
         finally:
@@ -461,8 +469,7 @@ cdef class DiskQueue:
         stop at the third line): no new inode and no rename, so it does not
         queue behind the unlink of a read segment in the same directory.
         False when there is no file to overwrite."""
-        text = (f"{self.depth}\n{self.read_file_num},{self.read_pos}\n"
-                f"{self.write_file_num},{self.write_pos}\n").encode()
+        text = self._metadata_text()
         try:
             fd = os.open(name, os.O_WRONLY)
         except FileNotFoundError:
@@ -479,14 +486,14 @@ cdef class DiskQueue:
     def sync(self):
         """fsync the current segment, then persist the metadata.
 
-        When only the read position moved since the last sync, the metadata
-        file is replaced (temp file, rename) without the two fsyncs: go-diskqueue
-        fsyncs every --sync-every reads too, which throttles draining a backlog
-        to the disk's flush rate.  Reads need no durability: after a host
-        crash the metadata is the old one (messages delivered again) or, on a
-        filesystem that persisted the rename before the data, empty, and then
-        it is rebuilt from the segments (_rebuild_metadata).  A process crash
-        loses nothing either way: the rename is in the page cache."""
+        When only the read position moved since the last (durable) sync, the
+        metadata is overwritten in place (_overwrite_metadata) without the two
+        fsyncs: go-diskqueue fsyncs every --sync-every reads too, which
+        throttles draining a backlog to the disk's flush rate.  Reads need no
+        durability: after a host crash the metadata is an older one (messages
+        delivered again) or unreadable, and then it is rebuilt from the
+        segments (_rebuild_metadata).  A process crash loses nothing either
+        way: the write is in the page cache."""
         durable = (self.write_file_num, self.write_pos) != \
             (self.synced_write_num, self.synced_write_pos)
         if durable and self.wfd >= 0:

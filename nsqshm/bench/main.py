@@ -20,7 +20,7 @@ import traceback
 from . import SUITES, TOOLS, load
 from .common import Context, cpu_ticks, machine, median, steal_share
 from .progress import make as make_progress
-from .server import START_FAILURES
+from .server import RETRIED
 
 EXIT_FAILED = 1
 
@@ -90,12 +90,11 @@ def run_suite(name, args, progress, command, json_stdout):
     module = load(name)
     ctx.say(f"== {name}: {module.HELP}")
     started, ticks, t0 = machine(), cpu_ticks(), time.monotonic()
-    del START_FAILURES[:]
+    del RETRIED[:]
     res = module.run(ctx)
-    if START_FAILURES:
-        res["server_start_failures"] = list(START_FAILURES)
-        ctx.say(f"{name}: {len(START_FAILURES)} server start(s) failed and were retried: "
-                f"{START_FAILURES[0]}")
+    if RETRIED:
+        res["retried"] = list(RETRIED)
+        ctx.say(f"{name}: {len(RETRIED)} step(s) failed and were run again: {RETRIED[0]}")
     started["steal_share"] = steal_share(ticks, cpu_ticks())
     if ctx.busy:  # how busy others kept the machine just before each run
         started["busy_before_runs"] = {"median": median(ctx.busy), "max": max(ctx.busy),

@@ -174,8 +174,10 @@ def markdown(results, out, plots):
             lines.append(f"Not measured: {res['skipped']}.")
         else:
             lines += module.render(res)
-        for failure in res.get("server_start_failures", []):
+        for failure in res.get("server_start_failures", []):  # results of older runs
             lines += ["", f"A server start failed and was retried: {failure}"]
+        for failure in res.get("retried", []):
+            lines += ["", f"Failed and run again: {failure}"]
         note = os.path.join(out, "notes", f"{name}.md")
         if os.path.exists(note):
             with open(note) as f:

@@ -172,20 +172,20 @@ class Target:
         self.proc = None
 
 
-START_FAILURES = []  # starts that failed and were retried, for the suite's JSON
+RETRIED = []  # what failed and was run again during a suite: its JSON and RESULTS.md say so
 
 
 def start_nsqshm(extra=(), timeout=30, retries=1):
     """`nsqshm start` on 127.0.0.1 ephemeral ports in a fresh temp dir; a
     start that fails other than on its flags (exit 2) is retried, and noted
-    in START_FAILURES."""
+    in RETRIED."""
     for attempt in range(retries + 1):
         try:
             return _start(extra, timeout)
         except (ServerRejected, RuntimeError) as err:
             if getattr(err, "returncode", None) == 2 or attempt == retries:
                 raise
-            START_FAILURES.append(str(err))
+            RETRIED.append(f"a server start: {err}")
 
 
 def _start(extra, timeout):

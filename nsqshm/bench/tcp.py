@@ -11,7 +11,7 @@ import argparse
 
 from . import loadgen
 from .common import median, medians
-from .server import server
+from .server import RETRIED, server
 
 TITLE, ISSUE = "nsqd over TCP: publish and consume (issue 3)", "3"
 HELP = "TCP publish and consume (bench_writer/bench_reader), sizes, fan-out"
@@ -47,15 +47,12 @@ def raw_baseline(spec):
     """The raw-socket baseline of `spec`, tried twice: it once stopped with its
     publishers gone at 64 KiB messages (not reproduced in 8 runs after), and
     one flaky baseline run should not cost a whole `bench all`.  The retry is
-    reported with the suite (BASELINE_FAILURES)."""
+    reported with the suite (server.RETRIED)."""
     try:
         return loadgen.run_phases(None, spec, raw=True)
     except RuntimeError as err:
-        BASELINE_FAILURES.append(f"size {spec.size} B: {err}")
+        RETRIED.append(f"the raw-socket baseline at {spec.size} B: {err}")
         return loadgen.run_phases(None, spec, raw=True)
-
-
-BASELINE_FAILURES = []  # raw-socket baseline runs that failed and were retried
 
 
 def _line(label, r):
@@ -77,7 +74,6 @@ def run(ctx):
         if a.fanout == "1,4":
             a.fanout = "2"
     baseline = not a.no_baseline
-    del BASELINE_FAILURES[:]
     sizes, fanout = _ints(a.sizes), _ints(a.fanout)
     runs, raws = [], []
     steps = ctx.runs() * (1 + baseline) * (1 + len(sizes)) + len(fanout)
@@ -128,8 +124,7 @@ def run(ctx):
                 f"{summary['ratio_out_vs_raw_socket']:.2f} out")
     return {"params": {k: v for k, v in vars(spec).items()}, "runs": runs, "raw_socket": raws,
             "median": summary, "loadgen": loadgen_alone, "sizes": size_rows, "fanout": fan,
-            "channel_after": runs[-1]["channel_after"],
-            "baseline_failures": list(BASELINE_FAILURES)}
+            "channel_after": runs[-1]["channel_after"]}
 
 
 def _size_run(ctx, a, size, baseline):
@@ -226,8 +221,6 @@ def render(res):
             out.append(f"| {r['channels']} | {r['consumers']} | {_k(r['in_msgs_per_s'])} | "
                        f"{_k(r['out_msgs_per_s'])} | "
                        + (f"{cpu_in:.2f} | {cpu_out:.2f} |" if cpu_in is not None else "- | - |"))
-    for failure in res.get("baseline_failures", []):
-        out += ["", f"A raw-socket baseline run failed and was run again: {failure}"]
     return out
 
 

@@ -109,10 +109,6 @@ class ClientV2:
             self.out += HEARTBEAT
             self.kick()
 
-    def send_response(self, data):
-        self.out += frame(FRAME_TYPE_RESPONSE, data)
-        self.kick()
-
     def kick(self):
         """Ask the writer to send what is buffered."""
         self._wake_writer.set()

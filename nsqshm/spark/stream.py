@@ -95,7 +95,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.broker = local_broker(self.o)
         self.rings = {}
         self.owned = {}          # seq -> [Arena] this process holds
-        self.adopted = []        # an earlier process's arena found by _batch_arena
         self.target = None       # availableNow: messages still to take
         self.client = None       # the reader's counters arena (for /stats)
         self.reader_id = None
@@ -230,9 +229,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             connect_ts=int(time.time()), message_count=0, finish_count=0, in_flight=0)
 
     def _batch_arena(self, name, queue, taken_ns):
-        """A new batch arena `name`; None when an earlier process's arena
-        still holds the name with messages _drop_stale could not put back:
-        that one joins the batch instead (appended to self.adopted)."""
+        """(arena, new): a new batch arena `name`, or (new False) the arena an
+        earlier process left under that name with messages _drop_stale could
+        not put back, which joins the batch as it is."""
         import posix_ipc
 
         from nsqshm._core.arena import Arena
@@ -251,13 +250,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise RuntimeError(f"batch arena {name} belongs to live process "
                                        f"{left.owner_pid}: two readers on one checkpoint?") from None
                 left.set_owner(self.owner)
-                self.adopted.append(left)
-                return None
+                return left, False
         else:
             raise RuntimeError(f"batch arena {name} cannot be created")
         arena.set_client_info(client_id=f"spark-{self.reader_id}", hostname=socket.gethostname(),
                               user_agent=USER_AGENT, queue=queue, connect_ts=taken_ns // 10**9)
-        return arena
+        return arena, True
 
     def _drop_stale(self, reader, seq):
         """Arenas of batches after `seq`: taken by an earlier latestOffset whose
@@ -342,13 +340,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     break
                 name = arenas.spark_batch_name(self.broker.prefix, reader, seq, part)
                 part += 1
-                arena = self._batch_arena(name, queue, now)
-                if arena is None:  # the name holds what an earlier process left
-                    left = self.adopted.pop()
-                    held.append(left)
-                    total += left.live_blocks
+                arena, new = self._batch_arena(name, queue, now)
+                if not new:  # the name holds what an earlier process left
+                    held.append(arena)
+                    total += arena.live_blocks
                     if self.target is not None:
-                        self.target += left.live_blocks  # were there before; not a take
+                        self.target += arena.live_blocks  # were there before; not a take
                     continue
                 got = cols.take(self._ring(topic), arena, arena.queue_index(queue),
                                 min(per, share), 1 << 62, due, False)

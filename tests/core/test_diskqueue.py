@@ -320,3 +320,21 @@ def test_a_remove_that_lets_another_reader_in_repeats_and_skips_nothing(tmp_path
         assert dq.advance(keep) == keep
     assert sorted(got) == msgs
     assert dq.depth == 0
+
+
+def test_the_first_sync_after_a_recovered_tail_is_durable(tmp_path):
+    # records taken back at open were never fsynced by the killed writer: the
+    # next sync must fsync and replace the metadata, not overwrite it in place
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([sys.executable, "-c", KILLED_WRITER.format(tests=root, path=str(tmp_path))],
+                   check=False, cwd=root)
+    meta = tmp_path / "t.diskqueue.meta.dat"
+    inode = os.stat(meta).st_ino
+    again = new(tmp_path)
+    assert again.depth == 60
+    again.sync()
+    assert os.stat(meta).st_ino != inode  # a new file, fsynced and renamed
+    assert meta.read_text() == f"60\n0,0\n{again.write_file_num},{again.write_pos}\n"

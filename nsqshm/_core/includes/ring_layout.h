@@ -28,6 +28,8 @@
  *      320    64  wait_data      bitmask of waiter slots sleeping for data
  *      384    64  wait_space     bitmask of waiter slots sleeping for space
  *      448     8  recoveries     locks taken over from a dead holder
+ *      456     8  local_msgs     messages local producers published (a topic ring)
+ *      464     8  local_body_bytes  their body bytes (the owner's /stats adds both)
  *      512   512  waiters[64]    u64 each: pid << 32 | token, 0 when free
  *     4096   cap  data           records
  *
