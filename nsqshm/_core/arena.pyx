@@ -19,7 +19,7 @@ its blocks touch.  When it is full, blocks are malloc'd (counted in
 import io
 import os
 
-import posix_ipc
+from nsqshm._core import segment
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint32_t, uint64_t
@@ -104,48 +104,55 @@ cdef class Arena:
         data_offset = NSQSHM_ARENA_HEADER_SIZE + max_queues * NSQSHM_ARENA_QUEUE_ENTRY
         if not 0 < max_queues <= 1 << 20 or size < data_offset + NSQSHM_ARENA_MIN_BLOCK:
             raise ValueError(f"arena of {size} bytes cannot hold {max_queues} queues and a block")
-        shm = posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=0o600, size=size)
+        # made unnamed and named once whole (segment.py): an attacher never
+        # finds a header half written
+        fd = segment.create(size)
         cdef Arena self = Arena.__new__(Arena)
         try:
-            fchmod(shm.fd, 0o600)  # umask may narrow the mode; be exact
-            self._map(name, shm.fd, size)
+            self._map(name, fd, size)
+            pid = os.getpid() if owner_pid is None else owner_pid
+            h = self.hdr
+            h.version = NSQSHM_ARENA_VERSION
+            h.header_size = NSQSHM_ARENA_HEADER_SIZE
+            h.total_size = size
+            h.data_offset = data_offset
+            h.max_queues = max_queues
+            h.n_queues = 0
+            h.owner_pid = pid
+            h.owner_start = process_start(pid)
+            h.created_ns = _now_wall()
+            h.bump = data_offset
+            self.label = label
+            nsqshm_store_release(&h.magic, NSQSHM_ARENA_MAGIC)
+            segment.publish(fd, name)
+        except BaseException:
+            self.close()
+            raise
         finally:
-            shm.close_fd()
-        pid = os.getpid() if owner_pid is None else owner_pid
-        h = self.hdr
-        h.version = NSQSHM_ARENA_VERSION
-        h.header_size = NSQSHM_ARENA_HEADER_SIZE
-        h.total_size = size
-        h.data_offset = data_offset
-        h.max_queues = max_queues
-        h.n_queues = 0
-        h.owner_pid = pid
-        h.owner_start = process_start(pid)
-        h.created_ns = _now_wall()
-        h.bump = data_offset
-        self.label = label
-        nsqshm_store_release(&h.magic, NSQSHM_ARENA_MAGIC)
+            segment.discard(fd)
         return self
 
     @staticmethod
     def attach(str name):
         """Attach to an existing arena (to recover it, or to read its client)."""
         validate_name(name)
-        shm = posix_ipc.SharedMemory("/" + name)
+        fd, size = segment.attach(name, ArenaError)
         cdef Arena self = Arena.__new__(Arena)
-        size = shm.size
         try:
             if size < NSQSHM_ARENA_HEADER_SIZE:
                 raise ArenaError(f"segment {name!r} is {size} bytes, smaller than a header")
-            self._map(name, shm.fd, size)
+            self._map(name, fd, size)
         finally:
-            shm.close_fd()
+            os.close(fd)
         h = self.hdr
         if nsqshm_load_acquire(&h.magic) != NSQSHM_ARENA_MAGIC:
             self.close()
-            raise ArenaError(f"segment {name!r} is not an arena (or not initialised yet)")
+            raise ArenaError(f"segment {name!r} is not an arena")
         if h.version != NSQSHM_ARENA_VERSION or h.total_size != size or \
-                h.data_offset > h.total_size or h.bump > h.total_size:
+                h.header_size != NSQSHM_ARENA_HEADER_SIZE or \
+                h.data_offset > h.total_size or h.bump > h.total_size or \
+                h.data_offset < NSQSHM_ARENA_HEADER_SIZE + \
+                <uint64_t>h.max_queues * NSQSHM_ARENA_QUEUE_ENTRY or h.n_queues > h.max_queues:
             self.close()
             raise ArenaError(f"arena {name!r}: version {h.version} or geometry does not match")
         return self
@@ -153,11 +160,7 @@ cdef class Arena:
     @staticmethod
     def unlink_segment(str name):
         validate_name(name)
-        try:
-            posix_ipc.unlink_shared_memory("/" + name)
-        except posix_ipc.ExistentialError:
-            return False
-        return True
+        return segment.unlink(name)
 
     @staticmethod
     def list(str prefix):

@@ -1,4 +1,4 @@
-from libc.stdint cimport uint16_t, uint64_t
+from libc.stdint cimport uint16_t, uint32_t, uint64_t
 
 
 cdef enum:
@@ -14,11 +14,19 @@ cdef void hex_id(char *dst, uint64_t v) noexcept nogil
 
 
 cdef class IdGenerator:
-    cdef uint64_t *counter
+    cdef uint64_t *clock
     cdef void *base
     cdef uint64_t next_value
     cdef uint64_t block_end
+    cdef uint32_t node
     cdef int fork_gen
     cdef readonly str name
     cdef void next_raw(self, char *dst) noexcept
+    cdef int _map(self, int fd) except -1
+    cdef int _check_header(self) except -1
+    cdef bint _create(self, str name, int node_id, bytes path) except -1
+    cdef int _adopt(self, int node_id, bytes path) except -1
+    cdef int _extend_lease(self, uint64_t need) noexcept
+    cdef void _reserve(self) noexcept
+    cdef int _check(self) except -1
 

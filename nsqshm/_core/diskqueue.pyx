@@ -36,6 +36,7 @@ somewhere (a ring); a crash in between can repeat it, never lose it.
 
 import os
 import random
+import re
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int64_t, uint32_t
@@ -64,6 +65,20 @@ cdef Py_ssize_t STAGING = 1 << 20
 # reads for peek_into(big_endian=True): small enough to stay in L2 while walked
 cdef Py_ssize_t READ_CHUNK = 128 << 10
 FAULT_ENV = "NSQSHM_FAULT_ENOSPC"   # a path: while it exists, writes fail with ENOSPC
+
+# A queue's name is nsqd's backend name: a topic, or "topic:channel", each part
+# 1-64 of [.a-zA-Z0-9_-] with an optional "#ephemeral" (nsqd's protocol/names.go).
+# It reaches a path only as the start of a file name followed by ".diskqueue."
+# (or nsqshm's ".deferred"), so "." and ".." name ordinary files there, as in Go
+# nsqd's data directory; no name this pattern admits holds "/" or NUL.
+_NAME = re.compile(r"[.a-zA-Z0-9_-]{1,64}(#ephemeral)?(:[.a-zA-Z0-9_-]{1,64}(#ephemeral)?)?")
+
+
+def validate_name(str name):
+    """Raise ValueError unless `name` is a topic or topic:channel nsqd accepts."""
+    if _NAME.fullmatch(name) is None:
+        raise ValueError(f"invalid disk queue name {name!r}: a topic or topic:channel of "
+                         "1-64 characters [.a-zA-Z0-9_-] each, optionally #ephemeral")
 
 
 class DiskQueueError(OSError):
@@ -184,11 +199,17 @@ cdef class DiskQueue:
     # the write position the metadata on disk was last fsynced with
     cdef long long synced_write_num, synced_write_pos
 
+    def __cinit__(self):
+        # before anything can raise: Cython zeroes the struct, and a 0 here
+        # made __dealloc__ close descriptor 0 of the process (whatever it was
+        # by then: a client's socket) when __init__ raised
+        self.wfd = -1
+        self.staging = NULL
+
     def __init__(self, str name, str data_path, long long max_bytes_per_file,
                  int min_msg_size, int max_msg_size, long long sync_every=2500, logf=None,
                  remove=None):
-        if "/" in name or name in ("", ".", ".."):
-            raise ValueError(f"invalid disk queue name {name!r}")
+        validate_name(name)
         self.name = name
         self.data_path = data_path
         self.max_bytes_per_file = max_bytes_per_file
@@ -197,7 +218,6 @@ cdef class DiskQueue:
         self.sync_every = max(sync_every, 1)
         self.logf = logf
         self.remove = remove or os.unlink
-        self.wfd = -1
         self.staging = <char *>malloc(STAGING)
         if self.staging == NULL:
             raise MemoryError()
@@ -826,8 +846,10 @@ cdef class DiskQueue:
     def __dealloc__(self):
         if self.staging != NULL:
             free(self.staging)
-        if self.wfd >= 0:
+            self.staging = NULL
+        if self.wfd >= 0:  # only ever a descriptor _open_writer opened
             close(self.wfd)
+            self.wfd = -1
 
     def close(self):
         """Sync, truncate the current segment to its data, and close."""

@@ -38,7 +38,12 @@ impossible.
 """
 
 import os
+import re
+import stat
+
 import posix_ipc
+
+from nsqshm._core import segment
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -57,6 +62,8 @@ RECORD_OVERHEAD = NSQSHM_RECORD_HEADER
 LAYOUT_VERSION = NSQSHM_RING_VERSION
 MAX_WAITERS = NSQSHM_RING_WAITERS
 NAME_MAX_LEN = 200
+# a waiter FIFO: "<ring name>.w<slot, 2 digits>-<value, 16 hex digits>"
+_FIFO_NAME = re.compile(r".+\.w[0-9]{2}-[0-9a-f]{16}")
 
 cdef int _FULL = -1
 cdef object _sleeper = None
@@ -203,36 +210,44 @@ cdef class Ring:
         if not 0 < max_record <= limit:
             raise ValueError(f"max_record {max_record} must be in 1..{limit} for capacity {cap}")
         total = NSQSHM_RING_HEADER_SIZE + cap
+        if exist_ok:
+            try:
+                return Ring.attach(name)
+            except posix_ipc.ExistentialError:
+                pass
+        # made unnamed and named once whole (segment.py): no process ever
+        # attaches to a ring without its header
+        fd = segment.create(total)
+        cdef Ring self = Ring.__new__(Ring)
         try:
-            shm = posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=0o600, size=total)
+            self._map(name, fd, total)
+            self._init_header(cap, max_record)
+            segment.publish(fd, name)
         except posix_ipc.ExistentialError:
+            self._unmap()
             if exist_ok:
                 return Ring.attach(name)
             raise
-        cdef Ring self = Ring.__new__(Ring)
-        try:
-            # umask may have narrowed the mode; never widened, but be exact
-            fchmod(shm.fd, 0o600)
-            self._map(name, shm.fd, total)
+        except BaseException:
+            self._unmap()
+            raise
         finally:
-            shm.close_fd()
-        self._init_header(cap, max_record)
+            segment.discard(fd)
         return self
 
     @staticmethod
     def attach(str name):
         """Attach to an existing ring by name, from any process on the host."""
         validate_name(name)
-        shm = posix_ipc.SharedMemory("/" + name)
+        fd, size = segment.attach(name, RingLayoutError)
         cdef Ring self = Ring.__new__(Ring)
-        size = shm.size
         try:
             if size < NSQSHM_RING_HEADER_SIZE:
                 raise RingLayoutError(
                     f"segment {name!r} is {size} bytes, smaller than a ring header")
-            self._map(name, shm.fd, size)
+            self._map(name, fd, size)
         finally:
-            shm.close_fd()
+            os.close(fd)
         self._validate(size)
         return self
 
@@ -246,21 +261,21 @@ cdef class Ring:
     def unlink_segment(str name):
         """Remove the ring `name` and its waiter FIFOs; False if it was not there."""
         validate_name(name)
-        prefix = f"{name}.w"
+        # only this ring's FIFOs (_fifo_path: "<name>.wNN-<16 hex>", and FIFOs):
+        # "<name>.w" alone also starts other rings' names -- topic "a.w" beside
+        # topic "a", channel "c.wx" beside "c" -- and their segments and FIFOs
         try:
             for entry in os.listdir("/dev/shm"):
-                if entry.startswith(prefix):
+                if _FIFO_NAME.fullmatch(entry) and entry[:-21] == name:
+                    path = f"/dev/shm/{entry}"
                     try:
-                        os.unlink(f"/dev/shm/{entry}")
+                        if stat.S_ISFIFO(os.lstat(path).st_mode):
+                            os.unlink(path)
                     except FileNotFoundError:
                         pass
         except FileNotFoundError:
             pass
-        try:
-            posix_ipc.unlink_shared_memory("/" + name)
-        except posix_ipc.ExistentialError:
-            return False
-        return True
+        return segment.unlink(name)
 
     def unlink(self):
         """Remove this ring's name; mapped handles keep working until closed."""
@@ -303,12 +318,7 @@ cdef class Ring:
 
     def _validate(self, size_t size):
         cdef nsqshm_ring_header *h = self.hdr
-        cdef int tries = 0
-        import time
-        # a creator between ftruncate and its magic store: give it a moment
-        while nsqshm_load_acquire(&h.magic) == 0 and tries < 100:
-            time.sleep(0.01)
-            tries += 1
+        # a ring is published whole (create): a magic missing now never comes
         magic = nsqshm_load_acquire(&h.magic)
         try:
             if magic != NSQSHM_RING_MAGIC:

@@ -32,6 +32,7 @@ from gevent.server import StreamServer
 
 from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm._core.arena import Arena
+from nsqshm._core.codec import LEASE_FILE as ID_LEASE_FILE
 from nsqshm._core.codec import IdGenerator
 from nsqshm.nsqd import instance, listeners
 from nsqshm.nsqd.log import Logger
@@ -66,7 +67,8 @@ class NSQD:
         self.log = log or Logger(prefix=opts.log_prefix, level=opts.log_level)
         self.data_path = os.path.abspath(opts.data_path or ".")
         self.shm_prefix = instance.prefix_for(self.data_path, opts.shm_prefix)
-        self.ids = IdGenerator.open(f"{self.shm_prefix}.ids")
+        self.ids = IdGenerator.open(f"{self.shm_prefix}.ids", node_id=opts.node_id,
+                                    lease_path=os.path.join(self.data_path, ID_LEASE_FILE))
         self.topics = {}
         self.clients = {}
         self.start_time = time.time()
