@@ -1,0 +1,160 @@
+"""Shared-memory segments are published whole (nsqshm/_core/segment.py):
+processes racing to create and attach the same ring, arena or ID segment
+never see one half made, and a segment that is not what it claims gives a
+clear error at once."""
+
+import os
+import stat
+import time
+import uuid
+
+import posix_ipc
+import pytest
+
+from nsqshm._core import segment
+from nsqshm._core.arena import Arena, ArenaError
+from nsqshm._core.codec import IdGenerator
+from nsqshm._core.ring import Ring, RingLayoutError
+
+ROUNDS = 300
+
+
+def names(kind):
+    tag = uuid.uuid4().hex[:10]
+    return [f"nsqshm-test-seg-{kind}-{tag}-{i}" for i in range(ROUNDS)]
+
+
+def race(all_names, create, attach, creators=2, attachers=3):
+    """Fork creators (each creates every name, the other may have won) and
+    attachers (each spins on every name until it can attach); returns the
+    failures each child reported."""
+    r, w = os.pipe()
+    pids = []
+    for k in range(creators + attachers):
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            failures = []
+            for name in all_names:
+                deadline = time.monotonic() + 5
+                while True:
+                    try:
+                        (create if k < creators else attach)(name).close()
+                        break
+                    except posix_ipc.ExistentialError:
+                        if k < creators or time.monotonic() > deadline:
+                            failures.append(f"{name}: not there")
+                            break
+                    except Exception as err:  # a half-made segment
+                        failures.append(f"{name}: {type(err).__name__}: {err}")
+                        break
+            os.write(w, ("\n".join(failures) + "\n\0").encode())
+            os._exit(0)
+        pids.append(pid)
+    os.close(w)
+    out = b""
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        out += chunk
+    os.close(r)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    return [line for line in out.decode().replace("\0", "").splitlines() if line]
+
+
+@pytest.fixture
+def cleanup():
+    made = []
+    yield made
+    for name in made:
+        segment.unlink(name)
+
+
+def test_rings_created_and_attached_at_once_are_always_whole(cleanup):
+    all_names = names("ring")
+    cleanup.extend(all_names)
+    failures = race(all_names, lambda n: Ring.create(n, 4096, exist_ok=True), Ring.attach)
+    assert not failures, failures[:5]
+    ring = Ring.attach(all_names[-1])
+    assert stat.S_IMODE(os.stat(f"/dev/shm/{all_names[-1]}").st_mode) == 0o600
+    ring.close()
+
+
+def test_arenas_created_and_attached_at_once_are_always_whole(cleanup):
+    all_names = names("arena")
+    cleanup.extend(all_names)
+
+    def create(name):
+        try:
+            return Arena.create(name, size=1 << 16, max_queues=4)
+        except posix_ipc.ExistentialError:
+            return Arena.attach(name)  # the other creator won
+
+    failures = race(all_names, create, Arena.attach)
+    assert not failures, failures[:5]
+
+
+def test_id_segments_opened_at_once_are_always_whole(cleanup):
+    all_names = names("ids")[:100]
+    cleanup.extend(all_names)
+    failures = race(all_names, IdGenerator.open, IdGenerator.open)
+    assert not failures, failures[:5]
+
+
+def test_a_creator_that_dies_before_publishing_leaves_nothing(cleanup):
+    (name,) = names("dead")[:1]
+    cleanup.append(name)
+    before = set(os.listdir("/dev/shm"))
+    fd = segment.create(1 << 20)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)  # the child's copy goes; the parent's is the one that counts
+    os.waitpid(pid, 0)
+    segment.discard(fd)
+    assert set(os.listdir("/dev/shm")) - before == set()
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+def test_publish_never_replaces_a_segment(cleanup):
+    (name,) = names("once")[:1]
+    cleanup.append(name)
+    ring = Ring.create(name, 4096)
+    with pytest.raises(posix_ipc.ExistentialError):
+        Ring.create(name, 4096)
+    assert Ring.create(name, 4096, exist_ok=True).capacity == 4096
+    ring.close()
+
+
+GARBAGE = [b"", b"\0" * 100, b"\0" * (1 << 16), os.urandom(1 << 16), b"\xff" * 4096]
+
+
+@pytest.mark.parametrize("content", GARBAGE, ids=["empty", "zeros100", "zeros64k",
+                                                  "random64k", "ones4k"])
+def test_a_garbage_segment_is_refused_at_once_with_a_clear_error(cleanup, content):
+    (name,) = names("garbage")[:1]
+    cleanup.append(name)
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.write(fd, content)
+    os.close(fd)
+    start = time.monotonic()
+    with pytest.raises(RingLayoutError, match=name):
+        Ring.attach(name)
+    with pytest.raises(ArenaError, match=name):
+        Arena.attach(name)
+    with pytest.raises(ValueError, match=name):
+        IdGenerator.open(name)
+    assert time.monotonic() - start < 0.5  # no waiting for a header that never comes
+
+
+def test_a_segment_name_that_is_not_a_file_is_refused(cleanup):
+    (name,) = names("fifo")[:1]
+    cleanup.append(name)
+    os.mkfifo(f"/dev/shm/{name}", 0o600)
+    with pytest.raises(RingLayoutError, match="not a shared-memory file"):
+        Ring.attach(name)
+    with pytest.raises(ArenaError, match="not a shared-memory file"):
+        Arena.attach(name)
+    with pytest.raises(ValueError, match="not a shared-memory file"):
+        IdGenerator.open(name)
