@@ -1,7 +1,9 @@
 """Byte-exact, table-driven tests of nsqshm._core.codec."""
 
 import os
+import stat
 import struct
+import time
 import uuid
 
 import pytest
@@ -84,8 +86,6 @@ def id_name():
 
 
 def test_id_generator_is_time_based_and_shared(id_name):
-    import time
-
     a = codec.IdGenerator.open(id_name)
     b = codec.IdGenerator.open(id_name)  # a second handle, as another process would have
     ids = [a.next_id() for _ in range(5000)] + [b.next_id() for _ in range(5000)]
@@ -130,3 +130,103 @@ def test_id_segment_of_wrong_size(id_name):
     shm.close_fd()
     with pytest.raises(ValueError, match="expected 4096"):
         codec.IdGenerator.open(id_name)
+
+
+# -- node IDs and restarts (issue 14): nsqd's guid layout ------------------------------
+
+def node_of(msg_id):
+    return (codec.id_to_int(msg_id) >> 12) & 0x3FF
+
+
+def ids_of(blob):
+    return [blob[i:i + 16] for i in range(0, len(blob), 16)]
+
+
+def draw(gen, count):
+    buf = bytearray(16 * count)
+    gen.fill(buf, count)
+    return bytes(buf)
+
+
+def test_two_brokers_with_different_node_ids_never_issue_the_same_id(tmp_path):
+    """500 000 IDs from each of two generators (two brokers' segments, in two
+    processes at once, the same milliseconds): no repeat, each its node."""
+    names = [f"nsqshm-test-ids-{uuid.uuid4().hex[:10]}" for _ in range(2)]
+    pids = []
+    try:
+        for k, (name, node) in enumerate(zip(names, (1, 2), strict=True)):
+            pid = os.fork()
+            if pid == 0:
+                gen = codec.IdGenerator.open(name, node_id=node,
+                                             lease_path=str(tmp_path / f"lease{k}"))
+                (tmp_path / f"ids{k}").write_bytes(draw(gen, 500_000))
+                os._exit(0)
+            pids.append(pid)
+        for pid in pids:
+            assert os.waitpid(pid, 0)[1] == 0
+        first, second = (ids_of((tmp_path / f"ids{k}").read_bytes()) for k in range(2))
+    finally:
+        for name in names:
+            codec.IdGenerator.unlink(name)
+    assert len(first) == len(second) == 500_000
+    assert len(set(first) | set(second)) == 1_000_000
+    assert {node_of(i) for i in first} == {1} and {node_of(i) for i in second} == {2}
+    # nsqd's layout: the top 42 bits are milliseconds since its epoch
+    ms = (codec.id_to_int(first[0]) >> 22) + codec.NSQD_EPOCH_MS
+    assert abs(ms - time.time() * 1000) < 60_000
+
+
+def test_a_restarted_broker_never_repeats_an_id(id_name, tmp_path):
+    """Across a restart with its segment gone (a reboot: the lease in the
+    data path is all that is left) and one with it kept.  Drawn fast enough
+    that the clock runs ahead of the wall clock (4096 IDs per ms), so a
+    restart that started at the wall clock repeats IDs -- checked first."""
+    lease = str(tmp_path / codec.LEASE_FILE)
+    gen = codec.IdGenerator.open(id_name, node_id=5, lease_path=lease)
+    issued = ids_of(draw(gen, 1_000_000))
+    gen.close()
+    assert codec.IdGenerator.unlink(id_name)
+    bare = codec.IdGenerator.open(id_name, node_id=5)  # no lease: starts at the wall clock
+    early = ids_of(draw(bare, 1000))
+    bare.close()
+    codec.IdGenerator.unlink(id_name)
+    assert set(early) & set(issued)
+    gen = codec.IdGenerator.open(id_name, node_id=5, lease_path=lease)  # segment gone
+    after = ids_of(draw(gen, 500_000))
+    gen.close()
+    gen = codec.IdGenerator.open(id_name, node_id=5, lease_path=lease)  # segment kept
+    later = ids_of(draw(gen, 500_000))
+    gen.close()
+    every = issued + after + later
+    assert len(set(every)) == len(every) == 2_000_000
+    value = codec.id_to_int
+    assert min(map(value, after)) > max(map(value, issued))
+    assert min(map(value, later)) > max(map(value, after))
+    assert {node_of(i) for i in every} == {5}
+
+
+def test_ids_carry_the_node_id_each_process_reads_from_the_segment(id_name):
+    gen = codec.IdGenerator.open(id_name, node_id=1023)
+    other = codec.IdGenerator.open(id_name)  # a local producer: the broker's node ID
+    assert other.node_id == 1023
+    assert {node_of(other.next_id()) for _ in range(10)} == {1023}
+    assert {node_of(gen.next_id()) for _ in range(10)} == {1023}
+    with pytest.raises(ValueError, match="node ID"):
+        codec.IdGenerator.open(id_name, node_id=1024)
+    gen.close()
+    other.close()
+
+
+def test_the_lease_is_written_ahead_and_a_bad_lease_file_is_refused(id_name, tmp_path):
+    lease = tmp_path / codec.LEASE_FILE
+    gen = codec.IdGenerator.open(id_name, lease_path=str(lease))
+    value = int(lease.read_text())
+    assert value == gen.lease
+    first = codec.id_to_int(gen.next_id())
+    assert (first >> 22) << 12 < value  # the lease covers what was issued
+    assert stat.S_IMODE(os.stat(lease).st_mode) == 0o600
+    gen.close()
+    codec.IdGenerator.unlink(id_name)
+    lease.write_text("garbage\n")
+    with pytest.raises(ValueError, match="not a lease"):
+        codec.IdGenerator.open(id_name, lease_path=str(lease))
