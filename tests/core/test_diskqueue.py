@@ -338,3 +338,59 @@ def test_the_first_sync_after_a_recovered_tail_is_durable(tmp_path):
     again.sync()
     assert os.stat(meta).st_ino != inode  # a new file, fsynced and renamed
     assert meta.read_text() == f"60\n0,0\n{again.write_file_num},{again.write_pos}\n"
+
+
+@pytest.mark.parametrize("name", [".", "..", "...", "t#ephemeral", "T" * 64, "..:..",
+                                  ".:.", "t:c#ephemeral", "a.diskqueue.000000"])
+def test_every_name_nsqd_accepts_is_a_file_in_the_data_path(tmp_path, name):
+    data = tmp_path / "data"
+    data.mkdir()
+    dq = DiskQueue(name, str(data), 1000, 26, 100, 1)
+    dq.put_packed(pack([msg(1)]))
+    dq.close()
+    assert sorted(os.listdir(data)) == [f"{name}.diskqueue.000000.dat",
+                                        f"{name}.diskqueue.meta.dat"]  # Go nsqd's names
+    again = DiskQueue(name, str(data), 1000, 26, 100, 1)
+    assert read_all(again) == [msg(1)]
+    again.close()
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "/", "a\0b", "T" * 65, "a:b:c", "é", "a b",
+                                  "a:", ":a", "#ephemeral"])
+def test_names_nsqd_refuses_never_reach_a_path(tmp_path, name):
+    with pytest.raises(ValueError, match="invalid disk queue name"):
+        DiskQueue(name, str(tmp_path), 1000, 26, 100, 1)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_queue_that_fails_to_open_closes_no_descriptor_of_the_process(tmp_path):
+    """issue 21.1: __init__ raised before the write descriptor was -1 and
+    __dealloc__ closed descriptor 0 -- by then a client's socket."""
+    import gc
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.dup2(r, 0)
+            before = os.fstat(0)
+            for bad in ("a/b", ""):
+                try:
+                    DiskQueue(bad, str(tmp_path), 1000, 26, 100, 1)
+                except ValueError:
+                    pass
+            try:  # raises later in __init__: no such data path
+                DiskQueue("t", str(tmp_path / "missing"), 1000, 26, 100, 1)
+            except OSError:
+                pass
+            gc.collect()
+            after = os.fstat(0)
+            status = 0 if (before.st_ino, before.st_dev) == (after.st_ino, after.st_dev) else 2
+        except OSError:
+            status = 3  # fd 0 was closed
+        os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    os.close(r)
+    os.close(w)
+    assert os.WEXITSTATUS(status) == 0

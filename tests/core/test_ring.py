@@ -512,3 +512,24 @@ def test_peek_then_discard(ring):
     assert ring.discard(5) == 0
     s = ring.stats()
     assert s["pop_records"] == 3 and s["depth"] == 0
+
+
+def test_unlink_removes_only_its_own_fifos_never_a_ring_whose_name_extends_it(ring_name):
+    """Ring 'x' beside rings 'x.w' and 'x.w00-0123456789abcdef' (topics 'a'
+    and 'a.w' are both valid): unlinking x must leave the others whole."""
+    ring = Ring.create(ring_name, 4096)
+    others = [Ring.create(ring_name + suffix, 4096)
+              for suffix in (".w", ".w00-0123456789abcdef", ".wx")]
+    for r in [ring, *others]:
+        r.fileno()  # each makes its waiter FIFO
+    fifos = [n for n in os.listdir("/dev/shm") if n.startswith(ring_name)]
+    assert len(fifos) == 8
+    ring.close()
+    assert Ring.unlink_segment(ring_name)
+    left = sorted(n for n in os.listdir("/dev/shm") if n.startswith(ring_name))
+    assert len(left) == 6
+    for r in others:
+        assert r.name in left
+        r.close()
+        assert Ring.unlink_segment(r.name)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(ring_name)]
