@@ -474,7 +474,8 @@ class Channel:
             return []
         return [os.path.join(self.nsqd.data_path, n) for n in sorted(names)
                 if n.startswith(prefix) and n.endswith(".dat")
-                and (n == prefix + ".dat" or n[len(prefix):len(prefix) + 2] == ".w")]
+                and (n == prefix + ".dat" or n[len(prefix):len(prefix) + 2] == ".w"
+                     and n[len(prefix) + 2:-4].isdigit())]  # not channel "<c>.deferred.w1"'s
 
     def _save_deferred(self):
         scratch = self._scratch

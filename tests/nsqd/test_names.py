@@ -149,3 +149,45 @@ def test_pub_dotdot_closes_no_descriptor_and_leaks_no_message(nsqd_factory):
     assert sorted(consume(sub, 2)) == [b"first", b"second"]
     time.sleep(0.2)
     assert not tracebacks(server), tracebacks(server)
+
+
+def test_deferred_messages_stay_with_their_channel_across_a_restart(nsqd_factory, tmp_path):
+    """A channel's deferred file is <topic>:<channel>.deferred[.w<i>].dat:
+    channel "c" must not take "c.deferred.w1"'s (a prefix of its name)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory("--workers=2", data_path=data)
+    channels = ["c", "c.deferred.w1", "c.deferred"]
+    subs = []
+    for channel in channels:
+        sub = Client(server)
+        sub.send(p.sub("dt", channel))
+        ok(sub)
+        subs.append(sub)
+    time.sleep(0.5)  # see test_every_odd_valid_name_works_as_topic_and_channel
+    pub = Client(server)
+    pub.send(p.pub("dt", b"deferred"))
+    ok(pub)
+    for sub in subs:
+        sub.send(p.rdy(1))
+        msg = sub.message()
+        sub.send(p.req(msg.id, 1500))  # deferred in its channel, saved at the stop
+    for sub in subs:
+        sub.send(p.cls())
+        assert sub.response() == (p.FRAME_TYPE_RESPONSE, b"CLOSE_WAIT")
+        sub.close()
+    assert server.stop() == 0
+    assert sum(".deferred" in n and n.split(".deferred")[0].startswith("dt:")
+               for n in os.listdir(data)) >= 3
+    again = nsqd_factory("--workers=2", data_path=data, prefix=server.prefix)
+    for channel in channels:
+        sub = Client(again)
+        sub.send(p.sub("dt", channel))
+        ok(sub)
+        sub.send(p.rdy(10))
+        assert consume(sub, 1) == [b"deferred"], channel
+        sub.sock.settimeout(1)
+        with pytest.raises(TimeoutError):  # exactly one: not another channel's too
+            sub.message()
+        sub.close()
+    assert not tracebacks(again), tracebacks(again)
