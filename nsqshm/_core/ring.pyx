@@ -61,9 +61,11 @@ HEADER_SIZE = NSQSHM_RING_HEADER_SIZE
 RECORD_OVERHEAD = NSQSHM_RECORD_HEADER
 LAYOUT_VERSION = NSQSHM_RING_VERSION
 MAX_WAITERS = NSQSHM_RING_WAITERS
-NAME_MAX_LEN = 200
+# a file name is at most 255 bytes and a waiter FIFO adds 21 to the ring's
+# ("<prefix>.c.<topic>:<channel>" is up to 152 + the prefix with nsqd's names)
+NAME_MAX_LEN = 234
 # a waiter FIFO: "<ring name>.w<slot, 2 digits>-<value, 16 hex digits>"
-_FIFO_NAME = re.compile(r".+\.w[0-9]{2}-[0-9a-f]{16}")
+_FIFO_NAME = re.compile(r".+\.w[0-9]{2}-[0-9a-f]{16}")  # (21 characters after the name)
 
 cdef int _FULL = -1
 cdef object _sleeper = None
@@ -151,7 +153,7 @@ cdef bint _valid_name(str name):
 
 
 def validate_name(str name):
-    """Raise ValueError unless `name` is a safe segment name: 1-200 of
+    """Raise ValueError unless `name` is a safe segment name: 1-234 of
     [A-Za-z0-9_.:#-], not starting with '.' or '-'."""
     if not _valid_name(name):
         raise ValueError(f"invalid ring name {name!r}: 1-{NAME_MAX_LEN} characters of "
@@ -264,9 +266,11 @@ cdef class Ring:
         # only this ring's FIFOs (_fifo_path: "<name>.wNN-<16 hex>", and FIFOs):
         # "<name>.w" alone also starts other rings' names -- topic "a.w" beside
         # topic "a", channel "c.wx" beside "c" -- and their segments and FIFOs
+        prefix = f"{name}.w"
         try:
             for entry in os.listdir("/dev/shm"):
-                if _FIFO_NAME.fullmatch(entry) and entry[:-21] == name:
+                if entry.startswith(prefix) and len(entry) == len(name) + 21 \
+                        and _FIFO_NAME.fullmatch(entry):
                     path = f"/dev/shm/{entry}"
                     try:
                         if stat.S_ISFIFO(os.lstat(path).st_mode):

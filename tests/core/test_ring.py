@@ -82,7 +82,7 @@ def test_bad_max_record_is_rejected(ring_name, max_record):
         Ring.create(ring_name, 8192, max_record=max_record)
 
 
-@pytest.mark.parametrize("name", ["", ".hidden", "-x", "a/b", "a b", "x" * 201, "é", "a\x00b", "../etc"])
+@pytest.mark.parametrize("name", ["", ".hidden", "-x", "a/b", "a b", "x" * 235, "é", "a\x00b", "../etc"])
 def test_bad_names_are_rejected(name):
     with pytest.raises(ValueError, match="invalid ring name"):
         validate_name(name)
@@ -533,3 +533,18 @@ def test_unlink_removes_only_its_own_fifos_never_a_ring_whose_name_extends_it(ri
         r.close()
         assert Ring.unlink_segment(r.name)
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(ring_name)]
+
+
+def test_the_longest_name_fits_with_its_waiter_fifo(ring_name):
+    """nsqd's longest names (64 + #ephemeral each) on a long --shm-prefix."""
+    from nsqshm._core.ring import NAME_MAX_LEN
+
+    name = (ring_name + ".c." + "t" * 300)[:NAME_MAX_LEN]
+    ring = Ring.create(name, 4096)
+    ring.fileno()  # its FIFO: the name plus 21 characters, within 255
+    ring.push(b"x")
+    assert ring.pop() == b"x"
+    ring.close()
+    assert Ring.unlink_segment(name)
+    with pytest.raises(ValueError):
+        Ring.create(name + "t", 4096)
