@@ -26,6 +26,7 @@ import posix_ipc
 
 SHM_DIR = "/dev/shm"
 MODE = 0o600
+use_tmpfile = hasattr(os, "O_TMPFILE")  # False once the kernel refused it
 
 
 def path_of(name):
@@ -35,12 +36,16 @@ def path_of(name):
 
 def create(size):
     """A new unnamed segment of `size` zero bytes, mode 0600: its descriptor."""
-    try:
-        fd = os.open(SHM_DIR, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, MODE)
-        tmp = None
-    except OSError as err:
-        if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-            raise
+    global use_tmpfile
+    fd, tmp = -1, None
+    if use_tmpfile:
+        try:
+            fd = os.open(SHM_DIR, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, MODE)
+        except OSError as err:
+            if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+            use_tmpfile = False
+    if fd < 0:
         tmp = f"{SHM_DIR}/.nsqshm-tmp-{os.getpid()}-{os.urandom(6).hex()}"
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW,
                      MODE)

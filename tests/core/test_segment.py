@@ -106,15 +106,25 @@ def test_id_segments_opened_at_once_are_always_whole(cleanup):
 def test_a_creator_that_dies_before_publishing_leaves_nothing(cleanup):
     (name,) = names("dead")[:1]
     cleanup.append(name)
-    before = set(os.listdir("/dev/shm"))
-    fd = segment.create(1 << 20)
+    r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os._exit(0)  # the child's copy goes; the parent's is the one that counts
+        fd = segment.create(1 << 20)
+        os.write(w, b"made")
+        time.sleep(60)  # killed here, before publish
+        os._exit(1)
+    assert os.read(r, 4) == b"made"
+    os.kill(pid, 9)
     os.waitpid(pid, 0)
-    segment.discard(fd)
-    assert set(os.listdir("/dev/shm")) - before == set()
+    os.close(r)
+    os.close(w)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(".nsqshm-tmp-")]
     assert not os.path.exists(f"/dev/shm/{name}")
+    # and the parent's own unpublished segment goes with discard
+    fd = segment.create(1 << 20)
+    segment.discard(fd)
+    with pytest.raises(OSError):
+        os.fstat(fd)
 
 
 def test_publish_never_replaces_a_segment(cleanup):
@@ -158,3 +168,15 @@ def test_a_segment_name_that_is_not_a_file_is_refused(cleanup):
         Arena.attach(name)
     with pytest.raises(ValueError, match="not a shared-memory file"):
         IdGenerator.open(name)
+
+
+def test_without_o_tmpfile_a_hidden_name_is_used_and_removed(cleanup, monkeypatch):
+    """Kernels or filesystems without O_TMPFILE: a hidden temporary name,
+    linked the same way, never left behind."""
+    monkeypatch.setattr(segment, "use_tmpfile", False)
+    all_names = names("hidden")[:50]
+    cleanup.extend(all_names)
+    failures = race(all_names, lambda n: Ring.create(n, 4096, exist_ok=True), Ring.attach)
+    assert not failures, failures[:5]
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(".nsqshm-tmp-")]
+    assert stat.S_IMODE(os.stat(f"/dev/shm/{all_names[0]}").st_mode) == 0o600
