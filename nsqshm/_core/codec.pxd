@@ -24,7 +24,9 @@ cdef class IdGenerator:
     cdef void next_raw(self, char *dst) noexcept
     cdef int _map(self, int fd) except -1
     cdef int _check_header(self) except -1
-    cdef bint _create(self, str name, int node_id, bytes path) except -1
+    cdef bint _retire_v1(self, uint64_t *floor) except -1
+    cdef int _lease_floor(self, bytes path, uint64_t floor) except -1
+    cdef bint _create(self, str name, int node_id, bytes path, uint64_t floor) except -1
     cdef int _adopt(self, int node_id, bytes path) except -1
     cdef int _extend_lease(self, uint64_t need) noexcept
     cdef void _reserve(self) noexcept

@@ -19,6 +19,7 @@ restarted broker never repeats one.
 """
 
 import os
+import time
 
 import posix_ipc
 
@@ -66,6 +67,7 @@ cdef size_t ID_SEGMENT_SIZE = 4096
 cdef enum:
     ID_PATH_MAX = 3900
 cdef uint64_t ID_NO_LEASE = 0xFFFFFFFFFFFFFFFF
+cdef uint64_t ID_RETIRED = 0x54526d687371736e  # "nsqshmRT": an older build's segment being replaced
 cdef uint64_t ID_LEASE_AHEAD = 60000 << 12  # a minute of ID clock
 LEASE_FILE = "nsqshm.ids.dat"  # the lease's name in a broker's data path
 cdef const char *HEX = b"0123456789abcdef"
@@ -217,7 +219,9 @@ cdef class IdGenerator:
     path (<data-path>/nsqshm.ids.dat, 20 decimal digits and a newline).  A
     broker that finds no segment at start (a reboot) starts its clock at
     max(now, lease), so it never repeats an ID issued before, whatever the
-    wall clock did.  A segment that is still there carries on from its clock.
+    wall clock did.  A segment that is still there carries on from its clock;
+    one of an older build (version 1, a plain counter) is replaced by the
+    broker, its clock started past every ID the old counter issued.
 
     The segment (4096 bytes, mode 0600, published whole: segment.py):
 
@@ -263,12 +267,14 @@ cdef class IdGenerator:
             if not 0 < len(path) <= ID_PATH_MAX or b"\0" in path:
                 raise ValueError(f"lease file path {lease_path!r} is empty or too long")
         cdef IdGenerator self = IdGenerator.__new__(IdGenerator)
+        cdef uint64_t floor = 0
         self.name = name
+        deadline = time.monotonic() + 2
         while True:
             try:
                 fd, size = segment.attach(name, ValueError)
             except posix_ipc.ExistentialError:
-                if self._create(name, node_id, path):
+                if self._create(name, node_id, path, floor):
                     break
                 continue  # another process published it first: attach to that
             try:
@@ -276,8 +282,24 @@ cdef class IdGenerator:
                     raise ValueError(f"ID segment {name!r} is {size} bytes, "
                                      f"expected {ID_SEGMENT_SIZE}")
                 self._map(fd)
+                inode = os.fstat(fd).st_ino
             finally:
                 os.close(fd)
+            if path and self._retire_v1(&floor):
+                # an older build's segment, ours now to replace: its name goes
+                # (unless another process has replaced it already)
+                self._lease_floor(path, floor)
+                try:
+                    if os.lstat(segment.path_of(name)).st_ino == inode:
+                        segment.unlink(name)
+                except FileNotFoundError:
+                    pass
+                continue
+            if nsqshm_load_acquire(<uint64_t *>self.base) == ID_RETIRED and \
+                    time.monotonic() < deadline:
+                self.close()  # another broker process is replacing it
+                time.sleep(0.001)
+                continue
             self._check_header()
             self._adopt(node_id, path)
             break
@@ -305,12 +327,37 @@ cdef class IdGenerator:
                              f"every process of the broker and remove /dev/shm/{self.name}")
         return 0
 
-    cdef bint _create(self, str name, int node_id, bytes path) except -1:
-        """Make and publish a new segment; False if another process won."""
+    cdef bint _retire_v1(self, uint64_t *floor) except -1:
+        """If the mapped segment is an older build's (version 1: a plain
+        counter of (ms << 22) + n at offset 64), mark it retired -- one
+        process wins -- and set floor past every ID it can have issued."""
+        cdef char *b = <char *>self.base
+        cdef uint64_t v1_clock
+        if (<uint32_t *>(b + 8))[0] != 1 or \
+                not nsqshm_cas(<uint64_t *>b, ID_MAGIC, ID_RETIRED):
+            return False
+        v1_clock = nsqshm_load_acquire(self.clock)
+        floor[0] = max(floor[0], ((v1_clock >> 22) + 1) << 12)
+        self.close()
+        return True
+
+    cdef int _lease_floor(self, bytes path, uint64_t floor) except -1:
+        """Put `floor` in the lease file before the old segment's name goes:
+        whichever process then creates the new one starts past it."""
+        cdef uint64_t target = 0
+        cdef int e = _raise_lease_file(path, floor, &target)
+        if e:
+            raise OSError(e, f"cannot write the ID lease file: {os.strerror(e)}",
+                          path.decode())
+        return 0
+
+    cdef bint _create(self, str name, int node_id, bytes path, uint64_t floor) except -1:
+        """Make and publish a new segment, its clock at or past `floor`;
+        False if another process won."""
         cdef char *b
-        cdef uint64_t now = _clock_now(), start = now
+        cdef uint64_t now = _clock_now(), start = max(now, floor)
         if path:
-            start = max(now, _read_lease(path))
+            start = max(start, _read_lease(path))
         fd = segment.create(ID_SEGMENT_SIZE)
         try:
             self._map(fd)
@@ -358,38 +405,19 @@ cdef class IdGenerator:
 
     cdef int _extend_lease(self, uint64_t need) noexcept:
         """Make the lease file and the segment's lease cover clock values below
-        `need`, a minute of clock more: under flock, so concurrent writers
-        never move the file back.  0, or the errno of the failure."""
+        `need` (a minute of clock more).  0, or the errno of the failure."""
         cdef char *b = <char *>self.base
         cdef char path[ID_PATH_MAX + 1]
-        cdef char text[32]
         cdef uint32_t plen = nsqshm_load32_acquire(<uint32_t *>(b + 192))
-        cdef uint64_t have, target, cur
-        cdef int fd, n, saved
+        cdef uint64_t target = 0, cur
+        cdef int e
         if plen == 0 or plen > ID_PATH_MAX:
             return 0
         memcpy(path, b + 196, plen)
         path[plen] = 0
-        fd = c_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        if fd < 0:
-            return errno
-        if flock(fd, LOCK_EX) != 0:
-            saved = errno
-            close(fd)
-            return saved
-        n = pread(fd, text, 31, 0)
-        have = _parse_lease(text, n if n > 0 else 0)
-        target = have
-        if have < need:
-            target = need + ID_LEASE_AHEAD
-            n = snprintf(text, sizeof(text), b"%020llu\n", <unsigned long long>target)
-            if pwrite(fd, text, n, 0) != n or fsync(fd) != 0:
-                saved = errno if errno else 5  # EIO: a short write
-                flock(fd, LOCK_UN)
-                close(fd)
-                return saved
-        flock(fd, LOCK_UN)
-        close(fd)
+        e = _raise_lease_file(path, need, &target)
+        if e:
+            return e
         while True:  # raise the segment's lease to what the file now says
             cur = nsqshm_load_acquire(<uint64_t *>(b + 128))
             if cur >= target or nsqshm_cas(<uint64_t *>(b + 128), cur, target):
@@ -500,6 +528,36 @@ cdef uint64_t _clock_now() noexcept:
     clock_gettime(CLOCK_REALTIME, &ts)
     ms = <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000 - NSQD_EPOCH_MS
     return <uint64_t>(ms if ms > 0 else 0) << 12
+
+
+cdef int _raise_lease_file(const char *path, uint64_t need, uint64_t *target) noexcept:
+    """Make the lease file at `path` cover clock values below `need`, writing
+    need + a minute of clock if it does not, under flock so that concurrent
+    writers never move it back; target: what it now holds.  0, or errno."""
+    cdef char text[32]
+    cdef uint64_t have
+    cdef int fd, n, saved
+    fd = c_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+    if fd < 0:
+        return errno
+    if flock(fd, LOCK_EX) != 0:
+        saved = errno
+        close(fd)
+        return saved
+    n = pread(fd, text, 31, 0)
+    have = _parse_lease(text, n if n > 0 else 0)
+    target[0] = have
+    if have < need:
+        target[0] = need + ID_LEASE_AHEAD
+        n = snprintf(text, sizeof(text), b"%020llu\n", <unsigned long long>target[0])
+        if pwrite(fd, text, n, 0) != n or fsync(fd) != 0:
+            saved = errno if errno else 5  # EIO: a short write
+            flock(fd, LOCK_UN)
+            close(fd)
+            return saved
+    flock(fd, LOCK_UN)
+    close(fd)
+    return 0
 
 
 cdef uint64_t _parse_lease(const char *text, int n) noexcept:

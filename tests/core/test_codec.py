@@ -230,3 +230,38 @@ def test_the_lease_is_written_ahead_and_a_bad_lease_file_is_refused(id_name, tmp
     lease.write_text("garbage\n")
     with pytest.raises(ValueError, match="not a lease"):
         codec.IdGenerator.open(id_name, lease_path=str(lease))
+
+
+def v1_segment(name, ahead_ms):
+    """An ID segment as the build before node IDs left it in /dev/shm: magic,
+    version 1, and at offset 64 a counter of (ms << 22) + n."""
+    counter = (int(time.time() * 1000) + ahead_ms - codec.NSQD_EPOCH_MS) << 22
+    page = bytearray(4096)
+    page[0:8] = b"nsqshmID"
+    page[8:12] = (1).to_bytes(4, "little")
+    page[64:72] = counter.to_bytes(8, "little")
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.write(fd, page)
+    os.close(fd)
+    return counter
+
+
+def test_an_older_builds_segment_is_replaced_by_the_broker_past_its_ids(id_name, tmp_path):
+    counter = v1_segment(id_name, ahead_ms=5000)
+    with pytest.raises(ValueError, match="version 2"):  # a local client: not its to replace
+        codec.IdGenerator.open(id_name)
+    lease = str(tmp_path / codec.LEASE_FILE)
+    pids = []
+    for k in range(3):  # the workers of a broker, starting together
+        pid = os.fork()
+        if pid == 0:
+            gen = codec.IdGenerator.open(id_name, node_id=9, lease_path=lease)
+            (tmp_path / f"ids{k}").write_bytes(draw(gen, 100_000))
+            os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        assert os.waitpid(pid, 0)[1] == 0
+    ids = [i for k in range(3) for i in ids_of((tmp_path / f"ids{k}").read_bytes())]
+    assert len(set(ids)) == 300_000
+    assert min(codec.id_to_int(i) >> 22 for i in ids) > counter >> 22
+    assert codec.IdGenerator.open(id_name).node_id == 9
