@@ -13,9 +13,9 @@ So a segment is made unnamed and published whole:
 link(2) never replaces a name, so of two processes creating one segment one
 wins and the other attaches to the winner's complete segment.  A process
 that dies before publish leaves nothing: an unnamed file goes with its last
-descriptor.  (Where O_TMPFILE is unsupported a hidden ".nsqshm-tmp-..." name
-is used and unlinked after the link; valid segment names never start with a
-dot.)
+descriptor.  (Where O_TMPFILE or /proc is missing a hidden ".nsqshm-tmp-..."
+name is used and unlinked after the link -- a process killed in between
+leaves that file behind; valid segment names never start with a dot.)
 """
 
 import errno
@@ -26,7 +26,9 @@ import posix_ipc
 
 SHM_DIR = "/dev/shm"
 MODE = 0o600
-use_tmpfile = hasattr(os, "O_TMPFILE")  # False once the kernel refused it
+# an unnamed file is linked through /proc/self/fd: without /proc, or once the
+# kernel refused O_TMPFILE, a hidden temporary name is used instead
+use_tmpfile = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
 
 
 def path_of(name):
