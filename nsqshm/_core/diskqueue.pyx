@@ -71,12 +71,14 @@ FAULT_ENV = "NSQSHM_FAULT_ENOSPC"   # a path: while it exists, writes fail with 
 # It reaches a path only as the start of a file name followed by ".diskqueue."
 # (or nsqshm's ".deferred"), so "." and ".." name ordinary files there, as in Go
 # nsqd's data directory; no name this pattern admits holds "/" or NUL.
-_NAME = re.compile(r"[.a-zA-Z0-9_-]{1,64}(#ephemeral)?(:[.a-zA-Z0-9_-]{1,64}(#ephemeral)?)?")
+_PART = re.compile(r"[.a-zA-Z0-9_-]+(#ephemeral)?")
 
 
 def validate_name(str name):
     """Raise ValueError unless `name` is a topic or topic:channel nsqd accepts."""
-    if _NAME.fullmatch(name) is None:
+    parts = name.split(":")
+    if len(parts) > 2 or not all(0 < len(part) <= 64 and _PART.fullmatch(part)
+                                 for part in parts):
         raise ValueError(f"invalid disk queue name {name!r}: a topic or topic:channel of "
                          "1-64 characters [.a-zA-Z0-9_-] each, optionally #ephemeral")
 

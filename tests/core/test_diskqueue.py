@@ -356,7 +356,7 @@ def test_every_name_nsqd_accepts_is_a_file_in_the_data_path(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "/", "a\0b", "T" * 65, "a:b:c", "é", "a b",
-                                  "a:", ":a", "#ephemeral"])
+                                  "a:", ":a", "#ephemeral", "x" * 55 + "#ephemeral"])
 def test_names_nsqd_refuses_never_reach_a_path(tmp_path, name):
     with pytest.raises(ValueError, match="invalid disk queue name"):
         DiskQueue(name, str(tmp_path), 1000, 26, 100, 1)
