@@ -436,8 +436,9 @@ cdef class IdGenerator:
             end = start + ID_BLOCK
             lease = nsqshm_load_acquire(<uint64_t *>(b + 128))
             if lease != ID_NO_LEASE and end + ID_LEASE_AHEAD // 2 > lease:
-                # half a minute of clock left (rare: once in 30 s at most rates)
-                if self._extend_lease(end) != 0 and end > lease:
+                # half a minute of clock left: the lease moves to 1.5 minutes
+                # past end, so this is once a minute of clock, not every block
+                if self._extend_lease(end + ID_LEASE_AHEAD // 2) != 0 and end > lease:
                     # the disk refuses: IDs go on (delivery must), counted
                     nsqshm_fetch_add(<uint64_t *>(b + 136), 1)
             if nsqshm_cas(self.clock, cur, end):

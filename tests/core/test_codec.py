@@ -265,3 +265,26 @@ def test_an_older_builds_segment_is_replaced_by_the_broker_past_its_ids(id_name,
     assert len(set(ids)) == 300_000
     assert min(codec.id_to_int(i) >> 22 for i in ids) > counter >> 22
     assert codec.IdGenerator.open(id_name).node_id == 9
+
+
+def test_the_lease_is_written_once_a_minute_of_clock_not_per_block(id_name, tmp_path):
+    """Drawing 45 s worth of the ID clock (4096 IDs a ms) crosses the point
+    where the lease is moved on: one write, not one file access per block."""
+    lease = tmp_path / codec.LEASE_FILE
+    gen = codec.IdGenerator.open(id_name, lease_path=str(lease))
+    first = gen.lease
+    buf = bytearray(16 * 1_000_000)
+
+    def syscalls():
+        with open("/proc/self/io") as f:
+            fields = dict(line.split(": ") for line in f.read().splitlines())
+        return int(fields["syscr"]) + int(fields["syscw"])
+
+    before = syscalls()
+    for _ in range(45 * 4096 // 1000):  # 184 M IDs
+        gen.fill(buf, 1_000_000)
+    used = syscalls() - before - 2  # the two reads of /proc/self/io
+    assert gen.lease > first and int(lease.read_text()) == gen.lease
+    assert used < 20, f"{used} read/write system calls for the lease"
+    assert (codec.id_to_int(bytes(buf[-16:])) >> 22) << 12 < gen.lease
+    gen.close()
