@@ -214,9 +214,10 @@ cdef class IdGenerator:
     here the clock borrows from the next milliseconds instead (local
     producers publish over 4 M messages a second), and the lease covers it.
 
-    The lease: before the clock passes `lease`, a process moves it a minute
-    of clock further and writes it, fsynced, to the lease file in the data
-    path (<data-path>/nsqshm.ids.dat, 20 decimal digits and a newline).  A
+    The lease: when a reserved block comes within half a minute of clock of
+    `lease`, the process moves it to 1.5 minutes past the block and writes it,
+    fsynced, to the lease file in the data path (<data-path>/nsqshm.ids.dat,
+    20 decimal digits and a newline): a write per minute of clock.  A
     broker that finds no segment at start (a reboot) starts its clock at
     max(now, lease), so it never repeats an ID issued before, whatever the
     wall clock did.  A segment that is still there carries on from its clock;
