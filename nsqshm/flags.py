@@ -41,6 +41,7 @@ import math
 import re
 import socket
 import sys
+import textwrap
 import tomllib
 from collections.abc import Callable, Iterable
 from types import SimpleNamespace
@@ -804,6 +805,35 @@ class FlagSet:
             hint = close[0] if close else None
         return line + (f' (did you mean "{hint}"?)' if hint else "")
 
+    # -- an example config file ------------------------------------------------
+
+    def example_config(self, header: str) -> str:
+        """A TOML config file with every option a config file can set, at its
+        default, each under its help text, in declaration order (the Go
+        daemon's flag order). ``header`` (lines) opens it. Host-derived
+        defaults and options with no effect are commented out, with why."""
+        out = [f"# {line}".rstrip() for line in header.splitlines()]
+        cli_only = [f"--{f.name}" for f in self.flags if f.cfg_name is None]
+        out.append(f"# Command-line flags win over this file. Only on the command line: "
+                   f"{', '.join(cli_only)}.")
+        for flag in self.flags:
+            if flag.cfg_name is None:
+                continue
+            out.append("")
+            out.extend(textwrap.wrap(flag.help, 96, initial_indent="# ",
+                                     subsequent_indent="# "))
+            if callable(flag.default):  # the same file on every machine
+                out.append(f"# {flag.cfg_name} =   (default: from this host's name)")
+                continue
+            line = f"{flag.cfg_name} = {_toml_value(flag)}"
+            if flag.no_effect:
+                out.extend(textwrap.wrap(f"accepted, no effect: {flag.no_effect}", 96,
+                                         initial_indent="# ", subsequent_indent="# "))
+                out.append(f"# {line}")
+            else:
+                out.append(line)
+        return "\n".join(out) + "\n"
+
     # -- usage ----------------------------------------------------------------
 
     def usage(self) -> str:
@@ -816,6 +846,25 @@ class FlagSet:
             head += "\t" if len(head) <= 4 else "\n    \t"
             out.append(head + flag.help.replace("\n", "\n    \t") + _default_text(flag) + "\n")
         return "".join(out)
+
+
+def _toml_value(flag: Flag) -> str:
+    """The flag's default written as its config-file value (a duration as Go
+    writes it, the log level and TLS options by name)."""
+    d = flag.default_value()
+    kind = flag.kind
+    if kind == DURATION:
+        return json.dumps(format_duration(d))
+    if kind == TLS_REQUIRED_KIND:
+        return {TLS_NOT_REQUIRED: "false", TLS_REQUIRED: "true",
+                TLS_REQUIRED_EXCEPT_HTTP: '"tcp-https"'}[d]
+    if kind == TLS_MIN_VERSION_KIND:
+        return json.dumps({v: k for k, v in TLS_VERSIONS.items()}[d])
+    if kind == BOOL:
+        return "true" if d else "false"
+    if kind == FLOAT:
+        return repr(float(d))
+    return json.dumps(d)  # ints, strings, lists: JSON's form is TOML's
 
 
 def _default_text(flag: Flag) -> str:
