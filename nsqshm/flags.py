@@ -323,6 +323,10 @@ _FLOAT_RE = re.compile(
 
 def _parse_float(s: str) -> float:
     """strconv.ParseFloat(s, 64), errors as Go flag's."""
+    if "_" in s:  # digit separators, where Go's literal syntax allows them ("1_000.5")
+        if not _underscore_ok(s):
+            raise ValueError("parse error")
+        s = s.replace("_", "")
     if not _FLOAT_RE.match(s):
         raise ValueError("parse error")
     body = s.lstrip("+-")

@@ -61,6 +61,9 @@ PARSED = [
     # strconv.ParseInt(s, 0, 64) and time.ParseDuration
     ("nsqd", ["-max-rdy-count=0x10"], {"max_rdy_count": 16}, []),
     ("nsqd", ["-msg-timeout", "1.5h"], {"msg_timeout": 5400.0}, []),
+    # strconv.ParseFloat: Go's literal syntax, digit separators included
+    ("nsqd", ["-queue-scan-dirty-percent=1_2.5e-3"], {"queue_scan_dirty_percent": 0.0125}, []),
+    ("nsqd", ["-queue-scan-dirty-percent=0x1p-2"], {"queue_scan_dirty_percent": 0.25}, []),
     ("nsqd", ["-msg-timeout=1h2m3.5s"], {"msg_timeout": 3723.5}, []),
     ("nsqd", ["-sync-timeout=500us"], {"sync_timeout": 0.0005}, []),
     ("nsqd", ["-sync-timeout=500µs"], {"sync_timeout": 0.0005}, []),
@@ -128,6 +131,10 @@ REFUSED = [
      'invalid value "9223372036854775808" for flag -max-rdy-count: value out of range'),
     ("nsqd", ["-msg-timeout", "60"], 2, 'invalid value "60" for flag -msg-timeout: parse error'),
     ("nsqd", ["-msg-timeout=1d"], 2, 'invalid value "1d" for flag -msg-timeout: parse error'),
+    ("nsqd", ["-queue-scan-dirty-percent=1__0"], 2,
+     'invalid value "1__0" for flag -queue-scan-dirty-percent: parse error'),
+    ("nsqd", ["-queue-scan-dirty-percent=_1"], 2,
+     'invalid value "_1" for flag -queue-scan-dirty-percent: parse error'),
     ("nsqd", ["-deflate=yes"], 2, 'invalid boolean value "yes" for -deflate: parse error'),
     ("nsqd", ["-deflate="], 2, 'invalid boolean value "" for -deflate: parse error'),
     ("nsqd", ["---deflate"], 2, "bad flag syntax: ---deflate"),
