@@ -6,12 +6,12 @@
     nsqshm bench    the benchmark harness
 """
 
+import importlib
 import sys
 
 from nsqshm import __version__
 
 EXIT_USAGE = 2
-EXIT_NOT_BUILT = 3
 
 # subcommand -> (module with main(argv), one-line description)
 COMMANDS = {
@@ -42,16 +42,8 @@ def main(argv=None):
         print(f"nsqshm: unknown command {name!r} (try: {', '.join(COMMANDS)})", file=sys.stderr)
         return EXIT_USAGE
     module_name, _ = COMMANDS[name]
-    import importlib
-
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            print(f"nsqshm {name}: not built yet", file=sys.stderr)
-            return EXIT_NOT_BUILT
-        raise
-    return module.main(rest)
+    # imported on demand: a subcommand loads its own daemon only
+    return importlib.import_module(module_name).main(rest)
 
 
 if __name__ == "__main__":

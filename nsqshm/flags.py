@@ -4,11 +4,26 @@ of mreiferson/go-options.
 
 A daemon declares each flag once, as a ``Flag``, and wraps the tuple in a
 ``FlagSet`` with its own validation.  ``FlagSet.parse_args`` reads the
-command line the way Go's ``flag`` package does (``-f v``, ``-f=v``,
-``--f v``, ``--f=v``; bool flags never take the next argument), then the
-``--config`` TOML file (keys are the flag name with ``_``, except the renamed
-ones given in ``Flag.cfg``), then validates.  Precedence is Go's: explicit
-flag > config file > default.
+command line exactly as Go's ``flag`` package (src/flag/flag.go, a FlagSet
+made with ExitOnError) does:
+
+- ``-f v``, ``-f=v``, ``--f v``, ``--f=v``; a bool flag takes a value only
+  with ``=`` (``-deflate false`` is ``-deflate`` followed by the argument
+  ``false``);
+- parsing stops at the first argument that is not a flag (``-`` included)
+  and after ``--``; the daemons ignore the rest, as nsqd does (a warning
+  names them, since ``-deflate false`` leaves deflate on);
+- an unknown flag, a missing or bad value: ``FlagError`` (the daemon prints
+  its message and the usage to stderr and exits 2); ``-h``/``-help``/
+  ``--help`` (unless defined): the usage to stderr and exit 0, as Go's
+  ErrHelp under ExitOnError (Go >= 1.15);
+- a repeated flag: the last value wins, list flags (StringArray,
+  FloatArray) append; values parse as strconv.ParseBool/ParseInt(s, 0, 64)/
+  ParseFloat and time.ParseDuration do.
+
+Then the ``--config`` TOML file (keys are the flag name with ``_``, except
+the renamed ones given in ``Flag.cfg``), then the daemon's validation.
+Precedence is Go's: explicit flag > config file > default.
 
 Values: ints are ``int``, durations are ``float`` seconds, ``log_level`` is
 one of ``"debug" "info" "warn" "error" "fatal"``, ``tls_required`` is 0/1/2
@@ -26,6 +41,7 @@ import math
 import re
 import socket
 import sys
+import textwrap
 import tomllib
 from collections.abc import Callable, Iterable
 from types import SimpleNamespace
@@ -34,6 +50,12 @@ from typing import Any
 
 class OptionsError(Exception):
     """A bad flag, config file or option value. ``str(err)`` is one line."""
+
+
+class FlagError(OptionsError):
+    """A command line Go's flag package refuses (unknown flag, missing or bad
+    value, bad syntax). As flag.ExitOnError does, the daemon prints the message
+    and then the usage to stderr, and exits 2."""
 
 
 # --------------------------------------------------------------------------
@@ -63,6 +85,9 @@ _USAGE_TYPE = {
     TLS_REQUIRED_KIND: "",
     TLS_MIN_VERSION_KIND: "value",
 }
+
+# the kinds whose Go flag.Value has IsBoolFlag() true
+_BOOL_KINDS = (BOOL, TLS_REQUIRED_KIND)
 
 TLS_NOT_REQUIRED = 0
 TLS_REQUIRED_EXCEPT_HTTP = 1
@@ -104,6 +129,9 @@ class Flag:
     help: str
     cfg: str | None = ""
     extension: bool = False  # an nsqshm-only flag
+    # why the flag, though accepted (as the Go daemon accepts it), changes
+    # nothing here; the daemon says so at start when the flag is given
+    no_effect: str = ""
 
     @property
     def attr(self) -> str:
@@ -130,7 +158,9 @@ class Options(SimpleNamespace):
 
     ``explicit``     names of flags set on the command line or in the config file
     ``from_config``  the subset of ``explicit`` that came from the config file
-    ``warnings``     ready-to-print warning lines (e.g. unknown config keys)
+    ``ignored_args`` the arguments after the flags (Go's flagSet.Args()), ignored
+    ``warnings``     ready-to-print warning lines (ignored arguments, unknown
+                     config keys, flags given that have no effect)
 
     A daemon subclasses it and its FlagSet sets ``flagset``.
     """
@@ -138,6 +168,7 @@ class Options(SimpleNamespace):
     flagset: FlagSet | None = None
     explicit: set[str]
     from_config: set[str]
+    ignored_args: list[str]
     warnings: list[str]
 
     def to_config_dict(self, *, go_types: bool = False) -> dict[str, Any]:
@@ -292,6 +323,10 @@ _FLOAT_RE = re.compile(
 
 def _parse_float(s: str) -> float:
     """strconv.ParseFloat(s, 64), errors as Go flag's."""
+    if "_" in s:  # digit separators, where Go's literal syntax allows them ("1_000.5")
+        if not _underscore_ok(s):
+            raise ValueError("parse error")
+        s = s.replace("_", "")
     if not _FLOAT_RE.match(s):
         raise ValueError("parse error")
     body = s.lstrip("+-")
@@ -619,6 +654,7 @@ class FlagSet:
         opts = self.options_class(**{f.attr: f.default_value() for f in self.flags})
         opts.explicit = set()
         opts.from_config = set()
+        opts.ignored_args = []
         opts.warnings = []
         return opts
 
@@ -627,13 +663,17 @@ class FlagSet:
         and validate. ``-h``/``--help`` writes usage() to stderr and raises
         SystemExit(0). When ``--version`` is given the config file and
         validation are skipped (the daemons print the version first); the
-        caller checks ``options.version``. Raises OptionsError with a
-        one-line message."""
-        cli, cli_names = self._parse_command_line(argv)
+        caller checks ``options.version``. Raises FlagError for a command
+        line Go's flag package refuses, OptionsError for a bad config file or
+        value; both one line."""
+        cli, cli_names, rest, bare_bool = self._parse_command_line(argv)
         opts = self.defaults()
         for attr, v in cli.items():
             setattr(opts, attr, v)
         opts.explicit.update(cli_names)
+        opts.ignored_args = rest
+        if rest:
+            opts.warnings.append(self._ignored_args_warning(rest, bare_bool))
         if getattr(opts, "version", False):
             return opts
         if getattr(opts, "config", ""):
@@ -646,62 +686,82 @@ class FlagSet:
             opts.explicit |= opts.from_config
         if self.validate is not None:
             self.validate(opts)
+        opts.warnings.extend(self.no_effect_warnings(opts))
         return opts
+
+    def no_effect_warnings(self, opts: Options) -> list[str]:
+        """One line per flag given (command line or config file) that is
+        accepted but changes nothing, with the reason, in declaration order."""
+        return [f"WARNING: flag -{f.name} is accepted but has no effect: {f.no_effect}"
+                for f in self.flags if f.no_effect and f.name in opts.explicit]
+
+    def _ignored_args_warning(self, rest: list[str], bare_bool: str | None) -> str:
+        line = (f"WARNING: arguments after the flags are ignored, as {self.program} "
+                f"ignores them: {' '.join(_go_quote(a) for a in rest)}")
+        if bare_bool is not None:  # "-deflate false": not what it seems
+            line += f" (a bool flag takes a value only with '=': -{bare_bool}={rest[0]})"
+        return line
 
     # -- the command line ---------------------------------------------------
 
-    def _parse_command_line(self, argv: list[str]) -> tuple[dict[str, Any], list[str]]:
-        """Go flag.FlagSet.Parse. Returns ({attr: value}, names set in order)."""
+    def _parse_command_line(self, argv: list[str]
+                            ) -> tuple[dict[str, Any], list[str], list[str], str | None]:
+        """Go flag.FlagSet.Parse (parseOne in a loop). Returns ({attr: value},
+        names set in order, the arguments left after the flags, the name of
+        the bool flag given without a value just before them if any)."""
         values: dict[str, Any] = {}
         seen: list[str] = []
         args = list(argv)
+        bare_bool = None
         while args:
             s = args[0]
             if len(s) < 2 or s[0] != "-":
-                raise OptionsError(f"unexpected argument: {s}")
+                break  # the first non-flag argument ends the flags
+            bare_bool = None
             minuses = 1
             if s[1] == "-":
                 minuses = 2
-                if len(s) == 2:  # "--" ends the flags; the daemons take no arguments
-                    if len(args) > 1:
-                        raise OptionsError(f"unexpected argument: {args[1]}")
+                if len(s) == 2:  # "--" ends the flags
+                    args.pop(0)
                     break
             name = s[minuses:]
             if not name or name[0] in "-=":
-                raise OptionsError(f"bad flag syntax: {s}")
+                raise FlagError(f"bad flag syntax: {s}")
             args.pop(0)
             has_value = False
             value = ""
-            eq = name.find("=", 1)
+            eq = name.find("=", 1)  # an "=" cannot be the name's first character
             if eq > 0:
                 name, value, has_value = name[:eq], name[eq + 1:], True
             flag = self.by_name.get(name)
             if flag is None:
                 if name in ("help", "h"):
                     sys.stderr.write(self.usage())
-                    raise SystemExit(0)
-                raise OptionsError(f"flag provided but not defined: -{name}")
+                    raise SystemExit(0)  # ErrHelp under ExitOnError
+                raise FlagError(f"flag provided but not defined: -{name}")
             current = values[flag.attr] if flag.attr in values else flag.default_value()
-            if flag.kind in (BOOL, TLS_REQUIRED_KIND):  # bool flags never take the next arg
+            if flag.kind in _BOOL_KINDS:  # IsBoolFlag: never takes the next argument
                 try:
                     values[flag.attr] = _set_from_text(flag, current,
                                                        value if has_value else "true")
                 except ValueError as e:
-                    raise OptionsError(
+                    raise FlagError(
                         f"invalid boolean value {_go_quote(value)} for -{name}: {e}") from None
+                if not has_value:
+                    bare_bool = name
             else:
                 if not has_value and args:
                     value, has_value = args.pop(0), True
                 if not has_value:
-                    raise OptionsError(f"flag needs an argument: -{name}")
+                    raise FlagError(f"flag needs an argument: -{name}")
                 try:
                     values[flag.attr] = _set_from_text(flag, current, value)
                 except ValueError as e:
-                    raise OptionsError(
+                    raise FlagError(
                         f"invalid value {_go_quote(value)} for flag -{name}: {e}") from None
             if name not in seen:
                 seen.append(name)
-        return values, seen
+        return values, seen, args, bare_bool
 
     # -- the config file ----------------------------------------------------
 
@@ -749,6 +809,35 @@ class FlagSet:
             hint = close[0] if close else None
         return line + (f' (did you mean "{hint}"?)' if hint else "")
 
+    # -- an example config file ------------------------------------------------
+
+    def example_config(self, header: str) -> str:
+        """A TOML config file with every option a config file can set, at its
+        default, each under its help text, in declaration order (the Go
+        daemon's flag order). ``header`` (lines) opens it. Host-derived
+        defaults and options with no effect are commented out, with why."""
+        out = [f"# {line}".rstrip() for line in header.splitlines()]
+        cli_only = [f"--{f.name}" for f in self.flags if f.cfg_name is None]
+        out.append(f"# Command-line flags win over this file. Only on the command line: "
+                   f"{', '.join(cli_only)}.")
+        for flag in self.flags:
+            if flag.cfg_name is None:
+                continue
+            out.append("")
+            out.extend(textwrap.wrap(flag.help, 96, initial_indent="# ",
+                                     subsequent_indent="# "))
+            if callable(flag.default):  # the same file on every machine
+                out.append(f"# {flag.cfg_name} =   (default: from this host's name)")
+                continue
+            line = f"{flag.cfg_name} = {_toml_value(flag)}"
+            if flag.no_effect:
+                out.extend(textwrap.wrap(f"accepted, no effect: {flag.no_effect}", 96,
+                                         initial_indent="# ", subsequent_indent="# "))
+                out.append(f"# {line}")
+            else:
+                out.append(line)
+        return "\n".join(out) + "\n"
+
     # -- usage ----------------------------------------------------------------
 
     def usage(self) -> str:
@@ -761,6 +850,25 @@ class FlagSet:
             head += "\t" if len(head) <= 4 else "\n    \t"
             out.append(head + flag.help.replace("\n", "\n    \t") + _default_text(flag) + "\n")
         return "".join(out)
+
+
+def _toml_value(flag: Flag) -> str:
+    """The flag's default written as its config-file value (a duration as Go
+    writes it, the log level and TLS options by name)."""
+    d = flag.default_value()
+    kind = flag.kind
+    if kind == DURATION:
+        return json.dumps(format_duration(d))
+    if kind == TLS_REQUIRED_KIND:
+        return {TLS_NOT_REQUIRED: "false", TLS_REQUIRED: "true",
+                TLS_REQUIRED_EXCEPT_HTTP: '"tcp-https"'}[d]
+    if kind == TLS_MIN_VERSION_KIND:
+        return json.dumps({v: k for k, v in TLS_VERSIONS.items()}[d])
+    if kind == BOOL:
+        return "true" if d else "false"
+    if kind == FLOAT:
+        return repr(float(d))
+    return json.dumps(d)  # ints, strings, lists: JSON's form is TOML's
 
 
 def _default_text(flag: Flag) -> str:

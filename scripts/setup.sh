@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Everything a fresh machine needs: a virtualenv with the package (editable),
-# its test/bench/dev extras, and the compiled extensions.
+# Everything a fresh machine needs beyond Python 3.11 (with venv and headers), gcc and make:
+# a virtualenv with the package (editable), its test/bench/spark/dev extras, and, from
+# Debian, the programs some tests drive.
 set -euo pipefail
 python=${1:-python3}
 venv=${2:-.venv}
@@ -8,8 +9,14 @@ venv=${2:-.venv}
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q "Cython==3.3.1" "setuptools>=77" wheel
 "$venv/bin/python" -m pip install -q --no-build-isolation -e ".[test,bench,spark,dev]"
-# nsqadmin's browser tests drive Debian's chromium through playwright
-if ! command -v chromium >/dev/null 2>&1; then
+# Debian packages, only those missing:
+#   chromium                  nsqadmin's browser tests drive it through playwright
+#   openjdk-17-jre-headless   the Spark tests (pyspark runs a JVM; Spark 4 needs Java 17+)
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+if [ ${#missing[@]} -gt 0 ]; then
     sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
-    $sudo_ apt-get update -qq && $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    $sudo_ apt-get update -qq
+    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi

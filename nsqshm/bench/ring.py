@@ -6,10 +6,10 @@ multiprocessing.Queue and faster-fifo run in the same program.
 Throughput: producers push until told to stop; the parent samples how many
 records the consumers have taken over a measurement window after a warm-up.
 "single" pushes and pops one record per call; "batched" moves a batch per
-call (the ring: push_packed / pop_many_into, one lock round per batch; the
-queues: a list per put for multiprocessing.Queue, put_many/get_many for
-faster-fifo).  Latency: a consumer sleeps on an empty queue; the producer
-stamps CLOCK_MONOTONIC into a record and pushes it; the consumer reads the
+call (the ring: push_packed / pop_many_into, one lock round per batch; both
+queues: one pickled list per put and per get, like for like: faster-fifo's
+put_many/get_many would pickle each record on its own).  Latency: a
+consumer sleeps on an empty queue; the producer stamps CLOCK_MONOTONIC into a record and pushes it; the consumer reads the
 clock when it runs again.  Medians of repeated windows are reported.
 """
 
@@ -29,6 +29,8 @@ HELP = "shared-memory ring vs faster-fifo and multiprocessing.Queue (issue 2)"
 SIZES = [100, 1024, 65536]
 TOPOLOGIES = [(1, 1), (2, 2)]
 RING_CAPACITY = 8 << 20
+# how both queues move a batch (recorded in the results): one pickled list
+QUEUE_BATCHED = "list"
 
 
 def batch_for(size):
@@ -79,7 +81,7 @@ def ring_consumer(name, size, batched, stop, ready, counts, idx):
             counts[idx] += got
 
 
-def queue_producer(q, kind, size, batched, stop, ready):
+def queue_producer(q, size, batched, stop, ready):
     rec = b"p" * size
     n = batch_for(size)
     # distinct objects: pickle would otherwise send one repeated object once
@@ -87,11 +89,8 @@ def queue_producer(q, kind, size, batched, stop, ready):
     ready.wait()
     while not stop.is_set():
         try:
-            if batched:
-                if kind == "faster-fifo":
-                    q.put_many(batch, timeout=0.1)
-                else:
-                    q.put(batch, timeout=0.1)
+            if batched:  # one pickled list per put, for both queues
+                q.put(batch, timeout=0.1)
             else:
                 for _ in range(100):
                     q.put(rec, timeout=0.1)
@@ -100,17 +99,12 @@ def queue_producer(q, kind, size, batched, stop, ready):
                 raise
 
 
-def queue_consumer(q, kind, size, batched, stop, ready, counts, idx):
-    n = batch_for(size)
+def queue_consumer(q, batched, stop, ready, counts, idx):
     ready.wait()
     while not stop.is_set():
         try:
             if batched:
-                if kind == "faster-fifo":
-                    got = q.get_many(max_messages_to_get=n, timeout=0.1)
-                    counts[idx] += len(got)
-                else:
-                    counts[idx] += len(q.get(timeout=0.1))
+                counts[idx] += len(q.get(timeout=0.1))
             else:
                 q.get(timeout=0.1)
                 counts[idx] += 1
@@ -148,10 +142,10 @@ def run_throughput(impl, size, producers, consumers, batched, seconds, windows):
         q = make_queue(impl, size)
         for _ in range(producers):
             procs.append(CTX.Process(target=queue_producer,
-                                     args=(q, impl, size, batched, stop, ready)))
+                                     args=(q, size, batched, stop, ready)))
         for i in range(consumers):
             procs.append(CTX.Process(target=queue_consumer,
-                                     args=(q, impl, size, batched, stop, ready, counts, i)))
+                                     args=(q, batched, stop, ready, counts, i)))
     for p in procs:
         p.start()
     time.sleep(0.3)
@@ -276,7 +270,7 @@ def run(ctx):
         a.seconds, a.windows = 0.3, 1
     impls = _impls(ctx)
     results = {"params": {"seconds": a.seconds, "windows": a.windows,
-                          "ring_capacity": RING_CAPACITY},
+                          "ring_capacity": RING_CAPACITY, "queue_batched": QUEUE_BATCHED},
                "impls": impls, "throughput": [], "latency": []}
     rows = [(s, pc, b) for s in SIZES for pc in TOPOLOGIES for b in (False, True)]
     if a.only != "latency":
@@ -322,11 +316,13 @@ def _rate(v, size):
 def render(res):
     impls = res["impls"]
     p = res["params"]
+    queues = ("multiprocessing.Queue and faster-fifo: one pickled list per put and per get"
+              if p.get("queue_batched") == QUEUE_BATCHED else  # results of before the change
+              "multiprocessing.Queue: a list per put; faster-fifo: put_many/get_many")
     out = [f"Producers and consumers are separate processes (fork); medians of {p['windows']} "
            f"windows of {p['seconds']} s. \"single\" = one record per call; \"batched\" = one call "
-           "per batch (the ring: push_packed/pop_many_into; multiprocessing.Queue: a list per put; "
-           f"faster-fifo: put_many/get_many), 256 records or 256 KiB. Ring capacity "
-           f"{p['ring_capacity'] >> 20} MiB.", ""]
+           f"per batch (the ring: push_packed/pop_many_into; {queues}), 256 records or 256 KiB. "
+           f"Ring capacity {p['ring_capacity'] >> 20} MiB.", ""]
     if res["throughput"]:
         out += ["| size | P x C | mode | " + " | ".join(impls) + " | "
                 + " | ".join(f"ring / {i}" for i in impls[1:]) + " |",

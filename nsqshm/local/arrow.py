@@ -20,7 +20,7 @@ SCHEMA = pa.schema([
 ])
 
 
-def constant_strings(value, n):
+def _constant_strings(value, n):
     """A string array of n copies of `value`."""
     raw = value.encode()
     offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(raw))
@@ -39,14 +39,10 @@ def record_batch(exported, topic, channel):
                                                pa.py_buffer(ids)]),
         pa.Array.from_buffers(SCHEMA.field("timestamp").type, n, [None, pa.py_buffer(ts)]),
         pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(attempts)]),
-        constant_strings(topic, n),
-        constant_strings(channel, n),
+        _constant_strings(topic, n),
+        _constant_strings(channel, n),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
-
-
-def empty_batch():
-    return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in SCHEMA], schema=SCHEMA)
 
 
 def body_spans(array):

@@ -3,7 +3,6 @@
 channels (it only pumps those it knows), and the names of its segments."""
 
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -38,21 +37,11 @@ class Broker:
         self.prefix = self.info["prefix"]
         self.pid = self.info["pid"]
         self.http_address = self.info.get("http_address")
-        self.tcp_address = self.info.get("tcp_address")
         self.max_msg_size = int(self.info.get("max_msg_size") or 1048576)
         self.msg_timeout = float(self.info.get("msg_timeout") or 60.0)
 
     def __repr__(self):
         return f"<Broker {self.prefix} pid={self.pid}>"
-
-    def alive(self):
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
     # -- names -----------------------------------------------------------------------
 
@@ -109,11 +98,6 @@ class Broker:
         if create:
             self.create_topic(topic)
         return self.attach(self.topic_ring_name(topic))
-
-    def channel_ring(self, topic, channel, create=True):
-        if create:
-            self.create_channel(topic, channel)
-        return self.attach(self.channel_ring_name(topic, channel))
 
     def ids(self):
         from nsqshm._core.codec import IdGenerator

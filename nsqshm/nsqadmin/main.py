@@ -11,10 +11,13 @@ EXIT_USAGE = 2
 
 def main(argv):
     from nsqshm.nsqadmin.nsqadmin import VERSION_STRING
-    from nsqshm.nsqadmin.options import OptionsError, parse_args
+    from nsqshm.nsqadmin.options import FlagError, OptionsError, parse_args, usage
 
     try:
         opts = parse_args(list(argv))
+    except FlagError as err:  # as Go's flag.ExitOnError: the message, the usage, exit 2
+        sys.stderr.write(f"{err}\n{usage()}")
+        return EXIT_USAGE
     except OptionsError as err:
         print(f"nsqadmin: {err} (see --help)", file=sys.stderr)
         return EXIT_USAGE

@@ -22,13 +22,19 @@ from nsqshm.flags import (
     STRING,
     STRINGS,
     Flag,
+    FlagError,
     FlagSet,
     OptionsError,
     listen_address_kind,
 )
 
-__all__ = ["FLAGS", "FLAGSET", "Options", "OptionsError", "normalize_base_path", "parse_args",
-           "parse_cidr"]
+__all__ = ["FLAGS", "FLAGSET", "FlagError", "Options", "OptionsError", "normalize_base_path",
+           "parse_args", "parse_cidr", "usage"]
+
+# the no_effect reasons (said at start when such a flag is given)
+_DEPRECATED = "deprecated in nsqadmin, where it has no effect either"
+_NO_GRAPHS = ("the pages draw no graphite graphs (nsqadmin's JavaScript app builds its graphite "
+              "metric names with it; /api/graphite takes the full target)")
 
 # apps/nsqadmin/main.go order; defaults from nsqadmin.NewOptions()
 FLAGS: tuple[Flag, ...] = (
@@ -36,7 +42,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("version", BOOL, False, "print version string", cfg=None),
     Flag("log-level", LOGLEVEL, "info", "set log verbosity: debug, info, warn, error, or fatal"),
     Flag("log-prefix", STRING, "[nsqadmin] ", "log message prefix"),
-    Flag("verbose", BOOL, False, "[deprecated] has no effect, use --log-level", cfg=None),
+    Flag("verbose", BOOL, False, "[deprecated] has no effect, use --log-level", cfg=None,
+         no_effect=_DEPRECATED),
     Flag("http-address", STRING, "0.0.0.0:4171", "<addr>:<port> to listen on for HTTP clients"),
     Flag("base-path", STRING, "/", "URL base path"),
     Flag("dev-static-dir", STRING, "", "(development use only)"),
@@ -44,12 +51,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("proxy-graphite", BOOL, False, "proxy HTTP requests to graphite"),
     Flag("statsd-counter-format", STRING, "stats.counters.%s.count",
          "The counter stats key formatting applied by the implementation of statsd. "
-         "If no formatting is desired, set this to an empty string."),
+         "If no formatting is desired, set this to an empty string.", no_effect=_NO_GRAPHS),
     Flag("statsd-gauge-format", STRING, "stats.gauges.%s",
          "The gauge stats key formatting applied by the implementation of statsd. "
-         "If no formatting is desired, set this to an empty string."),
+         "If no formatting is desired, set this to an empty string.", no_effect=_NO_GRAPHS),
     Flag("statsd-prefix", STRING, "nsq.%s",
-         "prefix used for keys sent to statsd (%s for host replacement, must match nsqd)"),
+         "prefix used for keys sent to statsd (%s for host replacement, must match nsqd)",
+         no_effect=_NO_GRAPHS),
     Flag("statsd-interval", DURATION, "1m0s",
          "time interval nsqd is configured to push to statsd (must match nsqd)"),
     Flag("notification-http-endpoint", STRING, "",
@@ -134,3 +142,8 @@ FLAGSET = FlagSet("nsqadmin", FLAGS, validate=validate, options_class=Options)
 def parse_args(argv: list[str]) -> Options:
     """Parse nsqadmin arguments (without the program name); see FlagSet.parse_args."""
     return FLAGSET.parse_args(argv)
+
+
+def usage() -> str:
+    """Go flag usage output: "Usage of nsqadmin:" then every flag sorted by name."""
+    return FLAGSET.usage()

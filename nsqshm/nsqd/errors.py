@@ -20,11 +20,3 @@ class ClientErr(Exception):
 
 class FatalClientErr(ClientErr):
     fatal = True
-
-
-def fatal(code, desc):
-    return FatalClientErr(code, desc)
-
-
-def nonfatal(code, desc):
-    return ClientErr(code, desc)

@@ -28,14 +28,18 @@ def check_writable(path):
 
 def main(argv):
     from nsqshm.nsqd.options import (
+        FlagError,
         OptionsError,
         listen_address_kind,
         parse_args,
-        unimplemented_flags_set,
+        usage,
     )
 
     try:
         opts = parse_args(list(argv))
+    except FlagError as err:  # as Go's flag.ExitOnError: the message, the usage, exit 2
+        sys.stderr.write(f"{err}\n{usage()}")
+        return EXIT_USAGE
     except OptionsError as err:
         print(f"nsqd: {err} (see --help)", file=sys.stderr)
         return EXIT_USAGE
@@ -52,8 +56,6 @@ def main(argv):
     log = Logger(prefix=opts.log_prefix, level=opts.log_level)
     for line in getattr(opts, "warnings", []):
         log.warn(line.removeprefix("WARNING: "))
-    for name in unimplemented_flags_set(opts):
-        log.warn(f"flag -{name} is accepted but not implemented yet")
     log.info(f"nsqd v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version__})")
     log.info(f"ID: {opts.node_id}")
     data_path = os.path.abspath(opts.data_path or ".")

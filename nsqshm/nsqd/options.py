@@ -36,6 +36,7 @@ from nsqshm.flags import (
     TLS_REQUIRED_KIND,
     TLS_VERSIONS,
     Flag,
+    FlagError,
     FlagSet,
     OptionsError,
     check_listen_address,
@@ -53,13 +54,13 @@ __all__ = [
     "FLAGS",
     "FLAGSET",
     "FLAGS_BY_NAME",
-    "IMPLEMENTED",
     "LOG_LEVELS",
     "TLS_NOT_REQUIRED",
     "TLS_REQUIRED",
     "TLS_REQUIRED_EXCEPT_HTTP",
     "TLS_VERSIONS",
     "Flag",
+    "FlagError",
     "Options",
     "OptionsError",
     "defaults",
@@ -69,7 +70,6 @@ __all__ = [
     "parse_duration",
     "parse_duration_ns",
     "split_host_port",
-    "unimplemented_flags_set",
     "usage",
     "validate",
 ]
@@ -87,17 +87,24 @@ def _default_node_id() -> int:
 
 _EXT = "[nsqshm extension] "
 
+# the no_effect reasons (said at start when such a flag is given)
+_DEPRECATED = "deprecated in nsqd, where it has no effect either"
+_SCAN = ("the in-flight/deferred scan loop sleeps until the earliest deadline of any channel "
+         "(it is woken when an earlier one is set)")
+
 # nsqd 1.3, apps/nsqd/options.go nsqdFlagSet() order, defaults from nsqd.NewOptions()
 FLAGS: tuple[Flag, ...] = (
     Flag("version", BOOL, False, "print version string", cfg=None),
     Flag("config", STRING, "", "path to config file", cfg=None),
     Flag("log-level", LOGLEVEL, "info", "set log verbosity: debug, info, warn, error, or fatal"),
     Flag("log-prefix", STRING, "[nsqd] ", "log message prefix"),
-    Flag("verbose", BOOL, False, "[deprecated] has no effect, use --log-level", cfg=None),
+    Flag("verbose", BOOL, False, "[deprecated] has no effect, use --log-level", cfg=None,
+         no_effect=_DEPRECATED),
     Flag("node-id", INT, _default_node_id,
          "unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)",
          cfg="id"),
-    Flag("worker-id", BOOL, False, "[deprecated] use --node-id", cfg=None),
+    Flag("worker-id", BOOL, False, "[deprecated] use --node-id", cfg=None,
+         no_effect=_DEPRECATED),
     Flag("https-address", STRING, "0.0.0.0:4152", "<addr>:<port> to listen on for HTTPS clients"),
     Flag("http-address", STRING, "0.0.0.0:4151",
          "address to listen on for HTTP clients (<addr>:<port> for TCP/IP or <path> for unix socket)"),
@@ -126,9 +133,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("sync-every", INT, 2500, "number of messages per diskqueue fsync"),
     Flag("sync-timeout", DURATION, "2s", "duration of time per diskqueue fsync"),
     Flag("queue-scan-worker-pool-max", INT, 4,
-         "max concurrency for checking in-flight and deferred message timeouts"),
+         "max concurrency for checking in-flight and deferred message timeouts",
+         no_effect=_SCAN + "; each worker process scans its own channels, so --workers is "
+                           "the concurrency"),
     Flag("queue-scan-selection-count", INT, 20,
-         "number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts"),
+         "number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts",
+         no_effect=_SCAN + " and then checks every channel with a message in flight or "
+                           "deferred, not a random selection"),
     # msg and command options
     Flag("msg-timeout", DURATION, "1m0s", "default duration to wait before auto-requeing a message"),
     Flag("max-msg-timeout", DURATION, "15m0s", "maximum duration before a message will timeout"),
@@ -194,39 +205,17 @@ FLAGS: tuple[Flag, ...] = (
          extension=True),
     Flag("queue-scan-interval", DURATION, "100ms",
          _EXT + "interval between in-flight/deferred timeout scans (fixed in nsqd)",
-         extension=True),
+         extension=True, no_effect=_SCAN + " instead of waking every interval"),
     Flag("queue-scan-dirty-percent", FLOAT, 0.25,
          _EXT + "fraction of dirty channels in a scan above which it repeats at once (fixed in nsqd)",
-         extension=True),
+         extension=True,
+         no_effect=_SCAN + " and then checks every channel, so no sample is ever repeated"),
     Flag("lookupd-ping-interval", DURATION, "15s",
          _EXT + "interval between PINGs to each nsqlookupd (fixed in nsqd)", extension=True),
 )
 
 FLAGS_BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
 assert len(FLAGS_BY_NAME) == len(FLAGS), "duplicate flag"
-
-IMPLEMENTED: frozenset[str] = frozenset({
-    "version", "config", "tcp-address", "http-address", "data-path", "mem-queue-size",
-    "max-msg-size", "max-body-size", "max-rdy-count", "max-output-buffer-size",
-    "max-output-buffer-timeout", "min-output-buffer-timeout", "output-buffer-timeout",
-    "max-heartbeat-interval", "msg-timeout", "max-msg-timeout", "max-req-timeout",
-    "max-channel-consumers", "client-timeout", "sync-every", "sync-timeout",
-    "max-bytes-per-file", "log-level", "log-prefix", "verbose", "workers", "shm-prefix",
-    "graceful-timeout",
-    "node-id", "broadcast-address", "e2e-processing-latency-percentile",
-    "e2e-processing-latency-window-time", "snappy", "deflate", "max-deflate-level",
-    "queue-scan-interval", "queue-scan-selection-count", "queue-scan-worker-pool-max",
-    "queue-scan-dirty-percent", "lookupd-tcp-address", "broadcast-tcp-port",
-    "broadcast-http-port", "lookupd-ping-interval", "http-client-connect-timeout",
-    "http-client-request-timeout", "statsd-address", "statsd-interval", "statsd-mem-stats",
-    "statsd-prefix", "statsd-udp-packet-size", "statsd-exclude-ephemeral",
-    "https-address", "auth-http-address", "auth-http-request-method", "tls-cert", "tls-key",
-    "tls-client-auth-policy", "tls-root-ca-file", "tls-required", "tls-min-version",
-})
-assert IMPLEMENTED <= FLAGS_BY_NAME.keys()
-
-
-
 
 class Options(flags.Options):
     """nsqd's options: one attribute per flag in FLAGS (see nsqshm.flags.Options)."""
@@ -272,11 +261,6 @@ def validate(opts: Options) -> None:
         raise OptionsError("--lookupd-ping-interval must be > 0")
 
 
-# --------------------------------------------------------------------------
-# usage
-
-
-
 FLAGSET = FlagSet("nsqd", FLAGS, validate=validate, options_class=Options)
 
 
@@ -290,16 +274,11 @@ def parse_args(argv: list[str]) -> Options:
     validate. ``-h``/``--help`` writes usage() to stderr and raises SystemExit(0).
     When ``--version`` is given the config file and validation are skipped (nsqd
     prints the version first); the caller checks ``options.version``.
-    Raises OptionsError with a one-line message."""
+    Raises FlagError (the command line) or OptionsError (config file, values),
+    one line."""
     return FLAGSET.parse_args(argv)
 
 
 def usage() -> str:
     """Go flag usage output: "Usage of nsqd:" then every flag sorted by name."""
     return FLAGSET.usage()
-
-
-def unimplemented_flags_set(options: Options) -> list[str]:
-    """Flags the user set (command line or config) that nsqshm does not honour yet,
-    sorted by name."""
-    return sorted(n for n in options.explicit if n not in IMPLEMENTED)

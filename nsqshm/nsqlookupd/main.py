@@ -14,10 +14,13 @@ VERSION_STRING = f"nsqlookupd v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version_
 
 
 def main(argv):
-    from nsqshm.nsqlookupd.options import OptionsError, parse_args
+    from nsqshm.nsqlookupd.options import FlagError, OptionsError, parse_args, usage
 
     try:
         opts = parse_args(list(argv))
+    except FlagError as err:  # as Go's flag.ExitOnError: the message, the usage, exit 2
+        sys.stderr.write(f"{err}\n{usage()}")
+        return EXIT_USAGE
     except OptionsError as err:
         print(f"nsqlookupd: {err} (see --help)", file=sys.stderr)
         return EXIT_USAGE

@@ -15,14 +15,15 @@ from nsqshm.flags import (
     LOGLEVEL,
     STRING,
     Flag,
+    FlagError,
     FlagSet,
     OptionsError,
     hostname,
     listen_address_kind,
 )
 
-__all__ = ["FLAGS", "FLAGSET", "Options", "OptionsError", "defaults", "parse_args", "usage",
-           "validate"]
+__all__ = ["FLAGS", "FLAGSET", "FlagError", "Options", "OptionsError", "defaults", "parse_args",
+           "usage", "validate"]
 
 # apps/nsqlookupd/main.go order; defaults from nsqlookupd.NewOptions()
 FLAGS: tuple[Flag, ...] = (
@@ -30,7 +31,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("version", BOOL, False, "print version string", cfg=None),
     Flag("log-level", LOGLEVEL, "info", "set log verbosity: debug, info, warn, error, or fatal"),
     Flag("log-prefix", STRING, "[nsqlookupd] ", "log message prefix"),
-    Flag("verbose", BOOL, False, "[deprecated] has no effect, use --log-level", cfg=None),
+    Flag("verbose", BOOL, False, "[deprecated] has no effect, use --log-level", cfg=None,
+         no_effect="deprecated in nsqlookupd, where it has no effect either"),
     Flag("tcp-address", STRING, "0.0.0.0:4160", "<addr>:<port> to listen on for TCP clients"),
     Flag("http-address", STRING, "0.0.0.0:4161", "<addr>:<port> to listen on for HTTP clients"),
     Flag("broadcast-address", STRING, hostname,

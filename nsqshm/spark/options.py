@@ -96,11 +96,6 @@ class Options:
     def topic(self):
         return self.topics[0] if self.topics else None
 
-    @property
-    def wants_shm(self):
-        return self.transport in ("auto", "shm") and (
-            self.data_path is not None or self.shm_prefix is not None or not self.tcp_address)
-
 
 def parse(options, reading=True):
     """Options from Spark's option map; OptionError names what is wrong."""

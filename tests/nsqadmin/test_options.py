@@ -101,16 +101,24 @@ def test_base_path_is_normalized_as_nsqadmin(path, normal):
      "--http-client-tls-key must be specified with --http-client-tls-cert"),
     (["--nsqd-http-address=127.0.0.1:4151", "--allow-config-from-cidr=10.0.0.1"],
      "failed to parse --allow-config-from-cidr (10.0.0.1) - invalid CIDR address: 10.0.0.1"),
+])
+def test_bad_flags_are_one_line_and_exit_2(args, message):
+    result = run_admin(*args)
+    assert result.returncode == 2
+    assert result.stderr == f"nsqadmin: {message} (see --help)\n"
+
+
+@pytest.mark.parametrize("args, message", [
     (["--nsqd-http-address=127.0.0.1:4151", "--bogus"], "flag provided but not defined: -bogus"),
     (["--nsqd-http-address=127.0.0.1:4151", "--statsd-interval=5"],
      'invalid value "5" for flag -statsd-interval: parse error'),
     (["--nsqd-http-address=127.0.0.1:4151", "--log-level=loud"],
      "invalid value \"loud\" for flag -log-level: invalid log-level 'loud'"),
 ])
-def test_bad_flags_are_one_line_and_exit_2(args, message):
+def test_bad_command_line_is_go_flags_message_then_usage_and_exit_2(args, message):
     result = run_admin(*args)
     assert result.returncode == 2
-    assert result.stderr == f"nsqadmin: {message} (see --help)\n"
+    assert result.stderr == message + "\n" + options.usage()
 
 
 def test_version():

@@ -208,8 +208,10 @@ def test_bool_forms(argv, value):
 def test_bool_never_consumes_next_arg():
     opts = parse("--deflate", "--max-rdy-count", "5")
     assert opts.deflate is True and opts.max_rdy_count == 5
-    with pytest.raises(OptionsError, match="^unexpected argument: false$"):
-        parse("--deflate", "false")
+    # "false" is the first non-flag argument: the flags end there, the rest is ignored
+    opts = parse("--deflate", "false", "--max-rdy-count", "5")
+    assert (opts.deflate, opts.max_rdy_count) == (True, 2500)
+    assert opts.ignored_args == ["false", "--max-rdy-count", "5"]
 
 
 def test_repeatable_flags_accumulate():
@@ -270,6 +272,13 @@ def test_extension_flags():
 
 def test_double_dash_ends_flags():
     assert parse("--snappy=false", "--").snappy is False
+    opts = parse("--snappy=false", "--", "--deflate=false")
+    assert (opts.snappy, opts.deflate, opts.ignored_args) == (False, True, ["--deflate=false"])
+
+
+@pytest.mark.parametrize("argv", [["positional"], ["-"], ["--snappy", "--", "extra"]])
+def test_arguments_after_the_flags_are_ignored(argv):
+    assert parse(*argv).ignored_args == argv[-1:]
 
 
 def test_version_flag_skips_config_and_validation(tmp_path):
@@ -291,7 +300,7 @@ def test_help_prints_usage_and_exits_0(flag, capsys):
 
 
 def test_errors_before_help_win():
-    with pytest.raises(OptionsError, match="not defined: -nope"):
+    with pytest.raises(o.FlagError, match="not defined: -nope"):
         parse("--nope", "--help")
 
 
@@ -331,9 +340,6 @@ ERRORS = [
     (["--snappy", "--lookupd-tcp-address"], "flag needs an argument: -lookupd-tcp-address"),
     (["---tcp-address=x"], "bad flag syntax: ---tcp-address=x"),
     (["-=x"], "bad flag syntax: -=x"),
-    (["positional"], "unexpected argument: positional"),
-    (["-"], "unexpected argument: -"),
-    (["--snappy", "--", "extra"], "unexpected argument: extra"),
     (["--log-prefix=a\tb", "--max-rdy-count=\n"],
      'invalid value "\\n" for flag -max-rdy-count: parse error'),
     # validation, as nsqd.New reports it
@@ -514,7 +520,8 @@ workers = 2
     assert opts.tls_min_version == 0x0303
     assert opts.queue_scan_dirty_percent == 1.0
     assert opts.workers == 2
-    assert opts.warnings == []
+    assert [w.split(":")[1] for w in opts.warnings] == [
+        " flag -queue-scan-dirty-percent is accepted but has no effect"]  # given, so said
     assert opts.from_config == {
         "tcp-address", "http-address", "mem-queue-size", "msg-timeout", "max-req-timeout",
         "snappy", "log-level", "node-id", "auth-http-address",
@@ -612,23 +619,19 @@ def test_config_values_are_validated(tmp_path):
 
 
 # --------------------------------------------------------------------------
-# unimplemented flags, config dict, usage
+# no-effect flags, config dict, usage
 
 
-def test_implemented_names_are_flags():
-    assert o.IMPLEMENTED <= set(o.FLAGS_BY_NAME)
-
-
-def test_unimplemented_flags_set(tmp_path):
-    assert o.unimplemented_flags_set(parse()) == []
-    assert o.unimplemented_flags_set(parse("--tcp-address=127.0.0.1:0", "--snappy")) == []
-    path = write(tmp_path, 'statsd_address = "127.0.0.1:8125"\n')
+def test_no_effect_flags(tmp_path):
+    no_effect = {f.name for f in o.FLAGS if f.no_effect}
+    assert no_effect == {"verbose", "worker-id", "queue-scan-interval",
+                         "queue-scan-selection-count", "queue-scan-worker-pool-max",
+                         "queue-scan-dirty-percent"}
+    assert parse("--tcp-address=127.0.0.1:0", "--snappy").warnings == []
+    path = write(tmp_path, 'queue_scan_interval = "1s"\n')
     opts = parse("--tls-min-version=tls1.2", "--worker-id", "--config", path,
                  "--lookupd-tcp-address=a:1", "--max-rdy-count=3")
-    assert o.unimplemented_flags_set(opts) == ["worker-id"]
-    path = write(tmp_path, 'auth_http_addresses = ["127.0.0.1:4181"]\n')
-    opts = parse("--config", path, "--statsd-address=127.0.0.1:8125", "--worker-id")
-    assert o.unimplemented_flags_set(opts) == ["worker-id"]
+    assert [w.split()[2] for w in opts.warnings] == ["-worker-id", "-queue-scan-interval"]
 
 
 def test_to_config_dict():
@@ -661,7 +664,7 @@ def test_config_dict_keys_round_trip_through_config_file(tmp_path):
         lines.append(f"{k} = {_toml(v)}")
     path = write(tmp_path, "\n".join(lines) + "\n")
     opts = parse("--config", path)
-    assert opts.warnings == []
+    assert [w for w in opts.warnings if "has no effect" not in w] == []
     assert opts.to_config_dict() == cfg
 
 

@@ -32,12 +32,22 @@ def test_version():
     (["--log-level=loud"], 'invalid value "loud" for flag -log-level: invalid log-level '
                            "'loud'"),
     (["--tcp-address"], "flag needs an argument: -tcp-address"),
+])
+def test_bad_flags_are_go_flags_message_then_usage_and_exit_2(args, message):
+    out = nsqshm("lookupd", *args)
+    assert out.returncode == 2
+    assert out.stderr == message + "\n" + o.usage()
+
+
+@pytest.mark.parametrize("args,message", [
     (["--http-address=127.0.0.1:99999"],
      '--http-address "127.0.0.1:99999": invalid port "99999" (must be 0-65535)'),
     (["--tcp-address=/tmp/sock"], '--tcp-address "/tmp/sock": missing port in address'),
-    (["extra"], "unexpected argument: extra"),
+    # the flags end at "extra": the bad address after it is never read
+    (["--tcp-address=/tmp/sock", "extra", "--tcp-address=127.0.0.1:0"],
+     '--tcp-address "/tmp/sock": missing port in address'),
 ])
-def test_bad_flags_are_one_line_and_exit_2(args, message):
+def test_bad_addresses_are_one_line_and_exit_2(args, message):
     out = nsqshm("lookupd", *args)
     assert out.returncode == 2
     assert out.stderr.splitlines() == [f"nsqlookupd: {message} (see --help)"]
