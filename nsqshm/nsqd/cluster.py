@@ -9,8 +9,12 @@ shared-memory prefix and its index; a peer must run as the same user
         (create, delete, pause, unpause, empty of topics and channels)
     {"op": "want", "topic": "t"}
         to the topic's owner: its topic ring is full, run the pump
-    {"op": "stats", ...}   this worker's part of /stats
-    {"op": "topology"}     every topic and channel, for a worker starting up
+    {"op": "stats", ...}   this worker's part of /stats (stats.worker_stats)
+    {"op": "topology"}     every topic and channel, and the run-time options,
+                           for a worker starting up
+    {"op": "options", "values": {"log_level": "warn"}}
+        PUT /config on another worker: apply, answer {"ok": true}; the
+        PUT is answered once every peer has (NSQD.set_options)
     {"op": "clients", "topic": "t", "channel": "c"}   subscribed clients here
 
 Changes go to each peer in order, over one kept connection per peer; a
