@@ -153,6 +153,8 @@ class NSQD:
             return
         self.cluster.broadcast({"op": "apply", "change": change, "topic": topic,
                                 "channel": channel})
+        if not self.exiting:  # answered once every worker has it (one broker)
+            self.cluster.flush()
 
     def handle_peer(self, msg):
         """A message from another worker (cluster.py); returns the reply or None."""
@@ -171,6 +173,8 @@ class NSQD:
             if topic is not None:
                 topic.wake()
             return None
+        if op == "barrier":  # every change sent before it on this connection is applied
+            return {"ok": True}
         if op == "options":  # PUT /config on another worker: apply, then acknowledge
             self.apply_options(msg.get("values") or {})
             return {"ok": True}

@@ -13,6 +13,8 @@ import pytest
 
 from tests.nsqd.conftest import Server, wait_for
 
+WORKER_COUNTS = (1, 2)  # every test on one worker and on two (conftest.py)
+
 V1 = "nsq; version=1.0"
 JSON_TYPE = "application/json; charset=utf-8"
 TEXT_TYPE = "text/plain; charset=utf-8"
@@ -140,8 +142,8 @@ class TCP:
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    server = Server([], str(tmp_path_factory.mktemp("http")))
+def shared(tmp_path_factory, nsqd_workers):
+    server = Server([], str(tmp_path_factory.mktemp("http")), workers=nsqd_workers)
     yield server
     server.cleanup()
 
@@ -152,13 +154,13 @@ def srv(shared):
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory):
+def small(tmp_path_factory, nsqd_workers):
     """--max-msg-size=10 --max-body-size=100, and other non-default limits."""
     server = Server(["--max-msg-size=10", "--max-body-size=100", "--max-req-timeout=10s",
                      "--broadcast-address=bcast.example", "--max-heartbeat-interval=30s",
                      "--max-output-buffer-size=1000", "--max-output-buffer-timeout=5s",
                      "--max-deflate-level=3", "--e2e-processing-latency-percentile=1.0,0.99"],
-                    str(tmp_path_factory.mktemp("small")))
+                    str(tmp_path_factory.mktemp("small")), workers=nsqd_workers)
     yield server
     server.cleanup()
 
