@@ -281,7 +281,7 @@ def topic_stats(topic, channels, percentiles=(), sketch=False):
     # (nsqd keeps them in the topic's queue, so they count in its depth)
     waiting = len(getattr(topic, "deferred_waiting", ()))
     messages, body_bytes = topic.published  # local producers' too
-    return {
+    out = {
         "topic_name": topic.name,
         "channels": channels,
         "depth": topic.depth + waiting,
@@ -293,6 +293,10 @@ def topic_stats(topic, channels, percentiles=(), sketch=False):
         "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None),
                                              percentiles if topic.channels else (), sketch),
     }
+    if sketch:  # a part to merge: the waiting DPUBs are this worker's, the ring everyone's
+        out["depth"] = topic.depth
+        out["deferred_waiting"] = waiting
+    return out
 
 
 def get_stats(nsqd, topic_name="", channel_name="", include_clients=True, local=False,
@@ -349,7 +353,7 @@ def broker_stats(nsqd, topic_name="", channel_name="", include_clients=True, inc
 # what each worker counts for itself (summed) and what they all see (the
 # rings, shared; the disk queues, the owner's): the largest is the broker's
 _SUMMED = ("message_count", "message_bytes", "in_flight_count", "deferred_count",
-           "requeue_count", "timeout_count", "client_count")
+           "requeue_count", "timeout_count", "client_count", "deferred_waiting")
 _SHARED = ("depth", "backend_depth")
 
 
@@ -429,6 +433,7 @@ def merge_stats(parts):
         return None, None
     ordered = sorted(topics.values(), key=lambda t: t["topic_name"].encode())
     for t in ordered:
+        t["depth"] += t.pop("deferred_waiting", 0)  # every worker's, on top of the ring's
         t["channels"].sort(key=lambda c: c["channel_name"].encode())
     _drop_sketches(ordered)
     return ordered, producers

@@ -13,11 +13,12 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from urllib.parse import quote
 
 import pytest
 
-from tests.nsqd.conftest import wait_for
+from tests.nsqd.conftest import http_call, http_on_worker, wait_for
 from tests.nsqd.test_http_api import TCP, request
 
 HERE = os.path.dirname(__file__)
@@ -319,3 +320,30 @@ def test_lookupd_addresses_changed_at_run_time(nsqd_factory, lookupd_factory):
     assert wait_for(lambda: lk1.get_json("/nodes")["producers"] == [])
     assert producers(lk2, "runtime") == [me(node)]
     assert any(f"LOOKUP({lk1.tcp_address}): removing peer" in line for line in node.lines)
+
+
+@pytest.mark.workers(2)
+@pytest.mark.parametrize("put_on", [0, 1], ids=["put_on_worker0", "put_on_worker1"])
+def test_lookupd_added_at_run_time_sees_every_topic_and_channel(nsqd_factory, lookupd, put_on):
+    """Worker 0 talks to nsqlookupd for the broker: an address PUT on any
+    worker reaches it, and it registers every topic and channel, whichever
+    worker made or owns them (nsqd's lookupLoop on a new peer)."""
+    node = nsqd_factory("--broadcast-address=127.0.0.1")
+    topics = [f"late{i}" for i in range(6)]
+    assert {zlib.crc32(t.encode()) % 2 for t in topics} == {0, 1}  # owned by both
+    expect = {}
+    for i, topic in enumerate(topics):
+        conn = http_on_worker(node, i % 2)  # made on both workers too
+        assert http_call(conn, "POST", f"/topic/create?topic={topic}")[0] == 200
+        expect[topic] = [f"c{j}" for j in range(i % 3)]  # none, one or two channels
+        for channel in expect[topic]:
+            assert http_call(conn, "POST",
+                             f"/channel/create?topic={topic}&channel={channel}")[0] == 200
+        conn.close()
+    assert producers(lookupd, topics[0]) == []
+    body = json.dumps([lookupd.tcp_address]).encode()
+    assert http_call(http_on_worker(node, put_on), "PUT", "/config/nsqlookupd_tcp_addresses",
+                     body) == (200, body.replace(b" ", b""))
+    for topic in topics:
+        assert wait_for(lambda t=topic: producers(lookupd, t) == [me(node)]), topic
+        assert channels(lookupd, topic) == expect[topic]

@@ -15,7 +15,7 @@ import pytest
 
 from nsqshm import protocol as p
 
-from .conftest import wait_for
+from .conftest import http_on_worker, wait_for
 from .transport import client_context, https_port, tls_args
 
 pytest_plugins = ["tests.nsqd.transport_fixtures"]  # certs
@@ -160,20 +160,6 @@ def test_stats_on_any_worker_show_every_workers_clients(nsqd_factory):
     b.close()
 
 
-def http_on_worker(server, index):
-    """A kept-alive HTTP connection that landed on worker `index`."""
-    import http.client
-
-    for _ in range(200):
-        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
-        conn.request("GET", "/debug/nsqshm/worker")
-        info = json.loads(conn.getresponse().read())
-        if info["index"] == index:
-            return conn
-        conn.close()
-    raise AssertionError(f"no HTTP connection landed on worker {index}")
-
-
 def post(conn, path):
     conn.request("POST", path, body=b"")
     resp = conn.getresponse()
@@ -230,6 +216,38 @@ def worker_of_pid(server, index):
         if info["index"] == index:
             return info["pid"]
     raise AssertionError(f"worker {index} never answered")
+
+
+def answering(server, index):
+    """A kept-alive HTTP connection to worker `index`, or None while it starts."""
+    try:
+        return http_on_worker(server, index, tries=20)
+    except AssertionError:
+        return None
+
+
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_replaced_worker_keeps_the_options_put_at_run_time(nsqd_factory, lookupd, killed):
+    """A worker started after PUT /config takes the options from a running
+    peer (with the topology), not the flags the broker started with; worker
+    0 then registers with the lookupd it was told about."""
+    server = nsqd_factory("--workers=2", "--broadcast-address=127.0.0.1")
+    assert post(http_on_worker(server, 0), "/topic/create?topic=kept")[0] == 200
+    body = json.dumps([lookupd.tcp_address]).encode()
+    conn = http_on_worker(server, 1 - killed)
+    conn.request("PUT", "/config/nsqlookupd_tcp_addresses", body=body)
+    assert conn.getresponse().read() == body
+    conn.request("PUT", "/config/log_level", body=b"warn")
+    assert conn.getresponse().read() == b"3"
+    pid = worker_of_pid(server, killed)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: len(workers(server)) == 2 and pid not in workers(server), timeout=15)
+    fresh = wait_for(lambda: answering(server, killed), timeout=15)
+    assert fresh, "".join(server.lines[-20:])
+    for opt, want in (("nsqlookupd_tcp_addresses", body), ("log_level", b"3")):
+        fresh.request("GET", f"/config/{opt}")
+        assert fresh.getresponse().read() == want
+    assert wait_for(lambda: lookupd.producers("kept") == [("127.0.0.1", server.tcp_port)])
 
 
 def test_a_hung_worker_is_killed_and_replaced(nsqd_factory):
