@@ -18,6 +18,7 @@ messages a worker holds (in flight, deferred) live in its arena in shared
 memory, and a new worker puts a dead one's back (recovery.py).
 """
 
+import contextlib
 import json
 import os
 import random
@@ -155,6 +156,17 @@ class NSQD:
                                 "channel": channel})
         if not self.exiting:  # answered once every worker has it (one broker)
             self.cluster.flush()
+
+    @contextlib.contextmanager
+    def own_changes(self):
+        """Changes made inside are this worker's and go to the others, even in
+        a greenlet applying a peer's change (which are not sent back)."""
+        was = getattr(self._remote, "active", False)
+        self._remote.active = False
+        try:
+            yield
+        finally:
+            self._remote.active = was
 
     def handle_peer(self, msg):
         """A message from another worker (cluster.py); returns the reply or None."""

@@ -246,6 +246,7 @@ def test_readers_discover_nsqshm_through_lookupd(nsqd_factory, lookupd, library)
     assert result["nsqd"] == [f"127.0.0.1:{node.tcp_port}"]
 
 
+@pytest.mark.workers(1, 2)
 def test_channels_known_to_lookupd_are_precreated(nsqd_factory, lookupd, tmp_path):
     a = start_node(nsqd_factory, lookupd)
     a.post("/topic/create?topic=pre")
@@ -258,7 +259,10 @@ def test_channels_known_to_lookupd_are_precreated(nsqd_factory, lookupd, tmp_pat
         return any("LOOKUPD(" in line and "peer info" in line for line in b.lines)
 
     assert wait_for(b_knows_lookupd)
-    assert b.post("/pub?topic=pre", b"first") == (200, b"OK")
+    # with 2 workers: published on worker 1, the owner of "pre"; worker 0, which
+    # talks to lookupd, creates the channels, and worker 1 must have them first
+    last = http_on_worker(b, b.workers - 1)
+    assert http_call(last, "POST", "/pub?topic=pre", b"first") == (200, b"OK")
     b_stats = json.loads(b.get("/stats?format=json&topic=pre")[1])
     (topic,) = b_stats["topics"]
     # the message went to the channel nsqd created from lookupd's answer
