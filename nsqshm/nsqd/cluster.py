@@ -16,6 +16,8 @@ shared-memory prefix and its index; a peer must run as the same user
         PUT /config on another worker: apply, answer {"ok": true}; the
         PUT is answered once every peer has (NSQD.set_options)
     {"op": "clients", "topic": "t", "channel": "c"}   subscribed clients here
+    {"op": "in_flight", "topic": "t", "channel": "c", "id": "<hex>"}
+        whether the message is in flight here (FIN of another worker's message)
 
     {"op": "barrier"}      answered {"ok": true} once what came before it on
                            the same connection is applied

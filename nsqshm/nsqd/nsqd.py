@@ -204,7 +204,34 @@ class NSQD:
             topic = self.topics.get(msg["topic"])
             channel = topic and topic.channels.get(msg["channel"])
             return {"count": len(channel.clients) if channel is not None else 0}
+        if op == "in_flight":  # a FIN/REQ/TOUCH on another worker found no such message
+            topic = self.topics.get(msg["topic"])
+            channel = topic and topic.channels.get(msg["channel"])
+            try:
+                msg_id = bytes.fromhex(msg["id"])
+                found = channel is not None and len(msg_id) == 16 \
+                    and channel.inflight.get_first_deadline(msg_id) >= 0
+            except (ValueError, TypeError):
+                found = False
+            return {"in_flight": bool(found)}
         return {"error": f"unknown op {op!r}"}
+
+    def clients_elsewhere(self, topic, channel):
+        """How many consumers the channel has on the other workers
+        (--max-channel-consumers counts the broker's)."""
+        if self.cluster is None:
+            return 0
+        replies = self.cluster.gather({"op": "clients", "topic": topic, "channel": channel},
+                                      timeout=2)
+        return sum((r or {}).get("count", 0) for r in replies)
+
+    def in_flight_elsewhere(self, topic, channel, msg_id):
+        """Whether a message of the channel is in flight on another worker."""
+        if self.cluster is None:
+            return False
+        replies = self.cluster.gather({"op": "in_flight", "topic": topic, "channel": channel,
+                                       "id": bytes(msg_id).hex()}, timeout=2)
+        return any((r or {}).get("in_flight") for r in replies)
 
     def tell_owner(self, topic):
         """Ask the topic's owner to run its pump: its ring is full.  (An empty

@@ -160,6 +160,36 @@ def test_stats_on_any_worker_show_every_workers_clients(nsqd_factory):
     b.close()
 
 
+def test_max_channel_consumers_counts_every_workers_consumers(nsqd_factory):
+    server = nsqd_factory("--workers=2", "--max-channel-consumers=1")
+    first = client_on_worker(server, 0, "cap", "ch")
+    for _ in range(10):  # new connections: some land on worker 1
+        c = Client(server)
+        c.send(p.sub("cap", "ch"))
+        assert c.response() == (p.FRAME_TYPE_ERROR,
+                                b"E_SUB_FAILED SUB failed consumers for cap:ch exceeds limit of 1")
+        c.close()
+    first.close()
+
+
+def test_fin_of_a_message_in_flight_on_another_worker(nsqd_factory):
+    """nsqd's answer whichever worker holds the message: not this client's."""
+    server = nsqd_factory("--workers=2")
+    holder = client_on_worker(server, 0, "own", "ch")
+    other = client_on_worker(server, 1, "own", "ch")
+    http_on_worker(server, 0).request("POST", "/pub?topic=own", body=b"x")
+    holder.send(p.rdy(1))
+    msg = holder.message()
+    for cmd in (p.fin(msg.id), p.req(msg.id, 0), p.touch(msg.id)):
+        other.send(cmd)
+        kind, data = other.response()
+        assert kind == p.FRAME_TYPE_ERROR and data.endswith(b"failed client does not own message")
+    other.send(p.fin(b"0" * 16))
+    assert other.response()[1].endswith(b"failed ID not in flight")
+    holder.send(p.fin(msg.id) + p.nop() + p.pub("own", b"y"))
+    assert holder.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+
+
 def post(conn, path):
     conn.request("POST", path, body=b"")
     resp = conn.getresponse()
