@@ -15,7 +15,7 @@ import pytest
 
 from nsqshm import protocol as p
 
-from .conftest import http_on_worker, wait_for
+from .conftest import http_on_each_worker, http_on_worker, wait_for
 from .transport import client_context, https_port, tls_args
 
 pytest_plugins = ["tests.nsqd.transport_fixtures"]  # certs
@@ -320,6 +320,10 @@ def test_sighup_rereads_the_config_in_every_worker(tmp_path, nsqd_factory):
     server.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: sum("reload: configuration re-read" in line
                          for line in server.lines) == 2, timeout=10)
+    for index, conn in http_on_each_worker(server).items():
+        conn.request("GET", "/config/log_level")
+        assert conn.getresponse().read() == b"3", index  # warn, on every worker
+        conn.close()
     server.lines.clear()
     for _ in range(5):
         server.get("/ping")
