@@ -116,8 +116,12 @@ class Channel:
         if self.exiting:
             raise ChannelError("exiting")
         limit = self.nsqd.opts.max_channel_consumers
-        if limit and client.id not in self.clients and len(self.clients) >= limit:
-            raise ChannelError(f"consumers for {self.topic.name}:{self.name} exceeds limit of {limit}")
+        if limit and client.id not in self.clients:
+            count = len(self.clients)
+            if count < limit:  # the channel's consumers on the other workers count too
+                count += self.nsqd.clients_elsewhere(self.topic.name, self.name)
+            if count >= limit:
+                raise ChannelError(f"consumers for {self.topic.name}:{self.name} exceeds limit of {limit}")
         self.clients[client.id] = client
         self.wake()
 
@@ -145,10 +149,18 @@ class Channel:
 
     # -- FIN / REQ / TOUCH --------------------------------------------------------------
 
+    def _failed(self, status, msg_id):
+        """A FIN, REQ or TOUCH that failed: a message in flight to a client of
+        another worker is one this client does not own, as in one nsqd."""
+        if status == NOT_IN_FLIGHT and self.nsqd.in_flight_elsewhere(self.topic.name, self.name,
+                                                                      msg_id):
+            status = NOT_OWNER
+        return ChannelError(STATUS_TEXT[status])
+
     def finish(self, client, msg_id):
         status = self.inflight.finish(msg_id, client.id)
         if status:
-            raise ChannelError(STATUS_TEXT[status])
+            raise self._failed(status, msg_id)
         client.in_flight -= 1
         client.finish_count += 1
         self._ready.set()
@@ -162,7 +174,7 @@ class Channel:
     def requeue(self, client, msg_id, delay):
         msg = self.inflight.requeue(msg_id, client.id)
         if isinstance(msg, int):
-            raise ChannelError(STATUS_TEXT[msg])
+            raise self._failed(msg, msg_id)
         client.in_flight -= 1
         client.requeue_count += 1
         self.requeue_count += 1
@@ -178,13 +190,13 @@ class Channel:
         --max-msg-timeout (the deadline set at delivery tells when that was)."""
         first = self.inflight.get_first_deadline(msg_id)
         if first < 0:
-            raise ChannelError(STATUS_TEXT[NOT_IN_FLIGHT])
+            raise self._failed(NOT_IN_FLIGHT, msg_id)
         delivered = first - client.msg_timeout_ns
         new_deadline = min(time.monotonic_ns() + client.msg_timeout_ns,
                            delivered + int(self.nsqd.opts.max_msg_timeout * 1e9))
         status = self.inflight.touch(msg_id, client.id, new_deadline)
         if status:
-            raise ChannelError(STATUS_TEXT[status])
+            raise self._failed(status, msg_id)
         self.nsqd.schedule_scan(new_deadline)
 
     # -- putting messages in -------------------------------------------------------------

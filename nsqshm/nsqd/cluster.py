@@ -9,12 +9,24 @@ shared-memory prefix and its index; a peer must run as the same user
         (create, delete, pause, unpause, empty of topics and channels)
     {"op": "want", "topic": "t"}
         to the topic's owner: its topic ring is full, run the pump
-    {"op": "stats", ...}   this worker's part of /stats
-    {"op": "topology"}     every topic and channel, for a worker starting up
+    {"op": "stats", ...}   this worker's part of /stats (stats.worker_stats)
+    {"op": "topology"}     every topic and channel, and the run-time options,
+                           for a worker starting up
+    {"op": "options", "values": {"log_level": "warn"}}
+        PUT /config on another worker: apply, answer {"ok": true}; the
+        PUT is answered once every peer has (NSQD.set_options)
     {"op": "clients", "topic": "t", "channel": "c"}   subscribed clients here
+    {"op": "in_flight", "topic": "t", "channel": "c", "id": "<hex>"}
+        whether the message is in flight here (FIN of another worker's message)
+
+    {"op": "barrier"}      answered {"ok": true} once what came before it on
+                           the same connection is applied
 
 Changes go to each peer in order, over one kept connection per peer; a
 peer that is down misses them and asks for the topology when it starts.
+A change is answered (HTTP, TCP) only after a barrier on every peer's
+connection came back (Cluster.flush): the next request sees it whichever
+worker takes it.
 """
 
 import json
@@ -23,11 +35,13 @@ import socket
 import struct
 
 import gevent
+import gevent.event
 import gevent.queue
 from gevent import socket as gsocket
 from gevent.server import StreamServer
 
 TIMEOUT = 5.0
+FLUSH_TIMEOUT = 2.0  # a hung peer delays a change this long, then is left behind
 MAX_LINE = 64 << 20
 
 
@@ -101,29 +115,46 @@ class Cluster:
         return sock
 
     def _send_loop(self, peer):
-        """Send queued one-way messages to peer, in order."""
-        sock = None
+        """Send queued messages to peer, in order; a message queued with a
+        result waits for the peer's reply line (None if the peer is down)."""
+        sock = f = None
         queue = self.queues[peer]
         while True:
-            msg = queue.get()
+            msg, result = queue.get()
             for _attempt in range(2):
                 try:
                     if sock is None:
                         sock = self._connect(peer)
+                        f = sock.makefile("rb")
                     sock.sendall(json.dumps(msg).encode() + b"\n")
+                    if result is not None:
+                        result.set(_read_line(f))
                     break
-                except OSError:
+                except (OSError, ValueError):
                     if sock is not None:
+                        f.close()
                         sock.close()
-                    sock = None
+                    sock = f = None
+            if result is not None and not result.ready():
+                result.set(None)
 
     def tell(self, peer, msg):
         if peer in self.queues:
-            self.queues[peer].put(msg)
+            self.queues[peer].put((msg, None))
 
     def broadcast(self, msg):
         for peer in self.peers:
-            self.queues[peer].put(msg)
+            self.queues[peer].put((msg, None))
+
+    def flush(self, timeout=FLUSH_TIMEOUT):
+        """Wait until every peer has applied what was sent to it so far (a
+        barrier behind it on each ordered connection), at most timeout."""
+        results = []
+        for peer in self.peers:
+            result = gevent.event.AsyncResult()
+            self.queues[peer].put(({"op": "barrier"}, result))
+            results.append(result)
+        gevent.wait(results, timeout=timeout)
 
     def call(self, peer, msg, timeout=TIMEOUT):
         """One request and its reply, or None when the peer does not answer."""

@@ -36,7 +36,6 @@ from werkzeug.wrappers import Response
 
 from nsqshm._core import wire
 from nsqshm.nsqd.listeners import listen
-from nsqshm.nsqd.log import LEVELS
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
 from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
@@ -669,20 +668,16 @@ class HTTPAPI:
             if len(body) == read_max or not body:
                 raise Err(413, "INVALID_VALUE")
             if opt == "nsqlookupd_tcp_addresses":
-                opts.lookupd_tcp_address = _parse_string_list(body)
+                values = {"lookupd_tcp_address": _parse_string_list(body)}
             elif opt == "log_level":
                 level = body.decode("utf-8", "surrogateescape").lower()
                 if level not in LOG_LEVELS:
                     raise Err(400, "INVALID_VALUE")
-                opts.log_level = level
-                log = getattr(self.nsqd, "log", None)
-                if log is not None:
-                    log.level = LEVELS[level]
+                values = {"log_level": level}
             else:
                 raise Err(400, "INVALID_OPTION")
-            changed = getattr(self.nsqd, "options_changed", None)
-            if callable(changed):
-                changed()
+            # every worker applies it before the answer: one broker
+            self.nsqd.set_options(values)
         if opt not in CONFIG_NAMES:
             raise Err(400, "INVALID_OPTION")
         value = opts.to_config_dict(go_types=True)[opt]

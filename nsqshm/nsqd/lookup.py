@@ -276,9 +276,12 @@ class Lookup:
         topic = self.nsqd.topics.get(topic_name)
         if topic is None:
             return
-        for name in names:
-            if not is_ephemeral(name):  # no ephemeral channel without a consumer
-                topic.get_channel(name)
+        # this worker's own changes even while it applies a peer's topic_create:
+        # every worker has the channels before the publish that made the topic
+        with self.nsqd.own_changes():
+            for name in names:
+                if not is_ephemeral(name):  # no ephemeral channel without a consumer
+                    topic.get_channel(name)
 
     # -- the loop ------------------------------------------------------------------------
 

@@ -19,18 +19,27 @@ format (an nsqshm addition; nsqd 1.3 has only /stats and statsd).
     nsq_producers                               gauge    of which have published
     nsq_health                                  gauge    1 when /ping answers OK
     nsq_info{version}                           gauge    always 1
-    process_*                                   the prometheus_client process collector
+    nsq_workers                                 gauge    workers that answered the scrape
+    nsq_memory_<key>                            gauge    /stats' memory section (every worker's)
+    process_*                                   the broker's processes together (below)
+    nsqshm_process_<metric>{process}            gauge    each process: "supervisor", "worker 0", ...
 
-The values come from the same code as /stats (nsqshm.nsqd.stats.get_stats),
-read at scrape time.
+The values come from the same code as /stats (nsqshm.nsqd.stats.broker_stats),
+read at scrape time, and describe the whole broker whichever worker answers.
+process_* are prometheus_client's process metrics summed over the supervisor
+and every worker (cpu, resident and virtual memory, open fds; shared-memory
+pages mapped by several processes count in each one's resident memory), with
+the supervisor's start time (the broker's) and max fds.
 """
+
+import os
 
 from flask import request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
-from nsqshm.nsqd.stats import get_stats
+from nsqshm.nsqd.stats import MEM_KEYS, broker_stats
 
 ENVIRON_KEY = "nsqshm.metrics"
 
@@ -44,7 +53,8 @@ class NSQDCollector:
 
     def collect(self):
         nsqd = self.nsqd
-        topics, _ = get_stats(nsqd, "", "", False)
+        broker = broker_stats(nsqd, "", "", False, include_mem=True)
+        topics = broker["topics"]
         t_labels = ["topic"]
         c_labels = ["topic", "channel"]
         t_depth = GaugeMetricFamily("nsq_topic_depth", "Messages queued in the topic",
@@ -96,16 +106,59 @@ class NSQDCollector:
                 c_paused.add_metric(names, 1 if c["paused"] else 0)
         yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, c_depth, c_backend,
                     c_inflight, c_deferred, c_msgs, c_requeued, c_timed_out, c_clients, c_paused)
-        clients = list(nsqd.clients.values())
-        yield GaugeMetricFamily("nsq_clients", "Connected TCP clients", value=len(clients))
+        yield GaugeMetricFamily("nsq_clients", "Connected TCP clients",
+                                value=broker["client_count"])
         yield GaugeMetricFamily("nsq_producers", "Connected TCP clients that have published",
-                                value=sum(1 for c in clients if getattr(c, "pub_counts", None)))
+                                value=broker["producer_count"])
         yield GaugeMetricFamily("nsq_health", "1 when the broker is healthy (/ping answers OK)",
                                 value=1 if nsqd.health == "OK" else 0)
         info = GaugeMetricFamily("nsq_info", "The nsqd version this broker is compatible with",
                                  labels=["version"])
         info.add_metric([str(nsqd.version)], 1)
         yield info
+        yield GaugeMetricFamily("nsq_workers", "Workers that answered this scrape",
+                                value=len(broker["workers"]))
+        for key in MEM_KEYS:
+            yield GaugeMetricFamily(f"nsq_memory_{key}", f"/stats memory {key}, every worker's",
+                                    value=broker["memory"][key])
+        processes = [(f"worker {index}", pid) for index, pid in broker["workers"]]
+        if not getattr(nsqd, "publish_instance", True):  # run by a supervisor
+            processes.insert(0, ("supervisor", os.getppid()))
+        yield from process_metrics(processes)
+
+
+# how the broker's processes add up: summed, or the supervisor's (the first)
+_PROCESS_SUMMED = ("process_virtual_memory_bytes", "process_resident_memory_bytes",
+                   "process_cpu_seconds_total", "process_open_fds")
+
+
+def process_metrics(processes):
+    """process_* of the broker ((name, pid) of each process, the supervisor
+    first) and nsqshm_process_*{process} of each, read from /proc by
+    prometheus_client's ProcessCollector."""
+    totals, kinds, each = {}, {}, {}
+    for name, pid in processes:
+        for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():
+            for sample in family.samples:
+                kinds[sample.name] = family.type
+                if sample.name in _PROCESS_SUMMED:
+                    totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+                else:
+                    totals.setdefault(sample.name, sample.value)
+                each.setdefault(sample.name, []).append((name, sample.value))
+    for sample_name, value in totals.items():
+        if kinds[sample_name] == "counter":
+            yield CounterMetricFamily(sample_name.removesuffix("_total"),
+                                      "Of the broker's processes together", value=value)
+        else:
+            yield GaugeMetricFamily(sample_name, "Of the broker's processes together",
+                                    value=value)
+    for sample_name, values in each.items():
+        family = GaugeMetricFamily(f"nsqshm_{sample_name}", "Of each process of the broker",
+                                   labels=["process"])
+        for name, value in values:
+            family.add_metric([name], value)
+        yield family
 
 
 def register(app):
@@ -114,8 +167,7 @@ def register(app):
 
     api = app.nsq_api
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NSQDCollector(api.nsqd))
-    ProcessCollector(registry=registry)
+    registry.register(NSQDCollector(api.nsqd))  # process_* too, every process's
 
     def metrics(req):
         req.environ[ENVIRON_KEY] = True

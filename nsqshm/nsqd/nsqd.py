@@ -18,6 +18,7 @@ messages a worker holds (in flight, deferred) live in its arena in shared
 memory, and a new worker puts a dead one's back (recovery.py).
 """
 
+import contextlib
 import json
 import os
 import random
@@ -35,12 +36,15 @@ from nsqshm._core.arena import Arena
 from nsqshm._core.codec import LEASE_FILE as ID_LEASE_FILE
 from nsqshm._core.codec import IdGenerator
 from nsqshm.nsqd import instance, listeners
-from nsqshm.nsqd.log import Logger
+from nsqshm.nsqd.log import LEVELS, Logger
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.topic import Topic
 from nsqshm.ring import Ring, use_gevent
 
 MESSAGE_OVERHEAD = 26 + 8  # message header, ring record header
+# the options nsqd lets change while running (PUT /config/<opt>, SIGHUP here):
+# every worker holds the same values, so any worker answers GET /config alike
+RUNTIME_OPTIONS = ("lookupd_tcp_address", "log_level")
 
 
 split_address = listeners.split_address
@@ -152,6 +156,19 @@ class NSQD:
             return
         self.cluster.broadcast({"op": "apply", "change": change, "topic": topic,
                                 "channel": channel})
+        if not self.exiting:  # answered once every worker has it (one broker)
+            self.cluster.flush()
+
+    @contextlib.contextmanager
+    def own_changes(self):
+        """Changes made inside are this worker's and go to the others, even in
+        a greenlet applying a peer's change (which are not sent back)."""
+        was = getattr(self._remote, "active", False)
+        self._remote.active = False
+        try:
+            yield
+        finally:
+            self._remote.active = was
 
     def handle_peer(self, msg):
         """A message from another worker (cluster.py); returns the reply or None."""
@@ -170,19 +187,53 @@ class NSQD:
             if topic is not None:
                 topic.wake()
             return None
-        if op == "stats":
-            from nsqshm.nsqd.stats import get_stats
+        if op == "barrier":  # every change sent before it on this connection is applied
+            return {"ok": True}
+        if op == "options":  # PUT /config on another worker: apply, then acknowledge
+            self.apply_options(msg.get("values") or {})
+            return {"ok": True}
+        if op == "stats":  # this worker's part of the broker's /stats, /metrics, statsd
+            from nsqshm.nsqd.stats import worker_stats
 
-            return get_stats(self, msg.get("topic", ""), msg.get("channel", ""),
-                             msg.get("clients", True), local=True,
-                             sketches=msg.get("sketches", False))
-        if op == "topology":
-            return self.topology() if self.topology_loaded else None
+            return worker_stats(self, msg.get("topic", ""), msg.get("channel", ""),
+                                msg.get("clients", True), msg.get("mem", False),
+                                msg.get("sketches", False))
+        if op == "topology":  # with the run-time options, for a worker starting up
+            if not self.topology_loaded:
+                return None
+            return dict(self.topology(), options=self.runtime_options())
         if op == "clients":
             topic = self.topics.get(msg["topic"])
             channel = topic and topic.channels.get(msg["channel"])
             return {"count": len(channel.clients) if channel is not None else 0}
+        if op == "in_flight":  # a FIN/REQ/TOUCH on another worker found no such message
+            topic = self.topics.get(msg["topic"])
+            channel = topic and topic.channels.get(msg["channel"])
+            try:
+                msg_id = bytes.fromhex(msg["id"])
+                found = channel is not None and len(msg_id) == 16 \
+                    and channel.inflight.get_first_deadline(msg_id) >= 0
+            except (ValueError, TypeError):
+                found = False
+            return {"in_flight": bool(found)}
         return {"error": f"unknown op {op!r}"}
+
+    def clients_elsewhere(self, topic, channel):
+        """How many consumers the channel has on the other workers
+        (--max-channel-consumers counts the broker's)."""
+        if self.cluster is None:
+            return 0
+        replies = self.cluster.gather({"op": "clients", "topic": topic, "channel": channel},
+                                      timeout=2)
+        return sum((r or {}).get("count", 0) for r in replies)
+
+    def in_flight_elsewhere(self, topic, channel, msg_id):
+        """Whether a message of the channel is in flight on another worker."""
+        if self.cluster is None:
+            return False
+        replies = self.cluster.gather({"op": "in_flight", "topic": topic, "channel": channel,
+                                       "id": bytes(msg_id).hex()}, timeout=2)
+        return any((r or {}).get("in_flight") for r in replies)
 
     def tell_owner(self, topic):
         """Ask the topic's owner to run its pump: its ring is full.  (An empty
@@ -232,8 +283,38 @@ class NSQD:
         if self.lookup is not None and topic is not None:
             self.lookup.notify(topic, channel, deleted, channels)
 
+    def runtime_options(self):
+        return {key: getattr(self.opts, key) for key in RUNTIME_OPTIONS}
+
+    def set_options(self, values):
+        """PUT /config/<opt>: apply values here and on every other worker;
+        returns once each peer has acknowledged, so that the next request,
+        whichever worker takes it, sees them.  A peer that does not answer
+        (stopping, or being replaced) is logged; a worker that starts takes
+        the options from a running peer with the topology."""
+        self.apply_options(values)
+        if self.cluster is None:
+            return
+        replies = self.cluster.gather({"op": "options", "values": values})
+        missed = [peer for peer, reply in zip(self.cluster.peers, replies, strict=True)
+                  if not (reply or {}).get("ok")]
+        if missed:
+            self.logf("warn", f"WORKER: options not acknowledged by workers {missed}")
+
+    def apply_options(self, values):
+        """Set run-time options (nsqd's swapOpts) and act on them: the log
+        level at once, the lookupd peers in the lookup loop (worker 0's)."""
+        for key, value in values.items():
+            if key == "log_level" and str(value).lower() in LEVELS:
+                self.opts.log_level = str(value).lower()
+            elif key == "lookupd_tcp_address" and isinstance(value, list) \
+                    and all(isinstance(v, str) for v in value):
+                self.opts.lookupd_tcp_address = list(value)
+        self.log.level = LEVELS.get(str(self.opts.log_level).lower(), self.log.level)
+        self.options_changed()
+
     def options_changed(self):
-        """PUT /config/<opt> changed an option (nsqd's triggerOptsNotification)."""
+        """An option changed (nsqd's triggerOptsNotification)."""
         if self.lookup is not None:
             self.lookup.options_changed()
 
@@ -394,6 +475,8 @@ class NSQD:
             peers_topology = next((t for t in self.cluster.gather({"op": "topology"}, timeout=2)
                                    if t), None)
         if peers_topology is not None:  # a worker replacing a dead one
+            # options changed at run time (PUT /config, SIGHUP) hold here too
+            self.apply_options(peers_topology.get("options") or {})
             self.load_topology(peers_topology, ephemeral=True)
         else:
             self.load_metadata()

@@ -281,7 +281,7 @@ def topic_stats(topic, channels, percentiles=(), sketch=False):
     # (nsqd keeps them in the topic's queue, so they count in its depth)
     waiting = len(getattr(topic, "deferred_waiting", ()))
     messages, body_bytes = topic.published  # local producers' too
-    return {
+    out = {
         "topic_name": topic.name,
         "channels": channels,
         "depth": topic.depth + waiting,
@@ -293,6 +293,10 @@ def topic_stats(topic, channels, percentiles=(), sketch=False):
         "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None),
                                              percentiles if topic.channels else (), sketch),
     }
+    if sketch:  # a part to merge: the waiting DPUBs are this worker's, the ring everyone's
+        out["depth"] = topic.depth
+        out["deferred_waiting"] = waiting
+    return out
 
 
 def get_stats(nsqd, topic_name="", channel_name="", include_clients=True, local=False,
@@ -302,19 +306,54 @@ def get_stats(nsqd, topic_name="", channel_name="", include_clients=True, local=
     has published.  With several workers, the whole broker's (every
     worker's part merged), unless local (a worker's part; with sketches,
     its e2e windows summarised for merging)."""
-    cluster = getattr(nsqd, "cluster", None)
-    if local or cluster is None:
+    if local or getattr(nsqd, "cluster", None) is None:
         return _local_stats(nsqd, topic_name, channel_name, include_clients, sketches)
-    mine = _local_stats(nsqd, topic_name, channel_name, include_clients, True)
-    parts = cluster.gather({"op": "stats", "topic": topic_name, "channel": channel_name,
-                            "clients": include_clients, "sketches": True})
-    return merge_stats([mine] + [p for p in parts if p is not None])
+    part = broker_stats(nsqd, topic_name, channel_name, include_clients)
+    return part["topics"], part["producers"]
+
+
+def worker_stats(nsqd, topic_name="", channel_name="", include_clients=True, include_mem=False,
+                 sketches=False):
+    """This worker's part of the broker's stats (the reply to a peer's
+    {"op": "stats"}): topics and producers as get_stats, its memory
+    (mem_stats, with include_mem), its index and pid, and how many TCP
+    clients and producers it has."""
+    topics, producers = _local_stats(nsqd, topic_name, channel_name, include_clients, sketches)
+    clients = list(getattr(nsqd, "clients", {}).values())
+    return {"topics": topics, "producers": producers,
+            "memory": mem_stats() if include_mem else None,
+            "worker": [getattr(nsqd, "index", 0), os.getpid()],
+            "client_count": len(clients),
+            "producer_count": sum(1 for c in clients if _is_producer(c))}
+
+
+def broker_stats(nsqd, topic_name="", channel_name="", include_clients=True, include_mem=False):
+    """The whole broker's stats, whichever worker asks: worker_stats of every
+    worker, merged (topics and producers by merge_stats, memory by
+    merge_memory, counts summed, "workers" every worker's [index, pid]).  A worker that
+    does not answer within cluster.TIMEOUT is left out."""
+    cluster = getattr(nsqd, "cluster", None)
+    if cluster is None:
+        part = worker_stats(nsqd, topic_name, channel_name, include_clients, include_mem)
+        part["workers"] = [part.pop("worker")]
+        return part
+    parts = [worker_stats(nsqd, topic_name, channel_name, include_clients, include_mem, True)]
+    parts += [p for p in cluster.gather({"op": "stats", "topic": topic_name,
+                                         "channel": channel_name, "clients": include_clients,
+                                         "mem": include_mem, "sketches": True})
+              if isinstance(p, dict)]
+    topics, producers = merge_stats([(p["topics"], p["producers"]) for p in parts])
+    return {"topics": topics, "producers": producers,
+            "memory": merge_memory([p["memory"] for p in parts]) if include_mem else None,
+            "workers": sorted(p["worker"] for p in parts),
+            "client_count": sum(p["client_count"] for p in parts),
+            "producer_count": sum(p["producer_count"] for p in parts)}
 
 
 # what each worker counts for itself (summed) and what they all see (the
 # rings, shared; the disk queues, the owner's): the largest is the broker's
 _SUMMED = ("message_count", "message_bytes", "in_flight_count", "deferred_count",
-           "requeue_count", "timeout_count", "client_count")
+           "requeue_count", "timeout_count", "client_count", "deferred_waiting")
 _SHARED = ("depth", "backend_depth")
 
 
@@ -394,6 +433,7 @@ def merge_stats(parts):
         return None, None
     ordered = sorted(topics.values(), key=lambda t: t["topic_name"].encode())
     for t in ordered:
+        t["depth"] += t.pop("deferred_waiting", 0)  # every worker's, on top of the ring's
         t["channels"].sort(key=lambda c: c["channel_name"].encode())
     _drop_sketches(ordered)
     return ordered, producers
@@ -572,13 +612,36 @@ def mem_stats():
     }
 
 
+MEM_KEYS = ("heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes",
+            "gc_pause_usec_100", "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes",
+            "gc_total_runs")
+# the worst pause any worker had; every other figure is a total over the workers
+_MEM_WORST = ("gc_pause_usec_100", "gc_pause_usec_99", "gc_pause_usec_95")
+
+
+def merge_memory(parts):
+    """The broker's memory section from every worker's mem_stats: heap
+    objects and bytes, next_gc_bytes and gc_total_runs are summed (what the
+    broker's workers hold, and collect, together); the gc pause percentiles
+    are the worst worker's (what a client may wait).  The supervisor holds
+    no queue and is left out; shared-memory rings are in no process's heap."""
+    parts = [p for p in parts if p]
+    merged = {}
+    for key in MEM_KEYS:
+        values = [p[key] for p in parts]
+        merged[key] = max(values) if key in _MEM_WORST else sum(values)
+    merged["gc_total_runs"] &= 0xFFFFFFFF  # Go's uint32 NumGC
+    return merged
+
+
 # ---------------------------------------------------------------------------
 # the two formats
 
 
 def stats_document(nsqd, topic_name="", channel_name="", include_clients=True,
                    include_mem=True):
-    topics, producers = get_stats(nsqd, topic_name, channel_name, include_clients)
+    part = broker_stats(nsqd, topic_name, channel_name, include_clients, include_mem)
+    topics, producers = part["topics"], part["producers"]
     doc = {
         "version": NSQD_COMPAT_VERSION,
         "health": nsqd.health,
@@ -586,7 +649,7 @@ def stats_document(nsqd, topic_name="", channel_name="", include_clients=True,
         "topics": topics,
     }
     if include_mem:
-        doc["memory"] = mem_stats()
+        doc["memory"] = part["memory"]
     doc["producers"] = producers
     return doc
 
@@ -601,14 +664,10 @@ def rfc3339(ts):
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
-MEM_KEYS = ("heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes",
-            "gc_pause_usec_100", "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes",
-            "gc_total_runs")
-
-
 def stats_text(nsqd, topic_name="", channel_name="", include_clients=True, include_mem=True):
     """printStats."""
-    topics, producers = get_stats(nsqd, topic_name, channel_name, include_clients)
+    part = broker_stats(nsqd, topic_name, channel_name, include_clients, include_mem)
+    topics, producers = part["topics"], part["producers"]
     now = time.time()
     out = [
         f"{VERSION_STRING}\n",
@@ -617,7 +676,7 @@ def stats_text(nsqd, topic_name="", channel_name="", include_clients=True, inclu
         f"\nHealth: {nsqd.health}\n",
     ]
     if include_mem:
-        ms = mem_stats()
+        ms = part["memory"]
         out.append("\nMemory:\n")
         for key in MEM_KEYS:
             out.append(f"   {key:<25}\t{ms[key]}\n")

@@ -17,6 +17,9 @@ clients) and sends, over UDP to --statsd-address, lines
     mem.heap_released_bytes, mem.gc_pause_usec_100/_99/_95, mem.next_gc_bytes  g
     mem.gc_runs  c                                   (with --statsd-mem-stats)
 
+The numbers are the whole broker's: every worker's part, merged as /stats
+merges them (memory: stats.merge_memory).
+
 Lines are packed whole into datagrams of at most --statsd-udp-packet-size
 bytes (a longer line goes alone), and the datagrams are spread over the
 interval minus one second, as nsqd's SpreadWriter does.  Topics and
@@ -33,7 +36,7 @@ import time
 import gevent
 
 from nsqshm.flags import split_host_port
-from nsqshm.nsqd.stats import get_stats, mem_stats
+from nsqshm.nsqd.stats import broker_stats
 
 DEFAULT_BUFFER = 4096  # bufio's size when asked for one <= 0
 
@@ -130,7 +133,9 @@ class Statsd:
         opts = self.nsqd.opts
         exclude = opts.statsd_exclude_ephemeral
         client = StatsdClient(opts.statsd_prefix)
-        topics, _ = get_stats(self.nsqd, "", "", False)
+        # the whole broker's, whichever worker pushes (worker 0 does)
+        part = broker_stats(self.nsqd, "", "", False, include_mem=opts.statsd_mem_stats)
+        topics = part["topics"]
         for topic in topics or ():
             name = topic["topic_name"]
             if exclude and name.endswith("#ephemeral"):
@@ -169,7 +174,7 @@ class Statsd:
         self.last_topics = {t["topic_name"]: (t, {c["channel_name"]: c for c in t["channels"]})
                             for t in topics or ()}
         if opts.statsd_mem_stats:
-            ms = mem_stats()
+            ms = part["memory"]  # every worker's (stats.merge_memory)
             for key in MEM_GAUGES:
                 client.gauge(f"mem.{key}", ms[key])
             client.incr("mem.gc_runs", ms["gc_total_runs"] - self.last_gc_runs)

@@ -104,8 +104,9 @@ def main(opts, index, nworkers, ctl, log):
 
 def reload_options(nsqd, log):
     """SIGHUP: re-read the flags and config file; apply what may change while
-    running (what nsqd's PUT /config allows: lookupd addresses, log level)."""
-    from nsqshm.nsqd.log import LEVELS
+    running (what nsqd's PUT /config allows: lookupd addresses, log level).
+    The supervisor tells every worker, so each applies it for itself."""
+    from nsqshm.nsqd.nsqd import RUNTIME_OPTIONS
     from nsqshm.nsqd.options import OptionsError, parse_args
 
     try:
@@ -113,8 +114,5 @@ def reload_options(nsqd, log):
     except OptionsError as err:
         log.error(f"reload: {err}")
         return
-    for key in ("lookupd_tcp_address", "log_level"):
-        setattr(nsqd.opts, key, getattr(fresh, key))
+    nsqd.apply_options({key: getattr(fresh, key) for key in RUNTIME_OPTIONS})
     log.warn(f"reload: configuration re-read (log level {nsqd.opts.log_level})")
-    log.level = LEVELS.get(str(nsqd.opts.log_level).lower(), log.level)
-    nsqd.options_changed()

@@ -1,5 +1,15 @@
-"""A real `nsqshm start` process on ephemeral 127.0.0.1 ports, per test."""
+"""A real `nsqshm start` process on ephemeral 127.0.0.1 ports, per test.
 
+Worker counts: a server has one worker unless its test asks for more.  A
+test module that sets WORKER_COUNTS = (1, 2) runs each of its tests that
+starts a server (through nsqd_factory, nsqd, or the nsqd_workers fixture of
+its own module-scoped servers) once per count, ids `w1` and `w2`: what one
+nsqd does, the broker does whichever worker takes a connection.  A test that
+is about one worker says so with @pytest.mark.workers(1).
+"""
+
+import http.client
+import json
 import os
 import re
 import signal
@@ -16,11 +26,15 @@ LISTEN = re.compile(r"(TCP|HTTP): listening on (\S+):(\d+)")
 
 
 class Server:
-    def __init__(self, args, data_path, env=None, prefix=None):
+    def __init__(self, args, data_path, env=None, prefix=None, workers=1):
         self.prefix = prefix or f"nsqshm-test-{uuid.uuid4().hex[:10]}"
         self.data_path = data_path
         if not any(a.startswith(("--workers", "-workers")) for a in args):
-            args = ["--workers=1", *args]  # one worker unless a test asks for more
+            args = [f"--workers={workers}", *args]
+        self.workers = workers
+        for a in args:
+            if a.startswith(("--workers=", "-workers=")):
+                self.workers = int(a.partition("=")[2])
         cmd = [sys.executable, "-m", "nsqshm.cli", "start", "--tcp-address=127.0.0.1:0",
                "--http-address=127.0.0.1:0", f"--data-path={data_path}",
                f"--shm-prefix={self.prefix}", *args]
@@ -84,12 +98,30 @@ class Server:
                     pass
 
 
+def pytest_generate_tests(metafunc):
+    """WORKER_COUNTS of the module, or the test's own workers mark."""
+    if "nsqd_workers" not in metafunc.fixturenames:
+        return
+    mark = metafunc.definition.get_closest_marker("workers")
+    counts = mark.args if mark is not None else getattr(metafunc.module, "WORKER_COUNTS", None)
+    if counts:
+        metafunc.parametrize("nsqd_workers", counts, indirect=True, scope="module",
+                             ids=[f"w{n}" for n in counts])
+
+
+@pytest.fixture(scope="module")
+def nsqd_workers(request):
+    """How many workers the servers of this test run (see the module docstring)."""
+    return getattr(request, "param", 1)
+
+
 @pytest.fixture
-def nsqd_factory(tmp_path):
+def nsqd_factory(tmp_path, nsqd_workers):
     servers = []
 
     def start(*args, data_path=None, env=None, prefix=None):
-        server = Server(list(args), str(data_path or tmp_path), env=env, prefix=prefix)
+        server = Server(list(args), str(data_path or tmp_path), env=env, prefix=prefix,
+                        workers=nsqd_workers)
         servers.append(server)
         return server
 
@@ -101,6 +133,31 @@ def nsqd_factory(tmp_path):
 @pytest.fixture
 def nsqd(nsqd_factory):
     return nsqd_factory()
+
+
+def http_on_worker(server, index, tries=200):
+    """A kept-alive HTTP connection that landed on worker `index` (the kernel
+    spreads new connections over the workers' listeners)."""
+    for _ in range(tries):
+        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+        conn.request("GET", "/debug/nsqshm/worker")
+        info = json.loads(conn.getresponse().read())
+        if info["index"] == index:
+            return conn
+        conn.close()
+    raise AssertionError(f"no HTTP connection landed on worker {index} in {tries} tries")
+
+
+def http_on_each_worker(server):
+    """{index: kept-alive HTTP connection} for every worker of server."""
+    return {index: http_on_worker(server, index) for index in range(server.workers)}
+
+
+def http_call(conn, method, path, body=None):
+    """(status, body) of one request on a kept-alive connection."""
+    conn.request(method, path, body=body)
+    resp = conn.getresponse()
+    return resp.status, resp.read()
 
 
 def wait_for(predicate, timeout=10.0, interval=0.02):

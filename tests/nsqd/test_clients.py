@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+WORKER_COUNTS = (1, 2)  # every test on one worker and on two (conftest.py)
+
 HERE = os.path.dirname(__file__)
 N = 20
 

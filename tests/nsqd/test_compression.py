@@ -15,6 +15,8 @@ from nsqshm._core import snappy as nsnappy
 from .conftest import wait_for
 from .transport import Conn, frame_bytes, mpublish, run_client, tcp_clients
 
+WORKER_COUNTS = (1, 2)  # every test on one worker and on two (conftest.py)
+
 OK = frame_bytes(0, b"OK")
 
 

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from tests.nsqd.conftest import Server, wait_for
+from tests.nsqd.conftest import Server, http_call, http_on_each_worker, http_on_worker, wait_for
+
+WORKER_COUNTS = (1, 2)  # every test on one worker and on two (conftest.py)
 
 V1 = "nsq; version=1.0"
 JSON_TYPE = "application/json; charset=utf-8"
@@ -140,8 +142,8 @@ class TCP:
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    server = Server([], str(tmp_path_factory.mktemp("http")))
+def shared(tmp_path_factory, nsqd_workers):
+    server = Server([], str(tmp_path_factory.mktemp("http")), workers=nsqd_workers)
     yield server
     server.cleanup()
 
@@ -152,13 +154,13 @@ def srv(shared):
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory):
+def small(tmp_path_factory, nsqd_workers):
     """--max-msg-size=10 --max-body-size=100, and other non-default limits."""
     server = Server(["--max-msg-size=10", "--max-body-size=100", "--max-req-timeout=10s",
                      "--broadcast-address=bcast.example", "--max-heartbeat-interval=30s",
                      "--max-output-buffer-size=1000", "--max-output-buffer-timeout=5s",
                      "--max-deflate-level=3", "--e2e-processing-latency-percentile=1.0,0.99"],
-                    str(tmp_path_factory.mktemp("small")))
+                    str(tmp_path_factory.mktemp("small")), workers=nsqd_workers)
     yield server
     server.cleanup()
 
@@ -778,6 +780,29 @@ def test_config_put_log_level(nsqd_factory):
     request(server, "GET", "/ping?marker=loud")
     assert wait_for(lambda: any("/ping?marker=loud" in line for line in server.lines))
     assert not any("/ping?marker=quiet" in line for line in server.lines)
+
+
+# (option, what worker 0 then worker 1 is told, what GET /config answers after each)
+RUNTIME_CONFIG = [
+    ("log_level", [b"error", b"debug"], [b"4", b"1"]),
+    ("nsqlookupd_tcp_addresses", [b'["127.0.0.1:1"]', b'["127.0.0.1:2","127.0.0.1:3"]'],
+     [b'["127.0.0.1:1"]', b'["127.0.0.1:2","127.0.0.1:3"]']),
+]
+
+
+@pytest.mark.workers(2)
+@pytest.mark.parametrize("opt,values,answers", RUNTIME_CONFIG, ids=[c[0] for c in RUNTIME_CONFIG])
+def test_config_put_on_any_worker_is_answered_by_every_worker(nsqd_factory, opt, values,
+                                                              answers):
+    """One broker: a PUT /config on one worker holds on every worker once answered."""
+    server = nsqd_factory()
+    for index, (value, answer) in enumerate(zip(values, answers, strict=True)):
+        assert http_call(http_on_worker(server, index), "PUT", f"/config/{opt}",
+                         value) == (200, answer)
+        # fresh connections until each worker has answered; no waiting
+        for conn in http_on_each_worker(server).values():
+            assert http_call(conn, "GET", f"/config/{opt}") == (200, answer)
+            conn.close()
 
 
 # ---------------------------------------------------------------------------

@@ -13,11 +13,12 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from urllib.parse import quote
 
 import pytest
 
-from tests.nsqd.conftest import wait_for
+from tests.nsqd.conftest import http_call, http_on_worker, wait_for
 from tests.nsqd.test_http_api import TCP, request
 
 HERE = os.path.dirname(__file__)
@@ -245,6 +246,7 @@ def test_readers_discover_nsqshm_through_lookupd(nsqd_factory, lookupd, library)
     assert result["nsqd"] == [f"127.0.0.1:{node.tcp_port}"]
 
 
+@pytest.mark.workers(1, 2)
 def test_channels_known_to_lookupd_are_precreated(nsqd_factory, lookupd, tmp_path):
     a = start_node(nsqd_factory, lookupd)
     a.post("/topic/create?topic=pre")
@@ -257,7 +259,10 @@ def test_channels_known_to_lookupd_are_precreated(nsqd_factory, lookupd, tmp_pat
         return any("LOOKUPD(" in line and "peer info" in line for line in b.lines)
 
     assert wait_for(b_knows_lookupd)
-    assert b.post("/pub?topic=pre", b"first") == (200, b"OK")
+    # with 2 workers: published on worker 1, the owner of "pre"; worker 0, which
+    # talks to lookupd, creates the channels, and worker 1 must have them first
+    last = http_on_worker(b, b.workers - 1)
+    assert http_call(last, "POST", "/pub?topic=pre", b"first") == (200, b"OK")
     b_stats = json.loads(b.get("/stats?format=json&topic=pre")[1])
     (topic,) = b_stats["topics"]
     # the message went to the channel nsqd created from lookupd's answer
@@ -319,3 +324,30 @@ def test_lookupd_addresses_changed_at_run_time(nsqd_factory, lookupd_factory):
     assert wait_for(lambda: lk1.get_json("/nodes")["producers"] == [])
     assert producers(lk2, "runtime") == [me(node)]
     assert any(f"LOOKUP({lk1.tcp_address}): removing peer" in line for line in node.lines)
+
+
+@pytest.mark.workers(2)
+@pytest.mark.parametrize("put_on", [0, 1], ids=["put_on_worker0", "put_on_worker1"])
+def test_lookupd_added_at_run_time_sees_every_topic_and_channel(nsqd_factory, lookupd, put_on):
+    """Worker 0 talks to nsqlookupd for the broker: an address PUT on any
+    worker reaches it, and it registers every topic and channel, whichever
+    worker made or owns them (nsqd's lookupLoop on a new peer)."""
+    node = nsqd_factory("--broadcast-address=127.0.0.1")
+    topics = [f"late{i}" for i in range(6)]
+    assert {zlib.crc32(t.encode()) % 2 for t in topics} == {0, 1}  # owned by both
+    expect = {}
+    for i, topic in enumerate(topics):
+        conn = http_on_worker(node, i % 2)  # made on both workers too
+        assert http_call(conn, "POST", f"/topic/create?topic={topic}")[0] == 200
+        expect[topic] = [f"c{j}" for j in range(i % 3)]  # none, one or two channels
+        for channel in expect[topic]:
+            assert http_call(conn, "POST",
+                             f"/channel/create?topic={topic}&channel={channel}")[0] == 200
+        conn.close()
+    assert producers(lookupd, topics[0]) == []
+    body = json.dumps([lookupd.tcp_address]).encode()
+    assert http_call(http_on_worker(node, put_on), "PUT", "/config/nsqlookupd_tcp_addresses",
+                     body) == (200, body.replace(b" ", b""))
+    for topic in topics:
+        assert wait_for(lambda t=topic: producers(lookupd, t) == [me(node)]), topic
+        assert channels(lookupd, topic) == expect[topic]

@@ -5,6 +5,7 @@ consuming, and against /stats."""
 import json
 import time
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.nsqd.conftest import wait_for
@@ -126,3 +127,34 @@ def test_metrics_route_follows_nsqd_routing(nsqd):
     status, headers, _ = request(nsqd, "GET", "/metrics/")
     assert (status, headers["location"]) == (301, "/metrics")
     assert request(nsqd, "GET", "/stats")[1]["content-type"] == "text/plain; charset=utf-8"
+
+
+@pytest.mark.workers(2)
+def test_metrics_on_each_worker_describe_the_whole_broker(nsqd_factory):
+    """Clients and producers of both workers, and the processes of the broker
+    (the supervisor and both workers), whichever worker answers the scrape."""
+    from tests.nsqd.conftest import http_call, http_on_each_worker
+    from tests.nsqd.test_workers import client_on_worker
+
+    server = nsqd_factory()
+    clients = [client_on_worker(server, i, "whole", "ch") for i in (0, 1)]
+    clients += [client_on_worker(server, i, "whole") for i in (0, 1)]  # producers (PUB probe)
+    for index, conn in http_on_each_worker(server).items():
+        status, body = http_call(conn, "GET", "/metrics")
+        assert status == 200
+        samples = {}
+        for family in text_string_to_metric_families(body.decode()):
+            for s in family.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        assert value(samples, "nsq_clients") == 4, index
+        assert value(samples, "nsq_producers") == 2, index
+        assert value(samples, "nsq_workers") == 2, index
+        assert channel_values(samples, "whole", "ch")["clients"] == 2, index
+        rss = {name: value(samples, "nsqshm_process_resident_memory_bytes", process=name)
+               for name in ("supervisor", "worker 0", "worker 1")}
+        assert all(v > 0 for v in rss.values()), rss
+        assert value(samples, "process_resident_memory_bytes") == sum(rss.values())
+        assert value(samples, "nsq_memory_heap_objects") > 0
+        conn.close()
+    for c in clients:
+        c.close()

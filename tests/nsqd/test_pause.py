@@ -8,6 +8,8 @@ from nsqshm import protocol as p
 from .conftest import wait_for
 from .test_protocol_v2 import Conn, publish
 
+WORKER_COUNTS = (1, 2)  # every test on one worker and on two (conftest.py)
+
 
 def channel_stats(server, topic, channel):
     status, body = server.get(f"/stats?format=json&topic={topic}")

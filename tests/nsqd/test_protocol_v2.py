@@ -13,6 +13,8 @@ from nsqshm import protocol as p
 
 from .conftest import wait_for
 
+WORKER_COUNTS = (1, 2)  # every test on one worker and on two (conftest.py)
+
 ID = b"0123456789abcdef"
 
 

@@ -625,3 +625,51 @@ def test_merge_stats_merges_the_workers_e2e_windows():
                 topics[0]["channels"][0]["e2e_processing_latency"]):
         assert e2e == {"count": 400, "percentiles": [{"quantile": 0.2, "value": 1e6},
                                                      {"quantile": 0.9, "value": 5e6}]}
+
+
+def test_merge_memory_sums_the_workers_and_keeps_the_worst_pause():
+    a = dict.fromkeys(MEMORY_KEYS, 10) | {"gc_pause_usec_99": 7, "gc_total_runs": 0xFFFFFFFF}
+    b = dict.fromkeys(MEMORY_KEYS, 5) | {"gc_pause_usec_99": 9, "gc_total_runs": 3}
+    merged = st.merge_memory([a, b])
+    assert list(merged) == MEMORY_KEYS
+    assert merged["heap_objects"] == merged["heap_in_use_bytes"] == merged["next_gc_bytes"] == 15
+    assert merged["gc_pause_usec_100"] == 10 and merged["gc_pause_usec_99"] == 9
+    assert merged["gc_total_runs"] == 2  # Go's uint32 NumGC wraps
+
+
+def _client_ports(doc):
+    consumers = {c["remote_address"].rpartition(":")[2]: c["nsqshm_worker"]
+                 for t in doc["topics"] for ch in t["channels"] for c in ch["clients"] or ()}
+    producers = {c["remote_address"].rpartition(":")[2]: c["nsqshm_worker"]
+                 for c in doc["producers"] or ()}
+    return consumers, producers
+
+
+@pytest.mark.workers(2)
+def test_stats_on_each_worker_describe_the_whole_broker(nsqd_factory, tmp_path):
+    """Consumers and producers on both workers, listed by /stats whichever
+    worker answers; memory is every worker's (an idle worker's heap alone is
+    about half of it)."""
+    from tests.nsqd.conftest import http_call, http_on_each_worker
+    from tests.nsqd.test_workers import client_on_worker
+
+    server = nsqd_factory()
+    consumers = [client_on_worker(server, i, "whole", "ch") for i in (0, 1)]
+    producers = [client_on_worker(server, i, "whole") for i in (0, 1)]  # PUB probe
+    want_consumers = {str(c.sock.getsockname()[1]): i for i, c in enumerate(consumers)}
+    want_producers = {str(c.sock.getsockname()[1]): i for i, c in enumerate(producers)}
+    (tmp_path / "one").mkdir()
+    one = nsqd_factory("--workers=1", data_path=tmp_path / "one")
+    heap_one = get_json(one)[0]["memory"]["heap_objects"]
+    for index, conn in http_on_each_worker(server).items():
+        status, body = http_call(conn, "GET", "/stats?format=json")
+        doc = json.loads(body)
+        assert status == 200 and _client_ports(doc) == (want_consumers, want_producers), index
+        assert doc["memory"]["heap_objects"] > 1.5 * heap_one, index
+        status, body = http_call(conn, "GET", "/stats")
+        text = body.decode()
+        assert text.count("msgs: 1        topics: probe=1") == 2, text
+        assert text.count(" state: 3 inflt: ") == 2, text
+        conn.close()
+    for c in consumers + producers:
+        c.close()

@@ -174,3 +174,34 @@ def test_push_spreads_datagrams_over_the_interval_minus_a_second(receiver):
     assert len(stamps) >= 5  # nine mem lines in datagrams of at most 40 bytes
     assert 0.45 <= elapsed < 1.5  # spread over 1.5 s - 1 s
     assert stamps[-1] - stamps[0] >= 0.3
+
+
+@pytest.mark.workers(2)
+def test_worker_0_pushes_the_whole_brokers_numbers(nsqd_factory, receiver, tmp_path):
+    """Consumers and publishes on both workers, and both workers' memory (an
+    idle worker's heap is about half of the broker's), in worker 0's pushes."""
+    import json
+
+    from tests.nsqd.conftest import http_call, http_on_worker
+    from tests.nsqd.test_workers import client_on_worker
+
+    node = nsqd_factory(f"--statsd-address={receiver.address}", "--statsd-interval=1s",
+                        "--broadcast-address=127.0.0.1")
+    prefix = f"nsq.127_0_0_1_{node.http_port}."
+    consumers = [client_on_worker(node, i, "both", "c") for i in (0, 1)]
+    for i in (0, 1):
+        assert http_call(http_on_worker(node, i), "POST", "/mpub?topic=both",
+                         b"x\n" * (i + 1))[0] == 200
+    count = len(receiver.pushes())
+    assert wait_for(lambda: len(receiver.pushes()) >= count + 2, timeout=5)
+    last = dict((s, v) for s, v, _ in (parse(li, prefix) for li in receiver.pushes()[-1]))
+    assert last["topic.both.channel.c.clients"] == 2
+    total = sum(v for p in receiver.pushes() for s, v, _ in (parse(li, prefix) for li in p)
+                if s == "topic.both.message_count")
+    assert total == 3
+    (tmp_path / "one").mkdir()
+    one = nsqd_factory("--workers=1", data_path=tmp_path / "one")
+    heap_one = json.loads(one.get("/stats?format=json")[1])["memory"]["heap_objects"]
+    assert last["mem.heap_objects"] > 1.5 * heap_one
+    for c in consumers:
+        c.close()

@@ -23,6 +23,8 @@ from .transport import (
 
 pytest_plugins = ["tests.nsqd.transport_fixtures"]  # certs, authd
 
+WORKER_COUNTS = (1, 2)  # every test on one worker and on two (conftest.py)
+
 IDENTIFY_TLS_REPLY = (b'{"max_rdy_count":2500,"version":"1.3.0","max_msg_timeout":900000,'
                       b'"msg_timeout":60000,"tls_v1":true,"deflate":false,"deflate_level":6,'
                       b'"max_deflate_level":6,"snappy":false,"sample_rate":0,'

@@ -15,7 +15,7 @@ import pytest
 
 from nsqshm import protocol as p
 
-from .conftest import wait_for
+from .conftest import http_on_each_worker, http_on_worker, wait_for
 from .transport import client_context, https_port, tls_args
 
 pytest_plugins = ["tests.nsqd.transport_fixtures"]  # certs
@@ -160,18 +160,34 @@ def test_stats_on_any_worker_show_every_workers_clients(nsqd_factory):
     b.close()
 
 
-def http_on_worker(server, index):
-    """A kept-alive HTTP connection that landed on worker `index`."""
-    import http.client
+def test_max_channel_consumers_counts_every_workers_consumers(nsqd_factory):
+    server = nsqd_factory("--workers=2", "--max-channel-consumers=1")
+    first = client_on_worker(server, 0, "cap", "ch")
+    for _ in range(10):  # new connections: some land on worker 1
+        c = Client(server)
+        c.send(p.sub("cap", "ch"))
+        assert c.response() == (p.FRAME_TYPE_ERROR,
+                                b"E_SUB_FAILED SUB failed consumers for cap:ch exceeds limit of 1")
+        c.close()
+    first.close()
 
-    for _ in range(200):
-        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
-        conn.request("GET", "/debug/nsqshm/worker")
-        info = json.loads(conn.getresponse().read())
-        if info["index"] == index:
-            return conn
-        conn.close()
-    raise AssertionError(f"no HTTP connection landed on worker {index}")
+
+def test_fin_of_a_message_in_flight_on_another_worker(nsqd_factory):
+    """nsqd's answer whichever worker holds the message: not this client's."""
+    server = nsqd_factory("--workers=2")
+    holder = client_on_worker(server, 0, "own", "ch")
+    other = client_on_worker(server, 1, "own", "ch")
+    http_on_worker(server, 0).request("POST", "/pub?topic=own", body=b"x")
+    holder.send(p.rdy(1))
+    msg = holder.message()
+    for cmd in (p.fin(msg.id), p.req(msg.id, 0), p.touch(msg.id)):
+        other.send(cmd)
+        kind, data = other.response()
+        assert kind == p.FRAME_TYPE_ERROR and data.endswith(b"failed client does not own message")
+    other.send(p.fin(b"0" * 16))
+    assert other.response()[1].endswith(b"failed ID not in flight")
+    holder.send(p.fin(msg.id) + p.nop() + p.pub("own", b"y"))
+    assert holder.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
 
 
 def post(conn, path):
@@ -232,6 +248,38 @@ def worker_of_pid(server, index):
     raise AssertionError(f"worker {index} never answered")
 
 
+def answering(server, index):
+    """A kept-alive HTTP connection to worker `index`, or None while it starts."""
+    try:
+        return http_on_worker(server, index, tries=20)
+    except AssertionError:
+        return None
+
+
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_replaced_worker_keeps_the_options_put_at_run_time(nsqd_factory, lookupd, killed):
+    """A worker started after PUT /config takes the options from a running
+    peer (with the topology), not the flags the broker started with; worker
+    0 then registers with the lookupd it was told about."""
+    server = nsqd_factory("--workers=2", "--broadcast-address=127.0.0.1")
+    assert post(http_on_worker(server, 0), "/topic/create?topic=kept")[0] == 200
+    body = json.dumps([lookupd.tcp_address]).encode()
+    conn = http_on_worker(server, 1 - killed)
+    conn.request("PUT", "/config/nsqlookupd_tcp_addresses", body=body)
+    assert conn.getresponse().read() == body
+    conn.request("PUT", "/config/log_level", body=b"warn")
+    assert conn.getresponse().read() == b"3"
+    pid = worker_of_pid(server, killed)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: len(workers(server)) == 2 and pid not in workers(server), timeout=15)
+    fresh = wait_for(lambda: answering(server, killed), timeout=15)
+    assert fresh, "".join(server.lines[-20:])
+    for opt, want in (("nsqlookupd_tcp_addresses", body), ("log_level", b"3")):
+        fresh.request("GET", f"/config/{opt}")
+        assert fresh.getresponse().read() == want
+    assert wait_for(lambda: lookupd.producers("kept") == [("127.0.0.1", server.tcp_port)])
+
+
 def test_a_hung_worker_is_killed_and_replaced(nsqd_factory):
     server = nsqd_factory("--workers=2", env={"NSQSHM_WORKER_TIMEOUT": "1.5"})
     victim = workers(server)[0]
@@ -272,6 +320,10 @@ def test_sighup_rereads_the_config_in_every_worker(tmp_path, nsqd_factory):
     server.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: sum("reload: configuration re-read" in line
                          for line in server.lines) == 2, timeout=10)
+    for index, conn in http_on_each_worker(server).items():
+        conn.request("GET", "/config/log_level")
+        assert conn.getresponse().read() == b"3", index  # warn, on every worker
+        conn.close()
     server.lines.clear()
     for _ in range(5):
         server.get("/ping")
