@@ -36,18 +36,20 @@ from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqd.topic import TopicError
 
 MAGIC_V2 = b"  V2"
-MAX_LINE = 16 * 1024
+MAX_LINE = 16 * 1024  # nsqd's bufio.Reader size: a longer line (with its '\n') ends the connection
 OK = b"OK"
 CLOSE_WAIT = b"CLOSE_WAIT"
 BAD_PROTOCOL_FRAME = frame(FRAME_TYPE_ERROR, b"E_BAD_PROTOCOL")
 
-# IDENTIFY's JSON fields and the Python types Go's decoder accepts for them
+# IDENTIFY's JSON fields (nsqd's identifyDataV2) and the Python type Go's decoder
+# accepts for each; an int field's range is that of its Go type (int64, or int32)
 IDENTIFY_FIELDS = {
     "client_id": str, "hostname": str, "heartbeat_interval": int, "output_buffer_size": int,
     "output_buffer_timeout": int, "feature_negotiation": bool, "tls_v1": bool, "deflate": bool,
     "deflate_level": int, "snappy": bool, "sample_rate": int, "user_agent": str,
     "msg_timeout": int,
 }
+INT_BITS = {"sample_rate": 32}  # the others are Go ints: 64 bits
 MESSAGE_ERRORS = {
     wire.MPUB_COUNT_UNREADABLE: ("E_BAD_BODY", "MPUB failed to read message count"),
     wire.MPUB_BAD_COUNT: ("E_BAD_BODY", "MPUB invalid message count {value}"),
@@ -103,7 +105,7 @@ class Reader:
 
     def readline(self):
         while True:
-            i = self.buf.find(b"\n", self.pos)
+            i = self.buf.find(b"\n", self.pos, self.pos + MAX_LINE)
             if i >= 0:
                 line = bytes(self.buf[self.pos:i])
                 self.pos = i + 1
@@ -123,15 +125,75 @@ class Reader:
         """A 4-byte big-endian signed length (Go's int32 readLen)."""
         return int.from_bytes(self.read(4), "big", signed=True)
 
+    def read_mpub(self, max_msg_size, max_body_size):
+        """An MPUB's messages, read as nsqd's readMPUB reads them: from the
+        stream, as far as the count and sizes go (the announced body size
+        does not bound them).  Returns (status, index, value, data): data
+        is the count and the messages (for wire.pack_mpub) when status is
+        MPUB_OK; else status is the first error, and an MPUB_INCOMPLETE one
+        means the stream ended first."""
+        scan_pos, index = 0, 0
+        while True:
+            status, index, value, scan_pos = wire.scan_mpub(
+                self.buf, self.pos, scan_pos, index, max_msg_size, max_body_size)
+            if status == wire.MPUB_OK:
+                data = bytes(self.buf[self.pos:scan_pos])
+                self.pos = scan_pos
+                return status, index, value, data
+            if status not in wire.MPUB_INCOMPLETE:
+                return status, index, value, None
+            if scan_pos:
+                scan_pos -= self.pos  # _fill moves what is pending to the front
+            try:
+                self._fill()
+            except Disconnect:
+                return status, index, value, None
+            if scan_pos:
+                scan_pos += self.pos
+
 
 def base10(value):
-    """nsqd's ByteToBase10: ASCII digits only (empty is 0); None if not."""
+    """nsqd's ByteToBase10, a uint64: ASCII digits only (empty is 0),
+    wrapping; None if not digits."""
     if value and not value.isdigit():
         return None
     n = 0
     for ch in value:
         n = (n * 10 + ch - 48) & 0xFFFFFFFFFFFFFFFF
+    return n
+
+
+def int64(n):
+    """A uint64 as Go's int64(n)."""
+    n &= 0xFFFFFFFFFFFFFFFF
     return n - (1 << 64) if n >= 1 << 63 else n
+
+
+def duration_ms(ms):
+    """Go's time.Duration(ms) * time.Millisecond in ns: int64, wrapping."""
+    return int64(ms * 1_000_000)
+
+
+class _Pairs(list):
+    """A JSON object's members in order (json's object_pairs_hook)."""
+
+
+def _no_constant(name):
+    raise ValueError(f"invalid JSON constant {name}")
+
+
+def go_json_object(body):
+    """Decode IDENTIFY's body as Go's json.Unmarshal into a struct would:
+    UTF-8 only (no BOM, no UTF-16; invalid bytes in strings become U+FFFD),
+    no NaN/Infinity, `null` is an empty object; the members in order.
+    ValueError if Go's decoder would fail."""
+    value = json.loads(body.decode("utf-8", "replace"), object_pairs_hook=_Pairs,
+                       parse_constant=_no_constant)
+    if value is None:
+        return []
+    if not isinstance(value, _Pairs):
+        raise ValueError("not an object")
+    return value
 
 
 def text(value):
@@ -255,17 +317,17 @@ class ProtocolV2:
                                body_too_big="IDENTIFY body too big {n} > {max}",
                                bad_size="IDENTIFY invalid body size {n}")
         try:
-            raw = json.loads(body)
-            if not isinstance(raw, dict):
-                raise ValueError
             data = {}
-            for key, value in raw.items():
-                field = key.lower()
+            for key, value in go_json_object(body):
+                field = key.casefold()  # Go matches a struct field's name case-insensitively
                 kind = IDENTIFY_FIELDS.get(field)
                 if kind is None or value is None:
                     continue
-                if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-                    raise ValueError
+                if kind is int:
+                    bits = INT_BITS.get(field, 64)
+                    if (isinstance(value, bool) or not isinstance(value, int)
+                            or not -(1 << (bits - 1)) <= value < 1 << (bits - 1)):
+                        raise ValueError
                 if not isinstance(value, kind):
                     raise ValueError
                 data[field] = value
@@ -446,6 +508,7 @@ class ProtocolV2:
             count = base10(params[1])
             if count is None:
                 raise FatalClientErr("E_INVALID", f"RDY could not parse count {text(params[1])}")
+            count = int64(count)
         if not 0 <= count <= self.opts.max_rdy_count:
             raise FatalClientErr("E_INVALID",
                                  f"RDY count {count} out of range 0-{self.opts.max_rdy_count}")
@@ -470,10 +533,10 @@ class ProtocolV2:
         timeout_ms = base10(params[2])
         if timeout_ms is None:
             raise FatalClientErr("E_INVALID", f"REQ could not parse timeout {text(params[2])}")
-        max_ms = int(self.opts.max_req_timeout * 1000)
-        timeout_ms = min(max(timeout_ms, 0), max_ms)  # clamped, as nsqd >= 1.1
+        max_ns = int(self.opts.max_req_timeout * 1e9)
+        timeout_ns = min(max(duration_ms(timeout_ms), 0), max_ns)  # clamped, as nsqd >= 1.1
         try:
-            client.channel.requeue(client, msg_id, timeout_ms / 1000)
+            client.channel.requeue(client, msg_id, timeout_ns / 1e9)
         except ChannelError as err:
             raise ClientErr("E_REQ_FAILED", f"REQ {text(msg_id)} failed {err}") from None
         return None
@@ -531,10 +594,12 @@ class ProtocolV2:
             raise FatalClientErr("E_BAD_BODY", f"MPUB invalid body size {size}")
         if size > opts.max_body_size:
             raise FatalClientErr("E_BAD_BODY", f"MPUB body too big {size} > {opts.max_body_size}")
-        body = reader.read(size)
+        # the size is checked, not used: the messages are read from the stream (readMPUB)
+        status, index, value, body = reader.read_mpub(opts.max_msg_size, opts.max_body_size)
         packed = bytearray()
-        status, index, value = wire.pack_mpub(body, self.nsqd.ids, time.time_ns(),
-                                              opts.max_msg_size, opts.max_body_size, packed)
+        if status == wire.MPUB_OK:
+            status, index, value = wire.pack_mpub(body, self.nsqd.ids, time.time_ns(),
+                                                  opts.max_msg_size, opts.max_body_size, packed)
         if status != wire.MPUB_OK:
             code, template = MESSAGE_ERRORS[status]
             raise FatalClientErr(code, template.format(index=index, value=value,
@@ -556,14 +621,15 @@ class ProtocolV2:
         if timeout_ms is None:
             raise FatalClientErr("E_INVALID", f"DPUB could not parse timeout {text(params[2])}")
         max_ms = int(self.opts.max_req_timeout * 1000)
-        if not 0 <= timeout_ms <= max_ms:
+        timeout_ns = duration_ms(timeout_ms)  # Go's Duration: 2^63 ms wraps to 0, a valid delay
+        if not 0 <= timeout_ns <= max_ms * 1_000_000:
             raise FatalClientErr("E_INVALID", f"DPUB timeout {timeout_ms} out of range 0-{max_ms}")
         body = self._read_message(reader, "DPUB")
         self.check_auth(client, "DPUB", topic_name.decode(), "")
         topic = self.nsqd.get_topic(topic_name.decode())
         try:
-            if timeout_ms:
-                topic.put_deferred(body, timeout_ms / 1000)
+            if timeout_ns:
+                topic.put_deferred(body, timeout_ns / 1e9)
             else:
                 topic.put_message(body)
         except TopicError as err:
