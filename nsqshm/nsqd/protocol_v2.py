@@ -285,11 +285,10 @@ class ProtocolV2:
                     raise FatalClientErr("E_INVALID", f"invalid command {text(params[0])}")
                 response = handler(client, params, reader)
             except ClientErr as err:
-                client.out += frame(FRAME_TYPE_ERROR, err.wire)
+                client.queue_frame(FRAME_TYPE_ERROR, err.wire)
                 if err.fatal:
                     self.close_after_flush(client)
                     return
-                client.kick()
                 continue
             except (Disconnect, OSError):
                 return
@@ -297,7 +296,7 @@ class ProtocolV2:
                 client.queue_response(response)  # sent before the reader next waits
 
     def close_after_flush(self, client):
-        client.kick()
+        client.flush()
         deadline = time.monotonic() + 1.0
         while client.out and not client.closed and time.monotonic() < deadline:
             gevent.sleep(0.001)
@@ -513,6 +512,7 @@ class ProtocolV2:
             raise FatalClientErr("E_INVALID",
                                  f"RDY count {count} out of range 0-{self.opts.max_rdy_count}")
         client.ready_count = count
+        client.kick()  # held messages go when the client is no longer ready for more (nsqd)
         client.channel.wake()
         return None
 
