@@ -64,6 +64,12 @@ class Disconnect(Exception):
     """The connection ends without an error frame."""
 
 
+class LineTooLong(Disconnect):
+    """A line longer than nsqd's read buffer: the connection ends without an
+    error frame, after the answers to the commands before it (nsqd has
+    sent those already)."""
+
+
 class Reader:
     """Buffered reads of lines and exact sizes from a gevent socket (or, once
     upgraded, a TLS socket and/or a decompressing codec: `recv`)."""
@@ -111,7 +117,7 @@ class Reader:
                 self.pos = i + 1
                 return line
             if len(self.buf) - self.pos >= MAX_LINE:
-                raise Disconnect("bufio: buffer full")
+                raise LineTooLong("bufio: buffer full")
             self._fill()
 
     def read(self, n):
@@ -271,6 +277,9 @@ class ProtocolV2:
                 sock_timeout = timeout
             try:
                 line = reader.readline()
+            except LineTooLong:
+                self.close_after_flush(client)
+                return
             except (Disconnect, OSError):
                 return
             if line.endswith(b"\r"):

@@ -2,40 +2,59 @@
 nsqd13-differences.json define it: the whole input on a fresh connection
 (magic included), then a half-close; the answer is the sequence of frames
 until the server closes, each as its response text or E_ code ('' for none,
-'JSON' for an IDENTIFY response), heartbeats left out."""
+'JSON' for an IDENTIFY response, 'MSG' for a message), heartbeats left out.
+"""
 
 import socket
 import struct
 import time
 
-HEARTBEAT_FRAME = struct.pack(">ii", 15, 0) + b"_heartbeat_"
 
-
-def frame_words(data):
-    """The answer words of whole frames in data, and the bytes left over."""
-    words = []
+def parse_frames(data):
+    """Whole frames at the front of data as (type, body), and the rest."""
+    frames = []
     pos = 0
     while len(data) - pos >= 8:
         size, ftype = struct.unpack_from(">ii", data, pos)
-        if len(data) - pos - 4 < size:
+        if size < 4 or len(data) - pos - 4 < size:
             break
-        body = bytes(data[pos + 8:pos + 4 + size])
+        frames.append((ftype, bytes(data[pos + 8:pos + 4 + size])))
         pos += 4 + size
-        if ftype == 0 and body == b"_heartbeat_":
-            continue
-        if ftype == 1:
-            words.append(body.split(b" ", 1)[0].decode("latin-1"))
-        elif ftype == 0:
-            words.append("JSON" if body.startswith(b"{") else body.decode("latin-1"))
-        else:
-            words.append("MSG")
-    return words, data[pos:]
+    return frames, data[pos:]
 
 
-def converse(address, data, timeout=10.0, chunk=None):
-    """Send data (in chunks of `chunk` bytes if given), half-close, read to
-    the end.  Returns (answer words, seconds taken, hung): hung when the
-    server neither closed nor answered within timeout."""
+def word(ftype, body):
+    """A frame as an answer word."""
+    if ftype == 1:
+        return body.split(b" ", 1)[0].decode("latin-1")
+    if ftype == 2:
+        return "MSG"
+    return "JSON" if body.startswith(b"{") else body.decode("latin-1")
+
+
+class Answer:
+    """What a conversation got back."""
+
+    __slots__ = ("frames", "rest", "seconds", "hung")
+
+    def __init__(self, frames, rest, seconds, hung):
+        self.frames = frames    # (type, body), heartbeats left out
+        self.rest = rest        # bytes after the last whole frame (a cut frame)
+        self.seconds = seconds
+        self.hung = hung        # neither closed nor answered within the timeout
+
+    @property
+    def words(self):
+        return [word(t, b) for t, b in self.frames if t != 2]
+
+    @property
+    def messages(self):
+        return [b[26:] for t, b in self.frames if t == 2]
+
+
+def talk(address, data, timeout=10.0, chunk=None, linger=0.0):
+    """Send data (in writes of `chunk` bytes if given), wait `linger`
+    seconds, half-close, read to the end; an Answer."""
     start = time.monotonic()
     sock = socket.create_connection(address, timeout=timeout)
     received = bytearray()
@@ -48,6 +67,8 @@ def converse(address, data, timeout=10.0, chunk=None):
                     sock.sendall(data[i:i + chunk])
             else:
                 sock.sendall(data)
+            if linger:
+                time.sleep(linger)
             sock.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):
             pass  # closed early (a fatal error): read what was answered
@@ -69,5 +90,12 @@ def converse(address, data, timeout=10.0, chunk=None):
             received += part
     finally:
         sock.close()
-    words, _ = frame_words(received)
-    return words, time.monotonic() - start, hung
+    frames, rest = parse_frames(received)
+    frames = [f for f in frames if f != (0, b"_heartbeat_")]
+    return Answer(frames, bytes(rest), time.monotonic() - start, hung)
+
+
+def converse(address, data, timeout=10.0, chunk=None):
+    """(answer words, seconds taken, hung) of talk()."""
+    answer = talk(address, data, timeout, chunk)
+    return answer.words, answer.seconds, answer.hung

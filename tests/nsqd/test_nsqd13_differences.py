@@ -112,6 +112,9 @@ def test_a_line_longer_than_nsqds_read_buffer_closes_without_a_frame(one):
     longest = b"NOP " + b"x" * (16 * 1024 - 5) + b"\n"
     assert frames(one, longest + b"FOO\n") == [(1, b"E_INVALID invalid command FOO")]
     assert frames(one, b"NOP " + b"x" * (16 * 1024 - 4) + b"\nFOO\n") == []
+    # what came before it is answered first (nsqd answered it before reading on)
+    data = b"PUB t\n\x00\x00\x00\x01xNOP " + b"x" * (16 * 1024) + b"\n"
+    assert frames(one, data) == [(0, b"OK")]
 
 
 IDENTIFY_OK = [(0, b"OK")]
