@@ -57,12 +57,15 @@ BAD_CONFIG = [b"", b"x", b"[", b'["::::"', b"\xff", b'{"a": 1}', b'"verbose"', b
 
 
 def name(rng, names=NAMES):
+    """(name as it goes in a URL, the name) of a topic or channel."""
     r = rng.random()
     if r < 0.7:
-        return quote(rng.choice(names), safe="")
+        raw = rng.choice(names)
+        return quote(raw, safe=""), raw
     if r < 0.9:
-        return quote(rng.choice(BAD_NAMES), safe="")
-    return rng.choice(["%zz", "%", "a%00b", "..%2f..%2fetc", "a+b", "a b", "\u00e9", "a&b=c"])
+        raw = rng.choice(BAD_NAMES)
+        return quote(raw, safe=""), raw
+    return rng.choice(["%zz", "%", "a%00b", "..%2f..%2fetc", "a+b", "a b", "\u00e9", "a&b=c"]), None
 
 
 class HttpGenerator:
@@ -71,7 +74,7 @@ class HttpGenerator:
         self.names = names
         self.nonce = 0
 
-    def body(self, rng, path, method):
+    def body(self, rng, path, method, topic):
         m = self.limits.msg
         if "/mpub" in path and "binary" in path:
             n = rng.randrange(1, 5)
@@ -83,7 +86,7 @@ class HttpGenerator:
         if "/pub" in path:
             self.nonce += 1
             size = rng.choice([0, 1, m, m + 1, None])
-            body = tag(b"http", self.nonce)
+            body = tag(topic or b"?", self.nonce)  # a subscriber of topic may get it
             return body if size is None else (body * (size // len(body) + 1))[:size]
         if path.startswith("/config"):
             return rng.choice(BAD_CONFIG)
@@ -93,11 +96,13 @@ class HttpGenerator:
 
     def request(self, rng, table, node):
         method, path = rng.choice(table)
-        path = path.format(t=name(rng, self.names), c=name(rng, self.names), n=rng.choice([0, 1, 3600000, 3600001, -1, "x"]),
-                           node=node if rng.random() < 0.7 else name(rng, self.names))
+        topic, raw_topic = name(rng, self.names)
+        path = path.format(t=topic, c=name(rng, self.names)[0],
+                           n=rng.choice([0, 1, 3600000, 3600001, -1, "x"]),
+                           node=node if rng.random() < 0.7 else name(rng, self.names)[0])
         if rng.random() < 0.05:
             method = rng.choice(METHODS)
-        body = self.body(rng, path, method)
+        body = self.body(rng, path, method, raw_topic)
         headers = [b"Host: 127.0.0.1", b"Connection: close"]
         length = len(body)
         r = rng.random()

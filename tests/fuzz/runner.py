@@ -142,6 +142,7 @@ class Witness:
     def __init__(self, address, topic):
         self.topic = topic
         self.published = 0
+        self.failed = None
         self.received = []
         self.foreign = []
         self.sub = socket.create_connection(address, timeout=10)
@@ -178,10 +179,21 @@ class Witness:
                 self.sub.sendall(fins)
 
     def publish(self):
+        """Publish one more (False once the connection has failed)."""
+        if self.failed:
+            return False
+        body = tag(self.topic, self.published + 1)
+        try:
+            self.pub.sendall(b"PUB " + self.topic + b"\n" + len(body).to_bytes(4, "big") + body)
+            ok = self.pub.recv(10) == b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
+        except OSError as err:
+            self.failed = f"publishing failed: {err!r}"
+            return False
+        if not ok:
+            self.failed = "a PUB was not answered OK"
+            return False
         self.published += 1
-        body = tag(self.topic, self.published)
-        self.pub.sendall(b"PUB " + self.topic + b"\n" + len(body).to_bytes(4, "big") + body)
-        self.pub.recv(10)  # OK
+        return True
 
     def close(self):
         self.stop.set()
@@ -315,14 +327,17 @@ class Run:
                     return
                 try:
                     self.one(index)
-                except OSError as err:
-                    if any(p.poll() is not None for p in (cluster.nsqd.proc, cluster.lookupd.proc,
-                                                          cluster.admin.proc)):
-                        stopped.set()  # a server is gone: the rest would only repeat that
+                except Exception as err:  # every input is reported, whatever breaks
+                    if isinstance(err, ConnectionRefusedError) or any(
+                            p.poll() is not None
+                            for p in (cluster.nsqd.proc, cluster.lookupd.proc, cluster.admin.proc)):
+                        if not stopped.is_set():  # a server is gone: the rest would only repeat that
+                            stopped.set()
+                            self.find("server-gone", f"{err!r}: the run stops", index)
                         return
                     self.find("client-error", repr(err), index)
                 if n % 97 == 0:
-                    witnesses[n % 2].publish()
+                    witnesses[n % 2].publish()  # a failure is reported at the end
                 if n == warm:
                     rss["warm"] = cluster.rss()
                 if n % 5000 == 0:
@@ -343,9 +358,10 @@ class Run:
             while len(w.received) < w.published and time.monotonic() < deadline:
                 time.sleep(0.05)
             w.close()
-            if len(w.received) != w.published or w.foreign:
+            if len(w.received) != w.published or w.foreign or w.failed:
                 self.find("witness", f"{w.topic!r}: published {w.published}, received "
-                                     f"{len(w.received)}, foreign {[m[:40] for m in w.foreign[:5]]}")
+                                     f"{len(w.received)}, foreign {[m[:40] for m in w.foreign[:5]]}"
+                                     f"{'; ' + w.failed if w.failed else ''}")
         final = cluster.rss()
         rss["max"] = max(rss["max"], final)
         if rss["warm"] and final > rss["warm"] * MEMORY_SLACK[0] + MEMORY_SLACK[1]:
