@@ -28,6 +28,7 @@ import argparse
 import random
 import re
 import socket
+import struct
 import sys
 import tempfile
 import threading
@@ -100,6 +101,26 @@ class Cluster:
         self.admin.stop()
         self.nsqd.cleanup()
         self.lookupd.stop()
+
+
+def traceback_end(lines, start):
+    """The index past a traceback starting at lines[start]: past the
+    exception's own line (the first unindented one after a frame), chained
+    tracebacks included."""
+    i = start + 1
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith((" ", "\t", "Traceback", "\n")) or not line.strip():
+            i += 1
+        elif line.startswith(("During handling", "The above exception")):
+            i += 1
+        else:
+            i += 1  # the exception line
+            if i < len(lines) and (lines[i].startswith(("\n", "During", "The above")) or
+                                   not lines[i].strip()):
+                continue  # a chained one follows
+            return i
+    return i
 
 
 def http_exchange(address, data, timeout):
@@ -185,7 +206,12 @@ class Witness:
         body = tag(self.topic, self.published + 1)
         try:
             self.pub.sendall(b"PUB " + self.topic + b"\n" + len(body).to_bytes(4, "big") + body)
-            ok = self.pub.recv(10) == b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
+            while True:
+                frame = self._read_frame(self.pub)
+                if frame != (0, b"_heartbeat_"):
+                    break
+                self.pub.sendall(b"NOP\n")
+            ok = frame == (0, b"OK")
         except OSError as err:
             self.failed = f"publishing failed: {err!r}"
             return False
@@ -194,6 +220,19 @@ class Witness:
             return False
         self.published += 1
         return True
+
+    @staticmethod
+    def _read_frame(sock):
+        def exactly(n):
+            data = b""
+            while len(data) < n:
+                part = sock.recv(n - len(data))
+                if not part:
+                    raise ConnectionError("closed")
+                data += part
+            return data
+        size, ftype = struct.unpack(">ii", exactly(8))
+        return ftype, exactly(size - 4)
 
     def close(self):
         self.stop.set()
@@ -257,8 +296,9 @@ class Run:
         expected = [a for a, _ in known if a]
         complete = cut >= len(stream.data) or any(fatal for _, fatal in known)
         if words[:len(expected)] != expected or (complete and words != expected):
+            errors = [b.decode("latin-1")[:160] for t, b in answer.frames if t == 1]
             self.find("tcp-answer", f"nsqd answers {expected}{'' if complete else ' ...'}, "
-                                    f"got {words}", index, data)
+                                    f"got {words} {errors if errors else ''}", index, data)
         for body in answer.messages:
             topic = untag(body)
             if stream.topic is None and b"SUB" not in data:
@@ -376,9 +416,14 @@ class Run:
         if pids_after != pids_before:
             self.find("process-changed", f"server processes {sorted(pids_before)} -> {sorted(pids_after)}")
         for name, lines in cluster.logs().items():
-            for i, line in enumerate(lines):
-                if "Traceback" in line:
-                    self.find(f"traceback {name}", "".join(lines[max(0, i - 2):i + 25]))
+            i = 0
+            while i < len(lines):
+                if "Traceback" in lines[i]:
+                    end = traceback_end(lines, i)
+                    self.find(f"traceback {name}", "".join(lines[max(0, i - 2):end]))
+                    i = end
+                else:
+                    i += 1
         return {"inputs": self.counts["tcp"] + self.counts["http"], "stopped_early": stopped.is_set(),
                 "seconds": elapsed, "rss_warm": rss["warm"],
                 "rss_final": final, "rss_max": rss["max"], **self.counts}
