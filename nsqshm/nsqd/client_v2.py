@@ -210,6 +210,17 @@ class ClientV2:
             while view:
                 view = view[send(view):]
 
+    def _send_what_fits(self):
+        """Before a close from elsewhere (its channel deleted): the answers
+        queued for the client's commands go if the socket takes them now,
+        as nsqd had sent them already; never waits."""
+        try:
+            with self._write_lock:
+                self.sock.settimeout(0.0)
+                self._send_buffered()
+        except (OSError, ValueError):
+            pass
+
     # -- transport upgrades (IDENTIFY) ------------------------------------------------
 
     def upgrade(self, response, reader, tls_context=None, codec=None):
@@ -300,6 +311,8 @@ class ClientV2:
     def close(self):
         if self.closed:
             return
+        if self._urgent and not self._write_lock.locked():
+            self._send_what_fits()
         self.closed = True
         if self._heartbeat is not None:
             self._heartbeat.kill(block=False)
