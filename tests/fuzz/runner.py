@@ -36,7 +36,7 @@ import time
 from .cluster import Cluster, Witness
 from .conversation import talk
 from .http_inputs import ADMIN, LOOKUPD, NSQD, HttpGenerator
-from .v2_inputs import ANSWERS, ERROR_CODES, NAMES, Generator, Limits, mutate, untag
+from .v2_inputs import ANSWERS, ERROR_CODES, NAMES, Generator, Limits, Stream, mutate, untag
 
 MEMORY_SLACK = (1.25, 64 << 20)  # final RSS <= warm-up RSS * 1.25 + 64 MiB
 HTTP_STATUS = re.compile(rb"^HTTP/1\.[01] (\d{3})")
@@ -140,11 +140,13 @@ class Run:
         cut = len(data)
         if rng.random() < 0.4 and stream.expect[0][1] != "E_BAD_PROTOCOL":
             data, cut = mutate(rng, data, self.limits)
-        chunk = 1 if len(data) < 1500 and rng.random() < 0.03 else None
+        chunk = None
+        if rng.random() < 0.04:  # bodies and lines split over many writes
+            chunk = rng.choice([1, 2, 7]) if len(data) < 1500 else rng.choice([100, 1000])
         linger = 0.0
-        if rng.random() < 0.005:
-            data, cut, linger = b"  V2", 4, 0.2
-            stream.expect, stream.topic = [], None
+        if rng.random() < 0.005:  # a connection that sends the magic only must get nothing
+            stream = Stream()
+            data, cut, linger = stream.data, len(stream.data), 0.2
         answer = talk(self.cluster.nsqd.tcp, data, self.timeout, chunk, linger)
         with self.lock:
             self.counts["tcp"] += 1

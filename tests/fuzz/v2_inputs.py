@@ -183,6 +183,10 @@ class Generator:
         if rng.random() < 0.2:
             data["msg_timeout"] = rng.choice([1000, 60000])
         body = json.dumps(data).encode()
+        if rng.random() < 0.03:  # sizes at the limits of a command body
+            size = rng.choice([self.limits.body + 1, 0, -1])
+            s.add(b"IDENTIFY\n" + sized(b"{}", size), "E_BAD_BODY", FATAL)
+            return
         if rng.random() < 0.15:
             body, answer = rng.choice([
                 (b"null", "OK"), (b"\xef\xbb\xbf{}", "E_BAD_BODY"), (b"[1]", "E_BAD_BODY"),
@@ -252,7 +256,10 @@ class Generator:
         s.add(rng.choice([b"NOP\n", b"NOP\r\n"]), None)
 
     def auth(self, rng, s):
-        if s.subscribed is not None:
+        if s.subscribed is None and rng.random() < 0.2:
+            size = rng.choice([self.limits.body + 1, 0, -1])
+            s.add(b"AUTH\n" + sized(b"secret", size), "E_BAD_BODY", FATAL)
+        elif s.subscribed is not None:
             s.add(b"AUTH\n" + sized(b"secret"), "E_INVALID", FATAL)
         else:
             s.add(b"AUTH\n" + sized(b"secret"), "E_AUTH_DISABLED", FATAL)
