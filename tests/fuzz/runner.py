@@ -20,7 +20,7 @@ The oracle:
 - HTTP: every request is answered (when whole), never with a 5xx (save
   nsqd's /ping NOK and nsqadmin's 502 for an unreachable upstream);
 - no process dies or changes (the pids of every server process), no
-  Traceback in any log, and the servers' memory (RSS of all their
+  Traceback in any log (nor a handler's panic, a FATAL line...), and the servers' memory (RSS of all their
   processes) grows by less than MEMORY_SLACK after the warm-up.
 """
 
@@ -40,6 +40,9 @@ from .v2_inputs import ANSWERS, ERROR_CODES, NAMES, Generator, Limits, Stream, m
 
 MEMORY_SLACK = (1.25, 64 << 20)  # final RSS <= warm-up RSS * 1.25 + 64 MiB
 HTTP_STATUS = re.compile(rb"^HTTP/1\.[01] (\d{3})")
+# what a server logs when it fails inside (nsqd's router panic handler, a failed
+# operation, a fatal error): reported with the line, which says why
+LOG_ERROR = re.compile(r"panic in HTTP handler|failure in /|FATAL:|failed to apply")
 
 
 class Finding:
@@ -292,6 +295,8 @@ class Run:
                     self.find(f"traceback {name}", "".join(lines[max(0, i - 2):end]))
                     i = end
                 else:
+                    if LOG_ERROR.search(lines[i]):
+                        self.find(f"log-error {name}", lines[i].rstrip())
                     i += 1
         return {"inputs": self.counts["tcp"] + self.counts["http"], "stopped_early": stopped.is_set(),
                 "seconds": elapsed, "rss_warm": rss["warm"],
