@@ -57,7 +57,7 @@ class ClientV2:
         self.hostname = address[0]
         self.user_agent = ""
         self.connect_time = time.time()
-        self.connect_monotonic = time.monotonic()
+        self.ticks_from = time.monotonic()  # the phase of nsqd's outputBufferTicker (IDENTIFY resets it)
         self.heartbeat_interval = opts.client_timeout / 2
         self.msg_timeout = opts.msg_timeout
         self.output_buffer_size = 16 * 1024
@@ -139,10 +139,10 @@ class ClientV2:
             return
         if self._flush_timer is None:
             # at the next tick of nsqd's outputBufferTicker (every timeout since the
-            # connection began): a held message waits at most the timeout, and batches
-            # go a timeout apart.  A new libev timer per held batch: a fired one,
+            # connection began, or IDENTIFY): a held message waits at most the timeout,
+            # and batches go a timeout apart.  A new libev timer per held batch: a fired one,
             # restarted, would fire at once.
-            delay = timeout - (time.monotonic() - self.connect_monotonic) % timeout
+            delay = timeout - (time.monotonic() - self.ticks_from) % timeout
             self._flush_timer = gevent.get_hub().loop.timer(delay)
             self._flush_timer.start(self._wake_writer.set)
 

@@ -348,6 +348,7 @@ class ProtocolV2:
         if error:
             raise FatalClientErr("E_BAD_BODY", "IDENTIFY " + error)
         client.reset_heartbeat()
+        client.ticks_from = time.monotonic()  # nsqd's messagePump starts a new ticker
         if not data.get("feature_negotiation"):
             return OK
         opts = self.opts
