@@ -7,11 +7,12 @@ so a slow client never holds up the dispatcher of its channel.
 
 Output buffering, as nsqd's messagePump and bufio.Writer: message frames
 wait in `out` while the client can take more messages, until
-output_buffer_size bytes are there or output_buffer_timeout has passed since
-the first of them (one libev timer per client while frames wait, none
-while idle, firing at the ticks of nsqd's ticker); any other frame (a response, an error, a heartbeat) goes at once and
-takes them along, as nsqd's Send flushes its writer for every frame but a
-message.  A timeout of 0 (IDENTIFY's -1 for either field) sends at once.
+output_buffer_size bytes are there or the next tick of its
+output_buffer_timeout (a libev timer per client while frames wait, none
+while idle); any other frame (a response, an error, a heartbeat) goes at
+once and takes them along, as nsqd's Send flushes its writer for every
+frame but a message.  A timeout of 0 (IDENTIFY's -1 for either field)
+sends at once.
 
 The transport starts as the plain socket; IDENTIFY may upgrade it, in
 nsqd's order, to TLS (the socket is replaced by a TLS socket), then snappy
@@ -170,7 +171,7 @@ class ClientV2:
         if not self._urgent or self.closed:
             return
         if self._write_lock.locked():
-            self.kick()
+            self._wake_writer.set()
             return
         try:
             with self._write_lock:
