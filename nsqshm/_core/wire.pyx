@@ -11,6 +11,10 @@ an MPUB of any size costs one C pass and one ring call.
 An MPUB body, as the client sends it (big-endian):
 
     [ 4-byte message count ]( [ 4-byte size ][ size bytes of body ] )*
+
+nsqd reads an MPUB's messages from the connection, not from the announced
+body: the body size is only checked against its limits, and the count and
+sizes alone say where the MPUB ends (scan_mpub finds that end).
 """
 
 import time
@@ -30,6 +34,8 @@ MPUB_SIZE_UNREADABLE = 3     # "MPUB failed to read message(%d) body size"
 MPUB_BAD_SIZE = 4            # "MPUB invalid message(%d) body size %d"
 MPUB_TOO_BIG = 5             # "MPUB message too big %d > %d"
 MPUB_BODY_UNREADABLE = 6     # "MPUB failed to read message body"
+# the three "unreadable" statuses: the bytes scanned end before the MPUB does
+MPUB_INCOMPLETE = (MPUB_COUNT_UNREADABLE, MPUB_SIZE_UNREADABLE, MPUB_BODY_UNREADABLE)
 
 
 cdef inline char *_grow(bytearray out, Py_ssize_t extra) except NULL:
@@ -105,6 +111,51 @@ def pack_mpub(body, IdGenerator ids, uint64_t timestamp, long long max_msg_size,
     finally:
         PyBuffer_Release(&view)
     return MPUB_OK, 0, count
+
+
+def scan_mpub(data, Py_ssize_t start, Py_ssize_t pos, int32_t index,
+              long long max_msg_size, long long max_body_size):
+    """Follow an MPUB's count and sizes through data[start:] as far as they
+    are there, as nsqd's readMPUB reads them from the connection.
+
+    `pos` and `index` resume an earlier scan (pos 0: not begun; else the
+    offset of message `index`'s size field).  Returns (status, index, value,
+    pos): MPUB_OK with pos = the end of the last message; an error status
+    with nsqd's numbers; or an MPUB_INCOMPLETE status with where to resume
+    once more bytes are there.
+    """
+    cdef Py_buffer view
+    cdef const char *p
+    cdef Py_ssize_t n
+    cdef int32_t count, size
+    cdef long long max_messages = (max_body_size - 4) // 5
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        p = <const char *>view.buf
+        n = view.len
+        if n - start < 4:
+            return MPUB_COUNT_UNREADABLE, 0, 0, 0
+        count = <int32_t>get_u32be(p + start)
+        if count <= 0 or count > max_messages:
+            return MPUB_BAD_COUNT, 0, count, 0
+        if pos == 0:
+            pos = start + 4
+            index = 0
+        while index < count:
+            if n - pos < 4:
+                return MPUB_SIZE_UNREADABLE, index, 0, pos
+            size = <int32_t>get_u32be(p + pos)
+            if size <= 0:
+                return MPUB_BAD_SIZE, index, size, pos
+            if size > max_msg_size:
+                return MPUB_TOO_BIG, index, size, pos
+            if n - pos - 4 < size:
+                return MPUB_BODY_UNREADABLE, index, size, pos
+            pos += 4 + size
+            index += 1
+    finally:
+        PyBuffer_Release(&view)
+    return MPUB_OK, index, count, pos
 
 
 def pack_lines(body, IdGenerator ids, uint64_t timestamp, long long max_msg_size, bytearray out):

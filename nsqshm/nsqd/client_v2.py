@@ -5,6 +5,15 @@ Frames are appended to `out` by whoever produces them (the command loop,
 the channel's dispatcher, the heartbeat) and a writer greenlet sends them,
 so a slow client never holds up the dispatcher of its channel.
 
+Output buffering, as nsqd's messagePump and bufio.Writer: message frames
+wait in `out` while the client can take more messages, until
+output_buffer_size bytes are there or the next tick of its
+output_buffer_timeout (a libev timer per client while frames wait, none
+while idle); any other frame (a response, an error, a heartbeat) goes at
+once and takes them along, as nsqd's Send flushes its writer for every
+frame but a message.  A timeout of 0 (IDENTIFY's -1 for either field)
+sends at once.
+
 The transport starts as the plain socket; IDENTIFY may upgrade it, in
 nsqd's order, to TLS (the socket is replaced by a TLS socket), then snappy
 or deflate (a codec encodes each chunk the writer sends and decodes what
@@ -49,6 +58,7 @@ class ClientV2:
         self.hostname = address[0]
         self.user_agent = ""
         self.connect_time = time.time()
+        self.ticks_from = time.monotonic()  # the phase of nsqd's outputBufferTicker (IDENTIFY resets it)
         self.heartbeat_interval = opts.client_timeout / 2
         self.msg_timeout = opts.msg_timeout
         self.output_buffer_size = 16 * 1024
@@ -72,6 +82,8 @@ class ClientV2:
         self.closed = False
         self.unwritable = False  # a failed TLS handshake: the socket takes no more writes
         self.out = bytearray()
+        self._urgent = False      # out holds a frame that must go now (not a held message)
+        self._flush_timer = None  # the output buffer's timer, while messages are held
         self._write_lock = gevent.lock.Semaphore()
         self._wake_writer = gevent.event.Event()
         self._writer = None
@@ -107,26 +119,59 @@ class ClientV2:
         while not self.closed:
             gevent.sleep(interval)
             self.out += HEARTBEAT
-            self.kick()
+            self.flush()
 
-    def kick(self):
-        """Ask the writer to send what is buffered."""
+    def flush(self):
+        """Ask the writer to send everything buffered now."""
+        self._urgent = True
         self._wake_writer.set()
 
+    def kick(self):
+        """Message frames were appended to `out` (the channel's dispatcher,
+        after counting them in flight), or RDY changed: send now, or hold
+        them in the output buffer as nsqd's messagePump does while the client
+        is ready for more, until the buffer is full or the timeout fires."""
+        if not self.out:
+            return
+        timeout = self.output_buffer_timeout
+        if (timeout <= 0 or self._urgent or len(self.out) >= self.output_buffer_size
+                or self.in_flight >= self.ready_count):
+            self._wake_writer.set()
+            return
+        if self._flush_timer is None:
+            # at the next tick of nsqd's outputBufferTicker (every timeout since the
+            # connection began, or IDENTIFY): a held message waits at most the timeout,
+            # and batches go a timeout apart.  A new libev timer per held batch: a fired one,
+            # restarted, would fire at once.
+            delay = timeout - (time.monotonic() - self.ticks_from) % timeout
+            self._flush_timer = gevent.get_hub().loop.timer(delay)
+            self._flush_timer.start(self._wake_writer.set)
+
+    def _stop_flush_timer(self):
+        timer = self._flush_timer
+        if timer is not None:
+            self._flush_timer = None
+            timer.close()
+
+    def queue_frame(self, frame_type, data):
+        """A response or error to the client's own command: sent by its
+        reader before it next waits for input (flush_pending), as nsqd's
+        IOLoop sends responses itself; waking the writer greenlet for each
+        would cost a switch per PUB at low rates."""
+        self.out += frame(frame_type, data)
+        self._urgent = True
+
     def queue_response(self, data):
-        """A response to the client's own command: sent by its reader before
-        it next waits for input (flush_pending), as nsqd's IOLoop sends
-        responses itself; waking the writer greenlet for each would cost a
-        switch per PUB at low rates."""
-        self.out += frame(FRAME_TYPE_RESPONSE, data)
+        self.queue_frame(FRAME_TYPE_RESPONSE, data)
 
     def flush_pending(self):
-        """Send what is buffered from the reader, unless the writer is busy
-        sending (then it sends this too)."""
-        if not self.out or self.closed:
+        """Send what is buffered from the reader if a response or error is
+        among it (held messages wait for their timer), unless the writer is
+        busy sending (then it sends this too)."""
+        if not self._urgent or self.closed:
             return
         if self._write_lock.locked():
-            self.kick()
+            self._wake_writer.set()
             return
         try:
             with self._write_lock:
@@ -156,6 +201,9 @@ class ClientV2:
         while self.out:
             data = bytes(self.out)
             del self.out[:]
+            self._urgent = False
+            if self._flush_timer is not None:
+                self._stop_flush_timer()
             codec = self.codec
             if codec is not None:
                 data = codec.encode(data)
@@ -163,14 +211,16 @@ class ClientV2:
             while view:
                 view = view[send(view):]
 
-    def flush_now(self):
-        """Send what is buffered from the calling greenlet (before a close)."""
-        if self.out:
-            try:
-                with self._write_lock:
-                    self._send_buffered()
-            except OSError:
-                pass
+    def _send_what_fits(self):
+        """Before a close from elsewhere (its channel deleted): the answers
+        queued for the client's commands go if the socket takes them now,
+        as nsqd had sent them already; never waits."""
+        try:
+            with self._write_lock:
+                self.sock.settimeout(0.0)
+                self._send_buffered()
+        except (OSError, ValueError):
+            pass
 
     # -- transport upgrades (IDENTIFY) ------------------------------------------------
 
@@ -262,11 +312,14 @@ class ClientV2:
     def close(self):
         if self.closed:
             return
+        if self._urgent and not self._write_lock.locked():
+            self._send_what_fits()
         self.closed = True
         if self._heartbeat is not None:
             self._heartbeat.kill(block=False)
         if self._writer is not None:
             self._writer.kill(block=False)
+        self._stop_flush_timer()
         try:
             # shutdown first: the peer sees the end now, even when gevent defers
             # the close of a socket another greenlet was waiting on

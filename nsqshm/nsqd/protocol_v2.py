@@ -28,26 +28,28 @@ from nsqshm.nsqd.client_v2 import (
     ClientV2,
     frame,
 )
-from nsqshm.nsqd.compression import CorruptStream, DeflateCodec, SnappyCodec, decoding_recv
+from nsqshm.nsqd.compression import CorruptStream, DeflateCodec, SnappyCodec
 from nsqshm.nsqd.errors import ClientErr, FatalClientErr
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import TLS_NOT_REQUIRED
+from nsqshm.nsqd.reader import Disconnect, LineTooLong, Reader
 from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqd.topic import TopicError
 
 MAGIC_V2 = b"  V2"
-MAX_LINE = 16 * 1024
 OK = b"OK"
 CLOSE_WAIT = b"CLOSE_WAIT"
 BAD_PROTOCOL_FRAME = frame(FRAME_TYPE_ERROR, b"E_BAD_PROTOCOL")
 
-# IDENTIFY's JSON fields and the Python types Go's decoder accepts for them
+# IDENTIFY's JSON fields (nsqd's identifyDataV2) and the Python type Go's decoder
+# accepts for each; an int field's range is that of its Go type (int64, or int32)
 IDENTIFY_FIELDS = {
     "client_id": str, "hostname": str, "heartbeat_interval": int, "output_buffer_size": int,
     "output_buffer_timeout": int, "feature_negotiation": bool, "tls_v1": bool, "deflate": bool,
     "deflate_level": int, "snappy": bool, "sample_rate": int, "user_agent": str,
     "msg_timeout": int,
 }
+INT_BITS = {"sample_rate": 32}  # the others are Go ints: 64 bits
 MESSAGE_ERRORS = {
     wire.MPUB_COUNT_UNREADABLE: ("E_BAD_BODY", "MPUB failed to read message count"),
     wire.MPUB_BAD_COUNT: ("E_BAD_BODY", "MPUB invalid message count {value}"),
@@ -58,80 +60,48 @@ MESSAGE_ERRORS = {
 }
 
 
-class Disconnect(Exception):
-    """The connection ends without an error frame."""
-
-
-class Reader:
-    """Buffered reads of lines and exact sizes from a gevent socket (or, once
-    upgraded, a TLS socket and/or a decompressing codec: `recv`)."""
-
-    def __init__(self, sock, before_wait=None):
-        self.sock = sock
-        self.recv = sock.recv
-        self.buf = bytearray()
-        self.pos = 0
-        self.before_wait = before_wait  # called before each read from the socket
-
-    def _fill(self):
-        if self.before_wait is not None:
-            self.before_wait()
-        if self.pos:
-            del self.buf[:self.pos]
-            self.pos = 0
-        try:
-            data = self.recv(256 * 1024)
-        except CorruptStream as err:
-            raise Disconnect(str(err)) from None
-        if not data:
-            raise Disconnect("EOF")
-        self.buf += data
-
-    def pending(self):
-        """Bytes received and not consumed yet."""
-        return len(self.buf) - self.pos
-
-    def set_codec(self, codec):
-        """From here on the stream is compressed: what was received past the
-        current position already is, too."""
-        leftover = bytes(self.buf[self.pos:])
-        del self.buf[:]
-        self.pos = 0
-        if leftover:
-            self.buf += codec.decode(leftover)
-        self.recv = decoding_recv(self.sock.recv, codec)
-
-    def readline(self):
-        while True:
-            i = self.buf.find(b"\n", self.pos)
-            if i >= 0:
-                line = bytes(self.buf[self.pos:i])
-                self.pos = i + 1
-                return line
-            if len(self.buf) - self.pos >= MAX_LINE:
-                raise Disconnect("bufio: buffer full")
-            self._fill()
-
-    def read(self, n):
-        while len(self.buf) - self.pos < n:
-            self._fill()
-        data = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += n
-        return data
-
-    def read_len(self):
-        """A 4-byte big-endian signed length (Go's int32 readLen)."""
-        return int.from_bytes(self.read(4), "big", signed=True)
-
-
 def base10(value):
-    """nsqd's ByteToBase10: ASCII digits only (empty is 0); None if not."""
+    """nsqd's ByteToBase10, a uint64: ASCII digits only (empty is 0),
+    wrapping; None if not digits."""
     if value and not value.isdigit():
         return None
     n = 0
     for ch in value:
         n = (n * 10 + ch - 48) & 0xFFFFFFFFFFFFFFFF
+    return n
+
+
+def int64(n):
+    """A uint64 as Go's int64(n)."""
+    n &= 0xFFFFFFFFFFFFFFFF
     return n - (1 << 64) if n >= 1 << 63 else n
+
+
+def duration_ms(ms):
+    """Go's time.Duration(ms) * time.Millisecond in ns: int64, wrapping."""
+    return int64(ms * 1_000_000)
+
+
+class _Pairs(list):
+    """A JSON object's members in order (json's object_pairs_hook)."""
+
+
+def _no_constant(name):
+    raise ValueError(f"invalid JSON constant {name}")
+
+
+def go_json_object(body):
+    """Decode IDENTIFY's body as Go's json.Unmarshal into a struct would:
+    UTF-8 only (no BOM, no UTF-16; invalid bytes in strings become U+FFFD),
+    no NaN/Infinity, `null` is an empty object; the members in order.
+    ValueError if Go's decoder would fail."""
+    value = json.loads(body.decode("utf-8", "replace"), object_pairs_hook=_Pairs,
+                       parse_constant=_no_constant)
+    if value is None:
+        return []
+    if not isinstance(value, _Pairs):
+        raise ValueError("not an object")
+    return value
 
 
 def text(value):
@@ -209,6 +179,9 @@ class ProtocolV2:
                 sock_timeout = timeout
             try:
                 line = reader.readline()
+            except LineTooLong:
+                self.close_after_flush(client)
+                return
             except (Disconnect, OSError):
                 return
             if line.endswith(b"\r"):
@@ -223,11 +196,10 @@ class ProtocolV2:
                     raise FatalClientErr("E_INVALID", f"invalid command {text(params[0])}")
                 response = handler(client, params, reader)
             except ClientErr as err:
-                client.out += frame(FRAME_TYPE_ERROR, err.wire)
+                client.queue_frame(FRAME_TYPE_ERROR, err.wire)
                 if err.fatal:
                     self.close_after_flush(client)
                     return
-                client.kick()
                 continue
             except (Disconnect, OSError):
                 return
@@ -235,7 +207,7 @@ class ProtocolV2:
                 client.queue_response(response)  # sent before the reader next waits
 
     def close_after_flush(self, client):
-        client.kick()
+        client.flush()
         deadline = time.monotonic() + 1.0
         while client.out and not client.closed and time.monotonic() < deadline:
             gevent.sleep(0.001)
@@ -255,17 +227,17 @@ class ProtocolV2:
                                body_too_big="IDENTIFY body too big {n} > {max}",
                                bad_size="IDENTIFY invalid body size {n}")
         try:
-            raw = json.loads(body)
-            if not isinstance(raw, dict):
-                raise ValueError
             data = {}
-            for key, value in raw.items():
-                field = key.lower()
+            for key, value in go_json_object(body):
+                field = key.casefold()  # Go matches a struct field's name case-insensitively
                 kind = IDENTIFY_FIELDS.get(field)
                 if kind is None or value is None:
                     continue
-                if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-                    raise ValueError
+                if kind is int:
+                    bits = INT_BITS.get(field, 64)
+                    if (isinstance(value, bool) or not isinstance(value, int)
+                            or not -(1 << (bits - 1)) <= value < 1 << (bits - 1)):
+                        raise ValueError
                 if not isinstance(value, kind):
                     raise ValueError
                 data[field] = value
@@ -278,6 +250,7 @@ class ProtocolV2:
         if error:
             raise FatalClientErr("E_BAD_BODY", "IDENTIFY " + error)
         client.reset_heartbeat()
+        client.ticks_from = time.monotonic()  # nsqd's messagePump starts a new ticker
         if not data.get("feature_negotiation"):
             return OK
         opts = self.opts
@@ -446,10 +419,12 @@ class ProtocolV2:
             count = base10(params[1])
             if count is None:
                 raise FatalClientErr("E_INVALID", f"RDY could not parse count {text(params[1])}")
+            count = int64(count)
         if not 0 <= count <= self.opts.max_rdy_count:
             raise FatalClientErr("E_INVALID",
                                  f"RDY count {count} out of range 0-{self.opts.max_rdy_count}")
         client.ready_count = count
+        client.kick()  # held messages go when the client is no longer ready for more (nsqd)
         client.channel.wake()
         return None
 
@@ -470,10 +445,10 @@ class ProtocolV2:
         timeout_ms = base10(params[2])
         if timeout_ms is None:
             raise FatalClientErr("E_INVALID", f"REQ could not parse timeout {text(params[2])}")
-        max_ms = int(self.opts.max_req_timeout * 1000)
-        timeout_ms = min(max(timeout_ms, 0), max_ms)  # clamped, as nsqd >= 1.1
+        max_ns = int(self.opts.max_req_timeout * 1e9)
+        timeout_ns = min(max(duration_ms(timeout_ms), 0), max_ns)  # clamped, as nsqd >= 1.1
         try:
-            client.channel.requeue(client, msg_id, timeout_ms / 1000)
+            client.channel.requeue(client, msg_id, timeout_ns / 1e9)
         except ChannelError as err:
             raise ClientErr("E_REQ_FAILED", f"REQ {text(msg_id)} failed {err}") from None
         return None
@@ -531,10 +506,12 @@ class ProtocolV2:
             raise FatalClientErr("E_BAD_BODY", f"MPUB invalid body size {size}")
         if size > opts.max_body_size:
             raise FatalClientErr("E_BAD_BODY", f"MPUB body too big {size} > {opts.max_body_size}")
-        body = reader.read(size)
+        # the size is checked, not used: the messages are read from the stream (readMPUB)
+        status, index, value, body = reader.read_mpub(opts.max_msg_size, opts.max_body_size)
         packed = bytearray()
-        status, index, value = wire.pack_mpub(body, self.nsqd.ids, time.time_ns(),
-                                              opts.max_msg_size, opts.max_body_size, packed)
+        if status == wire.MPUB_OK:
+            status, index, value = wire.pack_mpub(body, self.nsqd.ids, time.time_ns(),
+                                                  opts.max_msg_size, opts.max_body_size, packed)
         if status != wire.MPUB_OK:
             code, template = MESSAGE_ERRORS[status]
             raise FatalClientErr(code, template.format(index=index, value=value,
@@ -556,14 +533,15 @@ class ProtocolV2:
         if timeout_ms is None:
             raise FatalClientErr("E_INVALID", f"DPUB could not parse timeout {text(params[2])}")
         max_ms = int(self.opts.max_req_timeout * 1000)
-        if not 0 <= timeout_ms <= max_ms:
+        timeout_ns = duration_ms(timeout_ms)  # Go's Duration: 2^63 ms wraps to 0, a valid delay
+        if not 0 <= timeout_ns <= max_ms * 1_000_000:
             raise FatalClientErr("E_INVALID", f"DPUB timeout {timeout_ms} out of range 0-{max_ms}")
         body = self._read_message(reader, "DPUB")
         self.check_auth(client, "DPUB", topic_name.decode(), "")
         topic = self.nsqd.get_topic(topic_name.decode())
         try:
-            if timeout_ms:
-                topic.put_deferred(body, timeout_ms / 1000)
+            if timeout_ns:
+                topic.put_deferred(body, timeout_ns / 1e9)
             else:
                 topic.put_message(body)
         except TopicError as err:

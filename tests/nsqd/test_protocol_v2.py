@@ -169,8 +169,8 @@ ERRORS = [
      b"E_BAD_MESSAGE MPUB invalid message(1) body size 0", True),
     ([], mpub_raw(2, (1, b"a"), (101, b"y" * 101)),
      b"E_BAD_MESSAGE MPUB message too big 101 > 100", True),
-    ([], mpub_raw(3, (1, b"a")), b"E_BAD_MESSAGE MPUB failed to read message(1) body size",
-     True),
+    # a short MPUB waits for the rest of its messages, as nsqd's readMPUB (which reads them
+    # from the stream): its error at the end of the stream is in test_nsqd13_differences
     ([], b"DPUB t\n", b"E_INVALID DPUB insufficient number of parameters", True),
     ([], b"DPUB t! 10\n", b'E_BAD_TOPIC DPUB topic name "t!" is not valid', True),
     ([], b"DPUB t x\n", b"E_INVALID DPUB could not parse timeout x", True),

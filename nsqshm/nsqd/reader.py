@@ -1,0 +1,107 @@
+"""What a V2 connection reads, as nsqd's IOLoop reads it through its
+16 KiB bufio.Reader: lines of at most MAX_LINE bytes with their '\n',
+4-byte big-endian sizes, exact bodies, and an MPUB's messages as far as
+their count and sizes go (readMPUB)."""
+
+from nsqshm._core import wire
+from nsqshm.nsqd.compression import CorruptStream, decoding_recv
+
+MAX_LINE = 16 * 1024  # nsqd's bufio.Reader size: a longer line (with its '\n') ends the connection
+
+
+class Disconnect(Exception):
+    """The connection ends without an error frame."""
+
+
+class LineTooLong(Disconnect):
+    """A line longer than nsqd's read buffer: the connection ends without an
+    error frame, after the answers to the commands before it (nsqd has
+    sent those already)."""
+
+
+class Reader:
+    """Buffered reads of lines and exact sizes from a gevent socket (or, once
+    upgraded, a TLS socket and/or a decompressing codec: `recv`)."""
+
+    def __init__(self, sock, before_wait=None):
+        self.sock = sock
+        self.recv = sock.recv
+        self.buf = bytearray()
+        self.pos = 0
+        self.before_wait = before_wait  # called before each read from the socket
+
+    def _fill(self):
+        if self.before_wait is not None:
+            self.before_wait()
+        if self.pos:
+            del self.buf[:self.pos]
+            self.pos = 0
+        try:
+            data = self.recv(256 * 1024)
+        except CorruptStream as err:
+            raise Disconnect(str(err)) from None
+        if not data:
+            raise Disconnect("EOF")
+        self.buf += data
+
+    def pending(self):
+        """Bytes received and not consumed yet."""
+        return len(self.buf) - self.pos
+
+    def set_codec(self, codec):
+        """From here on the stream is compressed: what was received past the
+        current position already is, too."""
+        leftover = bytes(self.buf[self.pos:])
+        del self.buf[:]
+        self.pos = 0
+        if leftover:
+            self.buf += codec.decode(leftover)
+        self.recv = decoding_recv(self.sock.recv, codec)
+
+    def readline(self):
+        while True:
+            i = self.buf.find(b"\n", self.pos, self.pos + MAX_LINE)
+            if i >= 0:
+                line = bytes(self.buf[self.pos:i])
+                self.pos = i + 1
+                return line
+            if len(self.buf) - self.pos >= MAX_LINE:
+                raise LineTooLong("bufio: buffer full")
+            self._fill()
+
+    def read(self, n):
+        while len(self.buf) - self.pos < n:
+            self._fill()
+        data = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return data
+
+    def read_len(self):
+        """A 4-byte big-endian signed length (Go's int32 readLen)."""
+        return int.from_bytes(self.read(4), "big", signed=True)
+
+    def read_mpub(self, max_msg_size, max_body_size):
+        """An MPUB's messages, read as nsqd's readMPUB reads them: from the
+        stream, as far as the count and sizes go (the announced body size
+        does not bound them).  Returns (status, index, value, data): data
+        is the count and the messages (for wire.pack_mpub) when status is
+        MPUB_OK; else status is the first error, and an MPUB_INCOMPLETE one
+        means the stream ended first."""
+        scan_pos, index = 0, 0
+        while True:
+            status, index, value, scan_pos = wire.scan_mpub(
+                self.buf, self.pos, scan_pos, index, max_msg_size, max_body_size)
+            if status == wire.MPUB_OK:
+                data = bytes(self.buf[self.pos:scan_pos])
+                self.pos = scan_pos
+                return status, index, value, data
+            if status not in wire.MPUB_INCOMPLETE:
+                return status, index, value, None
+            if scan_pos:
+                scan_pos -= self.pos  # _fill moves what is pending to the front
+            try:
+                self._fill()
+            except Disconnect:
+                return status, index, value, None
+            if scan_pos:
+                scan_pos += self.pos

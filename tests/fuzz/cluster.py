@@ -1,0 +1,143 @@
+"""The servers a fuzzing run talks to, and its witnesses: nsqlookupd, nsqd
+--workers 2 registered to it and nsqadmin reading it, as real processes;
+a witness subscribes to a topic of its own and publishes tagged bodies to it,
+so that at the end every message published to it has come, and no other."""
+
+import socket
+import struct
+import threading
+
+import psutil
+
+from tests.nsqadmin.conftest import Admin
+from tests.nsqd.conftest import Lookupd, Server
+
+from .conversation import parse_frames
+from .v2_inputs import tag, untag
+
+
+class Cluster:
+    """nsqlookupd, nsqd --workers 2 registered to it, nsqadmin reading it."""
+
+    def __init__(self, data_path, limits, workers=2):
+        self.lookupd = Lookupd()
+        self.nsqd = Server([f"--workers={workers}", f"--max-msg-size={limits.msg}",
+                            f"--max-body-size={limits.body}",
+                            f"--lookupd-tcp-address={self.lookupd.tcp_address}",
+                            "--broadcast-address=127.0.0.1"], data_path)
+        self.admin = Admin([f"--lookupd-http-address={self.lookupd.http_address}"])
+        self.node = f"127.0.0.1:{self.nsqd.http_port}"
+
+    def processes(self):
+        """Every server process: {pid: psutil.Process}."""
+        procs = {}
+        for top in (self.lookupd.proc, self.nsqd.proc, self.admin.proc):
+            try:
+                p = psutil.Process(top.pid)
+                procs[p.pid] = p
+                for child in p.children(recursive=True):
+                    procs[child.pid] = child
+            except psutil.NoSuchProcess:
+                pass
+        return procs
+
+    def rss(self):
+        total = 0
+        for p in self.processes().values():
+            try:
+                total += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def logs(self):
+        return {"nsqd": self.nsqd.lines, "nsqlookupd": self.lookupd.lines, "nsqadmin": self.admin.lines}
+
+    def close(self):
+        self.admin.stop()
+        self.nsqd.cleanup()
+        self.lookupd.stop()
+
+
+class Witness:
+    """A subscriber to a topic of its own and a publisher of tagged bodies to
+    it: at the end, every message published has come, and nothing else."""
+
+    def __init__(self, address, topic):
+        self.topic = topic
+        self.published = 0
+        self.failed = None
+        self.received = []
+        self.foreign = []
+        self.sub = socket.create_connection(address, timeout=10)
+        self.sub.sendall(b"  V2SUB " + topic + b" c\nRDY 100\n")
+        self.pub = socket.create_connection(address, timeout=10)
+        self.pub.sendall(b"  V2")
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        buf = b""
+        self.sub.settimeout(1.0)
+        while not self.stop.is_set():
+            try:
+                data = self.sub.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            frames, buf = parse_frames(buf + data)
+            fins = b""
+            for ftype, body in frames:
+                if ftype == 2:
+                    msg = body[26:]
+                    (self.received if untag(msg) == self.topic else self.foreign).append(msg)
+                    fins += b"FIN " + body[10:26] + b"\n"
+                elif ftype == 0 and body == b"_heartbeat_":
+                    fins += b"NOP\n"
+            if fins:
+                self.sub.sendall(fins)
+
+    def publish(self):
+        """Publish one more (False once the connection has failed)."""
+        if self.failed:
+            return False
+        body = tag(self.topic, self.published + 1)
+        try:
+            self.pub.sendall(b"PUB " + self.topic + b"\n" + len(body).to_bytes(4, "big") + body)
+            while True:
+                frame = self._read_frame(self.pub)
+                if frame != (0, b"_heartbeat_"):
+                    break
+                self.pub.sendall(b"NOP\n")
+            ok = frame == (0, b"OK")
+        except OSError as err:
+            self.failed = f"publishing failed: {err!r}"
+            return False
+        if not ok:
+            self.failed = "a PUB was not answered OK"
+            return False
+        self.published += 1
+        return True
+
+    @staticmethod
+    def _read_frame(sock):
+        def exactly(n):
+            data = b""
+            while len(data) < n:
+                part = sock.recv(n - len(data))
+                if not part:
+                    raise ConnectionError("closed")
+                data += part
+            return data
+        size, ftype = struct.unpack(">ii", exactly(8))
+        return ftype, exactly(size - 4)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.sub.close()
+        self.pub.close()
