@@ -65,6 +65,7 @@ REASONS = {
     505: "HTTP Version Not Supported",
 }
 
+STATUS_LINES = {code: f"{code} {reason}".encode() for code, reason in REASONS.items()}
 # RFC 7230 tchar (httpguts.IsTokenRune): methods and header names
 TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 # httpguts.validHostByte: Go's lenient check of the Host header
@@ -754,7 +755,9 @@ class Response:
                 self.close_after = True
                 self.body_limit_hit = settled == "limit"
         http11 = (req.major, req.minor) >= (1, 1)
-        out = [b"HTTP/1.1 " if http11 else b"HTTP/1.0 ", self.status.encode("latin-1"), b"\r\n"]
+        # Go writes its own reason phrase (http.StatusText), not the application's
+        status = STATUS_LINES.get(self.code) or self.status.encode("latin-1")
+        out = [b"HTTP/1.1 " if http11 else b"HTTP/1.0 ", status, b"\r\n"]
         has_length = has_date = False
         connection = None
         for name, value in self.headers:

@@ -39,9 +39,10 @@ def echo_app(environ, start_response):
 
 
 def limit_app(environ, start_response):
-    """As nsqd's /pub: a body announced over 10 bytes is refused unread."""
+    """As nsqd's /pub: a body announced over 10 bytes is refused unread
+    (werkzeug's upper-case reason phrase: the server writes Go's)."""
     if int(environ.get("CONTENT_LENGTH") or 0) > 10:
-        start_response("413 Request Entity Too Large", [("Content-Length", "11")])
+        start_response("413 REQUEST ENTITY TOO LARGE", [("Content-Length", "11")])
         return [b"MSG_TOO_BIG"]
     return echo_app(environ, start_response)
 

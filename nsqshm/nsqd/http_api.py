@@ -64,6 +64,7 @@ MPUB_NEEDS_MORE = (wire.MPUB_SIZE_UNREADABLE, wire.MPUB_BODY_UNREADABLE)
 # as its messages go, past --max-body-size (nsqd has no bound there); nsqshm
 # stops at this many times --max-body-size with 413 BODY_TOO_BIG
 MPUB_CHUNKED_BOUND = 4
+MPUB_FIRST_READ = 1 << 16
 PPROF_INDEX = ("/debug/pprof/: nsqshm is a Python process; Go runtime profiles "
                "(heap, goroutine, block, threadcreate, profile) are not available\n")
 
@@ -579,12 +580,14 @@ class HTTPAPI:
         """nsqd's readMPUB on the body stream: the count, then each size and
         message, and no further.  A body cut short (or chunked wrongly) ends
         the stream where it breaks: BAD_BODY if the count was not there,
-        BAD_MESSAGE after it, OK if every message arrived.  Returns the
-        number of messages packed into out."""
+        BAD_MESSAGE after it, OK if every message arrived.  The body is read
+        in growing steps, so that a bad count or size stops the reading early
+        as it stops nsqd's (the server then closes rather than read the rest).
+        Returns the number of messages packed into out."""
         opts = self.nsqd.opts
         stream = req.stream
-        limit = opts.max_body_size + 1
         bound = MPUB_CHUNKED_BOUND * opts.max_body_size
+        limit = min(MPUB_FIRST_READ, bound)
         chunks, got, ended = [], 0, False
         while True:
             try:
