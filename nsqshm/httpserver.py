@@ -720,7 +720,7 @@ class Response:
     """start_response and the writing of the application's answer."""
 
     __slots__ = ("conn", "req", "status", "headers", "headers_sent", "chunked", "close_after",
-                 "body_limit_hit", "code", "length")
+                 "body_limit_hit", "code")
 
     def __init__(self, conn, req):
         self.conn = conn
@@ -732,7 +732,6 @@ class Response:
         self.close_after = req.close
         self.body_limit_hit = False
         self.code = 0
-        self.length = None
 
     def start(self, status, headers, exc_info=None):
         if exc_info is not None and self.headers_sent:
@@ -764,7 +763,6 @@ class Response:
             lname = name.lower()
             if lname == "content-length":
                 has_length = True
-                self.length = int(value)
             elif lname == "date":
                 has_date = True
             elif lname == "connection":
