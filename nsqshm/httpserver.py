@@ -382,11 +382,11 @@ class Connection:
                 except RequestError as err:
                     self._send_quietly(err.response)
                     return self.close_after_wait()
-                if req is None:
-                    return self.close()
-                if not self.handle(req):
+                if req is None or not self.handle(req):
                     return
         except ClientGone:
+            pass
+        finally:
             self.close()
 
     def read_request(self):
@@ -436,13 +436,12 @@ class Connection:
         if req.expect_other:  # sendExpectationFailed
             self._send_quietly(b"HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\nDate: "
                                + http_date() + b"\r\nContent-Length: 0\r\n\r\n")
-            self.close()
             return False
         if req.method == b"OPTIONS" and req.target == b"*":  # globalOptionsHandler
             writer = Response(self, req)
             writer.start("200 OK", [("Content-Length", "0")])
             writer.finish([])
-            return not writer.close_after and not self.eof
+            return not writer.close_after
         writer = Response(self, req)
         environ = server.environ(req, body, self.address)
         result = None
@@ -450,11 +449,9 @@ class Connection:
             result = server.application(environ, writer.start)
             writer.finish(result)
         except ClientGone:
-            self.close()
             return False
         except Exception as exc:  # nsqd's routers catch their own: this is Go's handler panic
             server.log_error(f"http: panic serving {format_address(self.address)}: {exc!r}")
-            self.close()
             return False
         finally:
             close = getattr(result, "close", None)
@@ -463,13 +460,9 @@ class Connection:
                     close()
                 except Exception as exc:  # the answer is out: only the log can know
                     server.log_error(f"http: closing the response failed: {exc!r}")
-        if writer.close_after:
-            if writer.body_limit_hit:
-                self.close_after_wait()
-            else:
-                self.close()
-            return False
-        return True
+        if writer.close_after and writer.body_limit_hit:
+            self.close_after_wait()
+        return not writer.close_after
 
     # -- closing --------------------------------------------------------------------
 

@@ -482,3 +482,12 @@ def test_header_names_are_canonical_for_the_application():
     req = parse_head([b"GET / HTTP/1.1", b"hOST: h", b"x-forwarded-for: 1"], True)
     assert req.headers == [(b"Host", b"h"), (b"X-Forwarded-For", b"1")]
     assert re.fullmatch(rb"[A-Z][a-z]+", req.headers[0][0])
+
+
+def test_options_star_is_answered_by_the_server(servers):
+    """Go's globalOptionsHandler: 200, Content-Length 0, the application not run."""
+    data, closed = exchange(servers["raise"], b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n" * 2,
+                            timeout=1.0)
+    got, rest = responses(data)
+    assert [(s, h[b"content-length"]) for s, h, _ in got] == [(b"HTTP/1.1 200 OK", b"0")] * 2
+    assert not closed
