@@ -247,11 +247,22 @@ def canonical_key(key):
     return b"-".join(part[:1].upper() + part[1:].lower() for part in key.split(b"-"))
 
 
-def parse_head(lines, last_line_seen):
-    """Read the request line and header lines (each without its line end) as
-    Go's readRequest and conn.readRequest do.  With last_line_seen False the
-    head is not complete yet: only errors Go finds line by line are raised
-    (then the caller waits for more); returns the Request when complete."""
+def check_line(line, index):
+    """The checks Go makes on line number index of a head as soon as it is
+    read (the rest need the whole head)."""
+    if index == 0:
+        method, target, _ = parse_request_line(line)
+        parse_target(method, target)
+    elif line[:1] in (b" ", b"\t"):
+        if index == 1:
+            raise bad_request()  # malformed MIME header initial line
+    elif b":" not in line:
+        raise bad_request()  # malformed MIME header: missing colon
+
+
+def parse_head(lines):
+    """The Request of a whole head (its lines without line ends and without
+    the blank line), read as Go's readRequest and conn.readRequest do."""
     method, target, (major, minor) = parse_request_line(lines[0])
     path, query, url_host = parse_target(method, target)
     kvs = []  # header lines, continuation lines joined on (readContinuedLineSlice)
@@ -271,8 +282,6 @@ def parse_head(lines, last_line_seen):
         key = canonical_key(key)
         if key:  # an empty key is skipped, as textproto does
             headers.append((key, value.lstrip(LWS)))
-    if not last_line_seen:
-        return None
     req = Request()
     req.method, req.target, req.major, req.minor = method, target, major, minor
     req.path, req.query, req.headers = path, query, headers
@@ -352,16 +361,22 @@ class Connection:
         self.last_method = None
         self.body = None
 
-    def fill(self, size=RECV_SIZE):
-        """Read more from the client into buf; False at EOF or a reset."""
+    def recv(self, size=RECV_SIZE):
+        """What the client sent next; b"" at EOF or a reset."""
         if self.eof:
-            return False
+            return b""
         try:
             data = self.sock.recv(size)
         except OSError:
             data = b""
         if not data:
             self.eof = True
+        return data
+
+    def fill(self, size=RECV_SIZE):
+        """Read more from the client into buf; False at EOF or a reset."""
+        data = self.recv(size)
+        if not data:
             return False
         self.buf = self.buf + data if self.buf else data
         return True
@@ -399,34 +414,42 @@ class Connection:
             while n < 4 and n < len(self.buf) and self.buf[n] in b"\r\n":
                 n += 1
             self.buf = self.buf[n:]
-        checked = 0  # lines before this offset were checked already
+        # the head grows in a bytearray and is searched only where it grew:
+        # a head sent a byte at a time costs linear time, as in Go's bufio
+        buf = bytearray(self.buf)
+        scan = 0  # where the blank line may start
+        checked = 0  # bytes of buf whose lines were checked already
+        seen = 0  # how many lines that is
         while True:
-            buf = self.buf
-            end = _head_end(buf)
+            end = _head_end(buf, scan)
             if end >= 0:
                 if end > READ_LIMIT:
                     raise RequestError(TOO_LARGE)
-                self.buf = buf[end:]
+                self.buf = bytes(buf[end:])
                 lines = [ln[:-1] if ln.endswith(b"\r") else ln
-                         for ln in buf[:end - 1].split(b"\n")]
+                         for ln in bytes(buf[:end - 1]).split(b"\n")]
                 if len(lines) > 1:
                     del lines[-1]  # the blank line (unless it is the request line)
-                return parse_head(lines, True)
+                return parse_head(lines)
             if len(buf) > READ_LIMIT:
                 raise RequestError(TOO_LARGE)
-            nl = buf.rfind(b"\n")
-            if nl >= checked:  # new complete lines: Go reads line by line and fails early
-                lines = [ln[:-1] if ln.endswith(b"\r") else ln for ln in buf[:nl].split(b"\n")]
-                parse_head(lines, False)
+            nl = buf.rfind(b"\n", checked)
+            if nl >= 0:  # new complete lines: Go reads line by line and fails early
+                for line in bytes(buf[checked:nl]).split(b"\n"):
+                    check_line(line[:-1] if line.endswith(b"\r") else line, seen)
+                    seen += 1
                 checked = nl + 1
-            if not self.fill():
-                if not self.buf:
+            scan = max(0, len(buf) - 3)
+            data = self.recv()
+            if not data:
+                self.buf = b""
+                if not buf:
                     return None  # EOF between requests: closed without an answer
                 # EOF inside a head: the partial line is read as a line, and a
                 # head without its blank line is io.ErrUnexpectedEOF: 400
-                lines = [ln[:-1] if ln.endswith(b"\r") else ln for ln in buf.split(b"\n")]
-                parse_head(lines, False)
+                check_line(bytes(buf[checked:]), seen)
                 raise bad_request()
+            buf += data
 
     def handle(self, req):
         """Run the application on req; True when the connection goes on."""
@@ -499,15 +522,16 @@ class Connection:
         self.close()
 
 
-def _head_end(buf):
-    """Offset just past the blank line that ends the head, or -1.  Lines end
-    with "\\n", a "\\r" before it is dropped (bufio.Reader.ReadLine)."""
+def _head_end(buf, start=0):
+    """Offset just past the blank line that ends the head (searched from
+    start), or -1.  Lines end with "\\n", a "\\r" before it is dropped
+    (bufio.Reader.ReadLine)."""
     if buf[:1] == b"\n":
         return 1
     if buf[:2] == b"\r\n":
         return 2
-    a = buf.find(b"\n\r\n")
-    b = buf.find(b"\n\n")
+    a = buf.find(b"\n\r\n", start)
+    b = buf.find(b"\n\n", start)
     if a < 0:
         return b + 2 if b >= 0 else -1
     if b < 0 or a < b:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from nsqshm.httpserver import BodyError, HTTPServer, parse_head
+from nsqshm.httpserver import BodyError, HTTPServer, RequestError, check_line, parse_head
 
 GO_400 = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
           b"Connection: close\r\n\r\n400 Bad Request")
@@ -439,11 +439,15 @@ def test_application_exception_closes_without_answer(servers):
 
 def test_parse_head_is_go_readrequest():
     req = parse_head([b"POST /pub?topic=t HTTP/1.1", b"Host: h", b"content-length: 5",
-                      b"X-Multi: a", b"x-multi: b"], True)
+                      b"X-Multi: a", b"x-multi: b"])
     assert (req.method, req.path, req.query, req.host, req.length) == (
         b"POST", b"/pub", b"topic=t", b"h", 5)
     assert req.values(b"X-Multi") == [b"a", b"b"]
-    assert parse_head([b"GET / HTTP/1.1"], False) is None  # head not complete: no verdict yet
+    check_line(b"GET / HTTP/1.1", 0)  # a line alone: only the checks Go makes at once
+    check_line(b" folded", 2)
+    for line, index in ((b"GET /", 0), (b" Host: x", 1), (b"Host x", 1)):
+        with pytest.raises(RequestError):
+            check_line(line, index)
 
 
 # -- TLS ---------------------------------------------------------------------------------
@@ -479,7 +483,7 @@ def test_tls_keep_alive_and_bad_request(tls_server):
 
 
 def test_header_names_are_canonical_for_the_application():
-    req = parse_head([b"GET / HTTP/1.1", b"hOST: h", b"x-forwarded-for: 1"], True)
+    req = parse_head([b"GET / HTTP/1.1", b"hOST: h", b"x-forwarded-for: 1"])
     assert req.headers == [(b"Host", b"h"), (b"X-Forwarded-For", b"1")]
     assert re.fullmatch(rb"[A-Z][a-z]+", req.headers[0][0])
 
