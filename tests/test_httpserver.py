@@ -67,18 +67,32 @@ APPS = {"echo": echo_app, "limit": limit_app, "noread": noread_app, "stream": st
 
 
 def _serve(name, conn, cert=None):
+    """A server in a forked child: its port, then every line it logs and every
+    exception gevent would print, go back through conn."""
     import gevent.ssl
+
+    gevent.get_hub().print_exception = lambda context, kind, value, tb: conn.send(
+        f"gevent printed {kind.__name__}: {value}")
 
     ssl_args = {}
     if cert:
         ctx = gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(cert + ".pem", cert + ".key")
         ssl_args["ssl_context"] = ctx
-    errors = []
-    server = HTTPServer(("127.0.0.1", 0), APPS[name], log_error=errors.append, **ssl_args)
+    server = HTTPServer(("127.0.0.1", 0), APPS[name], log_error=conn.send, **ssl_args)
     server.start()
     conn.send(server.address[1])
     server.serve_forever()
+
+
+LOGS = {}  # app name -> the pipe its server's log lines come through
+
+
+def logged(name):
+    lines = []
+    while LOGS[name].poll():
+        lines.append(LOGS[name].recv())
+    return lines
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +105,7 @@ def servers():
         proc.start()
         procs.append(proc)
         ports[name] = parent.recv()
+        LOGS[name] = parent
     yield ports
     for proc in procs:
         proc.kill()
@@ -433,8 +448,12 @@ def test_unread_body_cut_short_closes(servers):
 
 
 def test_application_exception_closes_without_answer(servers):
+    logged("raise")
     data, closed = exchange(servers["raise"], get())
     assert data == b"" and closed
+    [line] = logged("raise")
+    assert line.startswith("http: panic serving 127.0.0.1:") and line.endswith(
+        ": RuntimeError('boom')")
 
 
 def test_parse_head_is_go_readrequest():
@@ -495,3 +514,48 @@ def test_options_star_is_answered_by_the_server(servers):
     got, rest = responses(data)
     assert [(s, h[b"content-length"]) for s, h, _ in got] == [(b"HTTP/1.1 200 OK", b"0")] * 2
     assert not closed
+
+
+# -- mutated requests --------------------------------------------------------------------
+
+SEEDS = [
+    b"POST /pub?topic=h1 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+    b"POST /pub HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    b"GET /ping HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nab",
+    b"GET /ping HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /x HTTP/1.1\r\nHost: y\r\n\r\n",
+    b"POST http://h:1/p?q HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\nTransfer-Encoding: chunked\r\n"
+    b"\r\n1;x\r\na\r\n0\r\nT: 1\r\n\r\n",
+]
+
+
+def mutate(data, rnd):
+    data = bytearray(data)
+    for _ in range(rnd.randint(1, 4)):
+        at = rnd.randint(0, len(data))
+        op = rnd.randint(0, 3)
+        if op == 0 and data:
+            data[min(at, len(data) - 1)] = rnd.randint(0, 255)
+        elif op == 1:
+            data[at:at] = bytes([rnd.choice(b"\r\n :;0123456789aA-\t\x00\xff")])
+        elif op == 2:
+            del data[at:at + rnd.randint(1, 5)]
+        else:
+            data[at:at] = data[rnd.randint(0, len(data)):][:rnd.randint(1, 20)]
+    return bytes(data)
+
+
+@pytest.mark.parametrize("app", ["echo", "noread"])
+def test_mutated_requests_end_cleanly(servers, app):
+    """Mutations of valid requests, each ended by the client's half-close:
+    every one is answered and closed, or closed, within 2 s, and the server
+    logs nothing (no exception reached it or gevent)."""
+    import random
+
+    rnd = random.Random(21)
+    logged(app)
+    for _ in range(300):
+        data = mutate(rnd.choice(SEEDS), rnd)
+        out, closed = exchange(servers[app], data, half_close=True)
+        assert closed, data
+        assert out == b"" or out.startswith(b"HTTP/1."), (data, out)
+    assert logged(app) == []
