@@ -1,16 +1,17 @@
-"""nsqshm.httpserver against raw requests on real sockets: Go net/http's answers
+"""nsqshm.httpserver (with nsqshm.httprequest and nsqshm.httpbody) against raw
+requests on real sockets: Go net/http's answers
 to malformed input, keep-alive and pipelining, chunked bodies, Expect:
 100-continue, HEAD, and what happens to a body the application leaves unread."""
 
 import multiprocessing
-import re
 import socket
 import ssl
 import time
 
 import pytest
 
-from nsqshm.httpserver import BodyError, HTTPServer, RequestError, check_line, parse_head
+from nsqshm.httpbody import BodyError
+from nsqshm.httpserver import HTTPServer
 
 GO_400 = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
           b"Connection: close\r\n\r\n400 Bad Request")
@@ -456,19 +457,6 @@ def test_application_exception_closes_without_answer(servers):
         ": RuntimeError('boom')")
 
 
-def test_parse_head_is_go_readrequest():
-    req = parse_head([b"POST /pub?topic=t HTTP/1.1", b"Host: h", b"content-length: 5",
-                      b"X-Multi: a", b"x-multi: b"])
-    assert (req.method, req.path, req.query, req.host, req.length) == (
-        b"POST", b"/pub", b"topic=t", b"h", 5)
-    assert req.values(b"X-Multi") == [b"a", b"b"]
-    check_line(b"GET / HTTP/1.1", 0)  # a line alone: only the checks Go makes at once
-    check_line(b" folded", 2)
-    for line, index in ((b"GET /", 0), (b" Host: x", 1), (b"Host x", 1)):
-        with pytest.raises(RequestError):
-            check_line(line, index)
-
-
 # -- TLS ---------------------------------------------------------------------------------
 
 
@@ -499,12 +487,6 @@ def test_tls_keep_alive_and_bad_request(tls_server):
     assert [b for _, _, b in got] == [b"GET /a q= host=x len=0 ", b"GET /b q= host=x len=0 "]
     data, closed = exchange(tls_server, b"GET /ping\r\n\r\n", wrap=wrap)
     assert data == GO_400 and closed
-
-
-def test_header_names_are_canonical_for_the_application():
-    req = parse_head([b"GET / HTTP/1.1", b"hOST: h", b"x-forwarded-for: 1"])
-    assert req.headers == [(b"Host", b"h"), (b"X-Forwarded-For", b"1")]
-    assert re.fullmatch(rb"[A-Z][a-z]+", req.headers[0][0])
 
 
 def test_options_star_is_answered_by_the_server(servers):
