@@ -461,8 +461,8 @@ class HTTPServer(StreamServer):
         for key, value in req.headers:
             if b"_" in key:
                 continue  # X_Forwarded_For must not pose as X-Forwarded-For
-            if key in (b"Host", b"Content-Length"):
-                continue
+            if key in (b"Host", b"Content-Length") or key == b"Transfer-Encoding" and not req.chunked:
+                continue  # framing is the server's: HTTP/1.0 ignores Transfer-Encoding
             value = value.decode("latin-1")
             if key == b"Content-Type":
                 env["CONTENT_TYPE"] = value
