@@ -8,10 +8,9 @@ raises ``StartError`` with nsqadmin's text when that fails.
 import socket
 import ssl
 
-from gevent.pywsgi import WSGIServer
-
 from nsqshm import NSQD_COMPAT_VERSION, __version__
 from nsqshm.flags import split_host_port
+from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqadmin.client import V1Client
 from nsqshm.nsqadmin.clusterinfo import ClusterInfo
 from nsqshm.nsqadmin.notify import Notifier
@@ -92,11 +91,11 @@ class NSQAdmin:
         from nsqshm.nsqadmin.http_api import create_app
 
         try:
-            server = WSGIServer(listen_address(opts.http_address), create_app(self), log=None)
+            server = HTTPServer(listen_address(opts.http_address), create_app(self),
+                                log_error=self.log.warn)
             server.init_socket()
         except (OSError, ValueError) as err:
             raise StartError(f"listen ({opts.http_address}) failed - {err}") from None
-        server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.http_server = server
         server.start()
         self.notifier.start()

@@ -31,10 +31,10 @@ import time
 from urllib.parse import quote
 
 from flask import Flask, request
-from gevent.pywsgi import WSGIServer
 from werkzeug.wrappers import Response
 
 from nsqshm._core import wire
+from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.listeners import listen
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
@@ -58,6 +58,14 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # /config/<opt> names: nsqd's cfg names; nsqshm's own flags are not exposed
 CONFIG_NAMES = frozenset(f.cfg_name for f in FLAGS if f.cfg_name and not f.extension)
 MPUB_BAD_BODY = (wire.MPUB_COUNT_UNREADABLE, wire.MPUB_BAD_COUNT)
+MPUB_NEEDS_MORE = (wire.MPUB_SIZE_UNREADABLE, wire.MPUB_BODY_UNREADABLE)
+# A chunked binary /mpub is read as nsqd's readMPUB reads the stream: as far
+# as its messages go, past --max-body-size (nsqd has no bound there); nsqshm
+# stops at this many times --max-body-size with 413 BODY_TOO_BIG
+MPUB_CHUNKED_BOUND = 4
+MPUB_FIRST_READ = 1 << 16
+PPROF_INDEX = ("/debug/pprof/: nsqshm is a Python process; Go runtime profiles "
+               "(heap, goroutine, block, threadcreate, profile) are not available\n")
 
 
 class Err(Exception):
@@ -284,6 +292,9 @@ class HTTPAPI:
         add(Route("PUT", "/debug/setblockrate", self.set_block_rate, plain=True))
         add(Route("POST", "/debug/freememory", self.free_memory, plain=True))
         add(Route("GET", "/debug/nsqshm/worker", self.worker))
+        # nsqd serves net/http/pprof here; the route also makes GET /debug/pprof
+        # redirect to it (301) as httprouter does
+        add(Route("GET", "/debug/pprof/", self.pprof_index, plain=True))
 
     # -- logging ------------------------------------------------------------------------
 
@@ -384,10 +395,13 @@ class HTTPAPI:
     # -- request helpers ----------------------------------------------------------------
 
     @staticmethod
-    def _read_body(req, limit):
-        """Up to limit bytes of the body (Go's io.ReadAll(io.LimitReader(...)))."""
+    def _read_body(req, limit, chunks=None):
+        """Up to limit bytes of the body (Go's io.ReadAll(io.LimitReader(...)));
+        a body that cannot be read is 500 INTERNAL_ERROR, or with chunks (a
+        list) what was read before the error, the rest being left in chunks."""
         stream = req.stream
-        chunks = []
+        keep = chunks
+        chunks = [] if keep is None else keep
         got = 0
         try:
             while got < limit:
@@ -397,15 +411,23 @@ class HTTPAPI:
                 chunks.append(data)
                 got += len(data)
         except Exception:
-            raise Err(500, "INTERNAL_ERROR") from None
+            if keep is None:
+                raise Err(500, "INTERNAL_ERROR") from None
         return b"".join(chunks)
 
     @staticmethod
     def _params(req):
-        """http_api.NewReqParams."""
+        """http_api.NewReqParams: the query, then the whole body read (and
+        dropped: no handler uses it); either failing is 400 INVALID_REQUEST."""
         values, err = parse_query(req.query_string)
         if err is not None:
             raise Err(400, "INVALID_REQUEST")
+        stream = req.stream
+        try:
+            while stream.read(1 << 20):
+                pass
+        except Exception:
+            raise Err(400, "INVALID_REQUEST") from None
         return values
 
     def _topic_from_query(self, req):
@@ -528,16 +550,11 @@ class HTTPAPI:
                 binary = True
                 self._log("warn", f"deprecated value '{value}' used for /mpub binary param")
         read_max = opts.max_body_size + 1
-        body = self._read_body(req, read_max)
         out = bytearray()
         if binary:
-            if len(body) == read_max:  # only a chunked body can be this long
-                raise Err(413, "BODY_TOO_BIG")
-            status, _index, count = wire.pack_mpub(body, nsqd.ids, time.time_ns(),
-                                                   opts.max_msg_size, opts.max_body_size, out)
-            if status != wire.MPUB_OK:
-                raise Err(413, "BAD_BODY" if status in MPUB_BAD_BODY else "BAD_MESSAGE")
+            count = self._binary_mpub(req, out)
         else:
+            body = self._read_body(req, read_max)
             if len(body) == read_max:
                 # nsqd reads line by line: a too long line before the line that
                 # reaches the limit is reported first
@@ -557,6 +574,42 @@ class HTTPAPI:
         except TopicError as err:
             raise put_error(err) from None
         return "OK"
+
+    def _binary_mpub(self, req, out):
+        """nsqd's readMPUB on the body stream: the count, then each size and
+        message, and no further.  A body cut short (or chunked wrongly) ends
+        the stream where it breaks: BAD_BODY if the count was not there,
+        BAD_MESSAGE after it, OK if every message arrived.  The body is read
+        in growing steps, so that a bad count or size stops the reading early
+        as it stops nsqd's (the server then closes rather than read the rest).
+        Returns the number of messages packed into out."""
+        opts = self.nsqd.opts
+        stream = req.stream
+        bound = MPUB_CHUNKED_BOUND * opts.max_body_size
+        limit = min(MPUB_FIRST_READ, bound)
+        chunks, got, ended = [], 0, False
+        while True:
+            try:
+                while got < limit:
+                    data = stream.read(min(limit - got, 1 << 20))
+                    if not data:
+                        ended = True
+                        break
+                    chunks.append(data)
+                    got += len(data)
+            except Exception:  # the stream ends here for readMPUB
+                ended = True
+            body = b"".join(chunks)
+            status, _index, count = wire.pack_mpub(body, self.nsqd.ids, time.time_ns(),
+                                                   opts.max_msg_size, opts.max_body_size, out)
+            if status == wire.MPUB_OK:
+                return count
+            if status not in MPUB_NEEDS_MORE or ended:
+                raise Err(413, "BAD_BODY" if status in MPUB_BAD_BODY else "BAD_MESSAGE")
+            if limit >= bound:  # only a chunked body gets here
+                raise Err(413, "BODY_TOO_BIG")
+            limit = min(limit * 2, bound)
+            chunks = [body]
 
     def stats(self, req):
         values = self._params(req)
@@ -700,6 +753,9 @@ class HTTPAPI:
                            "value out of range")
         return None  # nsqd's PlainText panics on a nil body: 500 INTERNAL_ERROR
 
+    def pprof_index(self, req):
+        return PPROF_INDEX
+
     def free_memory(self, req):
         gc.collect()
         try:
@@ -759,11 +815,12 @@ def make_http_server(nsqd):
             raise
     else:
         listener = listen(nsqd.listen_address("http_address"))
-    server = WSGIServer(listener, create_app(nsqd), log=None)
+    server = HTTPServer(listener, create_app(nsqd), log_error=server_log(nsqd))
     server.init_socket()
-    if server.socket.family != socket.AF_UNIX:
-        # as Go's net/http: without it keep-alive clients wait out delayed ACKs
-        # (gevent writes the headers and the body separately); accepted
-        # sockets inherit it on Linux
-        server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return server
+
+
+def server_log(nsqd):
+    """Where nsqd's http.Server writes its ErrorLog: warnings of the nsqd log."""
+    log = getattr(nsqd, "log", None)
+    return log.warn if log is not None else None

@@ -195,13 +195,12 @@ def _subject_common_name(der):
 def make_https_server(nsqd, ctx):
     """The HTTPS listener on --https-address, bound but not started: the same
     app as HTTP (nsqd: newHTTPServer(n, true, true))."""
-    from gevent.pywsgi import WSGIServer
-
-    from nsqshm.nsqd.http_api import create_app
+    from nsqshm.httpserver import HTTPServer
+    from nsqshm.nsqd.http_api import create_app, server_log
     from nsqshm.nsqd.listeners import listen
 
-    server = WSGIServer(listen(nsqd.listen_address("https_address")), create_app(nsqd), log=None,
-                        ssl_context=ctx)
+    server = HTTPServer(listen(nsqd.listen_address("https_address")), create_app(nsqd),
+                        log_error=server_log(nsqd), ssl_context=ctx)
     server.init_socket()
     return server
 

@@ -12,11 +12,8 @@ JSON objects that nsqlookupd builds from Go maps have their keys sorted, as
 Go's encoder writes them; structs keep their field order.
 """
 
-import socket
-
-from gevent.pywsgi import WSGIServer
-
 from nsqshm import NSQD_COMPAT_VERSION
+from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
 from nsqshm.nsqd.names import is_valid_name
 from nsqshm.nsqlookupd.registration_db import filter_by_active, filter_registrations, keys, subkeys
@@ -64,8 +61,7 @@ class LookupHTTPAPI(HTTPAPI):
         return topic, channel
 
     def _req_params(self, req):
-        """http_api.NewReqParams: the query, after reading the body."""
-        self._read_body(req, 1 << 62)
+        """http_api.NewReqParams (HTTPAPI._params: the query, then the body read)."""
         return self._params(req)
 
     # -- endpoints -----------------------------------------------------------------------
@@ -195,7 +191,7 @@ def create_app(lookupd):
 
 def make_http_server(lookupd, address):
     """The HTTP listener on (host, port), bound but not started."""
-    server = WSGIServer(address, create_app(lookupd), log=None)
+    log = getattr(lookupd, "log", None)
+    server = HTTPServer(address, create_app(lookupd), log_error=log.warn if log else None)
     server.init_socket()
-    server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return server
