@@ -18,6 +18,7 @@ messages a worker holds (in flight, deferred) live in its arena in shared
 memory, and a new worker puts a dead one's back (recovery.py).
 """
 
+import errno
 import json
 import os
 import random
@@ -36,10 +37,12 @@ from nsqshm._core.codec import IdGenerator
 from nsqshm.nsqd import instance, listeners
 from nsqshm.nsqd.log import Logger
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
+from nsqshm.nsqd.scratch import ScratchPool
 from nsqshm.nsqd.topic import Topic
 from nsqshm.ring import Ring, use_gevent
 
 MESSAGE_OVERHEAD = 26 + 8  # message header, ring record header
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 split_address = listeners.split_address
@@ -71,10 +74,14 @@ class NSQD:
         self.clients = {}
         self.start_time = time.time()
         self.hostname = socket.gethostname()
-        self.health = "OK"
+        self._health = "OK"      # this worker's: its last disk write
+        self._peer_health = {}   # the other workers' (index -> text), as they report it
+        self._health_probe = None
         self.version = NSQD_COMPAT_VERSION
         self.capacity = ring_capacity(opts)
         self.max_record = opts.max_msg_size + MESSAGE_OVERHEAD
+        # batches of records: at least two of the largest (scratch.py)
+        self.scratch = ScratchPool(max(1 << 20, 2 * (self.max_record + 4)))
         self._client_seq = 0
         self._scan_wake = gevent.event.Event()
         self._scan_at = None
@@ -174,6 +181,9 @@ class NSQD:
             return get_stats(self, msg.get("topic", ""), msg.get("channel", ""),
                              msg.get("clients", True), local=True,
                              sketches=msg.get("sketches", False))
+        if op == "health":
+            self._peer_health[msg.get("index")] = msg.get("health", "OK")
+            return None
         if op == "topology":
             return self.topology() if self.topology_loaded else None
         if op == "clients":
@@ -241,11 +251,43 @@ class NSQD:
         getattr(self.log, level)(msg)
 
     def set_health(self, err=None):
-        """nsqd's health: "OK", or "NOK - <error>" after a failed backend write."""
+        """nsqd's health: "OK", or "NOK - <error>" after a failed disk write,
+        until a write succeeds.  The broker's is NOK while any worker's is
+        (each tells the others), so /ping on any worker reports a full disk;
+        and a full disk that gets room again is noticed without a write
+        (_probe_disk), so /ping says OK again by itself."""
         health = "OK" if err is None else f"NOK - {err}"
-        if health != self.health and err is not None:
+        if health == self._health:
+            return
+        if err is not None:
             self.logf("error", f"health check failed - {err}")
-        self.health = health
+            if getattr(err, "errno", None) in DISK_FULL and self._health_probe is None:
+                self._health_probe = gevent.spawn(self._probe_disk)
+        self._health = health
+        if self.cluster is not None:
+            self.cluster.broadcast({"op": "health", "index": self.index, "health": health})
+
+    @property
+    def health(self):
+        if self._health != "OK":
+            return self._health
+        return next((h for h in self._peer_health.values() if h != "OK"), "OK")
+
+    def _probe_disk(self):
+        """While a full disk made this worker NOK: OK again once the data
+        path has room for two of the largest messages (the next write then
+        tells for sure).  Polls only while the disk is full."""
+        try:
+            while self._health != "OK" and not self.exiting:
+                gevent.sleep(0.5)
+                try:
+                    st = os.statvfs(self.data_path)
+                except OSError:
+                    continue
+                if st.f_bavail * st.f_frsize >= 2 * self.max_record + (1 << 16):
+                    self.set_health()
+        finally:
+            self._health_probe = None
 
     # -- nsqd.dat: topics, channels and paused state --------------------------------------
     #
@@ -402,6 +444,7 @@ class NSQD:
         from nsqshm.nsqd import recovery
 
         recovery.recover_orphans(self)
+        recovery.recover_overflows(self)
         self.protocol = ProtocolV2(self)
         self.tcp_server = StreamServer(listeners.listen(self.listen_address("tcp_address")),
                                        self.protocol.handle)
@@ -477,6 +520,7 @@ class NSQD:
         if self._scanner is not None:
             self._scanner.kill(block=False)
         for topic in list(self.topics.values()):
+            topic.stop_overflow()
             for channel in list(topic.channels.values()):
                 channel.give_back()
 
