@@ -16,12 +16,13 @@ LISTEN = re.compile(r"(TCP|HTTP): listening on (\S+):(\d+)")
 
 
 class Server:
-    def __init__(self, args, data_path, env=None, prefix=None):
+    def __init__(self, args, data_path, env=None, prefix=None, wrap=()):
         self.prefix = prefix or f"nsqshm-test-{uuid.uuid4().hex[:10]}"
         self.data_path = data_path
         if not any(a.startswith(("--workers", "-workers")) for a in args):
             args = ["--workers=1", *args]  # one worker unless a test asks for more
-        cmd = [sys.executable, "-m", "nsqshm.cli", "start", "--tcp-address=127.0.0.1:0",
+        # wrap: a command that execs the rest (e.g. unshare: a mount namespace)
+        cmd = [*wrap, sys.executable, "-m", "nsqshm.cli", "start", "--tcp-address=127.0.0.1:0",
                "--http-address=127.0.0.1:0", f"--data-path={data_path}",
                f"--shm-prefix={self.prefix}", *args]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
@@ -88,8 +89,9 @@ class Server:
 def nsqd_factory(tmp_path):
     servers = []
 
-    def start(*args, data_path=None, env=None, prefix=None):
-        server = Server(list(args), str(data_path or tmp_path), env=env, prefix=prefix)
+    def start(*args, data_path=None, env=None, prefix=None, wrap=()):
+        server = Server(list(args), str(data_path or tmp_path), env=env, prefix=prefix,
+                        wrap=wrap)
         servers.append(server)
         return server
 
