@@ -122,9 +122,14 @@ class Channel:
     def add_client(self, client):
         if self.exiting:
             raise ChannelError("exiting")
-        limit = self.nsqd.opts.max_channel_consumers
-        if limit and client.id not in self.clients and len(self.clients) >= limit:
-            raise ChannelError(f"consumers for {self.topic.name}:{self.name} exceeds limit of {limit}")
+        if client.id not in self.clients:
+            # every worker's clients count, in the ring's header: the limit
+            # holds for the broker, even for SUBs on two workers at once
+            limit = self.nsqd.opts.max_channel_consumers
+            if self.ring.add_subscribers(1) > limit > 0:
+                self.ring.add_subscribers(-1)
+                raise ChannelError(
+                    f"consumers for {self.topic.name}:{self.name} exceeds limit of {limit}")
         self.clients[client.id] = client
         if self._dispatcher is None:
             self._dispatcher = gevent.spawn(self._dispatch)
@@ -133,6 +138,8 @@ class Channel:
     def remove_client(self, client):
         if self.clients.pop(client.id, None) is None:
             return
+        if not self.exiting:  # (a closed ring: the next worker's start recounts)
+            self.ring.add_subscribers(-1)
         if not self.clients and self.ephemeral:
             if self.nsqd.cluster is None:
                 self.topic.delete_channel(self.name)

@@ -186,6 +186,9 @@ class NSQD:
             return None
         if op == "topology":
             return self.topology() if self.topology_loaded else None
+        if op == "subscribers":  # a starting worker recounts every channel's (recovery.py)
+            return {f"{t.name}:{c.name}": len(c.clients)
+                    for t in self.topics.values() for c in t.channels.values() if c.clients}
         if op == "clients":
             topic = self.topics.get(msg["topic"])
             channel = topic and topic.channels.get(msg["channel"])
@@ -445,6 +448,7 @@ class NSQD:
 
         recovery.recover_orphans(self)
         recovery.recover_overflows(self)
+        recovery.recount_subscribers(self)
         self.protocol = ProtocolV2(self)
         self.tcp_server = StreamServer(listeners.listen(self.listen_address("tcp_address")),
                                        self.protocol.handle)

@@ -13,6 +13,10 @@ local clients (nsqshm.local) that died.
 When the channel a message belonged to was deleted meanwhile, the message
 goes with it, as in nsqd.
 
+A channel ring counts the clients of every worker subscribed to it
+(--max-channel-consumers); a dead worker's clients are gone, so a starting
+worker sets every channel's count to what the running peers report.
+
 A worker's overflow disk queues (overflow.py: publishes for topics it does
 not own that the topic's ring had no room for) are drained by the worker
 of the same index, or worker 0 for indexes that no longer run; when this
@@ -147,3 +151,17 @@ def _store_all(nsqd, topic, spill):
         spill.delete()
     else:
         spill.close()
+
+
+def recount_subscribers(nsqd):
+    """Every channel's subscriber count: the running peers' clients (this
+    worker has none yet).  A peer that does not answer counts none."""
+    counts = {}
+    if nsqd.cluster is not None:
+        for reply in nsqd.cluster.gather({"op": "subscribers"}, timeout=2):
+            for queue, n in (reply or {}).items():
+                if isinstance(n, int):
+                    counts[queue] = counts.get(queue, 0) + n
+    for topic in nsqd.topics.values():
+        for channel in topic.channels.values():
+            channel.ring.subscribers = counts.get(f"{topic.name}:{channel.name}", 0)
