@@ -91,8 +91,7 @@ class Topic:
                 _, used = self.ring.push_packed(view)
                 view = view[used:]
             if view and not self.ephemeral:  # (an ephemeral topic drops it, as nsqd)
-                self.nsqd.tell_owner(self.name)
-                try:
+                try:  # (its drainer tells the owner the ring is full)
                     self.overflow.put(view)
                 except OSError as err:
                     raise TopicError(str(err)) from None
@@ -314,11 +313,12 @@ class Topic:
 
     @property
     def depth(self):
-        return self.ring.depth + self.backend.depth
+        return self.ring.depth + self.backend.depth + self.overflow.depth
 
     @property
     def backend_depth(self):
-        return self.backend.depth
+        """The disk queue's depth; on a worker without it, its overflow's."""
+        return self.backend.depth + self.overflow.depth
 
     def empty(self):
         self._emptied += 1

@@ -142,3 +142,55 @@ def test_6000_pubs_of_2k_without_a_channel_all_stored_then_delivered(nsqd_factor
     assert len(set(got)) == 6000
     _, doc = server.get(f"/stats?format=json&topic={topic}")
     assert json.loads(doc)["topics"][0]["message_count"] == 6000
+
+
+def pub_pipelined(c, topic, tag, n, batch=200):
+    """n numbered PUBs on connection c, `batch` in flight; every answer OK."""
+    sent = []
+    for k in range(0, n, batch):
+        bodies = [b"%s:%08d:" % (tag, i) + b"x" * 1000 for i in range(k, min(k + batch, n))]
+        c.send(b"".join(p.pub(topic, b) for b in bodies))
+        for _ in bodies:
+            assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+        sent += bodies
+    return sent
+
+
+def spilled(path, topic, index=1):
+    return [n for n in os.listdir(path) if n.startswith(f"{topic}@w{index}.diskqueue.")]
+
+
+def test_the_overflow_of_a_killed_worker_is_drained_by_its_replacement(nsqd_factory, tmp_path):
+    server = nsqd_factory("--workers=2", "--mem-queue-size=100", "--max-msg-size=65536")
+    topic = topic_owned_by(0, "killed")
+    assert server.post(f"/topic/create?topic={topic}")[0] == 200
+    assert server.post(f"/channel/create?topic={topic}&channel=c")[0] == 200
+    owner, publisher = worker_of_pid(server, 0), worker_of_pid(server, 1)
+    c = client_on_worker(server, 1, topic)
+    os.kill(owner, signal.SIGSTOP)
+    try:
+        sent = pub_pipelined(c, topic, b"k", 3000)
+        assert spilled(tmp_path, topic)
+        os.kill(publisher, signal.SIGKILL)
+    finally:
+        os.kill(owner, signal.SIGCONT)
+    c.close()
+    got = consume(server, topic, "c", len(sent))
+    assert set(got) == set(sent), f"{len(set(sent) - set(got))} acknowledged messages lost"
+    assert wait_for(lambda: not spilled(tmp_path, topic))
+
+
+def test_an_overflow_left_at_a_graceful_stop_is_delivered_after_the_restart(nsqd_factory,
+                                                                           tmp_path):
+    args = ("--workers=2", "--mem-queue-size=100", "--max-msg-size=65536")
+    server = nsqd_factory(*args)
+    topic = topic_owned_by(0, "restarted")
+    assert server.post(f"/topic/create?topic={topic}")[0] == 200
+    # no channel: nothing takes from the ring, the rest stays in the overflow
+    sent = pub_pipelined(client_on_worker(server, 1, topic), topic, b"r", 2000)
+    assert spilled(tmp_path, topic)
+    assert server.stop() == 0
+    server = nsqd_factory(*args)
+    got = consume(server, topic, "c", len(sent))
+    assert set(got) == set(sent), f"{len(set(sent) - set(got))} acknowledged messages lost"
+    assert wait_for(lambda: not spilled(tmp_path, topic))
