@@ -450,6 +450,8 @@ class Channel:
                 client.close()
             self.clients.clear()
             self._drop_held()
+            if self.nsqd.arena is not None:  # its entry in the arena's queue table: free
+                self.nsqd.arena.forget_queue(f"{self.topic.name}:{self.name}")
             self.backend.delete()
             self._remove_deferred_file()
             self.ring.unlink()

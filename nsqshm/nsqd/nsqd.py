@@ -427,7 +427,10 @@ class NSQD:
         # the random tail: a dead worker's arena may carry a pid now reused
         self.arena = Arena.create(
             f"{self.shm_prefix}.f.w{self.index}.{os.getpid()}.{os.urandom(3).hex()}",
-            label=f"nsqd worker {self.index}")
+            label=f"nsqd worker {self.index}",
+            # a queue per topic and channel: tens of thousands fit (256 bytes
+            # each, in pages touched only as used)
+            max_queues=1 << 16)
         peers_topology = None
         if self.nworkers > 1:
             from nsqshm.nsqd.cluster import Cluster

@@ -342,6 +342,8 @@ class Topic:
         if delete:
             self.channels.clear()
             self._drop_waiting()
+            if self.nsqd.arena is not None:  # its entry in the arena's queue table: free
+                self.nsqd.arena.forget_queue(f"{self.name}:")
             self.backend.delete()
             for overflow in [self.overflow, *self.adopted]:
                 overflow.delete()
