@@ -512,3 +512,17 @@ def test_peek_then_discard(ring):
     assert ring.discard(5) == 0
     s = ring.stats()
     assert s["pop_records"] == 3 and s["depth"] == 0
+
+
+def test_subscriber_count_is_shared_by_every_handle(ring, ring_name):
+    other = Ring.attach(ring_name)
+    try:
+        assert ring.subscribers == 0
+        assert ring.add_subscribers(1) == 1
+        assert other.add_subscribers(1) == 2
+        assert ring.add_subscribers(-1) == 1
+        assert other.subscribers == 1
+        other.subscribers = 0  # a starting worker's recount
+        assert ring.subscribers == 0
+    finally:
+        other.close()
