@@ -96,7 +96,7 @@ class Overflow:
                 if not self._told:  # once per wait: the owner's pump should make room
                     self.nsqd.tell_owner(topic.name)
                     self._told = True
-                topic.wait_for_room(1.0)
+                topic.wait_for_room(5.0)  # woken by the pop; the timeout: a safety net
             if not queue.depth and not topic.exiting and self.queue is queue:
                 self.queue = None
                 queue.delete()

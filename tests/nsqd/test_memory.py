@@ -135,12 +135,12 @@ def test_churn_soak_topics_channels_ephemerals_and_100k_connections(nsqd_factory
     start = settle(server)
     start_fds, start_maps = descriptors_and_maps(server)
     for r in range(10, 60):
-        churn_round(server, r, ephemeral=50)
+        churn_round(server, r, ephemeral=100)
         connections(server, 2000)
     end = settle(server)
     end_fds, end_maps = descriptors_and_maps(server)
     growth = (end - start) / start
-    print(f"\nsoak: 5000 topics+channels, 2500 ephemeral channels, 100000 connections: "
+    print(f"\nsoak: 5000 topics+channels, 5000 ephemeral channels, 100000 connections: "
           f"memory {start / 1e6:.1f} -> {end / 1e6:.1f} MB ({growth:+.1%}), descriptors "
           f"{start_fds} -> {end_fds}, maps {start_maps} -> {end_maps}")
     assert growth < 0.05
