@@ -447,6 +447,8 @@ class NSQD:
 
             self.cluster = Cluster(self)
             self.cluster.start()
+            # a dead predecessor's NOK is no longer this index's health
+            self.cluster.broadcast({"op": "health", "index": self.index, "health": self._health})
             peers_topology = next((t for t in self.cluster.gather({"op": "topology"}, timeout=2)
                                    if t), None)
         if peers_topology is not None:  # a worker replacing a dead one
