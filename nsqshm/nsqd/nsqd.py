@@ -43,7 +43,6 @@ from nsqshm.ring import Ring, use_gevent
 
 MESSAGE_OVERHEAD = 26 + 8  # message header, ring record header
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-PERSIST_INTERVAL = 0.05  # seconds between writes of nsqd.dat during a burst of changes
 
 
 split_address = listeners.split_address
@@ -99,7 +98,6 @@ class NSQD:
         self.topology_loaded = False
         self._dirty_backends = set()
         self._persister = None  # nsqd.dat is written after a burst of changes
-        self._persisted_at = 0.0
         self._syncer = None
         self.publish_instance = True  # the supervisor writes it when there are workers
         self.lookup = None  # nsqlookupd registration (nsqshm.nsqd.lookup), from start()
@@ -244,17 +242,12 @@ class NSQD:
             self.lookup.notify(topic, channel, deleted, channels)
 
     def _persist_after_changes(self):
-        """nsqd.dat once the greenlet that changed the topology yields, and
-        at most every PERSIST_INTERVAL: one write for a burst of changes (a
-        pipeline of PUBs to new topics, SUBs to new channels on many
-        connections), not one per change; each writes the whole topology
-        (18 ms at 10,000 topics: creating them took minutes).  nsqd
-        persists from a goroutine too."""
-        wait = self._persisted_at + PERSIST_INTERVAL - time.monotonic()
-        if wait > 0:
-            gevent.sleep(wait)
+        """nsqd.dat once the greenlet that changed the topology yields: one
+        write for a burst of changes (a pipeline of PUBs or SUBs to new
+        topics), not one per change; each writes the whole topology (18 ms
+        at 10,000 topics: creating them took minutes).  nsqd persists from a
+        goroutine too."""
         self._persister = None
-        self._persisted_at = time.monotonic()
         try:
             self.persist_metadata()
         except OSError as err:
