@@ -97,7 +97,6 @@ class NSQD:
         # empty one for the broker's, write it to nsqd.dat and drop messages
         self.topology_loaded = False
         self._dirty_backends = set()
-        self._persister = None  # nsqd.dat is written after a burst of changes
         self._syncer = None
         self.publish_instance = True  # the supervisor writes it when there are workers
         self.lookup = None  # nsqlookupd registration (nsqshm.nsqd.lookup), from start()
@@ -236,22 +235,13 @@ class NSQD:
         """Topology changed: persist nsqd.dat; tell nsqlookupd when a topic
         (channel None) or channel was created or deleted (channels: those a
         deleted topic had)."""
-        if not self.loading and self.index == 0 and self._persister is None:
-            self._persister = gevent.spawn(self._persist_after_changes)
+        if not self.loading:
+            try:
+                self.persist_metadata()
+            except OSError as err:
+                self.set_health(err)
         if self.lookup is not None and topic is not None:
             self.lookup.notify(topic, channel, deleted, channels)
-
-    def _persist_after_changes(self):
-        """nsqd.dat once the greenlet that changed the topology yields: one
-        write for a burst of changes (a pipeline of PUBs or SUBs to new
-        topics), not one per change; each writes the whole topology (18 ms
-        at 10,000 topics: creating them took minutes).  nsqd persists from a
-        goroutine too."""
-        self._persister = None
-        try:
-            self.persist_metadata()
-        except OSError as err:
-            self.set_health(err)
 
     def options_changed(self):
         """PUT /config/<opt> changed an option (nsqd's triggerOptsNotification)."""

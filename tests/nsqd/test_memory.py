@@ -127,7 +127,6 @@ def test_topic_and_channel_churn_gives_memory_back(nsqd_factory):
 
 
 @pytest.mark.soak
-@pytest.mark.timeout(1800)
 def test_churn_soak_topics_channels_ephemerals_and_100k_connections(nsqd_factory):
     server = nsqd_factory("--workers=2")
     for r in range(10):
@@ -150,7 +149,6 @@ def test_churn_soak_topics_channels_ephemerals_and_100k_connections(nsqd_factory
 
 
 @pytest.mark.soak
-@pytest.mark.timeout(1800)
 def test_10000_topics_with_a_channel_each_created_used_and_deleted(nsqd_factory):
     server = nsqd_factory("--workers=2")
     n = 10_000
