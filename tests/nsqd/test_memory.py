@@ -78,25 +78,25 @@ def test_an_idle_topic_and_an_idle_channel_cost_under_100_kb(nsqd_factory):
 
 def churn_round(server, r, topics=100, ephemeral=20):
     """Topics with a channel each created, one message through each, deleted;
-    ephemeral channels coming and going."""
-    for i in range(topics):
-        post(server, f"/topic/create?topic=churn{i}")
-        post(server, f"/channel/create?topic=churn{i}&channel=c")
+    ephemeral channels coming and going.  Names are new every round (a
+    create racing the other worker's delete of the same name is not what
+    this measures)."""
+    names = [f"churn{r}.{i}" for i in range(topics)]
+    for name in names:
+        post(server, f"/topic/create?topic={name}")
+        post(server, f"/channel/create?topic={name}&channel=c")
     c = Client(server)
-    c.send(b"".join(p.pub(f"churn{i}", b"m%d" % r) for i in range(topics)))
-    for _ in range(topics):
+    c.send(b"".join(p.pub(name, b"m%d" % r) for name in names))
+    for _ in names:
         assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
     c.close()
     for i in range(ephemeral):
         c = Client(server)
-        c.send(p.sub("churn0", f"e{r}.{i}#ephemeral"))
+        c.send(p.sub(names[0], f"e{r}.{i}#ephemeral"))
         assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
         c.close()
-    for i in range(topics):
-        post(server, f"/topic/delete?topic=churn{i}")
-    # the other worker applies the deletes before the names are made again (a
-    # create racing a delete of the same name across workers is another matter)
-    time.sleep(0.3)
+    for name in names:
+        post(server, f"/topic/delete?topic={name}")
 
 
 def connections(server, n):
