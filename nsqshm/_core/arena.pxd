@@ -17,6 +17,8 @@ cdef class Arena:
     cdef readonly str name
     cdef FreeList free_lists[32]      # by log2 of the block capacity
     cdef dict _queues                 # name -> index, this handle's cache
+    cdef list _free_queues            # entries of forgotten queues, for reuse
+    cdef uint32_t _scanned            # table entries this handle has read into _queues
     cdef readonly uint64_t fallbacks  # blocks malloc'd because the arena was full
 
     cdef nsqshm_arena_block *alloc(self, uint32_t msg_size) noexcept

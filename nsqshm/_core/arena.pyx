@@ -87,6 +87,8 @@ cdef class Arena:
         self.base = NULL
         self.map_size = 0
         self._queues = {}
+        self._free_queues = []
+        self._scanned = 0
         self.fallbacks = 0
         for i in range(32):
             self.free_lists[i].offsets = NULL
@@ -242,7 +244,7 @@ cdef class Arena:
 
     def queue_index(self, str queue):
         """The index of `queue` ("topic:channel") in the table, added if new (owner)."""
-        cdef uint32_t n
+        cdef uint32_t n, slot
         cdef char *entry
         self._check()
         idx = self._queues.get(queue)
@@ -251,11 +253,23 @@ cdef class Arena:
         raw = queue.encode()
         if not 0 < len(raw) <= NSQSHM_ARENA_QUEUE_NAME_MAX:
             raise ValueError(f"queue name {queue!r} is empty or too long")
-        n = self.hdr.n_queues
-        for i in range(n):  # another handle of the owner's may have added it
-            if self.queue_name(i) == queue:
-                self._queues[queue] = i
-                return i
+        n = nsqshm_load32_acquire(&self.hdr.n_queues)
+        for i in range(self._scanned, n):  # entries another handle of the owner's added
+            name = self.queue_name(i)
+            if name:
+                self._queues.setdefault(name, i)
+        self._scanned = n
+        idx = self._queues.get(queue)
+        if idx is not None:
+            return idx
+        if self._free_queues:  # a forgotten queue's entry: name first, its length last
+            slot = self._free_queues.pop()
+            entry = self.base + NSQSHM_ARENA_HEADER_SIZE + slot * NSQSHM_ARENA_QUEUE_ENTRY
+            memcpy(entry + 2, <const char *>raw, len(raw))
+            entry[1] = <char>(len(raw) >> 8)
+            entry[0] = <char>(len(raw) & 0xFF)
+            self._queues[queue] = slot
+            return slot
         if n >= self.hdr.max_queues:
             raise ArenaError(f"arena {self.name!r}: queue table full ({n} queues)")
         entry = self.base + NSQSHM_ARENA_HEADER_SIZE + n * NSQSHM_ARENA_QUEUE_ENTRY
@@ -263,8 +277,23 @@ cdef class Arena:
         entry[1] = <char>(len(raw) >> 8)
         memcpy(entry + 2, <const char *>raw, len(raw))
         nsqshm_store32_release(&self.hdr.n_queues, n + 1)
+        self._scanned = n + 1
         self._queues[queue] = n
         return n
+
+    def forget_queue(self, str queue):
+        """Free the entry of `queue`, deleted and holding no block here, for a
+        later queue to reuse: deleted topics and channels (ephemeral ones
+        come and go) never fill the table.  Its name reads "" until reused."""
+        cdef char *entry
+        self._check()
+        idx = self._queues.pop(queue, None)
+        if idx is None:
+            return
+        entry = self.base + NSQSHM_ARENA_HEADER_SIZE + <uint32_t>idx * NSQSHM_ARENA_QUEUE_ENTRY
+        entry[0] = 0
+        entry[1] = 0
+        self._free_queues.append(idx)
 
     def queue_name(self, uint32_t idx):
         self._check()

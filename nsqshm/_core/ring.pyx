@@ -47,7 +47,7 @@ from nsqshm._core import segment
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from nsqshm._core.includes.system cimport *
 
@@ -956,6 +956,24 @@ cdef class Ring:
         self._check()
         return (nsqshm_load_acquire(&self.hdr.local_msgs),
                 nsqshm_load_acquire(&self.hdr.local_body_bytes))
+
+    def add_subscribers(self, int64_t delta):
+        """Add delta (+1 or -1) to the channel's count of subscribed clients,
+        of every worker, atomically; returns the new count."""
+        self._check()
+        return <int64_t>(nsqshm_fetch_add(&self.hdr.subscribers, <uint64_t>delta)
+                         + <uint64_t>delta)
+
+    @property
+    def subscribers(self):
+        self._check()
+        return <int64_t>nsqshm_load_acquire(&self.hdr.subscribers)
+
+    @subscribers.setter
+    def subscribers(self, int64_t value):
+        """Set at a worker's start from its peers' counts (recovery.py)."""
+        self._check()
+        nsqshm_store_release(&self.hdr.subscribers, <uint64_t>value)
 
     def set_local_waker(self, waker):
         """waker(for_space) is called, instead of a write to this handle's

@@ -45,15 +45,47 @@ class RingOnly(DummyBackend):
 
 def memory_first(ring, backend, packed, mem_limit):
     """Push packed records into `ring` while the disk queue is empty (so
-    order stays FIFO), up to `mem_limit` messages in the ring; return what
-    is left for the disk queue."""
+    order stays FIFO), up to `mem_limit` messages in the ring; return
+    (records pushed, the rest: for the disk queue)."""
     view = memoryview(packed)
     if backend.depth == 0:
         room = mem_limit - ring.depth
         if room > 0:
-            _, used = ring.push_packed(view, room)
-            view = view[used:]
-    return view
+            pushed, used = ring.push_packed(view, room)
+            return pushed, view[used:]
+    return 0, view
+
+
+def write_to_disk(backend, view):
+    """Append packed records to a disk queue: (records written, None), or,
+    when a write failed (a full disk), (records that went in before it,
+    the error).  The batch's first records are the ones written."""
+    try:
+        done, _ = backend.put_packed(view)
+        return done, None
+    except DiskQueueError as err:
+        return err.written, err
+    except OSError as err:
+        # the records went in but the metadata sync after them failed; count
+        # them as not written: kept elsewhere too, they are delivered twice
+        # rather than lost
+        return 0, err
+
+
+def skip_records(view, n):
+    """`view` (packed records) past its first n records."""
+    pos = 0
+    for _ in range(n):
+        pos += 4 + int.from_bytes(view[pos:pos + 4], "little")
+    return view[pos:]
+
+
+def count_records(view):
+    n = pos = 0
+    while pos < len(view):
+        pos += 4 + int.from_bytes(view[pos:pos + 4], "little")
+        n += 1
+    return n
 
 
 def new_backend(nsqd, name, ephemeral):
@@ -110,4 +142,5 @@ def _remove_loop(paths):
             nsqd.logf("error", f"failed to Remove({path}) - {err}")
 
 
-__all__ = ["DiskQueueError", "DummyBackend", "RingOnly", "new_backend"]
+__all__ = ["DiskQueueError", "DummyBackend", "RingOnly", "count_records", "memory_first",
+           "new_backend", "skip_records", "write_to_disk"]

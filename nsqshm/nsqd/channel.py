@@ -36,7 +36,14 @@ from nsqshm._core.inflight import (
     InFlight,
     latency_percentiles,
 )
-from nsqshm.nsqd.backend import DiskQueueError, RingOnly, memory_first, new_backend
+from nsqshm.nsqd.backend import (
+    RingOnly,
+    count_records,
+    memory_first,
+    new_backend,
+    skip_records,
+    write_to_disk,
+)
 from nsqshm.nsqd.names import is_ephemeral
 from nsqshm.nsqd.waiting import RingWaker
 
@@ -77,8 +84,8 @@ class Channel:
         self.backend = (new_backend(self.nsqd, f"{topic.name}:{name}", self.ephemeral)
                         if self.owned else RingOnly())
         self.mem_limit = self.nsqd.opts.mem_queue_size
-        self.inflight = InFlight()
-        self.deferred = DeferredQueue()
+        self.inflight = InFlight(64)  # grows with use: an idle channel stays small
+        self.deferred = DeferredQueue(16)
         if self.nsqd.arena is not None:
             self.inflight.use_arena(self.nsqd.arena, f"{topic.name}:{name}")
             self.deferred.use_arena(self.nsqd.arena, f"{topic.name}:{name}")
@@ -97,7 +104,7 @@ class Channel:
         # pushes wake the dispatcher, pops and nudges the refiller
         self._waker = RingWaker(self.ring, self._ready, self._refill_wake)
         self._refiller = None
-        self._scratch = bytearray(max(1 << 20, 2 * (self.ring.max_record + 4)))
+        self.scratch = self.nsqd.scratch  # the worker's buffers (scratch.py)
         if self.owned:
             self.ring.disk_backlog = bool(self.backend.depth)
             self.ring.paused = False  # a peer's or nsqd.dat's pause comes right after
@@ -105,7 +112,7 @@ class Channel:
                 self._start_refiller()
         if not self.ephemeral and self.owned:
             self._load_deferred()
-        self._dispatcher = gevent.spawn(self._dispatch)
+        self._dispatcher = None  # from the first client on: a worker without clients runs none
 
     def __repr__(self):
         return f"<Channel {self.topic.name}:{self.name}>"
@@ -115,19 +122,24 @@ class Channel:
     def add_client(self, client):
         if self.exiting:
             raise ChannelError("exiting")
-        limit = self.nsqd.opts.max_channel_consumers
-        if limit and client.id not in self.clients:
-            count = len(self.clients)
-            if count < limit:  # the channel's consumers on the other workers count too
-                count += self.nsqd.clients_elsewhere(self.topic.name, self.name)
-            if count >= limit:
-                raise ChannelError(f"consumers for {self.topic.name}:{self.name} exceeds limit of {limit}")
+        if client.id not in self.clients:
+            # every worker's clients count, in the ring's header: the limit
+            # holds for the broker, even for SUBs on two workers at once
+            limit = self.nsqd.opts.max_channel_consumers
+            if self.ring.add_subscribers(1) > limit > 0:
+                self.ring.add_subscribers(-1)
+                raise ChannelError(
+                    f"consumers for {self.topic.name}:{self.name} exceeds limit of {limit}")
         self.clients[client.id] = client
+        if self._dispatcher is None:
+            self._dispatcher = gevent.spawn(self._dispatch)
         self.wake()
 
     def remove_client(self, client):
         if self.clients.pop(client.id, None) is None:
             return
+        if not self.exiting:  # (a closed ring: the next worker's start recounts)
+            self.ring.add_subscribers(-1)
         if not self.clients and self.ephemeral:
             if self.nsqd.cluster is None:
                 self.topic.delete_channel(self.name)
@@ -201,31 +213,44 @@ class Channel:
 
     # -- putting messages in -------------------------------------------------------------
 
-    def put_records(self, packed, new=0):
-        """Store packed records: the ring, or the disk queue past
-        --mem-queue-size.  `new` is how many are new messages (from the
-        topic pump), counted in message_count; requeues, timeouts and
-        deferred messages coming due are not, as in nsqd."""
-        self.message_count += new
-        view = memory_first(self.ring, self.backend, packed, self.mem_limit)
-        if view and not self.owned:
-            _, used = self.ring.push_packed(view)  # past the limit: the owner spills
-            if used < len(view):
-                self._defer_packed(view[used:], 0.1)  # a full ring: try again soon
-        elif view:
-            try:
-                self.backend.put_packed(view)
-            except DiskQueueError as err:
+    def put_records(self, packed, keep_rest=True):
+        """Store packed records: the ring up to --mem-queue-size, then the
+        owner's disk queue; what the disk cannot take (a full disk), or a
+        worker without the disk queue, the ring past the limit as far as its
+        bytes go.  What is still left: with keep_rest deferred for 0.1 s (in
+        the arena: kept through a death) and tried again; else left to the
+        caller (the topic's pump, which waits).  Returns how many records
+        were left (0 with keep_rest).  The topic pump counts message_count;
+        requeues, timeouts and deferred messages coming due do not count,
+        as in nsqd."""
+        _, view = memory_first(self.ring, self.backend, packed, self.mem_limit)
+        if view and self.owned:
+            if self.ephemeral:
+                return 0  # past the limit: dropped, as nsqd's dummy backend does
+            done, err = write_to_disk(self.backend, view)
+            if err is not None:
                 self.nsqd.logf("error", f"TOPIC({self.topic.name}): failed to write message "
                                         f"to backend - {err}")
-                self.nsqd.set_health(err)
-                return
-            self.nsqd.backend_written(self.backend)
-            self.ring.disk_backlog = True  # then the waiter check: see _dispatch
-            if self.ring.depth == 0 and self.ring.waiting_for_data:
-                self._refill(DELIVER_BATCH)  # consumers (of any worker) wait on the ring
-            self._start_refiller()
-            self._ready.set()
+            self.nsqd.set_health(err)
+            if done:
+                self.nsqd.backend_written(self.backend)
+                self.ring.disk_backlog = True  # then the waiter check: see _dispatch
+                if self.ring.depth == 0 and self.ring.waiting_for_data:
+                    self._refill(DELIVER_BATCH)  # consumers (of any worker) wait on the ring
+                self._start_refiller()
+                self._ready.set()
+            if err is None:
+                return 0
+            view = skip_records(view, done)
+        if view:
+            _, used = self.ring.push_packed(view)
+            view = view[used:]
+        if not view:
+            return 0
+        if keep_rest:
+            self._defer_packed(view, 0.1)  # a full ring: try again soon
+            return 0
+        return count_records(view)
 
     def _defer_packed(self, view, delay_s):
         pos = 0
@@ -249,7 +274,6 @@ class Channel:
 
     def _dispatch(self):
         ring = self.ring
-        scratch = self._scratch
         while not self.exiting:
             ready = [] if self.paused else [c for c in self.clients.values() if c.is_ready()]
             if not ready:
@@ -270,21 +294,22 @@ class Channel:
                 continue
             now = time.monotonic_ns()
             earliest = None
-            for client in ready:
-                room = client.ready_count - client.in_flight
-                if room <= 0 or client.closed:
-                    continue
-                deadline = now + client.msg_timeout_ns
-                taken, n = self.inflight.deliver_from_ring(
-                    ring, min(room, DELIVER_BATCH), scratch, client.out, client.id, deadline,
-                    client.sample_rate)  # sampled-out: dropped, as nsqd
-                if not taken:
-                    break
-                client.in_flight += n
-                client.message_count += n
-                client.kick()
-                if earliest is None or deadline < earliest:
-                    earliest = deadline
+            with self.scratch.borrow() as scratch:
+                for client in ready:
+                    room = client.ready_count - client.in_flight
+                    if room <= 0 or client.closed:
+                        continue
+                    deadline = now + client.msg_timeout_ns
+                    taken, n = self.inflight.deliver_from_ring(
+                        ring, min(room, DELIVER_BATCH), scratch, client.out, client.id, deadline,
+                        client.sample_rate)  # sampled-out: dropped, as nsqd
+                    if not taken:
+                        break
+                    client.in_flight += n
+                    client.message_count += n
+                    client.kick()
+                    if earliest is None or deadline < earliest:
+                        earliest = deadline
             if earliest is not None:
                 self.nsqd.schedule_scan(earliest)
             if ring.depth:
@@ -324,11 +349,12 @@ class Channel:
     def _refill(self, wanted):
         """Move up to `wanted` messages from the disk queue into the ring,
         the disk's read position advancing only past what the ring took."""
-        n, nbytes = self.backend.peek_into(self._scratch, max(1, min(wanted, DELIVER_BATCH)))
-        if n:
-            done, _ = self.ring.push_packed(memoryview(self._scratch)[:nbytes])
-            self.backend.advance(done)
-            self.nsqd.backend_written(self.backend)
+        with self.scratch.borrow() as scratch:
+            n, nbytes = self.backend.peek_into(scratch, max(1, min(wanted, DELIVER_BATCH)))
+            if n:
+                done, _ = self.ring.push_packed(memoryview(scratch)[:nbytes])
+                self.backend.advance(done)
+                self.nsqd.backend_written(self.backend)
         if not self.backend.depth:
             self.ring.disk_backlog = False
 
@@ -337,14 +363,14 @@ class Channel:
     def process_timeouts(self, now):
         """Requeue messages whose in-flight deadline passed; returns how many."""
         total = 0
-        scratch = self._scratch
-        while True:
-            n, nbytes = self.inflight.pop_expired(now, scratch)
-            if not n:
-                break
-            total += n
-            self.put_records(memoryview(scratch)[:nbytes])
-            self.inflight.release()
+        with self.scratch.borrow() as scratch:
+            while True:
+                n, nbytes = self.inflight.pop_expired(now, scratch)
+                if not n:
+                    break
+                total += n
+                self.put_records(memoryview(scratch)[:nbytes])
+                self.inflight.release()
         if total:
             self.timeout_count += total
             for client in self.clients.values():
@@ -354,14 +380,14 @@ class Channel:
 
     def process_deferred(self, now):
         total = 0
-        scratch = self._scratch
-        while True:
-            n, nbytes = self.deferred.pop_due(now, scratch)
-            if not n:
-                break
-            total += n
-            self.put_records(memoryview(scratch)[:nbytes])
-            self.deferred.release()
+        with self.scratch.borrow() as scratch:
+            while True:
+                n, nbytes = self.deferred.pop_due(now, scratch)
+                if not n:
+                    break
+                total += n
+                self.put_records(memoryview(scratch)[:nbytes])
+                self.deferred.release()
         return total
 
     def next_deadline(self):
@@ -390,9 +416,9 @@ class Channel:
         return self.backend.depth
 
     def empty(self):
-        scratch = self._scratch
-        while self.ring.pop_many_into(scratch)[0]:
-            pass
+        with self.scratch.borrow() as scratch:
+            while self.ring.pop_many_into(scratch)[0]:
+                pass
         self._drop_held()
         self.backend.empty()
         if self.owned:
@@ -404,16 +430,18 @@ class Channel:
         self.nsqd.broadcast_change("channel_empty", self.topic.name, self.name)
 
     def _stop_greenlets(self):
-        self._dispatcher.kill(block=False)
+        if self._dispatcher is not None:
+            self._dispatcher.kill(block=False)
         if self._refiller is not None:
             self._refiller.kill(block=False)
 
     def _drop_held(self):
         """Forget this worker's in-flight and deferred messages (empty, delete)."""
-        while self.inflight.drain(self._scratch)[0]:
-            pass
-        while self.deferred.drain(self._scratch)[0]:
-            pass
+        with self.scratch.borrow() as scratch:
+            while self.inflight.drain(scratch)[0]:
+                pass
+            while self.deferred.drain(scratch)[0]:
+                pass
         self.inflight.release()
         self.deferred.release()
 
@@ -430,14 +458,17 @@ class Channel:
                 client.close()
             self.clients.clear()
             self._drop_held()
+            if self.nsqd.arena is not None:  # its entry in the arena's queue table: free
+                self.nsqd.arena.forget_queue(f"{self.topic.name}:{self.name}")
             self.backend.delete()
             self._remove_deferred_file()
             self.ring.unlink()
         else:
             self.give_back()
-            if flush_ring(self.ring, self.backend, self._scratch, self.nsqd):
-                self.backend.close()
-                self.ring.unlink()
+            with self.scratch.borrow() as scratch:
+                if flush_ring(self.ring, self.backend, scratch, self.nsqd):
+                    self.backend.close()
+                    self.ring.unlink()
         self._waker.close()
         self.ring.close()
 
@@ -445,13 +476,13 @@ class Channel:
         """Shutdown: in-flight messages back into the channel, deferred ones to
         this worker's deferred file, each block released once stored."""
         self._stop_greenlets()
-        scratch = self._scratch
-        while True:
-            n, nbytes = self.inflight.drain(scratch)
-            if not n:
-                break
-            self.put_records(memoryview(scratch)[:nbytes])
-            self.inflight.release()
+        with self.scratch.borrow() as scratch:
+            while True:
+                n, nbytes = self.inflight.drain(scratch)
+                if not n:
+                    break
+                self.put_records(memoryview(scratch)[:nbytes])
+                self.inflight.release()
         if not self.ephemeral:
             self._save_deferred()
 
@@ -490,20 +521,20 @@ class Channel:
                      and n[len(prefix) + 2:-4].isdigit())]  # not channel "<c>.deferred.w1"'s
 
     def _save_deferred(self):
-        scratch = self._scratch
         wall_minus_mono = time.time_ns() - time.monotonic_ns()
         parts = []
-        while True:
-            due = self.deferred.next_due()
-            if due < 0:
-                break
-            n, nbytes = self.deferred.pop_due(due, scratch)
-            pos = 0
-            for _ in range(n):
-                size = int.from_bytes(scratch[pos:pos + 4], "little")
-                parts.append(struct.pack(">qI", due + wall_minus_mono, size)
-                             + scratch[pos + 4:pos + 4 + size])
-                pos += 4 + size
+        with self.scratch.borrow() as scratch:
+            while True:
+                due = self.deferred.next_due()
+                if due < 0:
+                    break
+                n, nbytes = self.deferred.pop_due(due, scratch)
+                pos = 0
+                for _ in range(n):
+                    size = int.from_bytes(scratch[pos:pos + 4], "little")
+                    parts.append(struct.pack(">qI", due + wall_minus_mono, size)
+                                 + scratch[pos + 4:pos + 4 + size])
+                    pos += 4 + size
         if not parts:  # (a file written earlier in this shutdown stays)
             return
         self._write_deferred(parts)

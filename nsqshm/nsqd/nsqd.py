@@ -19,6 +19,7 @@ memory, and a new worker puts a dead one's back (recovery.py).
 """
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -38,6 +39,7 @@ from nsqshm._core.codec import IdGenerator
 from nsqshm.nsqd import instance, listeners
 from nsqshm.nsqd.log import LEVELS, Logger
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
+from nsqshm.nsqd.scratch import ScratchPool
 from nsqshm.nsqd.topic import Topic
 from nsqshm.ring import Ring, use_gevent
 
@@ -45,6 +47,7 @@ MESSAGE_OVERHEAD = 26 + 8  # message header, ring record header
 # the options nsqd lets change while running (PUT /config/<opt>, SIGHUP here):
 # every worker holds the same values, so any worker answers GET /config alike
 RUNTIME_OPTIONS = ("lookupd_tcp_address", "log_level")
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 split_address = listeners.split_address
@@ -77,10 +80,14 @@ class NSQD:
         self.clients = {}
         self.start_time = time.time()
         self.hostname = socket.gethostname()
-        self.health = "OK"
+        self._health = "OK"      # this worker's: its last disk write
+        self._peer_health = {}   # the other workers' (index -> text), as they report it
+        self._health_probe = None
         self.version = NSQD_COMPAT_VERSION
         self.capacity = ring_capacity(opts)
         self.max_record = opts.max_msg_size + MESSAGE_OVERHEAD
+        # batches of records: at least two of the largest (scratch.py)
+        self.scratch = ScratchPool(max(1 << 20, 2 * (self.max_record + 4)))
         self._client_seq = 0
         self._scan_wake = gevent.event.Event()
         self._scan_at = None
@@ -202,6 +209,12 @@ class NSQD:
             if not self.topology_loaded:
                 return None
             return dict(self.topology(), options=self.runtime_options())
+        if op == "health":
+            self._peer_health[msg.get("index")] = msg.get("health", "OK")
+            return None
+        if op == "subscribers":  # a starting worker recounts every channel's (recovery.py)
+            return {f"{t.name}:{c.name}": len(c.clients)
+                    for t in self.topics.values() for c in t.channels.values() if c.clients}
         if op == "clients":
             topic = self.topics.get(msg["topic"])
             channel = topic and topic.channels.get(msg["channel"])
@@ -217,15 +230,6 @@ class NSQD:
                 found = False
             return {"in_flight": bool(found)}
         return {"error": f"unknown op {op!r}"}
-
-    def clients_elsewhere(self, topic, channel):
-        """How many consumers the channel has on the other workers
-        (--max-channel-consumers counts the broker's)."""
-        if self.cluster is None:
-            return 0
-        replies = self.cluster.gather({"op": "clients", "topic": topic, "channel": channel},
-                                      timeout=2)
-        return sum((r or {}).get("count", 0) for r in replies)
 
     def in_flight_elsewhere(self, topic, channel, msg_id):
         """Whether a message of the channel is in flight on another worker."""
@@ -324,11 +328,43 @@ class NSQD:
         getattr(self.log, level)(msg)
 
     def set_health(self, err=None):
-        """nsqd's health: "OK", or "NOK - <error>" after a failed backend write."""
+        """nsqd's health: "OK", or "NOK - <error>" after a failed disk write,
+        until a write succeeds.  The broker's is NOK while any worker's is
+        (each tells the others), so /ping on any worker reports a full disk;
+        and a full disk that gets room again is noticed without a write
+        (_probe_disk), so /ping says OK again by itself."""
         health = "OK" if err is None else f"NOK - {err}"
-        if health != self.health and err is not None:
+        if health == self._health:
+            return
+        if err is not None:
             self.logf("error", f"health check failed - {err}")
-        self.health = health
+            if getattr(err, "errno", None) in DISK_FULL and self._health_probe is None:
+                self._health_probe = gevent.spawn(self._probe_disk)
+        self._health = health
+        if self.cluster is not None:
+            self.cluster.broadcast({"op": "health", "index": self.index, "health": health})
+
+    @property
+    def health(self):
+        if self._health != "OK":
+            return self._health
+        return next((h for h in self._peer_health.values() if h != "OK"), "OK")
+
+    def _probe_disk(self):
+        """While a full disk made this worker NOK: OK again once the data
+        path has room for two of the largest messages (the next write then
+        tells for sure).  Polls only while the disk is full."""
+        try:
+            while self._health != "OK" and not self.exiting:
+                gevent.sleep(0.5)
+                try:
+                    st = os.statvfs(self.data_path)
+                except OSError:
+                    continue
+                if st.f_bavail * st.f_frsize >= 2 * self.max_record + (1 << 16):
+                    self.set_health()
+        finally:
+            self._health_probe = None
 
     # -- nsqd.dat: topics, channels and paused state --------------------------------------
     #
@@ -465,13 +501,18 @@ class NSQD:
         # the random tail: a dead worker's arena may carry a pid now reused
         self.arena = Arena.create(
             f"{self.shm_prefix}.f.w{self.index}.{os.getpid()}.{os.urandom(3).hex()}",
-            label=f"nsqd worker {self.index}")
+            label=f"nsqd worker {self.index}",
+            # a queue per topic and channel: tens of thousands fit (256 bytes
+            # each, in pages touched only as used)
+            max_queues=1 << 16)
         peers_topology = None
         if self.nworkers > 1:
             from nsqshm.nsqd.cluster import Cluster
 
             self.cluster = Cluster(self)
             self.cluster.start()
+            # a dead predecessor's NOK is no longer this index's health
+            self.cluster.broadcast({"op": "health", "index": self.index, "health": self._health})
             peers_topology = next((t for t in self.cluster.gather({"op": "topology"}, timeout=2)
                                    if t), None)
         if peers_topology is not None:  # a worker replacing a dead one
@@ -487,6 +528,8 @@ class NSQD:
         from nsqshm.nsqd import recovery
 
         recovery.recover_orphans(self)
+        recovery.recover_overflows(self)
+        recovery.recount_subscribers(self)
         self.protocol = ProtocolV2(self)
         self.tcp_server = StreamServer(listeners.listen(self.listen_address("tcp_address")),
                                        self.protocol.handle)
@@ -562,6 +605,7 @@ class NSQD:
         if self._scanner is not None:
             self._scanner.kill(block=False)
         for topic in list(self.topics.values()):
+            topic.stop_overflow()
             for channel in list(topic.channels.values()):
                 channel.give_back()
 

@@ -12,11 +12,23 @@ local clients (nsqshm.local) that died.
 
 When the channel a message belonged to was deleted meanwhile, the message
 goes with it, as in nsqd.
+
+A channel ring counts the clients of every worker subscribed to it
+(--max-channel-consumers); a dead worker's clients are gone, so a starting
+worker sets every channel's count to what the running peers report.
+
+A worker's overflow disk queues (overflow.py: publishes for topics it does
+not own that the topic's ring had no room for) are drained by the worker
+of the same index, or worker 0 for indexes that no longer run; when this
+worker now owns the topic, they go into the topic at once.
 """
 
+import os
 import time
 
 from nsqshm._core.arena import DEFERRED, Arena, ArenaError
+from nsqshm.nsqd import overflow
+from nsqshm.nsqd.topic import TopicError
 
 
 def _worker_index(name, prefix):
@@ -94,3 +106,62 @@ def recover_arena(nsqd, name):
         return moved
     finally:
         arena.close()
+
+
+def recover_overflows(nsqd):
+    """Take the overflow queues left by this index's previous process (or
+    by indexes that no longer run); returns how many messages they hold."""
+    total = 0
+    for topic_name, index in overflow.found_on_disk(nsqd):
+        topic = nsqd.topics.get(topic_name)
+        if topic is None:  # deleted while its worker was gone: dropped with it
+            for name in os.listdir(nsqd.data_path):
+                if name.startswith(overflow.queue_name(topic_name, index) + ".diskqueue."):
+                    os.unlink(os.path.join(nsqd.data_path, name))
+            continue
+        spill = topic.overflow if index == nsqd.index else overflow.Overflow(topic, index)
+        spill.open()
+        total += spill.depth
+        if topic.owned:
+            _store_all(nsqd, topic, spill)
+        else:
+            if spill is not topic.overflow:
+                topic.adopted.append(spill)
+            spill.start()
+    if total:
+        nsqd.logf("info", f"RECOVERY: {total} messages in overflow queues taken back")
+    return total
+
+
+def _store_all(nsqd, topic, spill):
+    """This worker owns the topic now: the overflow goes into it as a PUB does."""
+    queue = spill.queue
+    while queue.depth:
+        with nsqd.scratch.borrow() as scratch:
+            n, nbytes = queue.peek_into(scratch, 1024)
+            if not n:
+                break
+            try:
+                topic.store(memoryview(scratch)[:nbytes])
+            except TopicError as err:  # a full disk: the rest waits for the next start
+                nsqd.logf("error", f"RECOVERY: overflow of {topic.name} kept - {err}")
+                break
+            queue.advance(n)
+    if not queue.depth:
+        spill.delete()
+    else:
+        spill.close()
+
+
+def recount_subscribers(nsqd):
+    """Every channel's subscriber count: the running peers' clients (this
+    worker has none yet).  A peer that does not answer counts none."""
+    counts = {}
+    if nsqd.cluster is not None:
+        for reply in nsqd.cluster.gather({"op": "subscribers"}, timeout=2):
+            for queue, n in (reply or {}).items():
+                if isinstance(n, int):
+                    counts[queue] = counts.get(queue, 0) + n
+    for topic in nsqd.topics.values():
+        for channel in topic.channels.values():
+            channel.ring.subscribers = counts.get(f"{topic.name}:{channel.name}", 0)

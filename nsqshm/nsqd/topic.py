@@ -12,7 +12,14 @@ exists).
 With several workers only the topic's owner runs the pump and has the disk
 queue; another worker's publishes go into the ring, past --mem-queue-size
 if need be (the owner moves what is over the limit to disk while no
-channel takes it), waiting a little for room when the ring is full.
+channel takes it), and what the full ring cannot take to the worker's own
+overflow disk queue for the topic (overflow.py).
+
+A full disk never loses an acknowledged message: a PUB that neither memory
+(within --mem-queue-size, or the ring's room on a worker without the disk
+queue) nor disk takes gets E_PUB_FAILED, and the pump holds a batch that a
+channel could not store until it can (_fan_out): it stops taking from the
+topic, whose ring fills, so publishers get E_PUB_FAILED instead.
 """
 
 import time
@@ -22,9 +29,10 @@ import gevent.event
 
 from nsqshm._core.inflight import DeferredQueue
 from nsqshm._core.wire import pack_message
-from nsqshm.nsqd.backend import DiskQueueError, RingOnly, memory_first, new_backend
+from nsqshm.nsqd.backend import RingOnly, memory_first, new_backend, skip_records, write_to_disk
 from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
+from nsqshm.nsqd.overflow import Overflow
 from nsqshm.nsqd.waiting import RingWaker
 from nsqshm.ring import FULL, Ring
 
@@ -41,6 +49,8 @@ class Topic:
         self.ring = nsqd.make_ring(f"t.{name}")
         self.owned = nsqd.owns(name)
         self.backend = new_backend(nsqd, name, self.ephemeral) if self.owned else RingOnly()
+        self.overflow = Overflow(self)  # a worker without the disk queue: when the ring is full
+        self.adopted = []  # overflows of worker indexes that no longer run (recovery.py)
         self.mem_limit = nsqd.opts.mem_queue_size
         self.channels = {}
         self.paused = False
@@ -59,7 +69,7 @@ class Topic:
             self.e2e = LatencyStream(nsqd.opts, lambda: [c.inflight for c in self.channels.values()])
         self._wake = gevent.event.Event()
         self._waker = RingWaker(self.ring, self._wake)
-        self._scratch = bytearray(max(1 << 20, 2 * (self.ring.max_record + 4)))
+        self._emptied = 0  # empty() calls: a batch the pump holds may be gone
         self._pump = gevent.spawn(self._pump_loop) if self.owned else None
 
     def __repr__(self):
@@ -68,46 +78,48 @@ class Topic:
     # -- publishing -----------------------------------------------------------------
 
     def put_packed(self, packed, count, body_bytes):
-        """Append `count` packed records (from nsqshm._core.wire) to the ring."""
+        """Append `count` packed records (from nsqshm._core.wire) to the ring,
+        or to disk past what memory may hold; TopicError when they cannot be
+        stored (a full disk): nothing is acknowledged that is not stored."""
         if self.exiting:
             raise TopicError("exiting")
-        view = memory_first(self.ring, self.backend, packed, self.mem_limit)
-        if view and not self.owned:
-            self._push_waiting(view)
-        elif view:
-            try:
-                self.backend.put_packed(view)
-            except DiskQueueError as err:
-                self.nsqd.set_health(err)
-                raise TopicError(str(err)) from None
-            self.nsqd.set_health()
-            self.nsqd.backend_written(self.backend)
-            self._wake.set()
+        if self.owned:
+            self.store(packed)
+        else:
+            view = memoryview(packed)
+            if not self.overflow.depth:  # else behind what waits there, in order
+                _, used = self.ring.push_packed(view)
+                view = view[used:]
+            if view and not self.ephemeral:  # (an ephemeral topic drops it, as nsqd)
+                try:  # (its drainer tells the owner the ring is full)
+                    self.overflow.put(view)
+                except OSError as err:
+                    raise TopicError(str(err)) from None
         self.message_count += count
         self.message_bytes += body_bytes
+
+    def store(self, packed):
+        """The owner: memory up to --mem-queue-size, then the disk queue."""
+        _, view = memory_first(self.ring, self.backend, packed, self.mem_limit)
+        if view:
+            _, err = write_to_disk(self.backend, view)
+            self.nsqd.backend_written(self.backend)
+            self._wake.set()
+            self.nsqd.set_health(err)
+            if err is not None:
+                raise TopicError(str(err))
 
     def wake(self):
         self._wake.set()
 
-    def _push_waiting(self, view, timeout=5.0):
-        """A worker without the disk queue: into the ring as far as its bytes
-        allow, waiting for the owner's pump to make room."""
-        ring = self.ring
-        deadline = time.monotonic() + timeout
-        while True:
-            _, used = ring.push_packed(view)
-            view = view[used:]
-            if not view:
-                return
-            if time.monotonic() > deadline:
-                raise TopicError("queue full")
-            self.nsqd.tell_owner(self.name)
-            self._wake.clear()
-            self._waker.arm(for_space=True)
-            try:
-                self._wake.wait(0.05)
-            finally:
-                ring.disarm(for_space=True)
+    def wait_for_room(self, timeout):
+        """Until the ring has room (the owner's pump popped), or timeout."""
+        self._wake.clear()
+        self._waker.arm(for_space=True)
+        try:
+            self._wake.wait(timeout)
+        finally:
+            self.ring.disarm(for_space=True)
 
     def put_message(self, body):
         out = bytearray()
@@ -146,21 +158,23 @@ class Topic:
     def _hand_over_waiting(self, channel):
         """The first channel takes the DPUB messages that waited for it."""
         waiting = self.deferred_waiting
-        while True:
-            due = waiting.next_due()
-            if due < 0:
-                return
-            n, _ = waiting.pop_due(due, self._scratch)
-            pos = 0
-            for _ in range(n):
-                size = int.from_bytes(self._scratch[pos:pos + 4], "little")
-                channel.put_deferred(bytes(self._scratch[pos + 4:pos + 4 + size]), due)
-                pos += 4 + size
-            waiting.release()
+        with self.nsqd.scratch.borrow() as scratch:
+            while True:
+                due = waiting.next_due()
+                if due < 0:
+                    return
+                n, _ = waiting.pop_due(due, scratch)
+                pos = 0
+                for _ in range(n):
+                    size = int.from_bytes(scratch[pos:pos + 4], "little")
+                    channel.put_deferred(bytes(scratch[pos + 4:pos + 4 + size]), due)
+                    pos += 4 + size
+                waiting.release()
 
     def _drop_waiting(self):
-        while self.deferred_waiting.drain(self._scratch)[0]:
-            pass
+        with self.nsqd.scratch.borrow() as scratch:
+            while self.deferred_waiting.drain(scratch)[0]:
+                pass
         self.deferred_waiting.release()
 
     def defer_waiting(self, msg, due):
@@ -192,7 +206,6 @@ class Topic:
 
     def _pump_loop(self):
         ring = self.ring
-        scratch = self._scratch
         backend = self.backend
         while not self.exiting:
             if self.paused or not self.channels:
@@ -207,11 +220,18 @@ class Topic:
             # the ring holds the oldest messages, the disk queue the newer ones
             # peek, store into every channel, then discard: a death in between
             # repeats messages at the next start, never loses them
-            from_disk = False
-            n, nbytes = ring.peek_many_into(scratch)
-            if not n and backend.depth:
-                n, nbytes = backend.peek_into(scratch, 1024)
-                from_disk = True
+            with self.nsqd.scratch.borrow() as scratch:
+                from_disk = False
+                n, nbytes = ring.peek_many_into(scratch)
+                if not n and backend.depth:
+                    n, nbytes = backend.peek_into(scratch, 1024)
+                    from_disk = True
+                if n and self._fan_out(memoryview(scratch)[:nbytes], n):
+                    if from_disk:
+                        backend.advance(n)
+                        self.nsqd.backend_written(backend)
+                    else:
+                        ring.discard(n)
             if not n:
                 self._wake.clear()
                 self._waker.arm()
@@ -219,16 +239,35 @@ class Topic:
                     self._wake.wait()
                 ring.disarm()
                 continue
-            batch = memoryview(scratch)[:nbytes]
-            for channel in list(self.channels.values()):
-                channel.put_records(batch, new=n)
-            if from_disk:
-                backend.advance(n)
-                self.nsqd.backend_written(backend)
-            else:
-                ring.discard(n)
             if ring.depth or backend.depth:
                 gevent.idle()  # more to move: let clients run first
+
+    def _fan_out(self, batch, n):
+        """Store a batch of n records in every channel.  A channel that cannot
+        take all of it (its disk failing, its ring full) holds the pump here:
+        it tries that channel again with the rest until it is stored, and
+        meanwhile the topic's ring fills and publishers get E_PUB_FAILED.
+        Never dropped, never stored twice into a channel that has it.  False
+        when the batch went away while the pump waited (emptied, closed)."""
+        emptied = self._emptied
+        done = {}
+        while True:
+            stalled = False
+            for channel in list(self.channels.values()):
+                k = done.get(channel, 0)
+                if k < n:
+                    left = channel.put_records(skip_records(batch, k) if k else batch,
+                                               keep_rest=False)
+                    channel.message_count += n - k - left
+                    done[channel] = n - left
+                    stalled = stalled or left > 0
+            if not stalled:
+                return True
+            # consumers make room in the channel's ring, or the disk gets space
+            self._wake.clear()
+            self._wake.wait(0.25)
+            if self.exiting or self._emptied != emptied:
+                return False
 
     def _spill_excess(self):
         """Move what the ring holds past --mem-queue-size to the disk queue
@@ -236,17 +275,15 @@ class Topic:
         excess = self.ring.depth - self.mem_limit
         if excess <= 0 or not self.owned:
             return 0
-        n, nbytes = self.ring.peek_many_into(self._scratch, excess)
-        if not n:
-            return 0
-        done = n
-        if not self.ephemeral:
-            try:
-                done, _ = self.backend.put_packed(memoryview(self._scratch)[:nbytes])
-            except DiskQueueError as err:
+        with self.nsqd.scratch.borrow() as scratch:
+            n, nbytes = self.ring.peek_many_into(scratch, excess)
+            if not n:
+                return 0
+            done = n
+            if not self.ephemeral:
+                done, err = write_to_disk(self.backend, memoryview(scratch)[:nbytes])
                 self.nsqd.set_health(err)
-                done = getattr(err, "written", 0)
-        self.ring.discard(done)
+            self.ring.discard(done)
         if done and not self.ephemeral:
             self.nsqd.backend_written(self.backend)
         return done
@@ -276,16 +313,20 @@ class Topic:
 
     @property
     def depth(self):
-        return self.ring.depth + self.backend.depth
+        return self.ring.depth + self.backend.depth + self.overflow.depth
 
     @property
     def backend_depth(self):
-        return self.backend.depth
+        """The disk queue's depth; on a worker without it, its overflow's."""
+        return self.backend.depth + self.overflow.depth
 
     def empty(self):
-        while self.ring.pop_many_into(self._scratch)[0]:
-            pass
+        self._emptied += 1
+        with self.nsqd.scratch.borrow() as scratch:
+            while self.ring.pop_many_into(scratch)[0]:
+                pass
         self.backend.empty()
+        self.overflow.empty()
         self._drop_waiting()
         self.nsqd.broadcast_change("topic_empty", self.name)
 
@@ -301,19 +342,37 @@ class Topic:
         if delete:
             self.channels.clear()
             self._drop_waiting()
+            if self.nsqd.arena is not None:  # its entry in the arena's queue table: free
+                self.nsqd.arena.forget_queue(f"{self.name}:")
             self.backend.delete()
+            for overflow in [self.overflow, *self.adopted]:
+                overflow.delete()
             self.ring.unlink()
-        elif flush_ring(self.ring, self.backend, self._scratch, self.nsqd):
-            while True:  # waiting DPUB messages: on disk, due now (as before a restart)
-                n, nbytes = self.deferred_waiting.drain(self._scratch)
-                if not n:
-                    break
-                self.backend.put_packed(memoryview(self._scratch)[:nbytes])
-                self.deferred_waiting.release()
-            self.backend.close()
-            self.ring.unlink()
+        else:
+            for overflow in [self.overflow, *self.adopted]:
+                overflow.close()  # drained at the next start
+            with self.nsqd.scratch.borrow() as scratch:
+                if flush_ring(self.ring, self.backend, scratch, self.nsqd):
+                    while True:  # waiting DPUB messages: on disk, due now (as before a restart)
+                        n, nbytes = self.deferred_waiting.drain(scratch)
+                        if not n:
+                            break
+                        self.backend.put_packed(memoryview(scratch)[:nbytes])
+                        self.deferred_waiting.release()
+                    self.backend.close()
+                    self.ring.unlink()
+        self._release()
+
+    def _release(self):
+        """Drop what ties this topic to the loop and to memory (its greenlets
+        are killed, its ring closed): a deleted topic is freed whole."""
         self._waker.close()
         self.ring.close()
+
+    def stop_overflow(self):
+        """Graceful stop, phase 1: no more pushes into the ring from disk."""
+        for overflow in [self.overflow, *self.adopted]:
+            overflow.stop()
 
     def close_handles(self, sync=False):
         """Stop using the topic, leaving its rings for the other workers (and
@@ -325,8 +384,9 @@ class Topic:
             channel.close_handles(sync)
         if sync:
             self.backend.close()
-        self._waker.close()
-        self.ring.close()
+        for overflow in [self.overflow, *self.adopted]:
+            overflow.close()
+        self._release()
 
 
 def flush_ring(ring, backend, scratch, nsqd):

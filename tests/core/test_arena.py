@@ -272,3 +272,24 @@ def test_sigkill_of_a_taker_loses_nothing(tmp_path, ring_name):
     lost = set(range(total)) - held - finished - left
     assert not lost, f"{len(lost)} messages lost"
     assert finished, "the takers finished nothing: the test did not exercise them"
+
+
+def test_a_forgotten_queue_entry_is_reused_and_the_table_never_fills_with_deleted_ones(
+        arena_name):
+    arena = Arena.create(arena_name, size=1 << 22, max_queues=4)
+    try:
+        assert [arena.queue_index(f"t{i}:c") for i in range(4)] == [0, 1, 2, 3]
+        with pytest.raises(ArenaError, match="queue table full"):
+            arena.queue_index("t4:c")
+        for round_ in range(100):  # ephemeral channels coming and going
+            arena.forget_queue("t1:c")
+            assert arena.queue_name(1) == ""
+            assert arena.queue_index(f"e{round_}:c#ephemeral") == 1
+            arena.forget_queue(f"e{round_}:c#ephemeral")
+            assert arena.queue_index("t1:c") == 1
+        assert arena.queue_index("t0:c") == 0  # the others keep theirs
+        assert arena.queue_name(3) == "t3:c"
+        arena.forget_queue("never:there")  # nothing to forget: nothing happens
+    finally:
+        arena.unlink()
+        arena.close()

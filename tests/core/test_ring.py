@@ -548,3 +548,17 @@ def test_the_longest_name_fits_with_its_waiter_fifo(ring_name):
     assert Ring.unlink_segment(name)
     with pytest.raises(ValueError):
         Ring.create(name + "t", 4096)
+
+
+def test_subscriber_count_is_shared_by_every_handle(ring, ring_name):
+    other = Ring.attach(ring_name)
+    try:
+        assert ring.subscribers == 0
+        assert ring.add_subscribers(1) == 1
+        assert other.add_subscribers(1) == 2
+        assert ring.add_subscribers(-1) == 1
+        assert other.subscribers == 1
+        other.subscribers = 0  # a starting worker's recount
+        assert ring.subscribers == 0
+    finally:
+        other.close()

@@ -26,7 +26,7 @@ LISTEN = re.compile(r"(TCP|HTTP): listening on (\S+):(\d+)")
 
 
 class Server:
-    def __init__(self, args, data_path, env=None, prefix=None, workers=1):
+    def __init__(self, args, data_path, env=None, prefix=None, workers=1, wrap=()):
         self.prefix = prefix or f"nsqshm-test-{uuid.uuid4().hex[:10]}"
         self.data_path = data_path
         if not any(a.startswith(("--workers", "-workers")) for a in args):
@@ -35,7 +35,8 @@ class Server:
         for a in args:
             if a.startswith(("--workers=", "-workers=")):
                 self.workers = int(a.partition("=")[2])
-        cmd = [sys.executable, "-m", "nsqshm.cli", "start", "--tcp-address=127.0.0.1:0",
+        # wrap: a command that execs the rest (e.g. unshare: a mount namespace)
+        cmd = [*wrap, sys.executable, "-m", "nsqshm.cli", "start", "--tcp-address=127.0.0.1:0",
                "--http-address=127.0.0.1:0", f"--data-path={data_path}",
                f"--shm-prefix={self.prefix}", *args]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
@@ -119,9 +120,9 @@ def nsqd_workers(request):
 def nsqd_factory(tmp_path, nsqd_workers):
     servers = []
 
-    def start(*args, data_path=None, env=None, prefix=None):
+    def start(*args, data_path=None, env=None, prefix=None, wrap=()):
         server = Server(list(args), str(data_path or tmp_path), env=env, prefix=prefix,
-                        workers=nsqd_workers)
+                        workers=nsqd_workers, wrap=wrap)
         servers.append(server)
         return server
 

@@ -30,6 +30,10 @@
  *      448     8  recoveries     locks taken over from a dead holder
  *      456     8  local_msgs     messages local producers published (a topic ring)
  *      464     8  local_body_bytes  their body bytes (the owner's /stats adds both)
+ *      472     8  subscribers    clients of every worker subscribed to the channel
+ *                                (a channel ring; --max-channel-consumers), added to
+ *                                atomically; a new worker sets it from its peers'
+ *                                counts (a dead worker's clients are gone)
  *      512   512  waiters[64]    u64 each: pid << 32 | token, 0 when free
  *     4096   cap  data           records
  *
@@ -113,7 +117,8 @@ typedef struct {
     uint64_t recoveries;
     uint64_t local_msgs;
     uint64_t local_body_bytes;
-    uint64_t _pad7[5];
+    uint64_t subscribers;
+    uint64_t _pad7[4];
     /* 512: waiter slots */
     uint64_t waiters[NSQSHM_RING_WAITERS];
 } nsqshm_ring_header;
@@ -125,6 +130,7 @@ _Static_assert(offsetof(nsqshm_ring_header, cons_lock) == 192, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, head) == 256, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, wait_data) == 320, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, wait_space) == 384, "layout");
+_Static_assert(offsetof(nsqshm_ring_header, subscribers) == 472, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, waiters) == 512, "layout");
 _Static_assert(sizeof(nsqshm_ring_header) <= NSQSHM_RING_HEADER_SIZE, "header fits");
 

@@ -135,6 +135,7 @@ cdef extern from "ring_layout.h" nogil:
         uint64_t recoveries
         uint64_t local_msgs
         uint64_t local_body_bytes
+        uint64_t subscribers
         uint64_t waiters[64]
 
     uint64_t nsqshm_load_acquire(const uint64_t *p)

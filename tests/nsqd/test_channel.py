@@ -1,0 +1,86 @@
+"""--max-channel-consumers holds for the whole broker (channel.py: the count
+is in the channel ring's header, shared by the workers; recovery.py recounts
+it when a worker is replaced)."""
+
+import os
+import signal
+
+from nsqshm import protocol as p
+
+from .conftest import wait_for
+from .test_workers import client_on_worker, worker_of_pid
+
+LIMIT_TEXT = b"E_SUB_FAILED SUB failed consumers for limited:c exceeds limit of 2"
+
+
+def sub_on(server, index):
+    """A connection on worker `index` (found by a PUB first), then SUB."""
+    c = client_on_worker(server, index, "limited")
+    c.send(p.sub("limited", "c"))
+    return c, c.response()
+
+
+def test_max_channel_consumers_counts_the_consumers_of_every_worker(nsqd_factory):
+    server = nsqd_factory("--workers=2", "--max-channel-consumers=2")
+    assert server.post("/topic/create?topic=limited")[0] == 200
+    assert server.post("/channel/create?topic=limited&channel=c")[0] == 200
+    c0, answer = sub_on(server, 0)
+    assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
+    c1, answer = sub_on(server, 1)
+    assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
+    for index in (0, 1):  # each worker has one consumer; the broker has two
+        c, answer = sub_on(server, index)
+        assert answer == (p.FRAME_TYPE_ERROR, LIMIT_TEXT)
+        c.close()
+
+    # one leaves (on worker 0): a consumer on worker 1 may come
+    c0.close()
+    c2 = None
+
+    def room_on_1():
+        nonlocal c2
+        c, answer = sub_on(server, 1)
+        if answer == (p.FRAME_TYPE_RESPONSE, b"OK"):
+            c2 = c
+            return True
+        c.close()
+        return False
+
+    assert wait_for(room_on_1, timeout=10, interval=0.2)
+    c, answer = sub_on(server, 0)
+    assert answer == (p.FRAME_TYPE_ERROR, LIMIT_TEXT)
+    c.close()
+
+    # worker 1 (both consumers) is killed: its replacement recounts, and two
+    # consumers may come again
+    old = worker_of_pid(server, 1)
+    os.kill(old, signal.SIGKILL)
+    c1.close()
+    c2.close()
+
+    def replaced():
+        try:
+            return worker_of_pid(server, 1) != old
+        except (AssertionError, OSError):
+            return False
+
+    assert wait_for(replaced, timeout=20, interval=0.5)
+    fresh = []
+
+    def two_fit():
+        c, answer = sub_on(server, 1)
+        if answer != (p.FRAME_TYPE_RESPONSE, b"OK"):
+            c.close()
+            return False
+        fresh.append(c)
+        return True
+
+    assert wait_for(two_fit, timeout=20, interval=0.5)
+    c, answer = sub_on(server, 0)
+    assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
+    fresh.append(c)
+    c, answer = sub_on(server, 0)
+    assert answer == (p.FRAME_TYPE_ERROR, LIMIT_TEXT)
+    for c in fresh:
+        c.close()
+
