@@ -1022,7 +1022,7 @@ cdef class PartitionLog:
                     v = 0
             virtuals.append(v)
         for b, nb, v in zip(bases, bases[1:], virtuals):
-            if self._header_virtual(b) is None:
+            if self._header_virtual(b) is None or not self._time_header_ok(b):
                 self._log("warn", f"rebuilding the indexes of segment {b:020d}")
                 self._rebuild(b, v, nb)
         last, lastv = bases[len(bases) - 1], virtuals[len(virtuals) - 1]
@@ -1040,6 +1040,14 @@ cdef class PartitionLog:
         if len(h) != 32 or h[:8] != b"NSQLIDX1" or int.from_bytes(h[8:16], "big") != base:
             return None
         return int.from_bytes(h[16:24], "big")
+
+    def _time_header_ok(self, uint64_t base):
+        try:
+            with open(self._prefix(base) + ".timeindex", "rb") as f:
+                h = f.read(32)
+        except FileNotFoundError:
+            return False
+        return len(h) == 32 and h[:8] == b"NSQLTIM1" and int.from_bytes(h[8:16], "big") == base
 
     def _rebuild(self, uint64_t base, uint64_t base_virtual, next_base):
         """Write a finished segment's indexes again from its records."""
