@@ -11,10 +11,17 @@ import textwrap
 import time
 
 import pytest
-
 from nsqshm._core.commitlog import (
-    LogError, LogReader, MessageNotFound, NotABoundary, OffsetOutOfRange, PartitionLog,
-    crc32c, crc32c_software, partition_dir, segment_name,
+    LogError,
+    LogReader,
+    MessageNotFound,
+    NotABoundary,
+    OffsetOutOfRange,
+    PartitionLog,
+    crc32c,
+    crc32c_software,
+    partition_dir,
+    segment_name,
 )
 
 T0 = 1_700_000_000_000_000_000
@@ -131,7 +138,7 @@ def test_segments_roll_and_positions_add_up(logdir):
     segs = reader.segments()
     assert len(segs) == 1000 // (32768 // (16 + 226)) + 1
     virtual = 0
-    for (base, bvirt, end, nbytes), nxt in zip(segs, segs[1:] + [None]):
+    for (base, bvirt, end, nbytes), nxt in zip(segs, segs[1:] + [None], strict=True):
         assert bvirt == virtual and nbytes <= 32768
         assert os.path.getsize(os.path.join(logdir, segment_name(base))) == nbytes
         virtual += nbytes
@@ -279,7 +286,7 @@ def test_index_entries_are_sparse(logdir):
     raw = open(os.path.join(logdir, segment_name(0)[:-4] + ".index"), "rb").read()[32:]
     entries = [struct.unpack_from(">II", raw, k) for k in range(0, len(raw), 8)]
     positions = [0] + [pos for _, pos in entries]
-    gaps = [b - a for a, b in zip(positions, positions[1:])]
+    gaps = [b - a for a, b in zip(positions, positions[1:], strict=False)]
     assert len(entries) > 100 and all(4096 <= g < 4096 + 242 for g in gaps)
     assert all(pos == rel * 242 for rel, pos in entries)   # 16 + 26 + 200 a record
 
@@ -369,7 +376,7 @@ def _check_sequence(reader):
 
 
 def test_writer_killed_mid_append_loses_nothing_committed(logdir):
-    for round_ in range(4):
+    for _ in range(4):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, logdir], stdout=subprocess.PIPE,
                                 text=True)
         acked = 0
