@@ -114,6 +114,7 @@ cdef class PartitionLog:
     cdef double last_sync
     cdef object logf
     cdef LogReader _reader
+    cdef list finished_fds           # segments rolled since the last sync: fsync them then
 
     cdef int _commit(self) except -1
     cdef int _close_active(self) except -1
