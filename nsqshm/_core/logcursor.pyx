@@ -95,6 +95,13 @@ def checkpoint_path(str partition_dir, str channel):
     return os.path.join(partition_dir, f"{channel}.cursor")
 
 
+cdef extern from "<signal.h>" nogil:
+    int kill(int pid, int sig)
+
+cdef extern from "<unistd.h>" nogil:
+    int getpid()
+
+
 cdef extern from "<time.h>" nogil:
     struct timespec:
         long tv_sec
@@ -163,6 +170,7 @@ cdef class Cursor:
     cdef uint64_t bits, mask
     cdef readonly str name
     cdef readonly str checkpoint_file
+    cdef bint crash_test
 
     def __cinit__(self):
         self.h = NULL
@@ -324,6 +332,8 @@ cdef class Cursor:
             h.j_from = c
             h.j_to = c + n
             __atomic_store_n(&h.confirmed, c + n, 3)
+            if self.crash_test:  # the test suite: die between the commit and the clear
+                kill(getpid(), 9)
             _clear_range(h.window, self.mask, c, n)
             h.finished -= n
             h.confirmed_total += n
@@ -357,6 +367,12 @@ cdef class Cursor:
         finally:
             PyBuffer_Release(&view)
         return done
+
+    def _finish_and_die_mid_advance(self, unsigned long long offset):
+        """finish(offset), SIGKILLing this process after it committed the new
+        confirmed offset and before it cleared the window (tests only)."""
+        self.crash_test = True
+        return self.finish(offset)
 
     def is_finished(self, unsigned long long offset):
         cdef bint r

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+
 from nsqshm._core.logcursor import (
     ALREADY,
     FINISHED,
@@ -116,6 +117,14 @@ def test_next_unfinished_and_unfinished_into(cursor_args):
     c.close()
 
 
+def test_finish_many(cursor_args):
+    c = Cursor.open(*cursor_args, start_offset=0, window_bits=64)
+    offsets = b"".join(o.to_bytes(8, sys.byteorder) for o in (2, 1, 1, 0, 500, 4))
+    assert c.finish_many(offsets) == 4            # 1 twice, 500 out of the window
+    assert c.confirmed == 3 and c.is_finished(4) and not c.is_finished(500)
+    c.close()
+
+
 def test_set_moves_and_clears(cursor_args):
     c = Cursor.open(*cursor_args, start_offset=0, window_bits=64)
     c.finish(3)
@@ -181,6 +190,31 @@ def test_checkpoint_names(tmp_path, channel, ok):
             checkpoint_path(str(tmp_path), channel)
 
 
+DIES_MID_ADVANCE = textwrap.dedent("""
+    import sys
+    from nsqshm._core.logcursor import Cursor
+    c = Cursor.open(sys.argv[1], sys.argv[2], 0, 64)
+    c._finish_and_die_mid_advance(0)
+""")
+
+
+def test_holder_killed_mid_advance_is_repaired(cursor_args):
+    """A process killed holding the lock, after storing the new confirmed
+    offset and before clearing the bits it passed: the next locker clears
+    them (else offsets a window later would read as finished)."""
+    name, ckpt = cursor_args
+    c = Cursor.open(name, ckpt, 0, 64)
+    for o in range(1, 10):
+        c.finish(o)
+    proc = subprocess.run([sys.executable, "-c", DIES_MID_ADVANCE, name, ckpt])
+    assert proc.returncode == -signal.SIGKILL
+    assert c.confirmed == 10
+    assert [c.is_finished(o) for o in range(64, 74)] == [False] * 10
+    assert c.recoveries == 1 and c.finished_above == 0
+    assert c.finish(10) == FINISHED and c.confirmed == 11
+    c.close()
+
+
 FINISHER = textwrap.dedent("""
     import sys
     from nsqshm._core.logcursor import Cursor
@@ -234,6 +268,8 @@ def test_processes_killed_while_finishing(cursor_args):
                 assert c.is_finished(o), o
         nxt = c.next_unfinished(0, 1 << 62)
         assert nxt == c.confirmed and not c.is_finished(nxt)
+        recoveries = c.recoveries
         c.close()
+    print(f"locks taken over from a killed holder: {recoveries}")
     # offsets the killed processes finished but had not reported are finished
     # too (or will be redelivered): a restarted finisher starts at its report
