@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+
 from nsqshm._core.commitlog import (
     LogError,
     LogReader,
@@ -440,3 +441,20 @@ def test_a_reader_tails_a_writer_in_another_process(logdir):
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("sync_every,sync_timeout,synced", [
+    (1 << 40, -1, 0),       # no policy: nothing fsynced until sync()
+    (100, -1, 100),         # every 100 messages
+    (1 << 40, 0, 150),      # a timeout of 0: every append
+])
+def test_sync_policy(logdir, sync_every, sync_timeout, synced):
+    log = PartitionLog(logdir, segment_bytes=8192, sync_every=sync_every,
+                       sync_timeout=sync_timeout)
+    reader = LogReader(logdir)
+    for k in range(0, 150, 50):
+        log.append_packed(packed([message(i) for i in range(k, k + 50)]))
+    assert reader.synced_offset == synced
+    log.sync()
+    assert reader.synced_offset == 150 and not log.needs_sync
+    log.close()
