@@ -1,6 +1,6 @@
 """The commit log of a log topic's partition against raw file I/O, in one run.
 
-    python -m nsqshm.bench.commitlog [--append N] [--read N] [--runs 3] [--dir PATH]
+    python -m nsqshm.bench.commitlog [--append N] [--read N] [--runs 5] [--dir PATH]
 
 Append: N messages of 200-byte bodies (nsqd's encoding, 226 bytes) through
 PartitionLog.append_packed in batches of 200 messages and of 1 MiB, against
@@ -102,7 +102,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--append", type=int, default=500_000, help="messages per append run")
     ap.add_argument("--read", type=int, default=2_000_000, help="messages in the log read")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     args = ap.parse_args(argv)
     root = tempfile.mkdtemp(prefix="nsqshm-bench-log-", dir=args.dir)
