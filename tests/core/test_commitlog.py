@@ -73,9 +73,10 @@ def test_crc32c_known_value_and_hardware_matches_table():
     assert crc32c(b"123456789") == 0xE3069283
     assert crc32c_software(b"123456789") == 0xE3069283
     rnd = random.Random(1)
-    for n in (0, 1, 7, 8, 9, 63, 64, 1000):
-        data = bytes(rnd.getrandbits(8) for _ in range(n))
+    for n in list(range(0, 600)) + [1 << 16, (1 << 16) + 191]:   # every tail of 3 x 64-byte rounds
+        data = rnd.randbytes(n)
         assert crc32c(data) == crc32c_software(data)
+        assert crc32c(data, n * 7919) == crc32c_software(data, n * 7919)
 
 
 def test_round_trip_is_byte_exact_and_records_are_as_drawn(logdir):

@@ -226,6 +226,10 @@ static inline void nsqshm_put_be64(void *p, uint64_t v) {
 static uint32_t nsqshm_crc32c_table[8][256];
 static int nsqshm_crc32c_mode = 0;   /* 0 unknown, 1 table, 2 sse4.2 */
 
+#if defined(__x86_64__)
+static void nsqshm_crc32c_shift_init(void);
+#endif
+
 static void nsqshm_crc32c_init(void) {
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
@@ -239,7 +243,12 @@ static void nsqshm_crc32c_init(void) {
                 nsqshm_crc32c_table[0][nsqshm_crc32c_table[t - 1][i] & 0xFF];
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    nsqshm_crc32c_mode = __builtin_cpu_supports("sse4.2") ? 2 : 1;
+    if (__builtin_cpu_supports("sse4.2")) {
+        nsqshm_crc32c_shift_init();
+        nsqshm_crc32c_mode = 2;
+    } else {
+        nsqshm_crc32c_mode = 1;
+    }
 #else
     nsqshm_crc32c_mode = 1;
 #endif
@@ -264,9 +273,18 @@ static uint32_t nsqshm_crc32c_sw(uint32_t crc, const uint8_t *p, size_t n) {
 }
 
 #if defined(__x86_64__)
+/* The crc32 instruction has a latency of 3 cycles and a throughput of one a
+ * cycle, so three independent streams run three times as fast as one.  A
+ * round takes 3 blocks of NSQSHM_CRC_BLOCK bytes, A B C, and joins them by
+ * linearity: crc(r, A B C) = shift2(crc(r, A)) ^ shift1(crc(0, B)) ^ crc(0, C),
+ * where shiftN(r) is r fed N blocks of zero bytes: a GF(2)-linear map, applied
+ * as four byte-indexed tables made at start with the instruction itself. */
+#define NSQSHM_CRC_BLOCK 64
+static uint32_t nsqshm_crc32c_shift[2][4][256];
+
 __attribute__((target("sse4.2")))
-static uint32_t nsqshm_crc32c_hw(uint32_t crc, const uint8_t *p, size_t n) {
-    uint64_t c = ~crc;
+static uint32_t nsqshm_crc32c_raw(uint32_t r, const uint8_t *p, size_t n) {
+    uint64_t c = r;
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
@@ -277,7 +295,42 @@ static uint32_t nsqshm_crc32c_hw(uint32_t crc, const uint8_t *p, size_t n) {
     uint32_t c32 = (uint32_t)c;
     while (n--)
         c32 = __builtin_ia32_crc32qi(c32, *p++);
-    return ~c32;
+    return c32;
+}
+
+static void nsqshm_crc32c_shift_init(void) {
+    static const uint8_t zeros[2 * NSQSHM_CRC_BLOCK];
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < 4; k++)
+            for (uint32_t b = 0; b < 256; b++)
+                nsqshm_crc32c_shift[s][k][b] =
+                    nsqshm_crc32c_raw(b << (8 * k), zeros, (size_t)(s + 1) * NSQSHM_CRC_BLOCK);
+}
+
+static inline uint32_t nsqshm_crc32c_apply(int s, uint32_t r) {
+    return nsqshm_crc32c_shift[s][0][r & 0xFF] ^ nsqshm_crc32c_shift[s][1][(r >> 8) & 0xFF] ^
+           nsqshm_crc32c_shift[s][2][(r >> 16) & 0xFF] ^ nsqshm_crc32c_shift[s][3][r >> 24];
+}
+
+__attribute__((target("sse4.2")))
+static uint32_t nsqshm_crc32c_hw(uint32_t crc, const uint8_t *p, size_t n) {
+    uint32_t r = ~crc;
+    while (n >= 3 * NSQSHM_CRC_BLOCK) {
+        uint64_t a = r, b = 0, c = 0, w;
+        for (int i = 0; i < NSQSHM_CRC_BLOCK; i += 8) {
+            memcpy(&w, p + i, 8);
+            a = __builtin_ia32_crc32di(a, w);
+            memcpy(&w, p + NSQSHM_CRC_BLOCK + i, 8);
+            b = __builtin_ia32_crc32di(b, w);
+            memcpy(&w, p + 2 * NSQSHM_CRC_BLOCK + i, 8);
+            c = __builtin_ia32_crc32di(c, w);
+        }
+        r = nsqshm_crc32c_apply(1, (uint32_t)a) ^ nsqshm_crc32c_apply(0, (uint32_t)b) ^
+            (uint32_t)c;
+        p += 3 * NSQSHM_CRC_BLOCK;
+        n -= 3 * NSQSHM_CRC_BLOCK;
+    }
+    return ~nsqshm_crc32c_raw(r, p, n);
 }
 #endif
 
