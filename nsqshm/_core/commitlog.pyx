@@ -54,10 +54,6 @@ cdef extern from "<sys/file.h>" nogil:
     int LOCK_EX
     int LOCK_NB
 
-cdef extern from "<sys/mman.h>" nogil:
-    int madvise(void *addr, size_t n, int advice)
-    int MADV_SEQUENTIAL
-
 cdef extern from "<time.h>" nogil:
     struct timespec:
         long tv_sec
@@ -213,7 +209,9 @@ cdef class _Map:
         p = mmap(NULL, length, PROT_READ, MAP_SHARED, self.fd, 0)
         if p == MAP_FAILED:
             raise OSError(errno, os.strerror(errno), self.path)
-        madvise(p, length, MADV_SEQUENTIAL)
+        # no MADV_SEQUENTIAL: it lets the kernel drop pages behind the reader,
+        # and the hot tail is shared by every channel of the topic (it made
+        # no difference to a replay here)
         self.base = <char *>p
         self.mapped = length
         return 0
