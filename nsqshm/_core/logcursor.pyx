@@ -1,0 +1,531 @@
+"""A channel's position in one partition of a log topic: a confirmed msg
+offset (every message below it is finished) plus the set of messages
+finished out of order above it.
+
+The set is a window of window_bits bits (default 64 Ki) starting at the
+confirmed offset: bit (o % window_bits) says whether msg offset o is
+finished.  Finishing the confirmed offset advances it past the whole run of
+finished ones.  A finish at or beyond confirmed + window_bits is refused
+(OUT_OF_WINDOW): the channel must hold delivery there -- next_unfinished
+never returns an offset outside the window -- until the oldest unfinished
+message is finished or times out and is delivered again.
+
+The cursor lives in a POSIX shared-memory segment (layout drawn in
+includes/commitlog_layout.h), so any worker can finish a message and a
+cursor survives SIGKILL of any process, and it is checkpointed to a small
+file in the partition directory (written, fsynced, renamed) so it survives
+the segment too (a reboot).  The segment is created unnamed (O_TMPFILE in
+/dev/shm, mode 0600), initialised, and linked into place: no process ever
+attaches to a half-made cursor, and of two creators one wins and the other
+attaches to the winner's.  Every operation runs in C under a robust
+process-shared mutex; an advance is journalled so that a holder killed
+mid-way is repaired by the next one to lock (see the layout).
+"""
+
+import errno as errno_mod
+import os
+import re
+
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.stdint cimport uint32_t, uint64_t
+
+from nsqshm._core.includes.system cimport (
+    EOWNERDEAD, MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, PTHREAD_MUTEX_ROBUST,
+    PTHREAD_PROCESS_SHARED, errno, memcpy, memset, mmap, munmap, pthread_mutex_consistent,
+    pthread_mutex_init, pthread_mutex_lock, pthread_mutex_t, pthread_mutex_unlock,
+    pthread_mutexattr_destroy, pthread_mutexattr_init, pthread_mutexattr_setpshared,
+    pthread_mutexattr_setrobust, pthread_mutexattr_t,
+)
+
+cdef extern from "commitlog_layout.h" nogil:
+    uint64_t NSQSHM_CURSOR_MAGIC
+    uint32_t NSQSHM_CURSOR_VERSION
+    uint32_t NSQSHM_CURSOR_HEADER
+
+    ctypedef struct nsqshm_cursor_lock:
+        pthread_mutex_t mutex
+
+    ctypedef struct nsqshm_cursor_header:
+        uint64_t magic
+        uint32_t version
+        uint32_t window_bits
+        uint64_t created_ns
+        uint64_t recoveries
+        nsqshm_cursor_lock lock
+        uint64_t confirmed
+        uint64_t finished
+        uint64_t j_from
+        uint64_t j_to
+        uint64_t j_reset
+        uint64_t confirmed_total
+        uint64_t finish_total
+        uint64_t window[1]
+
+    uint32_t nsqshm_crc32c(uint32_t crc, const void *p, size_t n)
+
+
+FINISHED = 0          # finish(): newly finished
+ALREADY = 1           # finish(): it was finished before
+OUT_OF_WINDOW = -1    # finish(): beyond confirmed + window_bits: hold delivery
+DEFAULT_WINDOW_BITS = 1 << 16
+SHM_DIR = "/dev/shm"
+NAME_MAX_LEN = 200
+CHECKPOINT_MAGIC = b"NSQLCUR1"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_:#][A-Za-z0-9_.:#-]{0,199}$")
+_CHANNEL_RE = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+
+
+class CursorError(Exception):
+    """A cursor segment or checkpoint cannot be used."""
+
+
+def validate_name(str name):
+    """A cursor segment name: 1-200 of [A-Za-z0-9_.:#-], not starting with
+    '.' or '-' (a file directly in /dev/shm)."""
+    if not _NAME_RE.match(name) or not name.isascii():
+        raise ValueError(f"invalid cursor name {name!r}")
+
+
+def checkpoint_path(str partition_dir, str channel):
+    """The checkpoint file of `channel`'s cursor in a partition directory
+    (nsqd's channel name rule; always one path component)."""
+    if not 0 < len(channel) <= 64 or not _CHANNEL_RE.match(channel) or not channel.isascii():
+        raise ValueError(f"invalid channel name {channel!r}")
+    return os.path.join(partition_dir, f"{channel}.cursor")
+
+
+cdef extern from "<signal.h>" nogil:
+    int kill(int pid, int sig)
+
+cdef extern from "<unistd.h>" nogil:
+    int getpid()
+
+
+cdef extern from "<time.h>" nogil:
+    struct timespec:
+        long tv_sec
+        long tv_nsec
+    int clock_gettime(int clk, timespec *ts)
+
+
+cdef inline uint64_t _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(0, &ts)
+    return <uint64_t>ts.tv_sec * 1000000000 + <uint64_t>ts.tv_nsec
+
+
+cdef extern from *:
+    int __builtin_ctzll(unsigned long long v) nogil
+    int __builtin_popcountll(unsigned long long v) nogil
+    uint64_t __atomic_load_n(const uint64_t *p, int order) nogil
+    void __atomic_store_n(uint64_t *p, uint64_t v, int order) nogil
+
+
+cdef uint64_t _popcount(const uint64_t *w, uint64_t words) noexcept nogil:
+    cdef uint64_t i, n = 0
+    for i in range(words):
+        n += __builtin_popcountll(w[i])
+    return n
+
+
+cdef inline bint _bit(const uint64_t *w, uint64_t i) noexcept nogil:
+    return (w[i >> 6] >> (i & 63)) & 1
+
+
+cdef void _clear_range(uint64_t *w, uint64_t mask, uint64_t start, uint64_t n) noexcept nogil:
+    """Clear n bits from bit index start (mod the window: mask = bits - 1)."""
+    cdef uint64_t i = start & mask, k
+    while n:
+        if (i & 63) == 0 and n >= 64:
+            w[i >> 6] = 0
+            k = 64
+        else:
+            w[i >> 6] &= ~((<uint64_t>1) << (i & 63))
+            k = 1
+        n -= k
+        i = (i + k) & mask
+
+
+cdef uint64_t _run(const uint64_t *w, uint64_t mask, uint64_t start, uint64_t limit) noexcept nogil:
+    """How many bits are set in a row from bit index start, at most limit."""
+    cdef uint64_t i = start & mask, n = 0, inv, ones, avail
+    while n < limit:
+        avail = 64 - (i & 63)
+        inv = ~(w[i >> 6] >> (i & 63))   # the shifted-in high bits read as unset
+        ones = 64 if inv == 0 else <uint64_t>__builtin_ctzll(inv)
+        if ones > avail:
+            ones = avail
+        n += ones
+        if ones < avail:
+            break
+        i = (i + ones) & mask
+    return n if n < limit else limit
+
+
+cdef class Cursor:
+    """A handle on a shared-memory cursor.  Use Cursor.open."""
+    cdef nsqshm_cursor_header *h
+    cdef size_t size
+    cdef uint64_t bits, mask
+    cdef readonly str name
+    cdef readonly str checkpoint_file
+    cdef bint crash_test
+
+    def __cinit__(self):
+        self.h = NULL
+
+    def __init__(self):
+        raise TypeError("use Cursor.open(name, checkpoint_file, start_offset)")
+
+    @staticmethod
+    def open(str name, str checkpoint_file, unsigned long long start_offset=0,
+             unsigned long long window_bits=DEFAULT_WINDOW_BITS):
+        """Attach to the cursor segment `name`, or make it: from the
+        checkpoint file if there is one, else at start_offset."""
+        validate_name(name)
+        if window_bits < 64 or window_bits > (1 << 24) or window_bits & (window_bits - 1):
+            raise ValueError(f"window_bits {window_bits}: a power of two in 64..2**24")
+        cdef Cursor self = Cursor.__new__(Cursor)
+        self.name = name
+        self.checkpoint_file = checkpoint_file
+        for _ in range(10):
+            try:
+                self._attach()
+                return self
+            except FileNotFoundError:
+                pass
+            confirmed, window = _read_checkpoint(checkpoint_file, window_bits)
+            if confirmed is None:
+                confirmed = start_offset
+            if self._create(confirmed, window, window_bits):
+                return self
+        raise CursorError(f"cursor {name!r}: could not attach nor create")
+
+    cdef int _map(self, int fd, size_t size) except -1:
+        cdef void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+        if p == MAP_FAILED:
+            raise OSError(errno, os.strerror(errno))
+        self.h = <nsqshm_cursor_header *>p
+        self.size = size
+        return 0
+
+    def _attach(self):
+        cdef nsqshm_cursor_header *h
+        fd = os.open(f"{SHM_DIR}/{self.name}", os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            st = os.fstat(fd)
+            if st.st_size < NSQSHM_CURSOR_HEADER + 8:
+                raise CursorError(f"cursor {self.name!r}: segment of {st.st_size} bytes")
+            self._map(fd, st.st_size)
+        finally:
+            os.close(fd)
+        h = self.h
+        if h.magic != NSQSHM_CURSOR_MAGIC or h.version != NSQSHM_CURSOR_VERSION or \
+                NSQSHM_CURSOR_HEADER + h.window_bits // 8 != self.size:
+            raise CursorError(f"cursor {self.name!r}: not a cursor of layout "
+                              f"{NSQSHM_CURSOR_VERSION}")
+        self.bits = h.window_bits
+        self.mask = self.bits - 1
+
+    def _create(self, unsigned long long confirmed, window, unsigned long long window_bits):
+        """Make the segment unnamed, fill it, link it under its name.  False
+        when another process linked one first (attach to it then)."""
+        cdef pthread_mutexattr_t attr
+        cdef nsqshm_cursor_header *h
+        size = NSQSHM_CURSOR_HEADER + window_bits // 8
+        tmp = None
+        try:
+            fd = os.open(SHM_DIR, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except OSError as err:
+            if err.errno not in (errno_mod.EOPNOTSUPP, errno_mod.EISDIR, errno_mod.EINVAL):
+                raise
+            tmp = f"{SHM_DIR}/.nsqshm-tmp-{os.getpid()}-{os.urandom(6).hex()}"
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW,
+                         0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, size)
+            self._map(fd, size)
+            h = self.h
+            h.version = NSQSHM_CURSOR_VERSION
+            h.window_bits = window_bits
+            h.created_ns = _now_ns()
+            h.confirmed = confirmed
+            self.bits = window_bits
+            self.mask = window_bits - 1
+            if window is not None:
+                memcpy(<void *>h.window, PyBytes_AS_STRING(window), window_bits // 8)
+                h.finished = _popcount(h.window, window_bits // 64)
+            pthread_mutexattr_init(&attr)
+            pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED)
+            pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST)
+            pthread_mutex_init(&h.lock.mutex, &attr)
+            pthread_mutexattr_destroy(&attr)
+            h.magic = NSQSHM_CURSOR_MAGIC
+            src = tmp if tmp else f"/proc/self/fd/{fd}"
+            shm_dir = os.open(SHM_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.link(src, self.name, dst_dir_fd=shm_dir, follow_symlinks=True)
+            except FileExistsError:
+                munmap(self.h, self.size)
+                self.h = NULL
+                return False
+            finally:
+                os.close(shm_dir)
+        finally:
+            os.close(fd)
+            if tmp:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+        return True
+
+    # -- the lock --------------------------------------------------------------------------
+
+    cdef int _lock(self) except -1:
+        cdef int r
+        if self.h == NULL:
+            raise CursorError("cursor closed")
+        with nogil:
+            r = pthread_mutex_lock(&self.h.lock.mutex)
+        if r == EOWNERDEAD:
+            self._repair()
+            pthread_mutex_consistent(&self.h.lock.mutex)
+        elif r != 0:
+            raise CursorError(f"cursor {self.name!r}: lock failed ({os.strerror(r)})")
+        return 0
+
+    cdef void _unlock(self) noexcept nogil:
+        pthread_mutex_unlock(&self.h.lock.mutex)
+
+    cdef void _repair(self) noexcept:
+        """The last holder died: finish its journalled advance or reset."""
+        cdef nsqshm_cursor_header *h = self.h
+        h.recoveries += 1
+        if h.j_reset:
+            memset(<void *>h.window, 0, self.bits // 8)
+            h.finished = 0
+            h.j_reset = 0
+        elif h.j_to and h.confirmed == h.j_to:
+            _clear_range(h.window, self.mask, h.j_from, h.j_to - h.j_from)
+            h.finished = _popcount(h.window, self.bits // 64)
+        h.j_to = 0
+
+    # -- operations ------------------------------------------------------------------------
+
+    cdef int _finish(self, uint64_t o) noexcept nogil:
+        cdef nsqshm_cursor_header *h = self.h
+        cdef uint64_t c = h.confirmed, n
+        if o < c:
+            return 1
+        if o - c >= self.bits:
+            return -1
+        if _bit(h.window, o & self.mask):
+            return 1
+        h.window[(o & self.mask) >> 6] |= (<uint64_t>1) << (o & 63)
+        h.finished += 1
+        h.finish_total += 1
+        if o == c:
+            n = _run(h.window, self.mask, c, self.bits)
+            h.j_from = c
+            h.j_to = c + n
+            __atomic_store_n(&h.confirmed, c + n, 3)
+            if self.crash_test:  # the test suite: die between the commit and the clear
+                kill(getpid(), 9)
+            _clear_range(h.window, self.mask, c, n)
+            h.finished -= n
+            h.confirmed_total += n
+            h.j_to = 0
+        return 0
+
+    def finish(self, unsigned long long offset):
+        """Mark msg offset `offset` finished: FINISHED, ALREADY, or
+        OUT_OF_WINDOW (refused: at or past confirmed + window_bits)."""
+        cdef int r
+        self._lock()
+        r = self._finish(offset)
+        self._unlock()
+        return r
+
+    def finish_many(self, offsets):
+        """finish() each u64 of a buffer of native u64 offsets; the number
+        newly finished (out-of-window ones are skipped: see finish)."""
+        cdef Py_buffer view
+        cdef Py_ssize_t i, n, done = 0
+        cdef const uint64_t *p
+        PyObject_GetBuffer(offsets, &view, 0)
+        try:
+            p = <const uint64_t *>view.buf
+            n = view.len // 8
+            self._lock()
+            for i in range(n):
+                if self._finish(p[i]) == 0:
+                    done += 1
+            self._unlock()
+        finally:
+            PyBuffer_Release(&view)
+        return done
+
+    def _finish_and_die_mid_advance(self, unsigned long long offset):
+        """finish(offset), SIGKILLing this process after it committed the new
+        confirmed offset and before it cleared the window (tests only)."""
+        self.crash_test = True
+        return self.finish(offset)
+
+    def is_finished(self, unsigned long long offset):
+        cdef bint r
+        self._lock()
+        c = self.h.confirmed
+        r = offset < c or (offset - c < self.bits and _bit(self.h.window, offset & self.mask))
+        self._unlock()
+        return r
+
+    @property
+    def confirmed(self):
+        """Every msg offset below it is finished."""
+        return __atomic_load_n(&self.h.confirmed, 2)
+
+    @property
+    def window_bits(self):
+        return self.bits
+
+    @property
+    def window_end(self):
+        """No offset at or past it can be finished yet: hold delivery there."""
+        return __atomic_load_n(&self.h.confirmed, 2) + self.bits
+
+    @property
+    def finished_above(self):
+        """How many offsets above confirmed are finished."""
+        return self.h.finished
+
+    @property
+    def recoveries(self):
+        return self.h.recoveries
+
+    def set(self, unsigned long long offset):
+        """Move the cursor to `offset` (seek, or a reset to the log start or
+        end): nothing above it is finished."""
+        cdef nsqshm_cursor_header *h
+        self._lock()
+        h = self.h
+        h.j_reset = 1
+        __atomic_store_n(&h.confirmed, offset, 3)
+        memset(<void *>h.window, 0, self.bits // 8)
+        h.finished = 0
+        h.j_reset = 0
+        self._unlock()
+
+    cdef long long _next(self, uint64_t start, uint64_t end) noexcept nogil:
+        cdef uint64_t c = self.h.confirmed, lim = c + self.bits, o
+        if start < c:
+            start = c
+        if end > lim:
+            end = lim
+        o = start
+        while o < end:
+            if (o & 63) == 0 and end - o >= 64 and \
+                    ~self.h.window[(o & self.mask) >> 6] == 0:
+                o += 64
+                continue
+            if not _bit(self.h.window, o & self.mask):
+                return <long long>o
+            o += 1
+        return -1
+
+    def next_unfinished(self, unsigned long long start, unsigned long long end):
+        """The first unfinished msg offset in [max(start, confirmed),
+        min(end, window_end)), or -1 (end is the log's end offset)."""
+        cdef long long r
+        self._lock()
+        r = self._next(start, end)
+        self._unlock()
+        return r
+
+    def unfinished_into(self, unsigned long long start, unsigned long long end, out):
+        """Write the unfinished msg offsets of [max(start, confirmed),
+        min(end, window_end)) into `out` as native u64s, as many as fit;
+        how many were written."""
+        cdef Py_buffer view
+        cdef Py_ssize_t n = 0, room
+        cdef uint64_t *p
+        cdef long long o
+        PyObject_GetBuffer(out, &view, PyBUF_WRITABLE)
+        try:
+            p = <uint64_t *>view.buf
+            room = view.len // 8
+            self._lock()
+            o = start
+            while n < room:
+                o = self._next(o, end)
+                if o < 0:
+                    break
+                p[n] = o
+                n += 1
+                o += 1
+            self._unlock()
+        finally:
+            PyBuffer_Release(&view)
+        return n
+
+    # -- checkpoint ---------------------------------------------------------------------------
+
+    def checkpoint(self):
+        """Write confirmed and the window to the checkpoint file: a temp
+        file, fsynced, renamed over it (a crash leaves the old or the new)."""
+        cdef bytes window = PyBytes_FromStringAndSize(NULL, self.bits // 8)
+        self._lock()
+        confirmed = self.h.confirmed
+        memcpy(PyBytes_AS_STRING(window), <void *>self.h.window, self.bits // 8)
+        self._unlock()
+        body = confirmed.to_bytes(8, "big") + self.bits.to_bytes(4, "big") + window
+        data = CHECKPOINT_MAGIC + nsqshm_crc32c(0, <const char *>body, len(body)).to_bytes(
+            4, "big") + body
+        tmp = f"{self.checkpoint_file}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, self.checkpoint_file)
+        return confirmed
+
+    def close(self):
+        if self.h != NULL:
+            munmap(self.h, self.size)
+            self.h = NULL
+
+    def unlink(self):
+        """Remove the segment and the checkpoint (the channel is deleted)."""
+        for path in (f"{SHM_DIR}/{self.name}", self.checkpoint_file):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def __dealloc__(self):
+        if self.h != NULL:
+            munmap(self.h, self.size)
+
+
+def _read_checkpoint(str path, unsigned long long window_bits):
+    """(confirmed, window bytes) from a checkpoint file, (None, None) if
+    there is none; CursorError if it is corrupt or of another window."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None, None
+    body = data[12:]
+    if data[:8] != CHECKPOINT_MAGIC or len(body) < 12 or \
+            nsqshm_crc32c(0, <const char *>body, len(body)) != int.from_bytes(data[8:12], "big"):
+        raise CursorError(f"cursor checkpoint {path} is corrupt")
+    bits = int.from_bytes(body[8:12], "big")
+    confirmed = int.from_bytes(body[:8], "big")
+    if bits != window_bits:
+        # another window size: keep confirmed; finishes above it are redelivered
+        return confirmed, None
+    return confirmed, bytes(body[12:])

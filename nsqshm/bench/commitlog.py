@@ -1,0 +1,145 @@
+"""The commit log of a log topic's partition against raw file I/O, in one run.
+
+    python -m nsqshm.bench.commitlog [--append N] [--read N] [--runs 5] [--dir PATH]
+
+Append: N messages of 200-byte bodies (nsqd's encoding, 226 bytes) through
+PartitionLog.append_packed in batches of 200 messages and of 1 MiB, against
+os.write of the same packed bytes to one file in the same batch sizes.  No
+fsync on either side (sync_every and sync_timeout off): both measure the
+page cache, as the broker's default --sync-every does between syncs.
+
+Read: a log of --read messages (2 M by default, in 100 MiB segments) read
+from the earliest offset with LogReader.read_into into a 1 MiB buffer (a
+fresh reader per run, as a new consumer: its mappings are made on the
+way), against a sequential readinto of the same segment files into a
+1 MiB buffer.  Both from the page cache.  Medians of --runs.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import struct
+import tempfile
+import time
+
+from nsqshm._core.commitlog import LogReader, PartitionLog, partition_dir
+
+BODY = 200
+TARGET_READ_RATIO = 0.6   # issue 15: replay at >= 60 % of a raw sequential read
+
+
+def packed_batch(count, first=0):
+    """`count` packed ring records [u32 native size][message]."""
+    out = []
+    ts = time.time_ns()
+    for i in range(first, first + count):
+        m = struct.pack(">QH", ts + i, 0) + f"{i:016x}".encode() + b"b" * BODY
+        out.append(struct.pack("=I", len(m)) + m)
+    return b"".join(out)
+
+
+def batches_for(n, batch_bytes):
+    """A batch of about batch_bytes (whole records) and how many to append for n messages."""
+    per = max(1, batch_bytes // (4 + 26 + BODY))
+    return packed_batch(per), per, max(1, n // per)
+
+
+def time_append(root, batch, calls):
+    path = partition_dir(root, "bench", 0)
+    log = PartitionLog(path, sync_every=1 << 62, sync_timeout=-1)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        log.append_packed(batch)
+    t = time.perf_counter() - t0
+    log.close()
+    shutil.rmtree(path)
+    return t
+
+
+def time_raw_write(root, batch, calls):
+    path = os.path.join(root, "raw.dat")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        os.write(fd, batch)
+    t = time.perf_counter() - t0
+    os.close(fd)
+    os.unlink(path)
+    return t
+
+
+def time_read(path):
+    reader = LogReader(path)
+    buf = bytearray(1 << 20)
+    off, total = reader.start_offset, 0
+    t0 = time.perf_counter()
+    while True:
+        n, _, off = reader.read_into(off, buf)
+        if not n:
+            break
+        total += n
+    t = time.perf_counter() - t0
+    reader.close()
+    return t, total
+
+
+def time_raw_read(files):
+    buf = bytearray(1 << 20)
+    total = 0
+    t0 = time.perf_counter()
+    for name in files:
+        with open(name, "rb", buffering=0) as f:
+            while True:
+                n = f.readinto(buf)
+                if not n:
+                    break
+                total += n
+    return time.perf_counter() - t0, total
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--append", type=int, default=500_000, help="messages per append run")
+    ap.add_argument("--read", type=int, default=2_000_000, help="messages in the log read")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    args = ap.parse_args(argv)
+    root = tempfile.mkdtemp(prefix="nsqshm-bench-log-", dir=args.dir)
+    try:
+        print(f"commit log vs raw file I/O: {BODY}-byte bodies, medians of {args.runs} runs")
+        for label, nbytes in (("200 msgs", 200 * (4 + 26 + BODY)), ("1 MiB", 1 << 20)):
+            batch, per, calls = batches_for(args.append, nbytes)
+            n = per * calls
+            log_t = statistics.median(time_append(root, batch, calls) for _ in range(args.runs))
+            raw_t = statistics.median(time_raw_write(root, batch, calls) for _ in range(args.runs))
+            print(f"append, batches of {label:>8}: log {n / log_t / 1e6:6.2f} M msg/s "
+                  f"({n * len(batch) / per / log_t / 1e6:6.0f} MB/s), raw write "
+                  f"{n / raw_t / 1e6:6.2f} M msg/s: ratio {raw_t / log_t:.2f}")
+        # the log to read
+        path = partition_dir(root, "read", 0)
+        log = PartitionLog(path, sync_every=1 << 62, sync_timeout=-1)
+        batch, per, calls = batches_for(args.read, 1 << 20)
+        for k in range(calls):
+            log.append_packed(packed_batch(per, k * per) if k < 2 else batch)
+        n = log.end_offset
+        log.close()
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".log"))
+        size = sum(os.path.getsize(f) for f in files)
+        time_raw_read(files)  # both read from the page cache
+        reads = [time_read(path) for _ in range(args.runs)]
+        assert all(total == n for _, total in reads)
+        log_t = statistics.median(t for t, _ in reads)
+        raw_t = statistics.median(time_raw_read(files)[0] for _ in range(args.runs))
+        ratio = raw_t / log_t
+        print(f"read {n} msgs ({size / 1e6:.0f} MB, {len(files)} segments) from the earliest: "
+              f"log {n / log_t / 1e6:6.2f} M msg/s ({size / log_t / 1e9:5.2f} GB/s), raw read "
+              f"{size / raw_t / 1e9:5.2f} GB/s: ratio {ratio:.2f} "
+              f"({'meets' if ratio >= TARGET_READ_RATIO else 'misses'} the "
+              f"{TARGET_READ_RATIO} target)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,461 @@
+"""The commit log of a log topic's partition: records, segments, indexes,
+recovery, retention, readers in other processes."""
+
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from nsqshm._core.commitlog import (
+    LogError,
+    LogReader,
+    MessageNotFound,
+    NotABoundary,
+    OffsetOutOfRange,
+    PartitionLog,
+    crc32c,
+    crc32c_software,
+    partition_dir,
+    segment_name,
+)
+
+T0 = 1_700_000_000_000_000_000
+
+
+def message(i, body_size=100, ts=None):
+    """nsqd's encoding; the ID is the offset in hex, the body repeats it."""
+    body = (f"{i}:".encode() * body_size)[:body_size]
+    return struct.pack(">QH", T0 + i * 1000 if ts is None else ts, 1) + f"{i:016x}".encode() + body
+
+
+def packed(msgs):
+    return b"".join(struct.pack("=I", len(m)) + m for m in msgs)
+
+
+def unpack(buf, nbytes):
+    out, pos = [], 0
+    while pos < nbytes:
+        (size,) = struct.unpack_from("=I", buf, pos)
+        out.append(bytes(buf[pos + 4:pos + 4 + size]))
+        pos += 4 + size
+    return out
+
+
+def read_all(reader, start=None, chunk=1 << 20):
+    buf = bytearray(chunk)
+    off = reader.start_offset if start is None else start
+    msgs = []
+    while True:
+        n, nbytes, off = reader.read_into(off, buf)
+        if not n:
+            return msgs
+        msgs.extend(unpack(buf, nbytes))
+
+
+@pytest.fixture
+def logdir(tmp_path):
+    return partition_dir(str(tmp_path), "t", 0)
+
+
+def write(logdir, msgs, **kw):
+    log = PartitionLog(logdir, **kw)
+    log.append_packed(packed(msgs))
+    return log
+
+
+def test_crc32c_known_value_and_hardware_matches_table():
+    assert crc32c(b"123456789") == 0xE3069283
+    assert crc32c_software(b"123456789") == 0xE3069283
+    rnd = random.Random(1)
+    for n in list(range(0, 600)) + [1 << 16, (1 << 16) + 191]:   # every tail of 3 x 64-byte rounds
+        data = rnd.randbytes(n)
+        assert crc32c(data) == crc32c_software(data)
+        assert crc32c(data, n * 7919) == crc32c_software(data, n * 7919)
+
+
+def test_round_trip_is_byte_exact_and_records_are_as_drawn(logdir):
+    msgs = [message(i, size) for i, size in enumerate([0, 1, 100, 5000, 3, 70000])]
+    log = PartitionLog(logdir)
+    assert log.append_packed(packed(msgs)) == (6, 0, len(packed(msgs)))
+    assert log.append_packed(packed([message(6)])) == (1, 6, 4 + len(message(6)))
+    reader = LogReader(logdir)
+    assert read_all(reader) == msgs + [message(6)]
+    raw = open(os.path.join(logdir, segment_name(0)), "rb").read()
+    pos = 0
+    for i, m in enumerate(msgs):
+        size, crc, off = struct.unpack_from(">IIQ", raw, pos)
+        assert (size, off) == (8 + len(m), i)
+        assert crc == crc32c(raw[pos + 8:pos + 8 + size])
+        assert raw[pos + 16:pos + 16 + len(m)] == m
+        assert reader.virtual_offset_of(i) == pos
+        pos += 8 + size
+    assert (reader.start_offset, reader.end_offset) == (0, 7)
+    log.close()
+
+
+@pytest.mark.parametrize("max_records,max_bytes,buf_size,want", [
+    (-1, -1, 1 << 20, 50),
+    (7, -1, 1 << 20, 7),
+    (-1, 3 * 130, 1 << 20, 3),        # 4 + 126 bytes a record
+    (-1, -1, 130 * 5 + 129, 5),       # whole records only
+    (-1, -1, 100, 0),
+])
+def test_read_into_limits(logdir, max_records, max_bytes, buf_size, want):
+    msgs = [message(i) for i in range(50)]
+    log = write(logdir, msgs)
+    buf = bytearray(buf_size)
+    n, nbytes, nxt = LogReader(logdir).read_into(0, buf, max_records, max_bytes)
+    assert (n, nxt) == (want, want)
+    assert unpack(buf, nbytes) == msgs[:want]
+    log.close()
+
+
+def test_read_from_every_offset_and_out_of_range(logdir):
+    msgs = [message(i, 50 + i % 300) for i in range(400)]
+    log = write(logdir, msgs, segment_bytes=16384, index_interval=512)
+    reader = LogReader(logdir)
+    buf = bytearray(4096)
+    for off in range(0, 400, 7):
+        n, nbytes, nxt = reader.read_into(off, buf, 3)
+        assert unpack(buf, nbytes) == msgs[off:off + 3] and nxt == off + n
+    assert reader.read_into(400, buf) == (0, 0, 400)
+    with pytest.raises(OffsetOutOfRange) as err:
+        reader.read_into(401, buf)
+    assert (err.value.start_offset, err.value.end_offset) == (0, 400)
+    log.close()
+
+
+def test_segments_roll_and_positions_add_up(logdir):
+    msgs = [message(i, 200) for i in range(1000)]
+    log = PartitionLog(logdir, segment_bytes=32768)
+    for k in range(0, 1000, 100):
+        log.append_packed(packed(msgs[k:k + 100]))
+    reader = LogReader(logdir)
+    segs = reader.segments()
+    assert len(segs) == 1000 // (32768 // (16 + 226)) + 1
+    virtual = 0
+    for (base, bvirt, end, nbytes), nxt in zip(segs, segs[1:] + [None], strict=True):
+        assert bvirt == virtual and nbytes <= 32768
+        assert os.path.getsize(os.path.join(logdir, segment_name(base))) == nbytes
+        virtual += nbytes
+        if nxt:
+            assert nxt[0] == end
+    assert reader.virtual_end == virtual == 1000 * (16 + 226)
+    assert read_all(reader) == msgs
+    log.close()
+
+
+@pytest.fixture
+def indexed(logdir):
+    """1000 messages of mixed sizes over several segments."""
+    rnd = random.Random(5)
+    msgs = [message(i, rnd.randrange(0, 2000)) for i in range(1000)]
+    log = PartitionLog(logdir, segment_bytes=200_000, index_interval=1024)
+    for k in range(0, 1000, 37):
+        log.append_packed(packed(msgs[k:k + 37]))
+    yield log, LogReader(logdir), msgs
+    log.close()
+
+
+def test_lookup_by_virtual_offset_and_not_a_boundary(indexed):
+    log, reader, msgs = indexed
+    assert len(reader.segments()) > 3
+    for off in range(0, 1000, 13):
+        pos = reader.virtual_offset_of(off)
+        assert reader.find_by_virtual_offset(pos) == off
+        for bad in (pos + 1, pos + 8, pos + 15):
+            with pytest.raises(NotABoundary):
+                reader.find_by_virtual_offset(bad)
+    assert reader.find_by_virtual_offset(reader.virtual_end) == 1000
+    with pytest.raises(OffsetOutOfRange):
+        reader.find_by_virtual_offset(reader.virtual_end + 1)
+
+
+def test_lookup_by_time(indexed):
+    log, reader, msgs = indexed
+    for off in [0, 1, 2, 99, 500, 998, 999]:
+        assert reader.find_offset_by_time(T0 + off * 1000) == off
+        assert reader.find_offset_by_time(T0 + off * 1000 - 1) == off
+        assert reader.find_offset_by_time(T0 + off * 1000 + 1) == off + 1
+    assert reader.find_offset_by_time(0) == 0
+    assert reader.find_offset_by_time(T0 + 10**12) == 1000
+
+
+def test_lookup_by_id(indexed):
+    log, reader, msgs = indexed
+    for off in list(range(0, 1000, 11)) + [999]:
+        assert reader.find_by_id(f"{off:016x}".encode()) == off
+    for missing in (b"ffffffffffffffff", b"0000000000000000"[:15] + b"/", b"00000000000003e8"):
+        with pytest.raises(MessageNotFound):
+            reader.find_by_id(missing)
+
+
+def test_writer_is_exclusive(logdir):
+    log = PartitionLog(logdir)
+    with pytest.raises(LogError):
+        PartitionLog(logdir)
+    log.close()
+    PartitionLog(logdir).close()
+
+
+def test_reopen_continues_offsets(logdir):
+    write(logdir, [message(i) for i in range(10)]).close()
+    log = PartitionLog(logdir)
+    assert log.append_packed(packed([message(10)]))[1] == 10
+    assert read_all(log.reader) == [message(i) for i in range(11)]
+    log.close()
+
+
+def _last_record_start(path):
+    raw = open(path, "rb").read()
+    pos = last = 0
+    while pos < len(raw):
+        last = pos
+        pos += 8 + struct.unpack_from(">I", raw, pos)[0]
+    return last, len(raw)
+
+
+def test_torn_tail_is_truncated_at_every_byte_of_the_last_record(logdir):
+    msgs = [message(i, 40) for i in range(30)]
+    write(logdir, msgs, index_interval=256).close()
+    seg = os.path.join(logdir, segment_name(0))
+    good = open(seg, "rb").read()
+    last, size = _last_record_start(seg)
+    logs = []
+    for cut in range(last, size + 1):
+        with open(seg, "wb") as f:
+            f.write(good[:cut])
+        log = PartitionLog(logdir, index_interval=256, logf=lambda lvl, m: logs.append(m))
+        want = 30 if cut == size else 29
+        assert log.end_offset == want, cut
+        assert os.path.getsize(seg) == (size if cut == size else last)
+        assert read_all(log.reader) == msgs[:want]
+        log.append_packed(packed([message(want, 40)]))   # appends go on from there
+        assert read_all(log.reader)[-1] == message(want, 40)
+        log.close()
+    assert any("torn tail truncated" in m for m in logs)
+
+
+@pytest.mark.parametrize("where", [16, 20, 40, 60])
+def test_bad_crc_truncates_at_the_last_good_record(logdir, where):
+    msgs = [message(i, 40) for i in range(30)]
+    write(logdir, msgs).close()
+    seg = os.path.join(logdir, segment_name(0))
+    last, size = _last_record_start(seg)
+    with open(seg, "r+b") as f:
+        f.seek(last + where)
+        b = f.read(1)
+        f.seek(last + where)
+        f.write(bytes([b[0] ^ 0x40]))
+    log = PartitionLog(logdir)
+    assert log.end_offset == 29 and os.path.getsize(seg) == last
+    assert read_all(log.reader) == msgs[:29]
+    log.close()
+
+
+@pytest.mark.parametrize("lose", [".index", ".timeindex", "both-active", "state"])
+def test_missing_indexes_and_state_are_rebuilt(logdir, lose):
+    rnd = random.Random(2)
+    msgs = [message(i, rnd.randrange(10, 900)) for i in range(600)]
+    write(logdir, msgs, segment_bytes=65536, index_interval=512).close()
+    bases = sorted(int(n[:20]) for n in os.listdir(logdir) if n.endswith(".log"))
+    victims = {".index": [(bases[1], ".index")], ".timeindex": [(bases[0], ".timeindex")],
+               "both-active": [(bases[-1], ".index"), (bases[-1], ".timeindex")],
+               "state": []}[lose]
+    for base, ext in victims:
+        os.unlink(os.path.join(logdir, f"{base:020d}{ext}"))
+    if lose == "state":
+        os.unlink(os.path.join(logdir, "state"))
+    log = PartitionLog(logdir, segment_bytes=65536, index_interval=512)
+    reader = log.reader
+    assert (reader.start_offset, reader.end_offset) == (0, 600)
+    assert read_all(reader) == msgs
+    for off in range(0, 600, 17):
+        assert reader.find_by_id(f"{off:016x}".encode()) == off
+        assert reader.find_offset_by_time(T0 + off * 1000) == off
+        assert reader.find_by_virtual_offset(reader.virtual_offset_of(off)) == off
+    log.close()
+
+
+def test_index_entries_are_sparse(logdir):
+    write(logdir, [message(i, 200) for i in range(2000)], index_interval=4096).close()
+    raw = open(os.path.join(logdir, segment_name(0)[:-4] + ".index"), "rb").read()[32:]
+    entries = [struct.unpack_from(">II", raw, k) for k in range(0, len(raw), 8)]
+    positions = [0] + [pos for _, pos in entries]
+    gaps = [b - a for a, b in zip(positions, positions[1:], strict=False)]
+    assert len(entries) > 100 and all(4096 <= g < 4096 + 242 for g in gaps)
+    assert all(pos == rel * 242 for rel, pos in entries)   # 16 + 26 + 200 a record
+
+
+def test_retention_deletes_old_segments_and_a_reader_behind_gets_a_status(logdir):
+    msgs = [message(i, 200) for i in range(1000)]
+    log = PartitionLog(logdir, segment_bytes=32768)
+    log.append_packed(packed(msgs))
+    reader = LogReader(logdir)
+    buf = bytearray(4096)
+    assert reader.read_into(0, buf, 2)[0] == 2      # maps the first segment
+    segs = reader.segments()
+    removed = log.apply_retention(max_bytes=3 * 32768)
+    assert [r[0] for r in removed] == [s[0] for s in segs[:len(removed)]]
+    assert all(not os.path.exists(os.path.join(logdir, segment_name(b))) for b, _, _ in removed)
+    start = removed[-1][1]
+    with pytest.raises(OffsetOutOfRange) as err:
+        reader.read_into(2, buf)
+    assert err.value.start_offset == start == reader.start_offset
+    assert "before log start" in str(err.value)
+    assert read_all(reader) == msgs[start:]
+    assert reader.find_offset_by_time(0) == start
+    assert reader.virtual_end - reader.start_virtual <= 3 * 32768
+    # by age: every finished segment is older than 0 s; the active one stays
+    removed = log.apply_retention(max_age_s=0)
+    assert removed and reader.start_offset == reader.segments()[0][0] == reader.segments()[-1][0]
+    assert log.apply_retention(max_age_s=0) == []
+    log.close()
+    log = PartitionLog(logdir, segment_bytes=32768)   # reopened: start kept
+    assert log.start_offset == reader.start_offset and log.end_offset == 1000
+    log.close()
+
+
+@pytest.mark.parametrize("topic,want", [
+    (".", ".-0.nsqlog"), ("..", "..-0.nsqlog"), ("a" * 64, "a" * 64 + "-0.nsqlog"),
+    ("t#ephemeral", "t#ephemeral-0.nsqlog"),
+])
+def test_names_map_to_one_safe_directory(tmp_path, topic, want):
+    path = partition_dir(str(tmp_path), topic, 0)
+    assert os.path.dirname(path) == str(tmp_path) and os.path.basename(path) == want
+    log = PartitionLog(path)
+    assert os.path.isdir(path) and os.path.dirname(os.path.realpath(path)) == str(tmp_path)
+    log.close()
+
+
+@pytest.mark.parametrize("topic,partition", [
+    ("", 0), ("a" * 65, 0), ("a/b", 0), ("a b", 0), ("#ephemeral", 0), ("é", 0),
+    ("../x", 0), ("t", -1), ("t", 1024),
+])
+def test_bad_names_are_refused(tmp_path, topic, partition):
+    with pytest.raises(ValueError):
+        partition_dir(str(tmp_path), topic, partition)
+
+
+WRITER = textwrap.dedent("""
+    import os, struct, sys
+    from nsqshm._core.commitlog import PartitionLog
+    path = sys.argv[1]
+    log = PartitionLog(path, segment_bytes=1 << 16, sync_every=1 << 40, sync_timeout=-1)
+    i = log.end_offset
+    out = os.fdopen(1, "w", buffering=1)
+    while True:
+        msgs = []
+        for k in range(i, i + 50):
+            m = struct.pack(">QH", k, 0) + f"{k:016x}".encode() + str(k).encode() * 20
+            msgs.append(struct.pack("=I", len(m)) + m)
+        n, first, _ = log.append_packed(b"".join(msgs))
+        i += n
+        out.write(f"{i}\\n")
+""")
+
+
+def _check_sequence(reader):
+    buf = bytearray(1 << 20)
+    off, count = reader.start_offset, 0
+    while True:
+        n, nbytes, off2 = reader.read_into(off, buf, verify=True)
+        if not n:
+            return count
+        for m in unpack(buf, nbytes):
+            ts, = struct.unpack_from(">Q", m)
+            assert m == struct.pack(">QH", ts, 0) + f"{ts:016x}".encode() + str(ts).encode() * 20
+            assert ts == off
+            off += 1
+            count += 1
+        assert off == off2
+
+
+def test_writer_killed_mid_append_loses_nothing_committed(logdir):
+    for _ in range(4):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, logdir], stdout=subprocess.PIPE,
+                                text=True)
+        acked = 0
+        deadline = time.monotonic() + random.uniform(0.2, 0.5)
+        while time.monotonic() < deadline:
+            acked = int(proc.stdout.readline())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        log = PartitionLog(logdir, segment_bytes=1 << 16)
+        assert log.end_offset >= acked
+        assert _check_sequence(log.reader) == log.end_offset
+        log.close()
+
+
+READER = textwrap.dedent("""
+    import sys
+    from nsqshm._core.commitlog import LogReader
+    r = LogReader(sys.argv[1])
+    buf = bytearray(1 << 20)
+    print(r.end_offset, r.read_into(0, buf)[0], r.virtual_end)
+""")
+
+
+def test_a_reader_in_another_process_sees_only_committed_records(logdir):
+    msgs = [message(i) for i in range(10)]
+    log = write(logdir, msgs)
+    seg = os.path.join(logdir, segment_name(0))
+    end = os.path.getsize(seg)
+    # bytes of a valid record in the file but not committed (a pwrite before its commit)
+    rec = message(10)
+    body = struct.pack(">Q", 10) + rec
+    with open(seg, "ab") as f:
+        f.write(struct.pack(">II", len(body), crc32c(body)) + body)
+    out = subprocess.run([sys.executable, "-c", READER, logdir], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["10", "10", str(end)]
+    os.truncate(seg, end)
+    log.append_packed(packed([message(10)]))
+    out = subprocess.run([sys.executable, "-c", READER, logdir], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[:2] == ["11", "11"]
+    log.close()
+
+
+def test_a_reader_tails_a_writer_in_another_process(logdir):
+    PartitionLog(logdir).close()
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, logdir], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        reader = LogReader(logdir)
+        buf = bytearray(1 << 16)
+        off = 0
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline or off < 2000:
+            n, nbytes, nxt = reader.read_into(off, buf, verify=True)
+            for m in unpack(buf, nbytes):
+                assert struct.unpack_from(">Q", m)[0] == off
+                off += 1
+            assert off == nxt
+            assert time.monotonic() < deadline + 10
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("sync_every,sync_timeout,synced", [
+    (1 << 40, -1, 0),       # no policy: nothing fsynced until sync()
+    (100, -1, 100),         # every 100 messages
+    (1 << 40, 0, 150),      # a timeout of 0: every append
+])
+def test_sync_policy(logdir, sync_every, sync_timeout, synced):
+    log = PartitionLog(logdir, segment_bytes=8192, sync_every=sync_every,
+                       sync_timeout=sync_timeout)
+    reader = LogReader(logdir)
+    for k in range(0, 150, 50):
+        log.append_packed(packed([message(i) for i in range(k, k + 50)]))
+    assert reader.synced_offset == synced
+    log.sync()
+    assert reader.synced_offset == 150 and not log.needs_sync
+    log.close()

@@ -1,0 +1,275 @@
+"""A channel's cursor in a log partition: out-of-order finishes, the window,
+checkpoints, processes killed while using it."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from nsqshm._core.logcursor import (
+    ALREADY,
+    FINISHED,
+    OUT_OF_WINDOW,
+    Cursor,
+    CursorError,
+    checkpoint_path,
+    validate_name,
+)
+
+
+@pytest.fixture
+def cursor_args(tmp_path):
+    name = f"nsqshm-test-cursor-{os.getpid()}-{random.getrandbits(32):08x}"
+    yield name, str(tmp_path / "ch.cursor")
+    try:
+        os.unlink(f"/dev/shm/{name}")
+    except FileNotFoundError:
+        pass
+
+
+def test_segment_is_0600(cursor_args):
+    name, ckpt = cursor_args
+    Cursor.open(name, ckpt).close()
+    assert os.stat(f"/dev/shm/{name}").st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("finishes,confirmed,above", [
+    ([], 100, 0),
+    ([100], 101, 0),
+    ([101, 102], 100, 2),
+    ([101, 102, 100], 103, 0),
+    ([105, 103, 101, 100], 102, 2),
+    ([105, 103, 101, 100, 102, 104], 106, 0),
+    ([99, 100], 101, 0),                      # below confirmed: already finished
+])
+def test_out_of_order_finishes(cursor_args, finishes, confirmed, above):
+    c = Cursor.open(*cursor_args, start_offset=100, window_bits=256)
+    for o in finishes:
+        assert c.finish(o) in (FINISHED, ALREADY)
+    assert (c.confirmed, c.finished_above) == (confirmed, above)
+    for o in range(95, 120):
+        assert c.is_finished(o) == (o < confirmed or o in finishes)
+    c.close()
+
+
+def test_finish_results(cursor_args):
+    c = Cursor.open(*cursor_args, start_offset=0, window_bits=64)
+    assert c.finish(5) == FINISHED
+    assert c.finish(5) == ALREADY
+    assert c.finish(0) == FINISHED and c.confirmed == 1
+    assert c.finish(0) == ALREADY
+    assert c.finish(65) == OUT_OF_WINDOW      # confirmed 1: the window is [1, 65)
+    assert c.finish(64) == FINISHED
+    assert c.finish(1000) == OUT_OF_WINDOW
+    c.close()
+
+
+def test_window_overflow_holds_delivery_until_the_oldest_is_finished(cursor_args):
+    c = Cursor.open(*cursor_args, start_offset=1000, window_bits=128)
+    for o in range(1001, 1128):
+        assert c.finish(o) == FINISHED
+    assert c.window_end == 1128
+    assert c.finish(1128) == OUT_OF_WINDOW
+    assert c.next_unfinished(1001, 5000) == -1          # nothing deliverable past 1000
+    assert c.next_unfinished(0, 5000) == 1000
+    assert c.finish(1000) == FINISHED
+    assert c.confirmed == 1128 and c.finished_above == 0
+    assert c.finish(1128) == FINISHED and c.confirmed == 1129
+    # the window's bits were cleared as it moved: nothing is finished by wrap-around
+    assert [c.is_finished(o) for o in range(1129, 1129 + 300)] == [False] * 300
+    c.close()
+
+
+def test_advance_across_words_and_wrap(cursor_args):
+    c = Cursor.open(*cursor_args, start_offset=50, window_bits=256)
+    rnd = random.Random(3)
+    done = set()
+    for _ in range(20):
+        base = c.confirmed
+        batch = list(range(base, base + rnd.randrange(1, 255)))
+        rnd.shuffle(batch)
+        for o in batch:
+            assert c.finish(o) == FINISHED
+            done.add(o)
+        assert c.confirmed == max(done) + 1 and c.finished_above == 0
+    c.close()
+
+
+def test_next_unfinished_and_unfinished_into(cursor_args):
+    c = Cursor.open(*cursor_args, start_offset=10, window_bits=256)
+    for o in [11, 12, 14] + list(range(20, 200)):
+        c.finish(o)
+    assert c.next_unfinished(0, 1000) == 10
+    assert c.next_unfinished(11, 1000) == 13
+    assert c.next_unfinished(15, 20) == 15
+    assert c.next_unfinished(20, 200) == -1            # the log ends at 200
+    assert c.next_unfinished(20, 1000) == 200
+    out = bytearray(8 * 8)
+    n = c.unfinished_into(0, 1000, out)
+    got = [int.from_bytes(out[8 * k:8 * k + 8], sys.byteorder) for k in range(n)]
+    assert got == [10, 13, 15, 16, 17, 18, 19, 200]
+    c.close()
+
+
+def test_finish_many(cursor_args):
+    c = Cursor.open(*cursor_args, start_offset=0, window_bits=64)
+    offsets = b"".join(o.to_bytes(8, sys.byteorder) for o in (2, 1, 1, 0, 500, 4))
+    assert c.finish_many(offsets) == 4            # 1 twice, 500 out of the window
+    assert c.confirmed == 3 and c.is_finished(4) and not c.is_finished(500)
+    c.close()
+
+
+def test_set_moves_and_clears(cursor_args):
+    c = Cursor.open(*cursor_args, start_offset=0, window_bits=64)
+    c.finish(3)
+    c.set(500)
+    assert c.confirmed == 500 and c.finished_above == 0
+    assert not c.is_finished(500) and not c.is_finished(503)
+    c.set(2)
+    assert not c.is_finished(3)
+    c.close()
+
+
+def test_checkpoint_and_reopen(cursor_args):
+    name, ckpt = cursor_args
+    c = Cursor.open(name, ckpt, start_offset=7, window_bits=1024)
+    for o in (7, 8, 10, 500):
+        c.finish(o)
+    assert c.checkpoint() == 9
+    assert os.stat(ckpt).st_mode & 0o777 == 0o600
+    c.finish(9)        # after the checkpoint: in shm only
+    c.close()
+    again = Cursor.open(name, ckpt, start_offset=0, window_bits=1024)   # the segment is there
+    assert again.confirmed == 11
+    again.close()
+    os.unlink(f"/dev/shm/{name}")                  # as after a reboot
+    again = Cursor.open(name, ckpt, start_offset=0, window_bits=1024)
+    assert again.confirmed == 9 and again.is_finished(10) and again.is_finished(500)
+    assert not again.is_finished(9) and again.finished_above == 2
+    again.unlink()
+    again.close()
+    assert not os.path.exists(ckpt) and not os.path.exists(f"/dev/shm/{name}")
+
+
+def test_corrupt_checkpoint_is_refused(cursor_args):
+    name, ckpt = cursor_args
+    c = Cursor.open(name, ckpt, start_offset=7, window_bits=64)
+    c.checkpoint()
+    c.close()
+    os.unlink(f"/dev/shm/{name}")
+    data = bytearray(open(ckpt, "rb").read())
+    data[14] ^= 1
+    open(ckpt, "wb").write(data)
+    with pytest.raises(CursorError):
+        Cursor.open(name, ckpt)
+
+
+@pytest.mark.parametrize("name", ["", ".x", "-x", "a/b", "a" * 201, "é"])
+def test_bad_segment_names(cursor_args, name):
+    with pytest.raises(ValueError):
+        validate_name(name)
+
+
+@pytest.mark.parametrize("channel,ok", [
+    ("..", True), (".", True), ("c" * 64, True), ("c#ephemeral", True),
+    ("", False), ("c" * 65, False), ("a/b", False), ("../x", False),
+])
+def test_checkpoint_names(tmp_path, channel, ok):
+    if ok:
+        path = checkpoint_path(str(tmp_path), channel)
+        assert os.path.dirname(path) == str(tmp_path)
+        assert os.path.basename(path) not in (".", "..")
+    else:
+        with pytest.raises(ValueError):
+            checkpoint_path(str(tmp_path), channel)
+
+
+DIES_MID_ADVANCE = textwrap.dedent("""
+    import sys
+    from nsqshm._core.logcursor import Cursor
+    c = Cursor.open(sys.argv[1], sys.argv[2], 0, 64)
+    c._finish_and_die_mid_advance(0)
+""")
+
+
+def test_holder_killed_mid_advance_is_repaired(cursor_args):
+    """A process killed holding the lock, after storing the new confirmed
+    offset and before clearing the bits it passed: the next locker clears
+    them (else offsets a window later would read as finished)."""
+    name, ckpt = cursor_args
+    c = Cursor.open(name, ckpt, 0, 64)
+    for o in range(1, 10):
+        c.finish(o)
+    proc = subprocess.run([sys.executable, "-c", DIES_MID_ADVANCE, name, ckpt])
+    assert proc.returncode == -signal.SIGKILL
+    assert c.confirmed == 10
+    assert [c.is_finished(o) for o in range(64, 74)] == [False] * 10
+    assert c.recoveries == 1 and c.finished_above == 0
+    assert c.finish(10) == FINISHED and c.confirmed == 11
+    c.close()
+
+
+FINISHER = textwrap.dedent("""
+    import sys
+    from nsqshm._core.logcursor import Cursor
+    name, ckpt, first, step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    c = Cursor.open(name, ckpt, 0, 1 << 16)
+    o = first
+    while True:
+        r = c.finish(o)
+        if r == -1:
+            continue  # out of the window: the other process is behind
+        print(o, flush=True)
+        o += step
+""")
+
+
+def _drain(proc, reported, k):
+    for line in proc.stdout:
+        if line.endswith("\n"):
+            reported[k] = int(line)
+
+
+def test_processes_killed_while_finishing(cursor_args):
+    """Two processes finish the even and odd offsets; each is SIGKILLed at
+    random moments (maybe holding the lock) and restarted from what it
+    reported.  The cursor stays usable and consistent: every reported
+    finish is finished, and confirmed never passes an unfinished offset."""
+    name, ckpt = cursor_args
+    Cursor.open(name, ckpt, 0, 1 << 16).close()
+    reported = {0: -2, 1: -1}
+    for _ in range(6):
+        procs = [subprocess.Popen([sys.executable, "-c", FINISHER, name, ckpt,
+                                   str(reported[k] + 2), "2"], stdout=subprocess.PIPE, text=True)
+                 for k in (0, 1)]
+        # both pipes are drained all the time: a finisher blocked on a full
+        # pipe would hold the other one at the window's end
+        threads = [threading.Thread(target=_drain, args=(p, reported, k))
+                   for k, p in enumerate(procs)]
+        for t in threads:
+            t.start()
+        time.sleep(random.uniform(0.2, 0.4))
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        for t in threads:
+            t.join()
+        c = Cursor.open(name, ckpt)
+        lo = min(reported.values())
+        assert c.confirmed >= lo
+        for o in range(max(0, lo - 100), max(reported.values()) + 1):
+            if o <= reported[o % 2]:
+                assert c.is_finished(o), o
+        nxt = c.next_unfinished(0, 1 << 62)
+        assert nxt == c.confirmed and not c.is_finished(nxt)
+        recoveries = c.recoveries
+        c.close()
+    print(f"locks taken over from a killed holder: {recoveries}")
+    # offsets the killed processes finished but had not reported are finished
+    # too (or will be redelivered): a restarted finisher starts at its report
