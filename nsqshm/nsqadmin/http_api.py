@@ -79,10 +79,22 @@ def _json_kind(value):
         type(value), "null" if value is None else "number")
 
 
+def _is_utf8(value):
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # percent-escapes of bytes that are not UTF-8 (surrogates)
+        return False
+    return True
+
+
 def decode_body(req, fields):
     """json.NewDecoder(req.Body).Decode(&struct{fields string}): {field: str}.
     Raises ValueError with the decoder's text ("EOF" for an empty body)."""
-    text = req.get_data(cache=True).decode("utf-8", "replace").lstrip()
+    try:
+        raw = req.get_data(cache=True)
+    except OSError as err:  # a body cut short: the decoder's read error ("unexpected EOF")
+        raise ValueError(str(err)) from None
+    text = raw.decode("utf-8", "replace").lstrip()
     if not text:
         raise ValueError("EOF")
     try:
@@ -154,6 +166,12 @@ class AdminHTTPAPI(HTTPAPI):
     # -- dispatch -------------------------------------------------------------------
 
     def _run(self, route, req, params, started):
+        if not all(_is_utf8(v) for v in params.values()):
+            # no topic, channel or node is named so (nsqd's names are ASCII): a page
+            # or answer for it would have to print bytes that are not text
+            resp = self._v1_error(404, "NOT_FOUND")
+            self._access_log(req, 404, started)
+            return resp
         if not getattr(route, "raw", False):
             return super()._run(route, req, params, started)
         try:

@@ -48,6 +48,8 @@ from nsqshm.nsqd.names import is_ephemeral
 from nsqshm.nsqd.waiting import RingWaker
 
 DELIVER_BATCH = 1024
+# added to a channel ring's subscriber count by the worker deleting it (see _delete_if_unused)
+RETIRED = 1 << 40
 STATUS_TEXT = {NOT_IN_FLIGHT: "ID not in flight", NOT_OWNER: "client does not own message"}
 
 
@@ -126,7 +128,11 @@ class Channel:
             # every worker's clients count, in the ring's header: the limit
             # holds for the broker, even for SUBs on two workers at once
             limit = self.nsqd.opts.max_channel_consumers
-            if self.ring.add_subscribers(1) > limit > 0:
+            count = self.ring.add_subscribers(1)
+            if count >= RETIRED:  # an ephemeral channel another worker is deleting
+                self.ring.add_subscribers(-1)
+                raise ChannelError("exiting")
+            if count > limit > 0:
                 self.ring.add_subscribers(-1)
                 raise ChannelError(
                     f"consumers for {self.topic.name}:{self.name} exceeds limit of {limit}")
@@ -147,13 +153,18 @@ class Channel:
                 gevent.spawn(self._delete_if_unused)
 
     def _delete_if_unused(self):
-        """An ephemeral channel goes when no worker has a client on it."""
-        replies = self.nsqd.cluster.gather({"op": "clients", "topic": self.topic.name,
-                                            "channel": self.name}, timeout=2)
-        if any(r is None or r.get("count") for r in replies):
+        """An ephemeral channel goes when no worker has a client on it.  The
+        broker's subscriber count (ring header) decides, atomically: adding
+        RETIRED to a count of 0 claims the deletion, and a SUB on any worker
+        that then adds 1 sees the mark and subscribes afresh; a SUB that came
+        first makes the claim fail.  (Asking the workers was check-then-act:
+        a SUB on another worker in between was closed with the channel.)"""
+        if self.clients or self.exiting or self.topic.channels.get(self.name) is not self:
             return
-        if not self.clients and self.topic.channels.get(self.name) is self:
-            self.topic.delete_channel(self.name)
+        if self.ring.add_subscribers(RETIRED) != RETIRED:
+            self.ring.add_subscribers(-RETIRED)
+            return
+        self.topic.delete_channel(self.name)
 
     def wake(self):
         """Something changed that may let the dispatcher deliver."""

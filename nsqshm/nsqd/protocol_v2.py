@@ -37,6 +37,9 @@ from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqd.topic import TopicError
 
 MAGIC_V2 = b"  V2"
+# a topic or channel being deleted as a client asks for it: tries, and the wait between
+RETRIES = 20
+RETRY_DELAY = 0.05
 OK = b"OK"
 CLOSE_WAIT = b"CLOSE_WAIT"
 BAD_PROTOCOL_FRAME = frame(FRAME_TYPE_ERROR, b"E_BAD_PROTOCOL")
@@ -400,12 +403,7 @@ class ProtocolV2:
             raise FatalClientErr("E_BAD_CHANNEL",
                                  f"SUB channel name {go_quote(channel_name)} is not valid")
         self.check_auth(client, "SUB", topic_name.decode(), channel_name.decode())
-        topic = self.nsqd.get_topic(topic_name.decode())
-        channel = topic.get_channel(channel_name.decode())
-        try:
-            channel.add_client(client)
-        except ChannelError as err:
-            raise FatalClientErr("E_SUB_FAILED", f"SUB failed {err}") from None
+        channel = self._subscribe(client, topic_name.decode(), channel_name.decode())
         client.state = STATE_SUBSCRIBED
         client.channel = channel
         return OK
@@ -480,12 +478,11 @@ class ProtocolV2:
             raise FatalClientErr("E_BAD_TOPIC", f"PUB topic name {go_quote(topic_name)} is not valid")
         body = self._read_message(reader, "PUB")
         self.check_auth(client, "PUB", topic_name.decode(), "")
-        topic = self.nsqd.get_topic(topic_name.decode())
         try:
-            topic.put_message(body)
+            self._publish(topic_name.decode(), lambda topic: topic.put_message(body))
         except TopicError as err:
             raise FatalClientErr("E_PUB_FAILED", f"PUB failed {err}") from None
-        self._count_pub(client, topic.name, 1)
+        self._count_pub(client, topic_name.decode(), 1)
         return OK
 
     def MPUB(self, client, params, reader):
@@ -517,7 +514,8 @@ class ProtocolV2:
             raise FatalClientErr(code, template.format(index=index, value=value,
                                                        max=opts.max_msg_size))
         try:
-            topic.put_packed(packed, value, len(packed) - value * 30)
+            self._publish(topic.name, lambda t: t.put_packed(packed, value,
+                                                             len(packed) - value * 30))
         except TopicError as err:
             raise FatalClientErr("E_MPUB_FAILED", f"MPUB failed {err}") from None
         self._count_pub(client, topic.name, value)
@@ -538,18 +536,54 @@ class ProtocolV2:
             raise FatalClientErr("E_INVALID", f"DPUB timeout {timeout_ms} out of range 0-{max_ms}")
         body = self._read_message(reader, "DPUB")
         self.check_auth(client, "DPUB", topic_name.decode(), "")
-        topic = self.nsqd.get_topic(topic_name.decode())
-        try:
+        def put(topic):
             if timeout_ns:
                 topic.put_deferred(body, timeout_ns / 1e9)
             else:
                 topic.put_message(body)
+
+        try:
+            self._publish(topic_name.decode(), put)
         except TopicError as err:
             raise FatalClientErr("E_DPUB_FAILED", f"DPUB failed {err}") from None
-        self._count_pub(client, topic.name, 1)
+        self._count_pub(client, topic_name.decode(), 1)
         return OK
 
     # -- helpers ------------------------------------------------------------------------
+
+    def _publish(self, topic_name, put):
+        """put(topic), with the topic got afresh when the one in hand was being
+        deleted meanwhile (an ephemeral topic whose last channel just went, a
+        delete from another worker): nsqd's GetTopic then makes a new one.
+        Only a broker that stops answers "exiting"."""
+        for _ in range(RETRIES):
+            topic = self.nsqd.get_topic(topic_name)
+            try:
+                return put(topic)
+            except TopicError as err:
+                if str(err) != "exiting" or self.nsqd.exiting or not topic.exiting:
+                    raise
+            gevent.sleep(RETRY_DELAY)
+        raise TopicError("exiting")
+
+    def _subscribe(self, client, topic_name, channel_name):
+        """nsqd's SUB retry loop: the last client of an ephemeral channel (on
+        any worker) can leave, and the channel or topic start exiting, between
+        getting the channel and adding the client; then get them afresh."""
+        for _ in range(RETRIES):
+            topic = self.nsqd.get_topic(topic_name)
+            channel = topic.get_channel(channel_name)
+            try:
+                channel.add_client(client)
+            except ChannelError as err:
+                if str(err) != "exiting" or self.nsqd.exiting:
+                    raise FatalClientErr("E_SUB_FAILED", f"SUB failed {err}") from None
+            else:
+                if not topic.exiting and not channel.exiting:
+                    return channel
+                channel.remove_client(client)
+            gevent.sleep(RETRY_DELAY)
+        raise FatalClientErr("E_SUB_FAILED", "SUB failed to deleted topic/channel")
 
     def _read_message(self, reader, verb):
         max_size = self.opts.max_msg_size

@@ -2,6 +2,7 @@
 is set, whichever comes first: a queue's owner waits for pushes into its
 ring from any process (the ring's wake FIFO) and for local news (an event)."""
 
+import gevent
 from gevent import get_hub
 from gevent.hub import Waiter
 
@@ -54,8 +55,19 @@ class RingWaker:
     def arm(self, for_space=False):
         """ring.arm(for_space), watching the FIFO from the first call on."""
         if self._watcher is None:
+            try:
+                fd = self.ring.fileno()
+            except FileNotFoundError:
+                # the queue was deleted on another worker (its ring and FIFOs
+                # unlinked) and the change has not reached this one yet: no
+                # FIFO to watch; the caller's loop checks again after a pause
+                # and the delete stops it
+                gevent.sleep(0.05)
+                self.data.set()
+                self.space.set()
+                return
             self.ring.set_local_waker(self._local)
-            self._watcher = get_hub().loop.io(self.ring.fileno(), 1)
+            self._watcher = get_hub().loop.io(fd, 1)
             self._watcher.start(self._on_fifo)
         self.ring.arm(for_space)
 

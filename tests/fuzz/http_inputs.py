@@ -105,9 +105,11 @@ class HttpGenerator:
         body = self.body(rng, path, method, raw_topic)
         headers = [b"Host: 127.0.0.1", b"Connection: close"]
         length = len(body)
+        short = False
         r = rng.random()
         if r < 0.03:  # announce more than is sent: a short body, then the half-close
             length = rng.choice([len(body) + 1, self.limits.msg + 1, self.limits.body + 1])
+            short = True
         elif r < 0.05:
             length = rng.choice([-1, "x", "1 1", ""])
         if body or method in ("POST", "PUT") or r < 0.05:
@@ -117,6 +119,7 @@ class HttpGenerator:
             headers.append(b"Content-Length: " + str(len(body) + 1).encode())
         elif r < 0.04:
             headers.append(b"Transfer-Encoding: chunked")
+            short = True  # never a valid chunked body (no last chunk): reading it fails
         elif r < 0.05:
             headers.append(b"X-Long: " + b"a" * rng.choice([1000, 8000, 70000]))
         elif r < 0.06:
@@ -124,9 +127,12 @@ class HttpGenerator:
         version = b" HTTP/1.1" if rng.random() > 0.01 else rng.choice([b"", b" HTTP/9.9", b" HTTP/1.0"])
         head = method.encode() + b" " + path.encode("utf-8", "surrogateescape") + version
         data = head + b"\r\n" + b"\r\n".join(headers) + b"\r\n\r\n" + body
-        if rng.random() < 0.03:
+        mutated = rng.random() < 0.03
+        if mutated:
             data = self.mutate(rng, data)
-        return data, method, path
+        # short: reading the body fails (shorter than announced, not chunked as
+        # announced, or a mutation touched the request)
+        return data, method, path, short or mutated
 
     @staticmethod
     def mutate(rng, data):
