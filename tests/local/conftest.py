@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.nsqd.conftest import nsqd_factory, wait_for  # noqa: F401
+from tests.nsqd.conftest import nsqd_factory, nsqd_workers, wait_for  # noqa: F401
 
 
 def started(server):

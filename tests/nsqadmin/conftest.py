@@ -19,6 +19,7 @@ from tests.nsqd.conftest import (  # noqa: F401  (fixtures)
     lookupd,
     lookupd_factory,
     nsqd_factory,
+    nsqd_workers,
     wait_for,
 )
 

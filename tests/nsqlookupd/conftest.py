@@ -10,6 +10,7 @@ from tests.nsqd.conftest import (  # noqa: F401  (fixtures)
     lookupd_factory,
     nsqd,
     nsqd_factory,
+    nsqd_workers,
     wait_for,
 )
 

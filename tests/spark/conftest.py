@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.local.conftest import started
-from tests.nsqd.conftest import nsqd_factory, wait_for  # noqa: F401
+from tests.nsqd.conftest import nsqd_factory, nsqd_workers, wait_for  # noqa: F401
 
 
 @pytest.fixture(scope="session")
