@@ -74,18 +74,6 @@ def stop_all(procs, stop=None):
             x.join()
 
 
-def not_built(module, issue):
-    """A suite's skip result when `module` (another issue's work) does not
-    import yet, else None."""
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except ImportError as err:
-        return {"skipped": f"{module} is not built yet (issue {issue}): {err}"}
-    return None
-
-
 def cpu_ticks():
     """The machine's CPU time counters (/proc/stat: user ... steal)."""
     with open("/proc/stat") as f:

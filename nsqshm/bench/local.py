@@ -14,7 +14,7 @@ import uuid
 import numpy as np
 
 from . import loadgen
-from .common import CTX, median, medians, not_built, stop_all
+from .common import CTX, median, medians, stop_all
 from .server import server, wait_local
 from .tcp import spec_for
 
@@ -107,9 +107,6 @@ def run_local(target, messages, size, batch, procs):
 
 
 def run(ctx):
-    missing = not_built("nsqshm.local", ISSUE)
-    if missing:
-        return missing
     a = ctx.args
     if a.nsqd_tcp_address:
         return {"skipped": "starts nsqshm itself (local clients attach to its shared memory)"}

@@ -42,7 +42,7 @@ def available(probe=2, extra=(), wait=5.0):
         target = start_nsqshm([f"--workers={probe}", *extra])
     except ServerRejected as err:
         if err.returncode == 2:
-            return "nsqshm start does not take --workers yet (issue 6)"
+            return "the server does not take --workers"
         return f"nsqshm start --workers {probe} failed: {err}"
     try:
         deadline = time.monotonic() + wait  # workers may be forked after the listen lines
@@ -53,7 +53,7 @@ def available(probe=2, extra=(), wait=5.0):
         target.close()
     if n < 1 + probe:
         return (f"--workers {probe} is accepted but the broker runs as {n} process(es): "
-                "the workers mode is not built yet (issue 6)")
+                "it does not run workers")
     return None
 
 

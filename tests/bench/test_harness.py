@@ -9,7 +9,6 @@ import pytest
 
 from nsqshm.bench import main as bench_main
 from nsqshm.bench import server, workers
-from nsqshm.bench.common import not_built
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +49,6 @@ def _run(argv, capsys):
     return rc, json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("suite, module", [("local", "nsqshm.local"), ("spark", "nsqshm.spark")])
-def test_absent_suites_skip_with_a_reason(suite, module, capsys):
-    if not_built(module, "9") is None:
-        pytest.skip(f"{module} is built: the suite would run")
-    rc, res = _run([suite], capsys)
-    assert rc == 0 and res["suite"] == suite
-    assert module in res["skipped"]
-
-
 def test_workers_flag_rejected_is_not_available(monkeypatch):
     def rejected(extra):
         raise server.ServerRejected(2, "nsqd: flag provided but not defined: -workers")
@@ -81,8 +71,6 @@ def test_workers_flag_ignored_is_not_available(monkeypatch):
 
 @pytest.mark.parametrize("suite", ["workers", "local", "spark"])
 def test_suites_that_start_nsqshm_skip_for_an_external_server(suite, capsys):
-    if suite != "workers" and not_built(f"nsqshm.{suite}", "9"):
-        pytest.skip(f"nsqshm.{suite} is not built")
     rc, res = _run([suite, "--nsqd-tcp-address=127.0.0.1:1"], capsys)
     assert rc == 0 and "starts nsqshm itself" in res["skipped"]
 
