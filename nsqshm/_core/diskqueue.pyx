@@ -74,8 +74,16 @@ FAULT_ENV = "NSQSHM_FAULT_ENOSPC"   # a path: while it exists, writes fail with 
 _PART = re.compile(r"[.a-zA-Z0-9_-]+(#ephemeral)?")
 
 
+_OVERFLOW = re.compile(r"@w[0-9]{1,4}")
+
+
 def validate_name(str name):
-    """Raise ValueError unless `name` is a topic or topic:channel nsqd accepts."""
+    """Raise ValueError unless `name` is a topic or topic:channel nsqd accepts,
+    or a worker's overflow queue of a topic, "<topic>@w<index>" (nsqshm's own:
+    "@" is in no nsqd name, so it never collides with nsqd's files)."""
+    topic, at, worker = name.partition("@")
+    if at and _OVERFLOW.fullmatch(at + worker):
+        name = topic
     parts = name.split(":")
     if len(parts) > 2 or not all(0 < len(part) <= 64 and _PART.fullmatch(part)
                                  for part in parts):

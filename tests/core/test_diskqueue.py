@@ -394,3 +394,16 @@ def test_a_queue_that_fails_to_open_closes_no_descriptor_of_the_process(tmp_path
     os.close(r)
     os.close(w)
     assert os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.parametrize("name, ok", [("t@w1", True), ("..@w12", True), ("t@w", False),
+                                      ("t@x1", False), ("t@w1:c", False), ("@w1", False),
+                                      ("t@w1/x", False), ("t@w12345", False)])
+def test_overflow_queue_names_are_a_topic_and_a_worker_index(name, ok):
+    from nsqshm._core.diskqueue import validate_name
+
+    if ok:
+        validate_name(name)
+    else:
+        with pytest.raises(ValueError):
+            validate_name(name)
