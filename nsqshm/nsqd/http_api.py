@@ -653,6 +653,8 @@ class HTTPAPI:
         try:
             topic.empty()
         except Exception as err:
+            if topic.exiting:  # deleted meanwhile (by another request or worker)
+                raise Err(404, "TOPIC_NOT_FOUND") from None
             self._log("error", f"failure in {request_path(req)} - {err}")
             raise Err(500, "INTERNAL_ERROR") from None
 
@@ -663,6 +665,8 @@ class HTTPAPI:
         try:
             topic.pause() if pause else topic.unpause()
         except Exception as err:
+            if topic.exiting:  # deleted meanwhile (by another request or worker)
+                raise Err(404, "TOPIC_NOT_FOUND") from None
             self._log("error", f"failure in {request_path(req)} - {err}")
             raise Err(500, "INTERNAL_ERROR") from None
         self._persist_metadata()
@@ -693,6 +697,8 @@ class HTTPAPI:
         try:
             channel.empty()
         except Exception as err:
+            if channel.exiting:  # deleted meanwhile (by another request or worker)
+                raise Err(404, "CHANNEL_NOT_FOUND") from None
             self._log("error", f"failure in {request_path(req)} - {err}")
             raise Err(500, "INTERNAL_ERROR") from None
 
@@ -701,6 +707,8 @@ class HTTPAPI:
         try:
             channel.pause() if pause else channel.unpause()
         except Exception as err:
+            if channel.exiting:  # deleted meanwhile (by another request or worker)
+                raise Err(404, "CHANNEL_NOT_FOUND") from None
             self._log("error", f"failure in {request_path(req)} - {err}")
             raise Err(500, "INTERNAL_ERROR") from None
         self._persist_metadata()

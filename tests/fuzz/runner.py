@@ -217,6 +217,8 @@ class Run:
                 return
             if status == 505 and body.startswith(b"505 HTTP Version Not Supported"):
                 return  # Go's net/http for a version that is not HTTP/1.x
+            if status == 501 and body == b"Unsupported transfer encoding":
+                return  # Go's net/http for a Transfer-Encoding other than chunked
             if status == 500 and short and path.startswith(GO_500_ON_SHORT_BODY.get(name, ())):
                 return  # nsqd's handler answers 500 when reading the body fails, as here
             self.find(f"http-{status} {name}", f"{method} {path}: {body[:200]!r}", index, data)
