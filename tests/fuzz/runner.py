@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from .cluster import Cluster, Witness
 from .conversation import talk
@@ -122,6 +123,7 @@ class Run:
         self.limits = limits
         self.timeout = timeout
         self.findings = []
+        self.deletes = {}  # topic (bytes) -> when an input last deleted it or a channel of it
         self.counts = {"tcp": 0, "http": 0, "commands": 0, "mutated": 0}
         self.lock = threading.Lock()
 
@@ -153,7 +155,12 @@ class Run:
         if rng.random() < 0.005:  # a connection that sends the magic only must get nothing
             stream = Stream()
             data, cut, linger = stream.data, len(stream.data), 0.2
+        started = time.monotonic()
         answer = talk(self.cluster.nsqd.tcp, data, self.timeout, chunk, linger)
+        if stream.topic is not None and self.deleted_during(stream.topic, started):
+            # another input deleted its topic or channel meanwhile: nsqd closes a
+            # deleted channel's clients too, so the answers may end early
+            stream.interrupted = True
         with self.lock:
             self.counts["tcp"] += 1
             self.counts["commands"] += len(stream.expect)
@@ -170,7 +177,10 @@ class Run:
         known = [(a, fatal) for end, a, fatal in stream.expect if end <= cut]
         expected = [a for a, _ in known if a]
         complete = cut >= len(stream.data) or any(fatal for _, fatal in known)
-        if words[:len(expected)] != expected or (complete and words != expected):
+        closed_early = len(words) < len(expected) and words == expected[:len(words)]
+        if closed_early and getattr(stream, "interrupted", False):
+            pass
+        elif words[:len(expected)] != expected or (complete and words != expected):
             errors = [b.decode("latin-1")[:160] for t, b in answer.frames if t == 1]
             self.find("tcp-answer", f"nsqd answers {expected}{'' if complete else ' ...'}, "
                                     f"got {words} {errors if errors else ''}", index, data)
@@ -182,6 +192,23 @@ class Run:
             elif topic is not None and stream.topic is not None and topic != stream.topic:
                 self.find("tcp-foreign-message", f"subscribed to {stream.topic!r}, got a message "
                                                  f"of {topic!r}", index, data)
+
+    def note_delete(self, daemon, method, path):
+        """Remember when a topic (or one of its channels) was deleted through
+        nsqd or nsqadmin: SUBs on it may be closed, as nsqd closes them."""
+        topic = None
+        if daemon == "nsqd" and "/delete" in path:
+            topic = parse_qs(urlsplit(path).query).get("topic", [None])[0]
+        elif daemon == "nsqadmin" and method == "DELETE" and path.startswith("/api/topics/"):
+            topic = unquote(path.split("/")[3].split("?")[0])
+        if topic is not None:
+            with self.lock:
+                self.deletes[topic.encode("utf-8", "surrogateescape")] = time.monotonic()
+
+    def deleted_during(self, topic, started):
+        with self.lock:
+            when = self.deletes.get(topic)
+        return when is not None and when >= started - 1.0
 
     def http_input(self, index, rng):
         cluster = self.cluster
@@ -195,6 +222,7 @@ class Run:
         else:
             name, table, address = "nsqadmin", ADMIN, ("127.0.0.1", cluster.admin.port)
         data, method, path, short = gen.request(rng, table, cluster.node)
+        self.note_delete(name, method, path)
         response, hung = http_exchange(address, data, self.timeout)
         with self.lock:
             self.counts["http"] += 1
