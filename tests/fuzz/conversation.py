@@ -52,13 +52,31 @@ class Answer:
         return [b[26:] for t, b in self.frames if t == 2]
 
 
+def read_to_end(sock, out, start, timeout):
+    """Append what sock sends until it closes (a reset counts as the end) to
+    `out`; True when `timeout` seconds after `start` pass first (hung)."""
+    while True:
+        remaining = timeout - (time.monotonic() - start)
+        if remaining <= 0:
+            return True
+        sock.settimeout(remaining)
+        try:
+            part = sock.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            return False
+        except TimeoutError:
+            return True
+        if not part:
+            return False
+        out += part
+
+
 def talk(address, data, timeout=10.0, chunk=None, linger=0.0):
     """Send data (in writes of `chunk` bytes if given), wait `linger`
     seconds, half-close, read to the end; an Answer."""
     start = time.monotonic()
     sock = socket.create_connection(address, timeout=timeout)
     received = bytearray()
-    hung = False
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
@@ -72,22 +90,7 @@ def talk(address, data, timeout=10.0, chunk=None, linger=0.0):
             sock.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):
             pass  # closed early (a fatal error): read what was answered
-        while True:
-            remaining = timeout - (time.monotonic() - start)
-            if remaining <= 0:
-                hung = True
-                break
-            sock.settimeout(remaining)
-            try:
-                part = sock.recv(65536)
-            except (ConnectionResetError, BrokenPipeError):
-                break
-            except TimeoutError:
-                hung = True
-                break
-            if not part:
-                break
-            received += part
+        hung = read_to_end(sock, received, start, timeout)
     finally:
         sock.close()
     frames, rest = parse_frames(received)

@@ -35,7 +35,7 @@ import time
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .cluster import Cluster, Witness
-from .conversation import talk
+from .conversation import read_to_end, talk
 from .http_inputs import ADMIN, LOOKUPD, NSQD, HttpGenerator
 from .v2_inputs import ANSWERS, ERROR_CODES, NAMES, Generator, Limits, Stream, mutate, untag
 
@@ -86,7 +86,6 @@ def http_exchange(address, data, timeout):
     """Send a raw request, half-close, read to the end: (response bytes, hung)."""
     sock = socket.create_connection(address, timeout=timeout)
     out = bytearray()
-    hung = False
     start = time.monotonic()
     try:
         try:
@@ -94,22 +93,7 @@ def http_exchange(address, data, timeout):
             sock.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):
             pass
-        while True:
-            remaining = timeout - (time.monotonic() - start)
-            if remaining <= 0:
-                hung = True
-                break
-            sock.settimeout(remaining)
-            try:
-                part = sock.recv(65536)
-            except ConnectionResetError:
-                break
-            except TimeoutError:
-                hung = True
-                break
-            if not part:
-                break
-            out += part
+        hung = read_to_end(sock, out, start, timeout)
     finally:
         sock.close()
     return bytes(out), hung
