@@ -5,6 +5,7 @@ until the server closes, each as its response text or E_ code ('' for none,
 'JSON' for an IDENTIFY response, 'MSG' for a message), heartbeats left out.
 """
 
+import errno
 import socket
 import struct
 import time
@@ -52,6 +53,28 @@ class Answer:
         return [b[26:] for t, b in self.frames if t == 2]
 
 
+# A peer that closed first (a fatal error, a reset) makes send or shutdown
+# fail with one of these; what it answered before is still to be read.
+PEER_CLOSED = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN)
+
+
+def send_and_half_close(sock, data, chunk=None, linger=0.0):
+    """Send data (in writes of `chunk` bytes if given), wait `linger` seconds,
+    half-close; a peer that closed early ends the sending quietly."""
+    try:
+        if chunk:
+            for i in range(0, len(data), chunk):
+                sock.sendall(data[i:i + chunk])
+        else:
+            sock.sendall(data)
+        if linger:
+            time.sleep(linger)
+        sock.shutdown(socket.SHUT_WR)
+    except OSError as err:
+        if err.errno not in PEER_CLOSED:
+            raise
+
+
 def read_to_end(sock, out, start, timeout):
     """Append what sock sends until it closes (a reset counts as the end) to
     `out`; True when `timeout` seconds after `start` pass first (hung)."""
@@ -62,10 +85,12 @@ def read_to_end(sock, out, start, timeout):
         sock.settimeout(remaining)
         try:
             part = sock.recv(65536)
-        except (ConnectionResetError, BrokenPipeError):
-            return False
-        except TimeoutError:
-            return True
+        except OSError as err:
+            if err.errno in PEER_CLOSED:
+                return False
+            if isinstance(err, TimeoutError):
+                return True
+            raise
         if not part:
             return False
         out += part
@@ -79,17 +104,7 @@ def talk(address, data, timeout=10.0, chunk=None, linger=0.0):
     received = bytearray()
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            if chunk:
-                for i in range(0, len(data), chunk):
-                    sock.sendall(data[i:i + chunk])
-            else:
-                sock.sendall(data)
-            if linger:
-                time.sleep(linger)
-            sock.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # closed early (a fatal error): read what was answered
+        send_and_half_close(sock, data, chunk, linger)
         hung = read_to_end(sock, received, start, timeout)
     finally:
         sock.close()

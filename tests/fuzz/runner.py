@@ -35,7 +35,7 @@ import time
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .cluster import Cluster, Witness
-from .conversation import read_to_end, talk
+from .conversation import read_to_end, send_and_half_close, talk
 from .http_inputs import ADMIN, LOOKUPD, NSQD, HttpGenerator
 from .v2_inputs import ANSWERS, ERROR_CODES, NAMES, Generator, Limits, Stream, mutate, untag
 
@@ -88,11 +88,7 @@ def http_exchange(address, data, timeout):
     out = bytearray()
     start = time.monotonic()
     try:
-        try:
-            sock.sendall(data)
-            sock.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        send_and_half_close(sock, data)
         hung = read_to_end(sock, out, start, timeout)
     finally:
         sock.close()
