@@ -37,6 +37,7 @@ somewhere (a ring); a crash in between can repeat it, never lose it.
 import os
 import random
 import re
+from errno import ENOSPC
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int64_t, uint32_t
@@ -343,15 +344,26 @@ cdef class DiskQueue:
         name = self.metadata_file_name()
         if not durable and self._overwrite_metadata(name):
             return
+        text = self._metadata_text()
         tmp = f"{name}.{random.getrandbits(63)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, self._metadata_text())
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, name)
+            try:
+                if os.write(fd, text) != len(text):  # a full disk can take part of it
+                    raise OSError(ENOSPC, f"{os.strerror(ENOSPC)} ({tmp})")
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name)
+        except BaseException:
+            # a full disk fails the write, not the create: each failed sync
+            # would leave a file (and an inode) behind, retried every second
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
         if durable:
             self.synced_write_num, self.synced_write_pos = self.write_file_num, self.write_pos
 

@@ -1,7 +1,11 @@
 """nsqshm._core.diskqueue: go-diskqueue's files and semantics, through mmap."""
 
 import os
+import shutil
 import struct
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from nsqshm._core.diskqueue import FAULT_ENV, DiskQueue, DiskQueueError
@@ -180,6 +184,47 @@ def test_disk_full_is_an_error_and_recovers(tmp_path, monkeypatch):
     assert dq.depth == depth + 1
     got = read_all(dq)
     assert got[0] == msg(0) and got[-1] == msg(2) and len(got) == depth + 1
+
+
+# run inside a mount namespace of its own, on a 1 MiB tmpfs at argv[1]: a
+# queue with a record, the filesystem filled, then sync() -- which must fail
+# with ENOSPC and leave no temporary metadata file behind
+FULL_DISK_SYNC = textwrap.dedent("""
+    import errno, os, struct, sys
+    from nsqshm._core.diskqueue import DiskQueue
+    path = sys.argv[1]
+    dq = DiskQueue("t", path, 1 << 20, 26, 1 << 16, 1000)
+    m = struct.pack(">QH", 1, 0) + b"0" * 16 + b"body"
+    dq.put_packed(struct.pack("=I", len(m)) + m)
+    with open(os.path.join(path, "filler"), "wb", buffering=0) as f:
+        for chunk in (65536, 4096, 1):
+            try:
+                while True:
+                    f.write(b"\\0" * chunk)
+            except OSError as err:
+                assert err.errno == errno.ENOSPC, err
+    failed = 0
+    for _ in range(5):  # every attempt of a syncer that retries
+        try:
+            dq.sync()
+        except OSError as err:
+            assert err.errno == errno.ENOSPC, err
+            failed += 1
+    print(failed, sorted(os.listdir(path)))
+""")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="mounting a tmpfs in a mount namespace needs root and unshare")
+def test_a_metadata_write_that_fails_on_a_full_disk_leaves_no_temporary_file(tmp_path):
+    mount = 'mount -t tmpfs -o size=1m,mode=0700 nsqshm-test "$0" && exec "$@"'
+    out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", mount,
+                          str(tmp_path), sys.executable, "-c", FULL_DISK_SYNC, str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    failed, files = out.stdout.split(" ", 1)
+    assert failed == "5"  # the disk really was full for the metadata
+    assert files.strip() == str(["filler", "t.diskqueue.000000.dat"])
 
 
 def test_empty_and_delete(tmp_path):
