@@ -283,18 +283,14 @@ cdef class IdGenerator:
                     raise ValueError(f"ID segment {name!r} is {size} bytes, "
                                      f"expected {ID_SEGMENT_SIZE}")
                 self._map(fd)
-                inode = os.fstat(fd).st_ino
+                mine = segment.identity(fd)
             finally:
                 os.close(fd)
             if path and self._retire_v1(&floor):
                 # an older build's segment, ours now to replace: its name goes
                 # (unless another process has replaced it already)
                 self._lease_floor(path, floor)
-                try:
-                    if os.lstat(segment.path_of(name)).st_ino == inode:
-                        segment.unlink(name)
-                except FileNotFoundError:
-                    pass
+                segment.unlink(name, of=mine)
                 continue
             if nsqshm_load_acquire(<uint64_t *>self.base) == ID_RETIRED and \
                     time.monotonic() < deadline:

@@ -11,6 +11,7 @@ cdef class Ring:
     cdef uint32_t max_rec
     cdef size_t map_size
     cdef readonly str name
+    cdef readonly tuple identity  # (st_dev, st_ino) of the segment (segment.identity)
     cdef bytes _path_prefix       # b"/dev/shm/<name>", for waiter FIFOs
     # this handle as a waiter: a slot in hdr.waiters and the FIFO it reads
     cdef int slot

@@ -212,30 +212,34 @@ cdef class Ring:
         if not 0 < max_record <= limit:
             raise ValueError(f"max_record {max_record} must be in 1..{limit} for capacity {cap}")
         total = NSQSHM_RING_HEADER_SIZE + cap
-        if exist_ok:
-            try:
-                return Ring.attach(name)
-            except posix_ipc.ExistentialError:
-                pass
-        # made unnamed and named once whole (segment.py): no process ever
-        # attaches to a ring without its header
-        fd = segment.create(total)
-        cdef Ring self = Ring.__new__(Ring)
-        try:
-            self._map(name, fd, total)
-            self._init_header(cap, max_record)
-            segment.publish(fd, name)
-        except posix_ipc.ExistentialError:
-            self._unmap()
+        cdef Ring self
+        while True:
             if exist_ok:
-                return Ring.attach(name)
-            raise
-        except BaseException:
-            self._unmap()
-            raise
-        finally:
-            segment.discard(fd)
-        return self
+                try:
+                    return Ring.attach(name)
+                except posix_ipc.ExistentialError:
+                    pass
+            # made unnamed and named once whole (segment.py): no process ever
+            # attaches to a ring without its header
+            fd = segment.create(total)
+            self = Ring.__new__(Ring)
+            try:
+                self._map(name, fd, total)
+                self._init_header(cap, max_record)
+                segment.publish(fd, name)
+            except posix_ipc.ExistentialError:
+                self._unmap()
+                if exist_ok:
+                    # another process published it first -- and may have
+                    # removed it again since (a delete racing the create)
+                    continue
+                raise
+            except BaseException:
+                self._unmap()
+                raise
+            finally:
+                segment.discard(fd)
+            return self
 
     @staticmethod
     def attach(str name):
@@ -260,30 +264,36 @@ cdef class Ring:
         return os.path.exists(f"/dev/shm/{name}")
 
     @staticmethod
-    def unlink_segment(str name):
-        """Remove the ring `name` and its waiter FIFOs; False if it was not there."""
+    def unlink_segment(str name, of=None):
+        """Remove the ring `name` and its waiter FIFOs; False if it was not
+        there, or, with `of`, if the name is now another ring's (segment.unlink)."""
         validate_name(name)
         # only this ring's FIFOs (_fifo_path: "<name>.wNN-<16 hex>", and FIFOs):
         # "<name>.w" alone also starts other rings' names -- topic "a.w" beside
         # topic "a", channel "c.wx" beside "c" -- and their segments and FIFOs
         prefix = f"{name}.w"
-        try:
-            for entry in os.listdir("/dev/shm"):
-                if entry.startswith(prefix) and len(entry) == len(name) + 21 \
-                        and _FIFO_NAME.fullmatch(entry):
-                    path = f"/dev/shm/{entry}"
-                    try:
-                        if stat.S_ISFIFO(os.lstat(path).st_mode):
-                            os.unlink(path)
-                    except FileNotFoundError:
-                        pass
-        except FileNotFoundError:
-            pass
-        return segment.unlink(name)
+
+        def remove_fifos():
+            try:
+                for entry in os.listdir("/dev/shm"):
+                    if entry.startswith(prefix) and len(entry) == len(name) + 21 \
+                            and _FIFO_NAME.fullmatch(entry):
+                        path = f"/dev/shm/{entry}"
+                        try:
+                            if stat.S_ISFIFO(os.lstat(path).st_mode):
+                                os.unlink(path)
+                        except FileNotFoundError:
+                            pass
+            except FileNotFoundError:
+                pass
+
+        return segment.unlink(name, of, before=remove_fifos)
 
     def unlink(self):
-        """Remove this ring's name; mapped handles keep working until closed."""
-        return Ring.unlink_segment(self.name)
+        """Remove this ring's name, unless it names another ring by now (the
+        topic or channel deleted and made again by another worker): mapped
+        handles keep working until closed."""
+        return Ring.unlink_segment(self.name, self.identity)
 
     cdef int _map_raw(self, int fd, size_t size) except -1:
         cdef void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
@@ -295,6 +305,7 @@ cdef class Ring:
 
     def _map(self, str name, int fd, size_t size):
         self.name = name
+        self.identity = segment.identity(fd)
         self._path_prefix = f"/dev/shm/{name}".encode()
         self._map_raw(fd, size)
 

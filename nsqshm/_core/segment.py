@@ -16,9 +16,14 @@ that dies before publish leaves nothing: an unnamed file goes with its last
 descriptor.  (Where O_TMPFILE or /proc is missing a hidden ".nsqshm-tmp-..."
 name is used and unlinked after the link -- a process killed in between
 leaves that file behind; valid segment names never start with a dot.)
+
+A name is removed only with the segment the remover has in hand
+(unlink(name, of=identity(fd))): a segment deleted and made again under
+its name by another process is left alone.
 """
 
 import errno
+import fcntl
 import os
 import stat
 
@@ -124,10 +129,57 @@ def attach(name, error):
     return fd, st.st_size
 
 
-def unlink(name):
-    """Remove segment `name`; False if it was not there."""
-    try:
-        os.unlink(path_of(name))
-    except FileNotFoundError:
-        return False
-    return True
+def identity(fd):
+    """What tells one segment from another made later under the same name."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def unlink(name, of=None, before=None):
+    """Remove segment `name`; False if it was not there, or, with `of` (the
+    identity() of a segment the caller has), if the name now belongs to
+    another segment.  `before()` runs just before the name goes (its
+    companion files: a ring's FIFOs), only when it goes.
+
+    A topic deleted on one worker can be made again there (a PUB) before the
+    other worker has applied the delete: that worker's unlink must not take
+    the new ring's name.  Comparing, then unlinking is check-then-act, so
+    every unlink locks the file the name refers to (flock) and checks that
+    the name still refers to it: no other unlink can remove that name
+    meanwhile, and no segment can be published under it (link(2) fails on an
+    existing name).  Hence the name goes only with the segment it was
+    checked against."""
+    path = path_of(name)
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            if err.errno not in (errno.ELOOP, errno.ENXIO):
+                raise
+            fd = -1  # a symlink or a socket squatting the name: not ours to lock
+        try:
+            if fd >= 0:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                locked = identity(fd)
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    return False  # another unlink took it while we waited
+                if (st.st_dev, st.st_ino) != locked:
+                    continue  # removed and made again while we waited: look again
+                if of is not None and tuple(of) != locked:
+                    return False
+            elif of is not None:
+                return False
+            if before is not None:
+                before()
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                return False
+            return True
+        finally:
+            if fd >= 0:
+                os.close(fd)

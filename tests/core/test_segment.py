@@ -180,3 +180,68 @@ def test_without_o_tmpfile_a_hidden_name_is_used_and_removed(cleanup, monkeypatc
     assert not failures, failures[:5]
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(".nsqshm-tmp-")]
     assert stat.S_IMODE(os.stat(f"/dev/shm/{all_names[0]}").st_mode) == 0o600
+
+
+def fifos_of(name):
+    return sorted(n for n in os.listdir("/dev/shm")
+                  if n.startswith(f"{name}.w") and stat.S_ISFIFO(os.lstat(f"/dev/shm/{n}").st_mode))
+
+
+def test_a_handle_never_unlinks_the_ring_made_again_under_its_name(cleanup):
+    """A topic deleted on one worker and made again there before the other
+    worker applied the delete: the other worker's unlink, through its handle
+    on the old ring, must leave the new ring (and its waiters' FIFOs) alone."""
+    (name,) = names("again")[:1]
+    cleanup.append(name)
+    old = Ring.create(name, 4096)
+    assert Ring.unlink_segment(name)  # the first worker's delete
+    new = Ring.create(name, 4096)     # ... and its create, at once
+    new.fileno()                      # a waiter on the new ring
+    assert new.identity != old.identity and fifos_of(name)
+    assert old.unlink() is False      # the other worker's delete, late
+    assert Ring.attach(name).identity == new.identity
+    assert fifos_of(name)
+    new.push(b"kept")
+    assert new.unlink() is True
+    assert not os.path.exists(f"/dev/shm/{name}") and not fifos_of(name)
+    assert new.pop() == b"kept"       # mapped handles keep working
+    old.close()
+    new.close()
+
+
+def test_unlinks_racing_creates_remove_only_the_segment_in_hand(cleanup, tmp_path):
+    """Processes that each create (or attach) one ring, then delete it
+    through their handle, over and over: each segment's name is removed
+    once, by a handle on that segment.  (An unlink by name made a late
+    handle remove a newer segment: its own segment was then counted as
+    removed twice, and the newer one never.)"""
+    (name,) = names("churn")[:1]
+    cleanup.append(name)
+    pids = []
+    for k in range(4):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                lines = []
+                for _ in range(500):
+                    ring = Ring.create(name, 4096, exist_ok=True)
+                    dev, ino = ring.identity
+                    lines.append(f"{dev}:{ino} {int(ring.unlink())}")
+                    ring.close()
+                (tmp_path / str(k)).write_text("\n".join(lines))
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    for pid in pids:
+        assert os.waitpid(pid, 0)[1] == 0
+    removed = {}
+    for k in range(4):
+        for line in (tmp_path / str(k)).read_text().splitlines():
+            seg, ok = line.split()
+            removed[seg] = removed.get(seg, 0) + int(ok)
+    assert len(removed) > 100  # segments were made again and again
+    twice = {seg: n for seg, n in removed.items() if n > 1}
+    assert not twice, f"{len(twice)} segments removed more than once"
+    assert sum(removed.values()) == len(removed)
