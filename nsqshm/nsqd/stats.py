@@ -259,7 +259,7 @@ def client_text(stats, now=None):
 
 
 def channel_stats(channel, clients, percentiles=(), sketch=False):
-    return {
+    out = {
         "channel_name": channel.name,
         "depth": channel.depth,
         "backend_depth": channel.backend_depth,
@@ -274,6 +274,9 @@ def channel_stats(channel, clients, percentiles=(), sketch=False):
         "e2e_processing_latency": e2e_result(getattr(channel, "e2e", None), percentiles,
                                              sketch),
     }
+    if sketch:  # a part to merge: the ring is everyone's, the disk queue the owner's
+        out["ring_depth"] = channel.ring.depth
+    return out
 
 
 def topic_stats(topic, channels, percentiles=(), sketch=False):
@@ -293,8 +296,9 @@ def topic_stats(topic, channels, percentiles=(), sketch=False):
         "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None),
                                              percentiles if topic.channels else (), sketch),
     }
-    if sketch:  # a part to merge: the waiting DPUBs are this worker's, the ring everyone's
-        out["depth"] = topic.depth
+    if sketch:  # a part to merge: the waiting DPUBs and the overflow are this worker's,
+        # the disk queue the owner's, the ring everyone's
+        out["ring_depth"] = topic.ring.depth
         out["deferred_waiting"] = waiting
     return out
 
@@ -350,11 +354,13 @@ def broker_stats(nsqd, topic_name="", channel_name="", include_clients=True, inc
             "producer_count": sum(p["producer_count"] for p in parts)}
 
 
-# what each worker counts for itself (summed) and what they all see (the
-# rings, shared; the disk queues, the owner's): the largest is the broker's
+# what each worker counts for itself (summed: backend_depth is the owner's
+# disk queue and each worker's overflow) and what they all see (a ring,
+# shared: the largest reading); a depth is then ring + backend (+ waiting)
 _SUMMED = ("message_count", "message_bytes", "in_flight_count", "deferred_count",
-           "requeue_count", "timeout_count", "client_count", "deferred_waiting")
-_SHARED = ("depth", "backend_depth")
+           "requeue_count", "timeout_count", "client_count", "deferred_waiting",
+           "backend_depth")
+_SHARED = ("ring_depth",)
 
 
 def _merge_into(into, part):
@@ -362,7 +368,8 @@ def _merge_into(into, part):
         if key in into:
             into[key] += part[key]
     for key in _SHARED:
-        into[key] = max(into[key], part[key])
+        if key in into:
+            into[key] = max(into[key], part[key])
     into["paused"] = into["paused"] or part["paused"]
     mine, theirs = into.get("e2e_processing_latency"), part.get("e2e_processing_latency")
     if mine and theirs and "sketch" in mine and "sketch" in theirs:
@@ -433,6 +440,9 @@ def merge_stats(parts):
         return None, None
     ordered = sorted(topics.values(), key=lambda t: t["topic_name"].encode())
     for t in ordered:
+        for x in (t, *t["channels"]):
+            if "ring_depth" in x:
+                x["depth"] = x.pop("ring_depth") + x["backend_depth"]
         t["depth"] += t.pop("deferred_waiting", 0)  # every worker's, on top of the ring's
         t["channels"].sort(key=lambda c: c["channel_name"].encode())
     _drop_sketches(ordered)

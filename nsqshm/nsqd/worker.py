@@ -44,6 +44,7 @@ def main(opts, index, nworkers, ctl, log):
     import gevent
     import gevent.event
 
+    from nsqshm.nsqd.memdump import install as install_memory_dump
     from nsqshm.nsqd.nsqd import NSQD
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C: the supervisor decides
@@ -67,6 +68,7 @@ def main(opts, index, nworkers, ctl, log):
         log.fatal(f"failed to start nsqd - {err}")
         nsqd.close_arena()
         return EXIT_FATAL
+    install_memory_dump(nsqd)  # NSQSHM_MEMORY_DUMP: SIGUSR2 dumps (memdump.py)
     send("ready")
 
     def heartbeat():

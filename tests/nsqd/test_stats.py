@@ -9,9 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from nsqshm import protocol as p
 from nsqshm.nsqd import stats as st
-from tests.nsqd.conftest import Server, wait_for
+from tests.nsqd.conftest import Server, http_call, http_on_each_worker, wait_for
 from tests.nsqd.test_http_api import TCP, request
+from tests.nsqd.test_overflow import topic_owned_by
+from tests.nsqd.test_workers import client_on_worker
 
 TOP_KEYS = ["version", "health", "start_time", "topics", "memory", "producers"]
 TOPIC_KEYS = ["topic_name", "channels", "depth", "backend_depth", "message_count",
@@ -673,3 +676,29 @@ def test_stats_on_each_worker_describe_the_whole_broker(nsqd_factory, tmp_path):
         conn.close()
     for c in consumers + producers:
         c.close()
+
+
+@pytest.mark.workers(2)
+def test_depth_adds_the_owners_disk_queue_and_the_other_workers_overflow(nsqd_factory):
+    """A topic's depth on two workers: the shared ring (counted once), the
+    owner's disk queue and the other worker's overflow queue.  (The merge
+    took the largest of the workers' views, which left out one of the two
+    queues on disk.)  No channel: nothing moves, every message stays."""
+    # a 256 KiB ring (--max-msg-size sizes it) holds at most 65 messages of
+    # 4000 bytes, fewer than --mem-queue-size: the owner's PUBs past it go to
+    # its disk queue, and the other worker's to its overflow (the ring stays full)
+    server = nsqd_factory("--mem-queue-size=100", "--max-msg-size=65536")
+    topic = topic_owned_by(0, "depth")
+    body = b"d" * 4000
+    for index, n in ((0, 200), (1, 20)):
+        c = client_on_worker(server, index, None)
+        c.send(p.pub(topic, body) * n)
+        for _ in range(n):
+            assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+        c.close()
+    for index, conn in http_on_each_worker(server).items():
+        status, doc = http_call(conn, "GET", f"/stats?format=json&topic={topic}")
+        (t,) = json.loads(doc)["topics"]
+        assert (t["depth"], t["message_count"]) == (220, 220), index
+        assert t["backend_depth"] >= 220 - 65, index  # the owner's disk queue and the overflow
+        conn.close()
