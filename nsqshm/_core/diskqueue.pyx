@@ -17,8 +17,8 @@ a reader of a finished segment reads up to the file's size and a reader of
 the current one up to writePos, exactly as go-diskqueue does.
 
 Segments are read through mmap and written with pwrite: records are laid
-out (big-endian size, message) in a 1 MiB staging buffer and written with
-one system call per buffer.  (Storing through a shared mapping costs a page
+out (big-endian size, message) in a 1 MiB staging buffer (one for every
+queue of the process) and written with one system call per buffer.  (Storing through a shared mapping costs a page
 fault per 4 KiB page on ext4 -- about 230 ns per 230-byte record measured
 here -- and turns a full disk into SIGBUS; pwrite turns it into ENOSPC.
 pwritev of one iovec per size and per message measured no better: the
@@ -63,6 +63,38 @@ cdef extern from "<unistd.h>" nogil:
     int fsync(int fd)
 
 cdef Py_ssize_t STAGING = 1 << 20
+# One staging buffer for every queue of the process.  A buffer per queue cost
+# 1 MiB of heap each once it had written a large batch (hundreds of topics and
+# channels: hundreds of MiB that never went back).  put_packed holds the GIL
+# and never yields to another greenlet while it uses the buffer, but the
+# system calls inside it release the GIL: a put_packed in another thread then
+# finds the buffer in use and takes one of its own for that call.
+cdef char *_staging = NULL
+cdef bint _staging_in_use = False
+
+
+cdef char *_take_staging() except NULL:
+    global _staging, _staging_in_use
+    cdef char *buf
+    if not _staging_in_use:
+        if _staging == NULL:
+            _staging = <char *>malloc(STAGING)
+            if _staging == NULL:
+                raise MemoryError()
+        _staging_in_use = True
+        return _staging
+    buf = <char *>malloc(STAGING)
+    if buf == NULL:
+        raise MemoryError()
+    return buf
+
+
+cdef void _give_back_staging(char *buf) noexcept:
+    global _staging_in_use
+    if buf == _staging:
+        _staging_in_use = False
+    else:
+        free(buf)
 # reads for peek_into(big_endian=True): small enough to stay in L2 while walked
 cdef Py_ssize_t READ_CHUNK = 128 << 10
 FAULT_ENV = "NSQSHM_FAULT_ENOSPC"   # a path: while it exists, writes fail with ENOSPC
@@ -197,7 +229,7 @@ cdef class DiskQueue:
     cdef readonly long long writes_since_sync
     cdef readonly bint dirty
     cdef int wfd                # the current segment, open for writing, or -1
-    cdef char *staging          # records laid out for one pwrite
+    cdef char *staging          # records laid out for one pwrite (during put_packed)
     cdef _Segment reader
     cdef long long reader_num
     cdef object logf
@@ -229,9 +261,6 @@ cdef class DiskQueue:
         self.sync_every = max(sync_every, 1)
         self.logf = logf
         self.remove = remove or os.unlink
-        self.staging = <char *>malloc(STAGING)
-        if self.staging == NULL:
-            raise MemoryError()
         self.reader = None
         self.reader_num = -1
         self.peek_count = -1
@@ -451,6 +480,7 @@ cdef class DiskQueue:
             raise DiskQueueError(28, f"{os.strerror(28)} ({self.file_name(self.write_file_num)})")
         PyObject_GetBuffer(packed, &view, PyBUF_SIMPLE)
         try:
+            self.staging = _take_staging()
             p = <const char *>view.buf
             n = view.len
             while True:
@@ -500,6 +530,8 @@ cdef class DiskQueue:
                 batch += 1
                 pos += 4 + size
         finally:
+            _give_back_staging(self.staging)
+            self.staging = NULL
             PyBuffer_Release(&view)
         if self.writes_since_sync >= self.sync_every:
             self.sync()
@@ -866,9 +898,6 @@ cdef class DiskQueue:
             pass
 
     def __dealloc__(self):
-        if self.staging != NULL:
-            free(self.staging)
-            self.staging = NULL
         if self.wfd >= 0:  # only ever a descriptor _open_writer opened
             close(self.wfd)
             self.wfd = -1
