@@ -3,9 +3,13 @@
 a witness subscribes to a topic of its own and publishes tagged bodies to it,
 so that at the end every message published to it has come, and no other."""
 
+import json
+import os
 import socket
+import stat
 import struct
 import threading
+import urllib.request
 
 import psutil
 
@@ -49,6 +53,81 @@ class Cluster:
             except psutil.NoSuchProcess:
                 pass
         return total
+
+    def memory(self):
+        """What the servers hold, in bytes: "heap", the anonymous resident
+        pages of every process (what a leak grows); "rss", their RSS summed
+        (shared pages counted in each process that touched them: a ring's
+        pages in both workers); "shm", the blocks of the broker's segments in
+        /dev/shm, each counted once (its rings grow with the topics and
+        channels the inputs name, and with what is queued in them)."""
+        heap = 0
+        for p in self.processes().values():
+            try:
+                with open(f"/proc/{p.pid}/status") as f:
+                    heap += sum(int(line.split()[1]) * 1024 for line in f
+                                if line.startswith("RssAnon:"))
+            except FileNotFoundError:
+                pass
+        shm = 0
+        for entry in os.listdir("/dev/shm"):
+            if entry.startswith(self.nsqd.prefix + "."):
+                try:
+                    shm += os.stat(f"/dev/shm/{entry}").st_blocks * 512
+                except FileNotFoundError:
+                    pass
+        return {"heap": heap, "rss": self.rss(), "shm": shm}
+
+    def queues(self):
+        """The broker's topics and channels: {(topic, channel or None)}."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.nsqd.http_port}/stats?"
+                                    "format=json&include_clients=false", timeout=30) as resp:
+            doc = json.loads(resp.read())
+        out = set()
+        for t in doc["topics"]:
+            out.add((t["topic_name"], None))
+            out.update((t["topic_name"], c["channel_name"]) for c in t["channels"])
+        return out
+
+    def rings(self):
+        """The rings in /dev/shm: {(topic, channel or None)} from their names
+        (<prefix>.t.<topic>, <prefix>.c.<topic>:<channel>)."""
+        out = set()
+        for entry in os.listdir("/dev/shm"):
+            kind, _, name = entry[len(self.nsqd.prefix) + 1:].partition(".")
+            if not entry.startswith(self.nsqd.prefix + ".") or kind not in ("t", "c"):
+                continue
+            try:
+                if not stat.S_ISREG(os.lstat(f"/dev/shm/{entry}").st_mode):
+                    continue  # a waiter's FIFO
+            except FileNotFoundError:
+                continue
+            out.add((name, None) if kind == "t" else tuple(name.split(":", 1)))
+        return out
+
+    def stale_mappings(self):
+        """Segments of the broker that a process maps although their name is
+        gone, or names another segment by now: handles a delete left open,
+        or a worker left on a ring the others no longer use."""
+        stale = set()
+        for p in self.processes().values():
+            try:
+                with open(f"/proc/{p.pid}/maps") as f:
+                    lines = [line.rstrip("\n").split(None, 5) for line in f]
+            except FileNotFoundError:
+                continue
+            for fields in lines:
+                path = fields[-1]
+                if len(fields) < 6 or not path.startswith(f"/dev/shm/{self.nsqd.prefix}."):
+                    continue  # (a segment made unnamed shows as /dev/shm/#<inode>)
+                path = path.removesuffix(" (deleted)")
+                try:
+                    now = str(os.stat(path).st_ino)
+                except FileNotFoundError:
+                    now = None
+                if now != fields[4]:
+                    stale.add(f"{p.pid}: {path} (inode {fields[4]}, now {now})")
+        return sorted(stale)
 
     def logs(self):
         return {"nsqd": self.nsqd.lines, "nsqlookupd": self.lookupd.lines, "nsqadmin": self.admin.lines}

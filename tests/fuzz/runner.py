@@ -20,8 +20,15 @@ The oracle:
 - HTTP: every request is answered (when whole), never with a 5xx (save
   nsqd's /ping NOK and nsqadmin's 502 for an unreachable upstream);
 - no process dies or changes (the pids of every server process), no
-  Traceback in any log (nor a handler's panic, a FATAL line...), and the servers' memory (RSS of all their
-  processes) grows by less than MEMORY_SLACK after the warm-up.
+  Traceback in any log (nor a handler's panic, a FATAL line...);
+- memory stays bounded: the servers' heap (anonymous resident pages of
+  every process) grows after the warm-up by less than HEAP_SLACK plus
+  PER_QUEUE for each topic and channel that appeared since (mutations make
+  new valid names: a topic or channel is kept until deleted, as in nsqd);
+  the rings in /dev/shm are those of the broker's topics and channels, no
+  more and no fewer, and no process maps a ring whose name is gone or
+  another's.  (RSS counts a ring's pages in every process that touched
+  them, and grows with what the rings hold: it is reported, not bounded.)
 """
 
 import argparse
@@ -39,7 +46,8 @@ from .conversation import read_to_end, send_and_half_close, talk
 from .http_inputs import ADMIN, LOOKUPD, NSQD, HttpGenerator
 from .v2_inputs import ANSWERS, ERROR_CODES, NAMES, Generator, Limits, Stream, mutate, untag
 
-MEMORY_SLACK = (1.25, 64 << 20)  # final RSS <= warm-up RSS * 1.25 + 64 MiB
+HEAP_SLACK = (1.10, 32 << 20)  # final heap <= warm-up heap * 1.10 + 32 MiB + ...
+PER_QUEUE = 100_000  # ... + 100 KB per new topic or channel (issue 21's target for an idle one)
 HTTP_STATUS = re.compile(rb"^HTTP/1\.[01] (\d{3})")
 # handlers whose body read error is a 500 in Go (nsqd's doPUB, doMPUB, doConfig;
 # nsqadmin's doConfig): a body cut short gets it from nsqd too
@@ -241,7 +249,7 @@ class Run:
         it = iter(indices)
         it_lock = threading.Lock()
         warm = max(1, len(indices) // 10)
-        rss = {"warm": None, "max": 0}
+        mem = {"warm": None, "max": {"heap": 0, "rss": 0, "shm": 0}}
         done = [0]
         stopped = threading.Event()
         start = time.monotonic()
@@ -268,9 +276,11 @@ class Run:
                 if n % 97 == 0:
                     witnesses[n % 2].publish()  # a failure is reported at the end
                 if n == warm:
-                    rss["warm"] = cluster.rss()
+                    mem["warm"] = cluster.memory()
+                    mem["warm"]["queues"] = len(cluster.queues())
                 if n % 5000 == 0:
-                    rss["max"] = max(rss["max"], cluster.rss())
+                    now = cluster.memory()
+                    mem["max"] = {k: max(v, now[k]) for k, v in mem["max"].items()}
                     if progress:
                         progress(f"{n} inputs, {time.monotonic() - start:.0f}s, "
                                  f"{len(self.findings)} findings")
@@ -291,11 +301,7 @@ class Run:
                 self.find("witness", f"{w.topic!r}: published {w.published}, received "
                                      f"{len(w.received)}, foreign {[m[:40] for m in w.foreign[:5]]}"
                                      f"{'; ' + w.failed if w.failed else ''}")
-        final = cluster.rss()
-        rss["max"] = max(rss["max"], final)
-        if rss["warm"] and final > rss["warm"] * MEMORY_SLACK[0] + MEMORY_SLACK[1]:
-            self.find("memory", f"server RSS {rss['warm'] >> 20} MiB after warm-up, "
-                                f"{final >> 20} MiB at the end")
+        final = self.check_memory(mem)
         for proc, name in ((cluster.nsqd.proc, "nsqd"), (cluster.lookupd.proc, "nsqlookupd"),
                            (cluster.admin.proc, "nsqadmin")):
             if proc.poll() is not None:
@@ -315,9 +321,45 @@ class Run:
                     if LOG_ERROR.search(lines[i]):
                         self.find(f"log-error {name}", lines[i].rstrip())
                     i += 1
+        memory = {f"{k}_{when}_mib": round(m[k] / 2 ** 20, 1) for when, m in
+                  (("warm", mem["warm"] or {}), ("final", final), ("max", mem["max"]))
+                  for k in ("heap", "rss", "shm") if k in m}
         return {"inputs": self.counts["tcp"] + self.counts["http"], "stopped_early": stopped.is_set(),
-                "seconds": elapsed, "rss_warm": rss["warm"],
-                "rss_final": final, "rss_max": rss["max"], **self.counts}
+                "seconds": elapsed, **memory,
+                "queues_warm": (mem["warm"] or {}).get("queues"), "queues_final": final["queues"],
+                **self.counts}
+
+    def check_memory(self, mem):
+        """The memory oracle (module docstring); returns the final figures."""
+        cluster = self.cluster
+        # deletes that are still being applied (an ephemeral channel goes once its
+        # last client has gone on every worker) settle first
+        deadline = time.monotonic() + 10
+        while True:
+            queues, rings = cluster.queues(), cluster.rings()
+            if queues == rings or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if rings - queues:
+            self.find("shm-leak", f"rings in /dev/shm of no topic or channel: {sorted(rings - queues)[:20]}")
+        if queues - rings:
+            self.find("ring-missing", f"topics or channels without their ring in /dev/shm: "
+                                      f"{sorted(queues - rings)[:20]}")
+        stale = cluster.stale_mappings()
+        if stale:
+            self.find("shm-stale", f"{len(stale)} rings mapped though their name is gone or "
+                                   f"another's: {stale[:10]}")
+        final = dict(cluster.memory(), queues=len(queues))
+        mem["max"] = {k: max(v, final[k]) for k, v in mem["max"].items()}
+        warm = mem["warm"]
+        if warm:
+            budget = (warm["heap"] * HEAP_SLACK[0] + HEAP_SLACK[1]
+                      + max(0, final["queues"] - warm["queues"]) * PER_QUEUE)
+            if final["heap"] > budget:
+                self.find("memory", f"server heap {warm['heap'] >> 20} MiB after warm-up "
+                                    f"({warm['queues']} topics and channels), {final['heap'] >> 20} "
+                                    f"MiB at the end ({final['queues']}): over {int(budget) >> 20} MiB")
+        return final
 
 
 def fuzz(seed, inputs, threads=8, limits=None, only=None, progress=None, timeout=10.0, names=NAMES):
