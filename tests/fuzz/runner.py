@@ -329,12 +329,12 @@ class Run:
                 "queues_warm": (mem["warm"] or {}).get("queues"), "queues_final": final["queues"],
                 **self.counts}
 
-    def check_memory(self, mem):
+    def check_memory(self, mem, settle=10.0):
         """The memory oracle (module docstring); returns the final figures."""
         cluster = self.cluster
         # deletes that are still being applied (an ephemeral channel goes once its
         # last client has gone on every worker) settle first
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + settle
         while True:
             queues, rings = cluster.queues(), cluster.rings()
             if queues == rings or time.monotonic() > deadline:

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from .runner import fuzz, report
+from .runner import HEAP_SLACK, PER_QUEUE, Run, fuzz, report
 from .v2_inputs import Generator, Limits, mutate, tag, untag
 
 SEED = int(os.environ.get("NSQSHM_FUZZ_SEED", "1"))
@@ -31,6 +31,57 @@ def test_tags_name_their_topic_and_damaged_ones_do_not_check():
     assert untag(body) == b"x#ephemeral"
     assert untag(body[:-1] + b"0") is None
     assert untag(body.replace(b"x#", b"y#")) is None
+
+
+class Figures:
+    """What the memory oracle reads from a cluster (Cluster.queues, rings,
+    stale_mappings, memory), given."""
+
+    def __init__(self, heap, queues, rings=None, stale=()):
+        self.heap, self._queues = heap, queues
+        self._rings = queues if rings is None else rings
+        self.stale = list(stale)
+
+    def queues(self):
+        return set(self._queues)
+
+    def rings(self):
+        return set(self._rings)
+
+    def stale_mappings(self):
+        return self.stale
+
+    def memory(self):
+        return {"heap": self.heap, "rss": 2 * self.heap, "shm": 0}
+
+
+def oracle(cluster, warm_heap, warm_queues):
+    run = Run(cluster, SEED, Limits(4096, 16384))
+    mem = {"warm": {"heap": warm_heap, "rss": 0, "shm": 0, "queues": warm_queues},
+           "max": {"heap": 0, "rss": 0, "shm": 0}}
+    final = run.check_memory(mem, settle=0)
+    return sorted(f.kind for f in run.findings), final
+
+
+def test_the_memory_oracle_allows_the_heap_of_new_topics_and_channels_only():
+    queues = {(f"t{i}", None) for i in range(300)}
+    warm = 100 << 20
+    budget = warm * HEAP_SLACK[0] + HEAP_SLACK[1]
+    assert oracle(Figures(int(budget), queues), warm, 300) == ([], {
+        "heap": int(budget), "rss": 2 * int(budget), "shm": 0, "queues": 300})
+    assert oracle(Figures(int(budget) + 1, queues), warm, 300)[0] == ["memory"]
+    # 100 topics more than at the warm-up: 100 x PER_QUEUE more allowed
+    grown = int(budget) + 100 * PER_QUEUE
+    assert oracle(Figures(grown, queues), warm, 200)[0] == []
+    assert oracle(Figures(grown + 1, queues), warm, 200)[0] == ["memory"]
+
+
+def test_the_memory_oracle_finds_rings_left_behind_missing_or_mapped_stale():
+    queues = {("a", None), ("a", "c")}
+    assert oracle(Figures(0, queues, queues | {("gone", None)}), 1 << 20, 2)[0] == ["shm-leak"]
+    assert oracle(Figures(0, queues, {("a", None)}), 1 << 20, 2)[0] == ["ring-missing"]
+    stale = ["123: /dev/shm/p.t.a (inode 5, now 6)"]
+    assert oracle(Figures(0, queues, stale=stale), 1 << 20, 2)[0] == ["shm-stale"]
 
 
 def test_fuzz_bounded():
