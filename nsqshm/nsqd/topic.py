@@ -199,7 +199,9 @@ class Topic:
         channel.close(delete=True)
         self.nsqd.notify_change(topic=self.name, channel=name, deleted=True)
         self.nsqd.broadcast_change("channel_delete", self.name, name)
-        if not self.channels and self.ephemeral:
+        # (the broadcast waits for the other workers: meanwhile another channel's
+        # last client may have left and deleted this topic, or a delete came)
+        if not self.channels and self.ephemeral and self.nsqd.topics.get(self.name) is self:
             self.nsqd.delete_topic(self.name)
 
     # -- the pump ---------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """--max-channel-consumers holds for the whole broker (channel.py: the count
 is in the channel ring's header, shared by the workers; recovery.py recounts
-it when a worker is replaced)."""
+it when a worker is replaced); ephemeral channels go with their last client."""
 
 import os
 import signal
+import socket
+import time
 
 from nsqshm import protocol as p
 
@@ -84,3 +86,33 @@ def test_max_channel_consumers_counts_the_consumers_of_every_worker(nsqd_factory
     for c in fresh:
         c.close()
 
+
+
+def test_the_last_ephemeral_channels_of_an_ephemeral_topic_leaving_at_once(nsqd_factory):
+    """Two ephemeral channels of an ephemeral topic lose their last clients
+    at the same moment: each deletion deletes the topic once it has no
+    channel left, and the second found it gone (a KeyError traceback, seen
+    in the soak fuzz).  The topic goes once, without an error, every time."""
+    server = nsqd_factory("--workers=2")
+    for r in range(40):
+        topic = f"gone{r}#ephemeral"
+        conns = []
+        for ch in ("a#ephemeral", "b#ephemeral", "c#ephemeral"):
+            s = socket.create_connection(server.tcp, timeout=5)
+            s.sendall(p.MAGIC_V2 + p.sub(topic, ch))
+            conns.append(s)
+        for s in conns:
+            dec = p.FrameDecoder()
+            while True:
+                dec.feed(s.recv(4096))
+                frames = list(dec.frames())
+                if frames:
+                    assert frames[0] == (p.FRAME_TYPE_RESPONSE, b"OK")
+                    break
+        for s in conns:
+            s.close()
+    time.sleep(1.0)
+    log = "".join(server.lines)
+    assert "Traceback" not in log, log[log.index("Traceback") - 300:][:3000]
+    assert wait_for(lambda: not [e for e in os.listdir("/dev/shm")
+                                 if e.startswith(f"{server.prefix}.") and ".gone" in e])
