@@ -70,14 +70,19 @@ class Finding:
         return f"[{self.kind}]{where}: {self.detail}{shown}"
 
 
+# a log line of a server: another worker's lines interleave with a traceback
+LOG_LINE = re.compile(r"^\[(nsqd|nsqlookupd|nsqadmin)\] \d{4}/")
+
+
 def traceback_end(lines, start):
     """The index past a traceback starting at lines[start]: past the
-    exception's own line (the first unindented one after a frame), chained
-    tracebacks included."""
+    exception's own line (the first unindented one after a frame that is not
+    another process's log line), chained tracebacks included."""
     i = start + 1
     while i < len(lines):
         line = lines[i]
-        if line.startswith((" ", "\t", "Traceback", "\n")) or not line.strip():
+        if line.startswith((" ", "\t", "Traceback", "\n")) or not line.strip() \
+                or LOG_LINE.match(line):
             i += 1
         elif line.startswith(("During handling", "The above exception")):
             i += 1
@@ -315,7 +320,9 @@ class Run:
             while i < len(lines):
                 if "Traceback" in lines[i]:
                     end = traceback_end(lines, i)
-                    self.find(f"traceback {name}", "".join(lines[max(0, i - 2):end]))
+                    shown = lines[max(0, i - 2):i] + [line for line in lines[i:end]
+                                                      if not LOG_LINE.match(line)]
+                    self.find(f"traceback {name}", "".join(shown))
                     i = end
                 else:
                     if LOG_ERROR.search(lines[i]):

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from .runner import HEAP_SLACK, PER_QUEUE, Run, fuzz, report
+from .runner import HEAP_SLACK, PER_QUEUE, Run, fuzz, report, traceback_end
 from .v2_inputs import Generator, Limits, mutate, tag, untag
 
 SEED = int(os.environ.get("NSQSHM_FUZZ_SEED", "1"))
@@ -31,6 +31,16 @@ def test_tags_name_their_topic_and_damaged_ones_do_not_check():
     assert untag(body) == b"x#ephemeral"
     assert untag(body[:-1] + b"0") is None
     assert untag(body.replace(b"x#", b"y#")) is None
+
+
+def test_a_traceback_is_read_whole_through_another_workers_log_lines():
+    lines = ["[nsqd] 2026/11/23 15:27:10.86 INFO: 200 POST /x\n",
+             "Traceback (most recent call last):\n",
+             "[nsqd] 2026/11/23 15:27:10.86 INFO: 500 PUT /config/x (127.0.0.1:1) 57us\n",
+             '  File "a.py", line 1, in f\n',
+             "KeyError: 'x'\n",
+             "[nsqd] 2026/11/23 15:27:11.00 INFO: next\n"]
+    assert traceback_end(lines, 1) == 5
 
 
 class Figures:
