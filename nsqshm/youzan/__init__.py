@@ -5,8 +5,10 @@ The spec, with the source of each fact, is docs/youzan.md.
     go_strconv  Go's strconv parsing with its error texts (they reach the wire)
     offset      the consume position "<type>:<value>" (SUB_ADVANCED, /channel/setoffset)
     commands    command lines: SUB/SUB_ADVANCED/SUB_ORDERED, partitioned PUB/MPUB,
-                FIN/REQ/TOUCH with binary IDs; client-side encoders
+                INTERNAL_CREATE_TOPIC, FIN/REQ/TOUCH with binary IDs
     bodies      PUB_TRACE, PUB_EXT, MPUB/MPUB_TRACE/MPUB_EXT bodies; the traced reply
     frames      message frames (plain, ext headers, queue offset + raw size); message IDs
-    http        /topic/create, /channel/setoffset, /message/get, /lookup, /pub_ext
+    http        nsqd: /topic/create, /channel/setoffset, /message/get, /pub_ext, /pubtrace
+    lookup      nsqlookupd: /lookup with partitions, access and metainfo
+    client      what youzan/go-nsq sends (tests, load generator)
 """

@@ -218,61 +218,6 @@ def message_get_json(msg_id, trace_id, body, timestamp, attempts, offset, queue_
         "queue_cnt_index": queue_cnt_index, "ext": _go_string(ext)})
 
 
-# --- nsqlookupd GET /lookup ---
-
-class LookupQuery(NamedTuple):
-    topic: str
-    partition: str          # "*": all
-    access: str             # "r": every node; "w": only nodes taking writes
-    metainfo: bool
-
-
-def lookup_query(query):
-    topic = get(query, "topic")
-    if topic == "":
-        raise HTTPError(400, "MISSING_ARG_TOPIC")
-    access = get(query, "access") or "r"
-    if access not in ("r", "w"):
-        raise HTTPError(400, "INVALID_ACCESS_MODE")
-    return LookupQuery(topic, get(query, "partition") or "*", access,
-                       get(query, "metainfo") != "")
-
-
-# access=w and every node of the topic filtered for having no channel
-NO_CHANNEL_FOR_WRITE = (404, "Topic has no channel, should init at least one for the new topic")
-
-# nsqlookupd's PeerInfo, in its field order (registration_db.go)
-PEER_FIELDS = ("id", "remote_address", "hostname", "broadcast_address", "tcp_port",
-               "http_port", "version", "distributed_id")
-
-
-def peer(info):
-    """A producer as Youzan's lookupd writes it: PEER_FIELDS order, fields absent from
-    info left out (nsqio's lookupd has no id / distributed_id)."""
-    out = {k: info[k] for k in PEER_FIELDS if k in info}
-    out.update((k, v) for k, v in info.items() if k not in out)
-    return out
-
-
-def lookup_data(channels, producers, partitions, meta=None):
-    """doLookup's answer (a Go map: keys sorted). partitions: {partition id: producer};
-    meta: None, or {"partition_num", "replica", "extend_support"} (given when the
-    query had metainfo: Youzan's standalone lookupd never gives it; go-nsq's ordered
-    publish needs partition_num)."""
-    data = {"channels": list(channels)}
-    if meta is not None:
-        data["meta"] = {"extend_support": bool(meta["extend_support"]),
-                        "partition_num": meta["partition_num"], "replica": meta["replica"]}
-    data["partitions"] = {str(p): peer(partitions[p])
-                          for p in sorted(partitions, key=lambda p: str(p))}
-    data["producers"] = [peer(p) for p in producers]
-    return data
-
-
-def lookup_json(channels, producers, partitions, meta=None):
-    return go_json(lookup_data(channels, producers, partitions, meta))
-
-
 # --- POST /pub_ext, /pubtrace ---
 
 def _go_map(value):
@@ -295,10 +240,36 @@ class HTTPExt(NamedTuple):
     traced: bool
 
 
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def query_unescape(value):
+    """Go's url.QueryUnescape: "+" is a space, "%XX" a byte; a bad escape is an error."""
+    raw = value.encode("utf-8", "surrogateescape")
+    out = bytearray()
+    i = 0
+    while i < len(raw):
+        c = raw[i]
+        if c == 0x25:  # %
+            pair = raw[i + 1:i + 3]
+            if len(pair) < 2 or not _HEX.issuperset(pair):
+                raise ValueError("invalid URL escape")
+            out.append(int(pair, 16))
+            i += 3
+            continue
+        out.append(0x20 if c == 0x2B else c)
+        i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
 def http_ext(ext_param, header_items, topic_ext, allow_ext_compatible=False):
-    """/pub_ext's headers: the ext query value (Youzan unescapes it once more, as
-    url.QueryUnescape: the caller passes it unescaped twice) with each "X-Nsqext-<k>"
-    HTTP header as key <k> lower-cased, re-marshalled by Go (keys sorted)."""
+    """/pub_ext's headers: the ext query value (as the query parser gave it: Youzan
+    unescapes it once more) with each "X-Nsqext-<k>" HTTP header as key <k>
+    lower-cased, re-marshalled by Go (keys sorted, numbers float64)."""
+    try:
+        ext_param = query_unescape(ext_param)
+    except ValueError:
+        raise HTTPError(400, E_INVALID_JSON_HEADER) from None
     if ext_param == "":
         raise HTTPError(400, E_INVALID_JSON_HEADER)
     try:
