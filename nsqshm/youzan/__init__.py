@@ -10,5 +10,6 @@ The spec, with the source of each fact, is docs/youzan.md.
     frames      message frames (plain, ext headers, queue offset + raw size); message IDs
     http        nsqd: /topic/create, /channel/setoffset, /message/get, /pub_ext, /pubtrace
     lookup      nsqlookupd: /lookup with partitions, access and metainfo
+    identify    IDENTIFY's desired_tag, extend_support, ext_filter
     client      what youzan/go-nsq sends (tests, load generator)
 """
