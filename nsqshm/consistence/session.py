@@ -103,7 +103,7 @@ class EtcdSession:
         """Put; leased=True attaches the key to the session's lease.  -> revision."""
         body = {"key": b64(key), "value": b64(value)}
         if leased:
-            body["lease"] = str(self._lease_for_put())
+            body["lease"] = str(self.ensure_lease())
         return int(self.gateway.call("kv/put", body)["header"]["revision"])
 
     def delete(self, key):
@@ -121,7 +121,7 @@ class EtcdSession:
 
     def create(self, key, value, leased=False):
         """Put only if key does not exist, else CompareFailed.  -> revision."""
-        lease = self._lease_for_put() if leased else 0
+        lease = self.ensure_lease() if leased else 0
         result = self.txn([Compare.absent(key)], [Op.put(key, value, lease)])
         if not result.succeeded:
             raise CompareFailed(f"{key} exists")
@@ -130,7 +130,7 @@ class EtcdSession:
     def cas(self, key, value, mod_revision, leased=False):
         """Put only if key was last changed at mod_revision (0: absent), else
         CompareFailed.  -> the new mod_revision."""
-        lease = self._lease_for_put() if leased else 0
+        lease = self.ensure_lease() if leased else 0
         result = self.txn([Compare.mod_revision(key, "=", mod_revision)],
                           [Op.put(key, value, lease)])
         if not result.succeeded:
@@ -165,7 +165,8 @@ class EtcdSession:
 
     # -- the lease -------------------------------------------------------------------
 
-    def _lease_for_put(self):
+    def ensure_lease(self):
+        """The session's lease ID, granting it first if needed."""
         if self.lease is None:
             self.start()
         return self.lease.id
