@@ -9,15 +9,7 @@ import pytest
 from nsqshm.consistence.errors import CompareFailed, EtcdUnavailable
 from nsqshm.consistence.txn import Compare, Op
 from tests.consistence.conftest import TTL
-
-
-def wait_for(predicate, timeout, step=0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        gevent.sleep(step)
-    return predicate()
+from tests.consistence.wait import wait_for
 
 
 def test_kv_get_put_delete_with_prefix(sessions):
