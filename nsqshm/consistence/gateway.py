@@ -103,6 +103,12 @@ class Gateway:
                     conn.close()
                     last = err2
                     continue
+                except BaseException:
+                    conn.close()  # a gevent.Timeout or kill mid-exchange: unusable
+                    raise
+            except BaseException:
+                conn.close()
+                raise
             self._idle.append((index, conn))
             self._preferred = index
             return _decode(status, data)

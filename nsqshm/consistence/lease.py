@@ -73,22 +73,33 @@ class Lease:
     def _keepalive_loop(self):
         interval = max(self.ttl / 3.0, 0.1)
         while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("lease %x: no keep-alive answered before its deadline", self.id)
+                break
             try:
-                if self.refresh() <= 0:
+                # a refresh hanging on a cut path must not carry the node past its
+                # deadline still believing it holds the lease
+                with gevent.Timeout(remaining, _DeadlinePassed):
+                    renewed = self.refresh()
+                if renewed <= 0:
                     break
                 gevent.sleep(interval)
-                continue
             except LeaseNotFound:
                 break
+            except _DeadlinePassed:
+                log.warning("lease %x: keep-alive unanswered at its deadline", self.id)
+                break
             except CoordinationError as err:
-                # etcd unreachable: retry often, and give up once the lease may be gone
-                if time.monotonic() >= self.deadline:
-                    log.warning("lease %x: no keep-alive answered before its deadline (%s)",
-                                self.id, err)
-                    break
-                gevent.sleep(min(interval, max(self.deadline - time.monotonic(), 0) / 2, 0.25))
+                # etcd unreachable: retry often until the deadline
+                log.debug("lease %x: keep-alive failed (%s)", self.id, err)
+                gevent.sleep(min(interval, 0.25, max(self.deadline - time.monotonic(), 0)))
         self.lost = True
         self._keeper = None
         log.info("lease %x lost", self.id)
         if self._on_lost is not None:
             self._on_lost(self)
+
+
+class _DeadlinePassed(Exception):
+    pass

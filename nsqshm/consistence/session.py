@@ -42,6 +42,7 @@ class EtcdSession:
         self._kept = {}  # key -> value, attached to the lease
         self._watches = set()
         self._new_lease_callbacks = []
+        self._lease_lost_callbacks = []
         self._renewer = None
         self._closed = False
 
@@ -75,6 +76,11 @@ class EtcdSession:
     @property
     def lease_id(self):
         return self.lease.id if self.lease is not None else 0
+
+    def on_lease_lost(self, callback):
+        """callback(session) as soon as the lease is taken as lost (etcd said so, or its
+        deadline passed unanswered): whatever was held on it (a leadership) is gone."""
+        self._lease_lost_callbacks.append(callback)
 
     def on_new_lease(self, callback):
         """callback(session) after a lost lease was replaced and the kept keys put again."""
@@ -179,6 +185,11 @@ class EtcdSession:
     def _lease_lost(self, lease):
         if self._closed or lease is not self.lease:
             return
+        for callback in list(self._lease_lost_callbacks):
+            try:
+                callback(self)
+            except Exception:
+                log.exception("on_lease_lost callback failed")
         # the watches may hang on the path that failed: have them reconnect too
         for watch in list(self._watches):
             watch.reset()
