@@ -29,9 +29,16 @@ new PartitionState, whose epoch the holder uses for its next change.
 import json
 import logging
 
+import gevent
 import gevent.lock
 
-from nsqshm.consistence.errors import Fenced, LeaderAlive, NotInISR, TopicNotFound
+from nsqshm.consistence.errors import (
+    CoordinationError,
+    Fenced,
+    LeaderAlive,
+    NotInISR,
+    TopicNotFound,
+)
 from nsqshm.consistence.topology import LeaderSession, ReplicaInfo, check_node_id
 from nsqshm.consistence.txn import Compare, Op
 
@@ -170,6 +177,12 @@ class Leadership:
 
 
 class RoleWatch:
+    """Re-reads the partition at each change of its keys and calls back when the role
+    changed.  A read that fails (etcd restarting) is retried until it succeeds, so a
+    change seen by the watch is never dropped."""
+
+    RETRY = 0.2
+
     def __init__(self, leadership, topic, partition, callback):
         self.leadership = leadership
         self.topic = topic
@@ -178,6 +191,7 @@ class RoleWatch:
         self.role = None
         self.state = None
         self._lock = gevent.lock.Semaphore()
+        self._stopped = False
         session = leadership.session
         revision = session.revision()
         self._check()
@@ -186,10 +200,20 @@ class RoleWatch:
                                     self._changed, prefix=True, start_revision=revision + 1)
 
     def stop(self):
+        self._stopped = True
         self.leadership.session.unwatch(self._watch)
 
     def _changed(self, events):
-        self._check()
+        # in the watch's greenlet: the next events wait in the stream meanwhile, and the
+        # re-read that succeeds sees them all
+        while not self._stopped:
+            try:
+                self._check()
+                return
+            except CoordinationError as err:
+                log.info("%s/%d: role check failed (%s); retrying", self.topic,
+                         self.partition, err)
+                gevent.sleep(self.RETRY)
 
     def _check(self):
         with self._lock:

@@ -184,3 +184,20 @@ def test_role_watch_reports_each_change(sessions):
     gevent.sleep(0.3)
     assert roles[-1] == NONE and w.state is None
     w.stop()
+
+
+def test_leadership_survives_an_etcd_restart(etcd, sessions):
+    a, b = node(sessions, "a"), node(sessions, "b")
+    make_topic(a, ("a", "b"))
+    held = a.elect("t", 0)
+    roles = []
+    watch = b.watch_role("t", 0, lambda role, state: roles.append(role))
+    etcd.restart()  # shorter than the TTL: no failover
+    state = a.shrink_isr(held, "b")  # the leader's session and epoch still hold
+    assert state.leader == "a" and state.leader_session.create_revision == \
+        held.leader_session.create_revision
+    assert wait_for(lambda: roles[-1] == CATCHUP, 5), roles
+    gevent.sleep(TTL + 0.5)
+    assert b.topology.partition("t", 0).leader == "a"
+    assert roles == [FOLLOWER, CATCHUP]
+    watch.stop()

@@ -193,3 +193,32 @@ def test_unreachable_endpoint_is_skipped(etcd, sessions):
     s = sessions(endpoints=f"{dead},{etcd.endpoint}")
     s.put("/ep", b"ok")
     assert s.get("/ep").value == b"ok"
+
+
+MONKEY_PATCHED = """
+from gevent import monkey; monkey.patch_all()
+import sys, gevent
+from nsqshm.consistence.session import EtcdSession
+s = EtcdSession(sys.argv[1], ttl=2).start()
+events = []
+w = s.watch("/mp/", events.extend, prefix=True)
+assert w.ready.wait(5)
+s.keep("/mp/k", b"v")
+gevent.sleep(2.5)  # past the TTL: the keep-alive greenlet ran
+while not events:
+    gevent.sleep(0.05)
+assert s.get("/mp/k").lease == s.lease_id and events[0].kv.value == b"v"
+s.close()
+print("ok")
+"""
+
+
+def test_works_in_a_monkey_patched_process_as_the_daemons_are(etcd):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", MONKEY_PATCHED, etcd.endpoint], cwd=root,
+                         env={**os.environ, "PYTHONPATH": root}, capture_output=True,
+                         text=True, timeout=30)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
