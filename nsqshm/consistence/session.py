@@ -30,7 +30,9 @@ from nsqshm.consistence.watch import Watch
 
 log = logging.getLogger("nsqshm.consistence")
 
-DEFAULT_TTL = 10  # seconds; the node is seen dead this long after it stops answering
+# seconds: a node is seen dead this long after its last keep-alive, which bounds the
+# failover time; 6 leaves issue 17's 10 s target room for the new leader to resume writes
+DEFAULT_TTL = 6
 
 
 class EtcdSession:

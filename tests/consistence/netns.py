@@ -63,6 +63,7 @@ class Hosts:
         self.addresses = [str(base + i + 1) for i in range(count)]
         self._veths = [f"v{self.token}{i}h" for i in range(count)]
         self._created = False
+        self._procs = []  # what run() started
 
     # -- life ------------------------------------------------------------------------
 
@@ -95,6 +96,12 @@ class Hosts:
         if not self._created:
             return
         self._created = False
+        # what run() started (it may not have entered its namespace yet), then whatever
+        # else runs inside one (started through command())
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
         for ns in self.namespaces:
             pids = _ip("netns", "pids", ns, check=False).stdout.split()
             for pid in pids:
@@ -121,7 +128,9 @@ class Hosts:
 
     def run(self, i, argv, **popen):
         """Start argv inside host i -> Popen (close() kills it if still running)."""
-        return subprocess.Popen(self.command(i, argv), **popen)
+        proc = subprocess.Popen(self.command(i, argv), **popen)
+        self._procs.append(proc)
+        return proc
 
     def check_output(self, i, argv, timeout=10):
         return subprocess.run(self.command(i, argv), check=True, capture_output=True,
