@@ -180,9 +180,22 @@ class EtcdSession:
         return self.lease.id
 
     def _grant(self):
-        self.lease = Lease.grant(self.gateway, self.ttl, on_lost=self._lease_lost)
+        """A new lease with the kept keys put on it, then its keep-alive; the session
+        takes it only once all that succeeded."""
+        lease = Lease.grant(self.gateway, self.ttl, on_lost=self._lease_lost)
+        try:
+            for key, value in list(self._kept.items()):
+                self.gateway.call("kv/put", {"key": b64(key), "value": b64(value),
+                                             "lease": str(lease.id)})
+        except BaseException:
+            try:
+                lease.revoke()
+            except CoordinationError:
+                pass  # it expires by itself
+            raise
+        self.lease = lease
         self.leases_granted += 1
-        self.lease.start_keepalive()
+        lease.start_keepalive()
 
     def _lease_lost(self, lease):
         if self._closed or lease is not self.lease:
@@ -206,8 +219,6 @@ class EtcdSession:
             while not self._closed:
                 try:
                     self._grant()
-                    for key, value in list(self._kept.items()):
-                        self.put(key, value, leased=True)
                     break
                 except CoordinationError as err:
                     log.info("etcd session: new lease not granted yet (%s)", err)

@@ -14,6 +14,7 @@ revision was compacted meanwhile, the callback gets one COMPACTED event: the cal
 must read the state again; the watch goes on from the compaction revision.
 """
 
+import http.client
 import json
 import logging
 from dataclasses import dataclass
@@ -92,7 +93,8 @@ class Watch:
                     self.restarts += 1
                 opened += 1
                 self._follow(resp)
-            except (CoordinationError, OSError, ValueError) as err:
+            except (CoordinationError, OSError, ValueError, http.client.HTTPException) as err:
+                # (a chunked stream cut mid-chunk is http.client's IncompleteRead)
                 if not self._stopped:
                     log.debug("watch %s: stream broke (%s); resuming from %s",
                               self.key, err, self.next_revision)
