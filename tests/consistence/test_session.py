@@ -1,12 +1,12 @@
-"""EtcdSession against a real etcd: KV, compare-and-set races, leases that expire,
-watches, and an etcd restarted or frozen under a session."""
-
-import time
+"""EtcdSession against a real etcd: KV, compare-and-set races, a lost lease replaced
+with the kept keys put again, an etcd restarted under a session or down past the TTL,
+endpoints, and a monkey-patched process (leases alone: test_lease.py; watches:
+test_watch.py)."""
 
 import gevent
 import pytest
 
-from nsqshm.consistence.errors import CompareFailed, EtcdUnavailable
+from nsqshm.consistence.errors import CompareFailed
 from nsqshm.consistence.txn import Compare, Op
 from tests.consistence.conftest import TTL
 from tests.consistence.wait import wait_for
@@ -67,25 +67,6 @@ def test_cas_race_between_two_sessions_exactly_one_wins(sessions):
         assert a.get("/race").value == f"{winner}{round_}".encode()
 
 
-def test_lease_keys_vanish_after_ttl_when_keepalive_stops(sessions):
-    s, observer = sessions(), sessions()
-    s.keep("/nodes/a", b"alive")
-    gevent.sleep(TTL + 0.5)  # longer than the TTL: the keep-alive holds it
-    assert observer.get("/nodes/a").lease == s.lease_id
-    s.close(revoke=False)  # as a death: no revoke, no more keep-alives
-    started = time.monotonic()
-    assert wait_for(lambda: observer.get("/nodes/a") is None, TTL + 3)
-    gone_after = time.monotonic() - started
-    assert gone_after <= TTL + 2, gone_after
-
-
-def test_revoke_deletes_at_once(sessions):
-    s, observer = sessions(), sessions()
-    s.keep("/nodes/b", b"alive")
-    s.close(revoke=True)
-    assert observer.get("/nodes/b") is None
-
-
 def test_lost_lease_is_replaced_and_kept_keys_put_again(sessions):
     s, other = sessions(), sessions()
     s.keep("/nodes/c", b"c")
@@ -97,42 +78,6 @@ def test_lost_lease_is_replaced_and_kept_keys_put_again(sessions):
     assert wait_for(lambda: renewed, TTL + 2)
     assert s.lease_id != old and s.leases_granted == 2
     assert other.get("/nodes/c").lease == s.lease_id
-
-
-def test_watch_sees_puts_and_deletes_with_previous_values(sessions):
-    s, writer = sessions(), sessions()
-    events = []
-    w = s.watch("/w/", events.extend, prefix=True)
-    assert w.ready.wait(5)
-    writer.put("/w/x", b"1")
-    writer.put("/w/x", b"2")
-    writer.put("/other", b"not watched")
-    writer.delete("/w/x")
-    assert wait_for(lambda: len(events) == 3, 5), events
-    assert [(e.type, e.kv.key, e.kv.value) for e in events] == [
-        ("PUT", "/w/x", b"1"), ("PUT", "/w/x", b"2"), ("DELETE", "/w/x", b"")]
-    assert events[1].prev.value == b"1" and events[2].prev.value == b"2"
-
-
-def test_watch_from_a_past_revision_replays_history(sessions):
-    s = sessions()
-    first = s.put("/h", b"a")
-    s.put("/h", b"b")
-    events = []
-    s.watch("/h", events.extend, start_revision=first)
-    assert wait_for(lambda: len(events) == 2, 5)
-    assert [e.kv.value for e in events] == [b"a", b"b"]
-
-
-def test_watch_of_a_compacted_revision_says_so(sessions):
-    s = sessions()
-    first = s.put("/cmp", b"a")
-    last = s.put("/cmp", b"b")
-    s.gateway.call("kv/compaction", {"revision": str(last), "physical": True})
-    events = []
-    s.watch("/cmp", events.extend, start_revision=first)
-    assert wait_for(lambda: events, 5)
-    assert events[0].type == "COMPACTED"
 
 
 def test_etcd_restarted_under_a_session_it_reconnects(etcd, sessions):
@@ -170,21 +115,6 @@ def test_etcd_down_longer_than_the_ttl_the_session_re_registers(etcd, sessions):
     # the old lease (restored by etcd at its start) expires without taking the key along
     gevent.sleep(TTL + 1.5)
     assert s.get("/nodes/d").lease == s.lease_id
-
-
-def test_a_session_cut_off_from_etcd_gives_its_lease_up_by_the_deadline(etcd, sessions):
-    s = sessions(timeout=0.3)
-    lease = s.lease
-    etcd.freeze()  # sockets open, nothing answered: a cut path
-    try:
-        started = time.monotonic()
-        assert wait_for(lambda: lease.lost, TTL + 2)
-        assert time.monotonic() - started <= TTL + 0.5
-        assert not lease.alive and time.monotonic() >= lease.deadline
-        with pytest.raises(EtcdUnavailable):
-            s.get("/x")
-    finally:
-        etcd.thaw()
 
 
 def test_unreachable_endpoint_is_skipped(etcd, sessions):

@@ -47,11 +47,6 @@ def test_create_topic_once_with_its_partitions(sessions):
         t.partition("orders", 0)
 
 
-def test_placement_needs_enough_nodes():
-    with pytest.raises(ValueError):
-        spread(["n1"], 1, 2)
-
-
 @pytest.mark.parametrize("topic", ["a/b", "../x", "", "t#ephemeral", "x" * 65, "a b"])
 def test_bad_topic_names_never_become_keys(sessions, topic):
     t = Topology(sessions(), "c1")
