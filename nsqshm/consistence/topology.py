@@ -22,6 +22,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from nsqshm.consistence.errors import InvalidName, TopicExists, TopicNotFound
+from nsqshm.consistence.placement import spread
 from nsqshm.consistence.txn import Compare, Op
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 
@@ -274,8 +275,32 @@ class Topology:
         return self.state_from(topic, partition, kvs)
 
     def partitions(self, topic):
-        meta = self.topic_meta(topic)
-        return [self.partition(topic, p) for p in range(meta.partition_num)]
+        """Every partition's state, all read at one revision (one range)."""
+        prefix = self.keys.topic(topic)
+        by_partition = {}
+        meta = None
+        for kv in self.session.get_prefix(prefix):
+            head, _, tail = kv.key[len(prefix):].partition("/")
+            if head == "TopicMeta":
+                meta = TopicMeta.from_json(json.loads(kv.value))
+            elif head.isdigit() and tail:
+                by_partition.setdefault(int(head), []).append(kv)
+        if meta is None:
+            raise TopicNotFound(topic)
+        return [self.state_from(topic, p, by_partition.get(p, ()))
+                for p in range(meta.partition_num)]
+
+    def leaders(self, topic):
+        """Per partition, its live leader's NodeInfo, or None while it has none: what
+        nsqlookupd's `/lookup?access=w` names, so that clients write to the leader."""
+        return [st.leader_session.leader if st.leader_session is not None else None
+                for st in self.partitions(topic)]
+
+    def create_topic_on_live_nodes(self, topic, meta):
+        """create_topic with its partitions spread over the nodes registered now."""
+        placement = spread([n.id for n in self.nodes()], meta.partition_num, meta.replica)
+        self.create_topic(topic, meta, placement)
+        return placement
 
     def state_from(self, topic, partition, kvs, revision=0):
         """A PartitionState from the KeyValues of the partition's prefix."""

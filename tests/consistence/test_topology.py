@@ -70,3 +70,22 @@ def test_bad_cluster_id_and_partition():
     for partition in (-1, 1024, "0", True):
         with pytest.raises(InvalidName):
             t.keys.partition("t", partition)
+
+
+def test_topic_on_live_nodes_and_its_leaders(sessions):
+    from nsqshm.consistence.leadership import Leadership
+    nodes = {}
+    for node_id in ("n1", "n2", "n3"):
+        t = Topology(sessions(), "c1")
+        info = NodeInfo(node_id, "127.0.0.1", tcp_port=4150 + int(node_id[1]))
+        t.register_node(info)
+        nodes[node_id] = (t, info)
+    t1 = nodes["n1"][0]
+    placement = t1.create_topic_on_live_nodes("orders", TopicMeta(partition_num=3, replica=2))
+    assert sorted(p[0] for p in placement) == ["n1", "n2", "n3"]
+    assert t1.leaders("orders") == [None, None, None]  # nobody elected yet
+    t, info = nodes[placement[1][0]]
+    Leadership(t, info).elect("orders", 1)
+    assert t1.leaders("orders") == [None, info, None]
+    with pytest.raises(ValueError):  # replicator 4 needs 4 live nodes
+        t1.create_topic_on_live_nodes("big", TopicMeta(partition_num=1, replica=4))
