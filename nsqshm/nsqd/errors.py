@@ -20,3 +20,13 @@ class ClientErr(Exception):
 
 class FatalClientErr(ClientErr):
     fatal = True
+
+
+# -- Youzan's NSQ fork (log topics): its codes, in one place ------------------------------
+
+E_BAD_PARTITION = "E_BAD_PARTITION"
+
+
+def BAD_PARTITION(err):  # noqa: N802 (a code and its text, as the constants above)
+    """Youzan's answer to a PUB/MPUB naming a partition that is not valid."""
+    return E_BAD_PARTITION, f"topic partition is not valid: {err}"
