@@ -35,7 +35,7 @@ import os
 import gevent
 
 from nsqshm._core.commitlog import OffsetOutOfRange
-from nsqshm._core.logcursor import Cursor, CursorSet, checkpoint_path
+from nsqshm._core.logcursor import Cursor, CursorSet, checkpoint_path, decode_message_id
 from nsqshm.nsqd.channel import DELIVER_BATCH, Channel
 
 FEED_AHEAD = 4096       # messages a feeder keeps in the ring ahead of the consumers
@@ -64,16 +64,21 @@ class LogChannel(Channel):
 
     def _open_cursor(self, partition):
         """Attach to the cursor, or make it: from its checkpoint, else at the
-        log's end (a new channel sees only new messages)."""
+        log's end -- a new channel sees only new messages -- or, for the
+        topic's first channel, at its start: nsqd's topic keeps what is
+        published before any channel exists for the first one."""
         name = self._cursor_name(partition)
         ckpt = checkpoint_path(partition.path, self.name)
         fresh = not os.path.exists(f"/dev/shm/{name}")
         if fresh and self.ephemeral:  # an ephemeral channel's cursor is not kept
             _remove(ckpt)
-        cursor = Cursor.open(name, ckpt, partition.offsets()[1])
+        start, end = partition.offsets()
+        first = not any(c is not self for c in self.topic.channels.values())
+        cursor = Cursor.open(name, ckpt, start if first else end)
         if fresh and not self.ephemeral and partition.owned and not os.path.exists(ckpt):
             cursor.checkpoint()  # a restart finds where it started
-        self._checkpointed[partition.index] = cursor.confirmed
+        # (None: no checkpoint yet; the owner's retention pass writes one)
+        self._checkpointed[partition.index] = cursor.confirmed if os.path.exists(ckpt) else None
         return cursor
 
     # -- FIN ------------------------------------------------------------------------------
@@ -178,7 +183,9 @@ class LogChannel(Channel):
                                f"{partition.index}: messages {cursor.confirmed}..{start - 1} "
                                f"were removed by retention before they were finished; "
                                f"moving to {start}")
+        pushed = cursor.read_pos
         cursor.set(start)
+        cursor.read_pos = max(pushed, start)  # what the ring holds is delivered, not pushed again
         self.retention_moves += 1
         self.feed_wake()
 
@@ -223,12 +230,49 @@ class LogChannel(Channel):
         return out
 
     def empty(self):
-        """Every cursor to the end of its log, then the ring and what this
-        worker holds dropped (on every worker: the change is broadcast)."""
-        if not getattr(self.nsqd._remote, "active", False):
-            for partition in self.topic.partitions:
-                self.cursors[partition.index].set(partition.offsets()[1])
+        """Every cursor to the end of its log; the ring and what this worker
+        holds are dropped.  The worker that takes the request moves the
+        cursors; the others, applying the change after it, drop only what
+        lies below the new confirmed offsets: a feeder may already have
+        pushed (and a dispatcher delivered) messages published since, which
+        must not be lost (nothing would deliver them again)."""
+        if getattr(self.nsqd._remote, "active", False):
+            self._drop_confirmed()
+            return
+        for partition in self.topic.partitions:
+            self.cursors[partition.index].set(partition.offsets()[1])
         super().empty()
+
+    def _drop_confirmed(self):
+        kept = bytearray()
+        with self.scratch.borrow() as scratch:
+            for source in (self.ring.pop_many_into, self.inflight.drain, self.deferred.drain):
+                while True:
+                    n, nbytes = source(scratch)
+                    if not n:
+                        break
+                    kept += self._unconfirmed(memoryview(scratch)[:nbytes])
+        if kept:
+            self.put_records(kept)  # stored again before the blocks are released
+        self.inflight.release()
+        self.deferred.release()
+        for client in self.clients.values():
+            client.in_flight = self.inflight.client_count(client.id)
+        self._ready.set()
+
+    def _unconfirmed(self, view):
+        """The packed records of view whose offset is not below their
+        cursor's confirmed one (an admin path: a Python step per message)."""
+        out = bytearray()
+        pos = 0
+        while pos < len(view):
+            size = int.from_bytes(view[pos:pos + 4], "little")
+            where = decode_message_id(view[pos + 14:pos + 30])
+            cursor = self.cursors[where[0]] if where and where[0] < len(self.cursors) else None
+            if cursor is None or where[1] >= cursor.confirmed:
+                out += view[pos:pos + 4 + size]
+            pos += 4 + size
+        return out
 
     # -- the end ----------------------------------------------------------------------
 

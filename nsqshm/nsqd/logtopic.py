@@ -185,6 +185,8 @@ class LogTopic(Topic):
         if target.owned:
             try:
                 target.append(packed)
+            except ValueError as err:  # a message larger than a segment takes
+                raise TopicError(str(err)) from None
             except OSError as err:
                 self.nsqd.set_health(err)
                 raise TopicError(str(err)) from None

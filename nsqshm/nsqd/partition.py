@@ -32,6 +32,7 @@ from nsqshm.nsqd.waiting import RingWaker
 
 # the largest segment a partition log takes (commitlog.MAX_SEGMENT_BYTES)
 MAX_SEGMENT_BYTES = 1 << 30
+MAX_RECORD = 2 << 20     # the largest message a log takes (its staging buffer's half)
 INBOUND_WAIT = 1.0      # a PUB waits at most this long for room in an inbound ring
 
 
@@ -54,7 +55,8 @@ class Partition:
             opts = nsqd.opts
             segment = min(max(int(opts.max_bytes_per_file), 4096), MAX_SEGMENT_BYTES)
             self.log = PartitionLog(self.path, segment_bytes=segment,
-                                    max_msg_size=min(opts.max_msg_size + 26, segment - 16),
+                                    max_msg_size=min(opts.max_msg_size + 26, segment - 16,
+                                                     MAX_RECORD),
                                     sync_every=opts.sync_every,
                                     sync_timeout=opts.sync_timeout, logf=nsqd.logf)
         # the inbound ring: only with several workers (one worker owns all)
@@ -96,7 +98,7 @@ class Partition:
         position); committed and in the page cache when it returns."""
         count, _, _ = self.log.append_packed(packed, self.index)
         if self.log.needs_sync:
-            self.nsqd.backend_written(self.log)  # synced within --sync-timeout
+            self.nsqd.backend_written(self)  # synced within --sync-timeout
         self.topic.appended(self)
         return count
 
@@ -141,6 +143,16 @@ class Partition:
             if ring.depth == 0:
                 self._wake.wait()
             ring.disarm()
+
+    # -- syncs (NSQD.backend_written: as a disk queue) -----------------------------------
+
+    @property
+    def needs_sync(self):
+        return self.log is not None and self.log.needs_sync
+
+    def sync(self):
+        if self.log is not None:  # (closed meanwhile: close synced it)
+            self.log.sync()
 
     # -- retention -----------------------------------------------------------------------
 
