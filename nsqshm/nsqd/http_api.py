@@ -36,7 +36,7 @@ from werkzeug.wrappers import Response
 from nsqshm._core import wire
 from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.listeners import listen
-from nsqshm.nsqd.logtopic import LogTopicError
+from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
 from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
@@ -532,10 +532,22 @@ class HTTPAPI:
             if deferred_ns:
                 topic.put_deferred(body, deferred_ns / 1e9)
             else:
-                topic.put_message(body)
+                topic.put_message(body, self._partition(values, topic))
+        except PartitionError:
+            raise Err(400, "INVALID_PARTITION") from None
         except TopicError as err:
             raise put_error(err) from None
         return "OK"
+
+    @staticmethod
+    def _partition(values, topic):
+        """Youzan's `partition` query parameter of /pub and /mpub: a log
+        topic's partition (a classic topic ignores it, as nsqd ignores any
+        parameter it does not know)."""
+        value = values.get("partition", [None])[0]
+        if value is None or value == "" or not topic.is_log:
+            return None
+        return int(value) if value.isascii() and value.isdigit() else value
 
     def mpub(self, req):
         nsqd = self.nsqd
@@ -569,9 +581,12 @@ class HTTPAPI:
                 raise Err(413, "MSG_TOO_BIG")
         try:
             if count:
-                topic.put_packed(out, count, len(out) - count * RECORD_OVERHEAD)
+                topic.put_packed(out, count, len(out) - count * RECORD_OVERHEAD,
+                                 self._partition(values, topic))
             elif topic.exiting:
                 raise TopicError("exiting")
+        except PartitionError:
+            raise Err(400, "INVALID_PARTITION") from None
         except TopicError as err:
             raise put_error(err) from None
         return "OK"

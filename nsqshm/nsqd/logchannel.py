@@ -124,6 +124,7 @@ class LogChannel(Channel):
         pushed, _ = self.ring.push_packed(memoryview(scratch)[:nbytes])
         if pushed or first > pos:
             cursor.read_pos = first + pushed
+        self.message_count += pushed  # (nsqd counts what the topic pumps into the channel)
         return pushed
 
     def _unread(self):

@@ -175,6 +175,18 @@ def test_mpub_to_explicit_partition(nsqd_factory):
     assert [x["end_offset"] for x in parts] == [0, 3]
 
 
+def test_http_pub_and_mpub_to_a_partition(nsqd_factory):
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    assert server.post("/pub?topic=lt&partition=1", b"one") == (200, b"OK")
+    assert server.post("/mpub?topic=lt&partition=0", b"a\nb\nc") == (200, b"OK")
+    assert server.post("/pub?topic=lt&partition=2", b"x") == \
+        (400, b'{"message":"INVALID_PARTITION"}')
+    assert server.post("/pub?topic=lt&partition=-1", b"x")[0] == 400
+    assert [x["end_offset"] for x in stats(server, "lt")["partitions"]] == [3, 1]
+    assert server.post("/pub?topic=classic&partition=7", b"x") == (200, b"OK")  # ignored
+
+
 def test_out_of_order_fin_moves_the_cursor(nsqd_factory):
     server = nsqd_factory()
     create(server, "lt", 1)
@@ -297,6 +309,7 @@ def _rest(server, topic, expected):
     got = take(c, len(expected))
     assert sorted(m.body for m in got) == sorted(expected)
     assert nothing_more(c)
+    c.close()
 
 
 def test_cursor_survives_a_graceful_restart(nsqd_factory, tmp_path):
