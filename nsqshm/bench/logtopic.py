@@ -51,13 +51,16 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--fanout", type=int, default=4)
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="a flag for the server (repeatable), e.g. --server-arg=--sync-every=100000")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
     spec = argparse.Namespace(messages=args.messages, size=args.size, batch=args.batch,
                               window=args.window, rdy=args.rdy, publishers=1, consumers=1,
                               rate=0, runfor=0)
     target = start_nsqshm([f"--workers={args.workers}",
-                           f"--mem-queue-size={mem_queue_size(args.messages, args.size)}"])
+                           f"--mem-queue-size={mem_queue_size(args.messages, args.size)}",
+                           *args.server_arg])
     try:
         results = [case(target, spec, 1, args.partitions),
                    case(target, spec, args.fanout, args.partitions)]

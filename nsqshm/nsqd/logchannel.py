@@ -36,9 +36,10 @@ import gevent
 
 from nsqshm._core.commitlog import OffsetOutOfRange
 from nsqshm._core.logcursor import Cursor, CursorSet, checkpoint_path, decode_message_id
-from nsqshm.nsqd.channel import DELIVER_BATCH, Channel
+from nsqshm.nsqd.channel import Channel
 
-FEED_AHEAD = 4096       # messages a feeder keeps in the ring ahead of the consumers
+FEED_AHEAD = 8192       # messages a feeder keeps in the ring ahead of the consumers (at most)
+FEED_BATCH = 4096       # messages read from the log and pushed in one go
 WINDOW_RETRY = 0.5      # a cursor's window is full: look again after this (FINs move it)
 
 
@@ -51,6 +52,7 @@ class LogChannel(Channel):
         self.retention_moves = 0    # times a cursor fell below the log start (retention)
         self._checkpointed = {}     # partition -> confirmed at the last checkpoint
         self.feed_target = max(1, min(self.mem_limit, FEED_AHEAD))
+        self.feed_low = max(1, self.feed_target // 2)
         for partition in topic.partitions:
             self.cursors[partition.index] = self._open_cursor(partition)
         self._owned = [p for p in topic.partitions if p.owned]
@@ -140,16 +142,22 @@ class LogChannel(Channel):
         return False
 
     def _feed_loop(self):
+        """Top the ring up to feed_target once it holds fewer than feed_low
+        (half): a refill is a few large reads, not one per consumer's pop."""
         ring = self.ring
         wake = self._refill_wake
         turn = 0
+        filling = True
         while not self.exiting:
             stalled = False
             moved = False
-            if not self.topic.paused and ring.depth < self.feed_target:
+            depth = ring.depth
+            if depth < self.feed_low:
+                filling = True
+            if not self.topic.paused and filling and depth < self.feed_target:
                 with self.scratch.borrow() as scratch:
                     for i in range(len(self._owned)):
-                        room = min(self.feed_target - ring.depth, DELIVER_BATCH)
+                        room = min(self.feed_target - ring.depth, FEED_BATCH)
                         if room <= 0:
                             break
                         partition = self._owned[(turn + i) % len(self._owned)]
@@ -161,12 +169,13 @@ class LogChannel(Channel):
             if moved:
                 gevent.idle()  # let consumers run between batches
                 continue
+            filling = ring.depth < self.feed_low  # topped up (or nothing to read): wait
             # wait for: an append (local event), room in the ring (a pop on any
             # worker: the ring's wake FIFO), an unpause, FINs (window full)
             wake.clear()
             self._waker.arm(for_space=True)
             try:
-                if self.topic.paused or ring.depth >= self.feed_target or not self._unread():
+                if self.topic.paused or ring.depth >= self.feed_low or not self._unread():
                     wake.wait(WINDOW_RETRY if stalled else None)
                 elif stalled:
                     wake.wait(WINDOW_RETRY)
