@@ -117,6 +117,32 @@ def test_create_validates_and_persists(nsqd_factory, tmp_path):
     assert "partitions" not in stats(server, "fresh")
 
 
+def test_stats_text_and_delete(nsqd_factory, tmp_path):
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    assert server.post("/channel/create?topic=lt&channel=ch")[0] == 200
+    assert server.post("/channel/create?topic=lt&channel=gone")[0] == 200
+    assert server.post("/pub?topic=lt", b"x")[0] == 200
+    text = server.get("/stats")[1].decode()
+    assert "      partition 0   start: 0" in text and "partition 1" in text
+    assert "confirmed: 0" in text and "lag: 1" in text
+    cursors = [n for n in os.listdir("/dev/shm") if n.startswith(f"{server.prefix}.k.lt:gone:")]
+    assert len(cursors) == 2
+    assert server.post("/channel/delete?topic=lt&channel=gone")[0] == 200
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{server.prefix}.k.lt:gone:")]
+    assert not any(os.path.exists(tmp_path / f"lt-{i}.nsqlog" / "gone.cursor") for i in range(2))
+    assert server.post("/topic/delete?topic=lt")[0] == 200
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".nsqlog")]
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{server.prefix}.k.")
+                or n.startswith(f"{server.prefix}.t.lt:")]
+    with open(tmp_path / "nsqshm.logtopics.json") as f:
+        assert json.load(f)["topics"] == []
+    # the name is free again, for either kind
+    c = Client(server)
+    assert pub(c, "lt", b"classic now") == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert "partitions" not in stats(server, "lt")
+
+
 # -- publish and consume -----------------------------------------------------------------
 
 
