@@ -384,11 +384,12 @@ def test_cursor_survives_a_group_kill(nsqd_factory, tmp_path):
 
 
 @pytest.mark.workers(2)
-def test_cursor_survives_a_worker_kill(nsqd_factory):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_cursor_survives_a_worker_kill(nsqd_factory, sig):
     server = nsqd_factory()
     finished, c = _publish_and_half_consume(server, "lt")
     before = [proc.pid for proc in psutil.Process(server.proc.pid).children()]
-    os.kill(before[0], signal.SIGKILL)
+    os.kill(before[0], sig)
     assert wait_for(lambda: len({proc.pid for proc in psutil.Process(server.proc.pid).children()}
                                 - set(before)) == 1, timeout=15)
     assert wait_for(lambda: _answers(server), timeout=15)  # the replacement listens
