@@ -165,6 +165,11 @@ cdef inline uint64_t _now_ns() noexcept nogil:
     return <uint64_t>ts.tv_sec * 1000000000 + <uint64_t>ts.tv_nsec
 
 
+cdef int _datasync(int fd) noexcept:
+    with nogil:
+        return fdatasync(fd)
+
+
 cdef int _pwrite_all(int fd, const char *buf, Py_ssize_t n, long long pos) except -1:
     cdef ssize_t r
     while n > 0:
@@ -965,23 +970,31 @@ cdef class PartitionLog:
         return 0
 
     def sync(self):
-        """fdatasync the active segment, then its indexes; record what is durable."""
+        """fdatasync the active segment, then its indexes; record what is
+        durable.  The system calls run without the GIL, so the broker may
+        call this from a thread while its event loop appends (one sync at a
+        time, and close() only after it): what is appended meanwhile is not
+        counted as synced."""
+        cdef uint64_t upto = self.c.next_offset
+        cdef long long done = self.unsynced
+        cdef int dfd = self.dfd, ifd = self.ifd, tfd = self.tfd
         fds, self.finished_fds = self.finished_fds, []
         for fd in fds:   # segments finished since the last sync
-            fdatasync(fd)
+            _datasync(fd)
             close(fd)
         if fds:          # and the names of the segment files made since
-            dfd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            dirfd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                os.fsync(dfd)
+                os.fsync(dirfd)
             finally:
-                os.close(dfd)
-        if self.dfd >= 0:
-            fdatasync(self.dfd)
-            fdatasync(self.ifd)
-            fdatasync(self.tfd)
-        self.state.synced_offset = self.c.next_offset
-        self.unsynced = 0
+                os.close(dirfd)
+        if dfd >= 0:
+            _datasync(dfd)
+            _datasync(ifd)
+            _datasync(tfd)
+        if self.state != NULL:
+            self.state.synced_offset = upto
+        self.unsynced = max(0, self.unsynced - done)
         self.last_sync = time.monotonic()
 
     @property

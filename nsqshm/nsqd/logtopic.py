@@ -232,7 +232,7 @@ class LogTopic(Topic):
         for p in self.partitions:
             start, end = p.offsets()
             out.append({"partition": p.index, "owner": p.owner, "start_offset": start,
-                        "end_offset": end})
+                        "end_offset": end, "synced_offset": p.synced_offset()})
         return out
 
     # -- retention ---------------------------------------------------------------------

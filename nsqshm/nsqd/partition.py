@@ -33,7 +33,8 @@ from nsqshm.nsqd.waiting import RingWaker
 # the largest segment a partition log takes (commitlog.MAX_SEGMENT_BYTES)
 MAX_SEGMENT_BYTES = 1 << 30
 MAX_RECORD = 2 << 20     # the largest message a log takes (its staging buffer's half)
-INBOUND_WAIT = 1.0      # a PUB waits at most this long for room in an inbound ring
+INBOUND_WAIT = 1.0
+NEVER = 1 << 62          # PartitionLog's own sync policy: off      # a PUB waits at most this long for room in an inbound ring
 
 
 def partition_owner(topic_name, partition, workers):
@@ -51,14 +52,15 @@ class Partition:
         self.path = partition_dir(nsqd.data_path, topic.name, index)
         self.log = None
         self._reader = None
+        self._syncing = None  # a sync running on a thread of the hub's pool
         if self.owned:
             opts = nsqd.opts
             segment = min(max(int(opts.max_bytes_per_file), 4096), MAX_SEGMENT_BYTES)
             self.log = PartitionLog(self.path, segment_bytes=segment,
                                     max_msg_size=min(opts.max_msg_size + 26, segment - 16,
                                                      MAX_RECORD),
-                                    sync_every=opts.sync_every,
-                                    sync_timeout=opts.sync_timeout, logf=nsqd.logf)
+                                    # the broker syncs (below), not append_packed
+                                    sync_every=NEVER, sync_timeout=-1, logf=nsqd.logf)
         # the inbound ring: only with several workers (one worker owns all)
         self.inbound = None
         self._wake = gevent.event.Event()
@@ -83,6 +85,13 @@ class Partition:
             self._reader = LogReader(self.path)
         return self._reader
 
+    def synced_offset(self):
+        """Every message below it is fdatasynced (0 before the owner made the log)."""
+        try:
+            return self.reader.synced_offset
+        except (OSError, ValueError):
+            return 0
+
     def offsets(self):
         """(start, end) msg offsets; (0, 0) while the owner has not made the log."""
         try:
@@ -97,7 +106,9 @@ class Partition:
         """The owner: append packed records (IDs stamped with their
         position); committed and in the page cache when it returns."""
         count, _, _ = self.log.append_packed(packed, self.index)
-        if self.log.needs_sync:
+        if self.log.unsynced >= self.nsqd.opts.sync_every:
+            self.sync()
+        elif self.log.needs_sync:
             self.nsqd.backend_written(self)  # synced within --sync-timeout
         self.topic.appended(self)
         return count
@@ -151,8 +162,29 @@ class Partition:
         return self.log is not None and self.log.needs_sync
 
     def sync(self):
-        if self.log is not None:  # (closed meanwhile: close synced it)
-            self.log.sync()
+        """Every --sync-every messages or --sync-timeout, as nsqd syncs a disk
+        queue; but the fdatasyncs run on a thread (PartitionLog.sync drops
+        the GIL), so publishing goes on meanwhile: an OK means the page
+        cache, whatever the sync policy, as for every other queue here."""
+        if self.log is None or self._syncing is not None:
+            return  # (closed meanwhile: close synced it; or a sync is running)
+        self._syncing = gevent.get_hub().threadpool.spawn(self.log.sync)
+        self._syncing.rawlink(self._synced)
+
+    def _synced(self, result):
+        self._syncing = None
+        if not result.successful():
+            self.nsqd.set_health(result.exception)
+        elif self.needs_sync:  # appended during the sync
+            self.nsqd.backend_written(self)
+
+    def _wait_sync(self):
+        syncing = self._syncing
+        if syncing is not None:
+            try:
+                syncing.get()
+            except OSError:
+                pass
 
     # -- retention -----------------------------------------------------------------------
 
@@ -182,6 +214,7 @@ class Partition:
             self.inbound.close()
             self.inbound = None
         if self.log is not None:
+            self._wait_sync()  # never close under a running sync
             self.log.close()
             self.log = None
         if self._reader is not None:

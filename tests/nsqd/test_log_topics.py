@@ -213,6 +213,19 @@ def test_http_pub_and_mpub_to_a_partition(nsqd_factory):
     assert server.post("/pub?topic=classic&partition=7", b"x") == (200, b"OK")  # ignored
 
 
+def test_the_log_is_synced_every_n_messages_and_after_the_timeout(nsqd_factory):
+    server = nsqd_factory("--sync-every=10", "--sync-timeout=300ms")
+    create(server, "lt", 1)
+    pc = Client(server)
+    for i in range(5):
+        pub(pc, "lt", b"%d" % i)
+    assert stats(server, "lt")["partitions"][0]["end_offset"] == 5
+    assert wait_for(lambda: stats(server, "lt")["partitions"][0]["synced_offset"] == 5, 3)
+    pc.send(p.mpub("lt", [b"m"] * 20))
+    assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert wait_for(lambda: stats(server, "lt")["partitions"][0]["synced_offset"] == 25, 3)
+
+
 def test_out_of_order_fin_moves_the_cursor(nsqd_factory):
     server = nsqd_factory()
     create(server, "lt", 1)
