@@ -76,13 +76,18 @@ class LatencyStream:
 
 
 class Channel:
+    # a log topic's channel (logchannel.py) has no disk queue (the log is its
+    # disk) and finishes messages in its partitions' cursors too
+    disk_queue = True
+    cursors = None
+
     def __init__(self, topic, name):
         self.topic = topic
         self.nsqd = topic.nsqd
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.ring = self.nsqd.make_ring(f"c.{topic.name}:{name}")
-        self.owned = topic.owned
+        self.owned = topic.owned and self.disk_queue
         self.backend = (new_backend(self.nsqd, f"{topic.name}:{name}", self.ephemeral)
                         if self.owned else RingOnly())
         self.mem_limit = self.nsqd.opts.mem_queue_size
@@ -112,7 +117,7 @@ class Channel:
             self.ring.paused = False  # a peer's or nsqd.dat's pause comes right after
             if self.backend.depth:
                 self._start_refiller()
-        if not self.ephemeral and self.owned:
+        if not self.ephemeral and topic.owned:
             self._load_deferred()
         self._dispatcher = None  # from the first client on: a worker without clients runs none
 

@@ -43,3 +43,8 @@ E_PUB_FAILED = "E_PUB_FAILED"                      # not fatal
 E_MPUB_FAILED = "E_MPUB_FAILED"                    # not fatal (fatal in older Youzan versions)
 E_BAD_EXT = "E_BAD_EXT"                            # fatal (INTERNAL_CREATE_TOPIC)
 E_CREATE_TOPIC_FAILED = "E_CREATE_TOPIC_FAILED"    # not fatal (INTERNAL_CREATE_TOPIC)
+
+
+def BAD_PARTITION(err):  # noqa: N802 (a code and its text, as the constants above)
+    """Youzan's answer to a PUB/MPUB naming a partition that is not valid."""
+    return E_BAD_PARTITION, f"topic partition is not valid: {err}"

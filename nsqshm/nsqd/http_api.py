@@ -36,6 +36,7 @@ from werkzeug.wrappers import Response
 from nsqshm._core import wire
 from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.listeners import listen
+from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
 from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
@@ -531,10 +532,22 @@ class HTTPAPI:
             if deferred_ns:
                 topic.put_deferred(body, deferred_ns / 1e9)
             else:
-                topic.put_message(body)
+                topic.put_message(body, self._partition(values, topic))
+        except PartitionError:
+            raise Err(400, "INVALID_PARTITION") from None
         except TopicError as err:
             raise put_error(err) from None
         return "OK"
+
+    @staticmethod
+    def _partition(values, topic):
+        """Youzan's `partition` query parameter of /pub and /mpub: a log
+        topic's partition (a classic topic ignores it, as nsqd ignores any
+        parameter it does not know)."""
+        value = values.get("partition", [None])[0]
+        if value is None or value == "" or not topic.is_log:
+            return None
+        return int(value) if value.isascii() and value.isdigit() else value
 
     def mpub(self, req):
         nsqd = self.nsqd
@@ -568,9 +581,12 @@ class HTTPAPI:
                 raise Err(413, "MSG_TOO_BIG")
         try:
             if count:
-                topic.put_packed(out, count, len(out) - count * RECORD_OVERHEAD)
+                topic.put_packed(out, count, len(out) - count * RECORD_OVERHEAD,
+                                 self._partition(values, topic))
             elif topic.exiting:
                 raise TopicError("exiting")
+        except PartitionError:
+            raise Err(400, "INVALID_PARTITION") from None
         except TopicError as err:
             raise put_error(err) from None
         return "OK"
@@ -634,7 +650,28 @@ class HTTPAPI:
         return names[0]
 
     def topic_create(self, req):
+        """nsqd's, and with `partition_num` (Youzan's) a log topic
+        (logtopic.py): `retention_days`, `retention_bytes` (-1: none)."""
+        values, err = parse_query(req.query_string)
+        if err is None and "partition_num" in values:
+            return self._log_topic_create(values)
         self._topic_from_query(req)
+        return None
+
+    def _log_topic_create(self, values):
+        names = values.get("topic")
+        if names is None:
+            raise Err(400, "MISSING_ARG_TOPIC")
+
+        def get(key):
+            return values.get(key, ["-1"])[0] or "-1"
+
+        try:
+            self.nsqd.create_log_topic(names[0], values["partition_num"][0],
+                                       get("retention_days"), get("retention_bytes"))
+        except LogTopicError as err:
+            raise Err(err.status, err.code) from None
+        return None
 
     def topic_delete(self, req):
         name = self._topic_name(req)

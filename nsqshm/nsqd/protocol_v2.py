@@ -29,7 +29,8 @@ from nsqshm.nsqd.client_v2 import (
     frame,
 )
 from nsqshm.nsqd.compression import CorruptStream, DeflateCodec, SnappyCodec
-from nsqshm.nsqd.errors import ClientErr, FatalClientErr
+from nsqshm.nsqd.errors import BAD_PARTITION, ClientErr, FatalClientErr
+from nsqshm.nsqd.logtopic import PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import TLS_NOT_REQUIRED
 from nsqshm.nsqd.reader import Disconnect, LineTooLong, Reader
@@ -117,6 +118,16 @@ def require_state(client, verb, *states):
         raise FatalClientErr("E_INVALID", f"cannot {verb} in current state")
 
 
+def partition_param(params):
+    """`PUB <topic> <partition>` (Youzan's): the partition as an int, the
+    text when it is not one (a log topic answers E_BAD_PARTITION), or None.
+    A classic topic ignores it, as nsqd ignores a PUB's extra parameters."""
+    if len(params) < 3:
+        return None
+    value = base10(params[2]) if params[2] else None
+    return value if value is not None else text(params[2])
+
+
 def message_id(params, verb):
     if len(params) < 2:
         raise FatalClientErr("E_INVALID", f"{verb} insufficient number of params")
@@ -170,7 +181,8 @@ class ProtocolV2:
             channel = client.channel
             if channel is not None and reader.buf.startswith(b"FIN ", reader.pos):
                 # a window of FINs: finished in one C loop (wire.fin_lines)
-                pos, n = wire.fin_lines(reader.buf, reader.pos, channel.inflight, client.id)
+                pos, n = wire.fin_lines(reader.buf, reader.pos, channel.inflight, client.id,
+                                        channel.cursors)
                 if n:
                     reader.pos = pos
                     channel.finished(client, n)
@@ -476,10 +488,13 @@ class ProtocolV2:
         topic_name = params[1]
         if not is_valid_name(topic_name):
             raise FatalClientErr("E_BAD_TOPIC", f"PUB topic name {go_quote(topic_name)} is not valid")
+        partition = partition_param(params)
         body = self._read_message(reader, "PUB")
         self.check_auth(client, "PUB", topic_name.decode(), "")
         try:
-            self._publish(topic_name.decode(), lambda topic: topic.put_message(body))
+            self._publish(topic_name.decode(), lambda topic: topic.put_message(body, partition))
+        except PartitionError as err:
+            raise FatalClientErr(*BAD_PARTITION(err)) from None
         except TopicError as err:
             raise FatalClientErr("E_PUB_FAILED", f"PUB failed {err}") from None
         self._count_pub(client, topic_name.decode(), 1)
@@ -492,6 +507,7 @@ class ProtocolV2:
         if not is_valid_name(topic_name):
             raise FatalClientErr("E_BAD_TOPIC",
                                  f"E_BAD_TOPIC MPUB topic name {go_quote(topic_name)} is not valid")
+        partition = partition_param(params)
         self.check_auth(client, "MPUB", topic_name.decode(), "")
         topic = self.nsqd.get_topic(topic_name.decode())
         opts = self.opts
@@ -515,7 +531,9 @@ class ProtocolV2:
                                                        max=opts.max_msg_size))
         try:
             self._publish(topic.name, lambda t: t.put_packed(packed, value,
-                                                             len(packed) - value * 30))
+                                                             len(packed) - value * 30, partition))
+        except PartitionError as err:
+            raise FatalClientErr(*BAD_PARTITION(err)) from None
         except TopicError as err:
             raise FatalClientErr("E_MPUB_FAILED", f"MPUB failed {err}") from None
         self._count_pub(client, topic.name, value)

@@ -273,7 +273,17 @@ def channel_stats(channel, clients, percentiles=(), sketch=False):
         "paused": bool(channel.paused),
         "e2e_processing_latency": e2e_result(getattr(channel, "e2e", None), percentiles,
                                              sketch),
+        **_log_channel_stats(channel),
     }
+
+
+def _log_channel_stats(channel):
+    """A log topic's channel: its cursor in each partition (shared memory:
+    any worker's part tells the broker's) and the retention moves."""
+    if getattr(channel, "cursors", None) is None:
+        return {}
+    return {"partitions": channel.partition_stats(),
+            "retention_moves": channel.retention_moves}
 
 
 def topic_stats(topic, channels, percentiles=(), sketch=False):
@@ -293,6 +303,10 @@ def topic_stats(topic, channels, percentiles=(), sketch=False):
         "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None),
                                              percentiles if topic.channels else (), sketch),
     }
+    if getattr(topic, "is_log", False):  # a log topic: its partitions' logs (logtopic.py)
+        out["partitions"] = topic.partition_stats()
+        out["retention"] = {"days": topic.spec["retention_days"],
+                            "bytes": topic.spec["retention_bytes"]}
     if sketch:  # a part to merge: the waiting DPUBs are this worker's, the ring everyone's
         out["depth"] = topic.depth
         out["deferred_waiting"] = waiting
@@ -353,7 +367,8 @@ def broker_stats(nsqd, topic_name="", channel_name="", include_clients=True, inc
 # what each worker counts for itself (summed) and what they all see (the
 # rings, shared; the disk queues, the owner's): the largest is the broker's
 _SUMMED = ("message_count", "message_bytes", "in_flight_count", "deferred_count",
-           "requeue_count", "timeout_count", "client_count", "deferred_waiting")
+           "requeue_count", "timeout_count", "client_count", "deferred_waiting",
+           "retention_moves")
 _SHARED = ("depth", "backend_depth")
 
 
@@ -686,6 +701,9 @@ def stats_text(nsqd, topic_name="", channel_name="", include_clients=True, inclu
         out.append(f"\n{prefix}[{t['topic_name']:<15}] depth: {t['depth']:<5d} "
                    f"be-depth: {t['backend_depth']:<5d} msgs: {t['message_count']:<8d} "
                    f"e2e%: {e2e_text(t['e2e_processing_latency'])}\n")
+        for p in t.get("partitions") or ():  # a log topic's (nsqshm)
+            out.append(f"      partition {p['partition']:<3d} start: {p['start_offset']:<8d} "
+                       f"end: {p['end_offset']:<8d} owner: {p['owner']}\n")
         for c in t["channels"]:
             prefix = "   *P " if c["paused"] else "      "
             out.append(f"{prefix}[{c['channel_name']:<25}] depth: {c['depth']:<5d} "
@@ -693,6 +711,9 @@ def stats_text(nsqd, topic_name="", channel_name="", include_clients=True, inclu
                        f"def: {c['deferred_count']:<4d} re-q: {c['requeue_count']:<5d} "
                        f"timeout: {c['timeout_count']:<5d} msgs: {c['message_count']:<8d} "
                        f"e2e%: {e2e_text(c['e2e_processing_latency'])}\n")
+            for p in c.get("partitions") or ():
+                out.append(f"          partition {p['partition']:<3d} confirmed: "
+                           f"{p['confirmed_offset']:<8d} lag: {p['lag']}\n")
             for client in c["clients"] or ():
                 out.append(f"        {client_text(client, now)}\n")
     if not producers:

@@ -42,6 +42,9 @@ class TopicError(Exception):
 
 
 class Topic:
+    channel_class = Channel
+    is_log = False
+
     def __init__(self, nsqd, name):
         self.nsqd = nsqd
         self.name = name
@@ -77,7 +80,7 @@ class Topic:
 
     # -- publishing -----------------------------------------------------------------
 
-    def put_packed(self, packed, count, body_bytes):
+    def put_packed(self, packed, count, body_bytes, partition=None):
         """Append `count` packed records (from nsqshm._core.wire) to the ring,
         or to disk past what memory may hold; TopicError when they cannot be
         stored (a full disk): nothing is acknowledged that is not stored."""
@@ -121,10 +124,12 @@ class Topic:
         finally:
             self.ring.disarm(for_space=True)
 
-    def put_message(self, body):
+    def put_message(self, body, partition=None):
+        """PUB (partition: a log topic's; a classic topic ignores it, as
+        nsqd ignores a PUB's extra parameters)."""
         out = bytearray()
         pack_message(body, self.nsqd.ids, time.time_ns(), out)
-        self.put_packed(out, 1, len(body))
+        self.put_packed(out, 1, len(body), partition)
 
     def put_deferred(self, body, delay_s):
         """DPUB: a message due in delay_s seconds, for every channel."""
@@ -147,7 +152,7 @@ class Topic:
     def get_channel(self, name):
         channel = self.channels.get(name)
         if channel is None:
-            channel = Channel(self, name)
+            channel = self.channel_class(self, name)
             self.channels[name] = channel
             self._hand_over_waiting(channel)
             self._wake.set()
