@@ -18,7 +18,7 @@ checkpointed to <partition dir>/<channel>.cursor):
     window      the offsets finished out of order above it
     read_pos    what the feeder pushed into the ring so far
 
-A FIN finishes the message in flight, then marks its offset in the cursor:
+A FIN marks the message's offset in the cursor, then frees it in flight:
 the message ID is its position ((partition << 48) | offset, stamped at
 append), so wire.fin_lines does it in C for a window of FINs.  A worker's
 death keeps ring, arena and cursor (all shared memory): nothing is read
@@ -40,6 +40,7 @@ from nsqshm.nsqd.channel import Channel
 
 FEED_AHEAD = 8192       # messages a feeder keeps in the ring ahead of the consumers (at most)
 FEED_BATCH = 4096       # messages read from the log and pushed in one go
+HELD_UNTIL_FINISHED = 2**63 - 1  # a deadline no timeout reaches
 WINDOW_RETRY = 0.5      # a cursor's window is full: look again after this (FINs move it)
 
 
@@ -86,8 +87,16 @@ class LogChannel(Channel):
     # -- FIN ------------------------------------------------------------------------------
 
     def finish(self, client, msg_id):
-        super().finish(client, msg_id)
+        # The cursor first, then the in-flight block (as wire.fin_lines): a
+        # death in between delivers an already-finished message again, never
+        # leaves an offset that nothing finishes.  touch checks that the client
+        # holds the message, so a stray FIN marks nothing; its deadline only
+        # moves the node in this process's heap, and the finish removes it.
+        status = self.inflight.touch(msg_id, client.id, HELD_UNTIL_FINISHED)
+        if status:
+            raise self._failed(status, msg_id)
         self.cursors.finish(msg_id)
+        super().finish(client, msg_id)
 
     # -- the feeder -----------------------------------------------------------------------
 
