@@ -136,6 +136,12 @@ cdef uint64_t _run(const uint64_t *w, uint64_t mask, uint64_t start, uint64_t li
     return n if n < limit else limit
 
 
+# read_pos while a seek holds the cursor: past any log's end, so a feeder
+# finds nothing to read there
+cdef uint64_t _READ_HELD = (<uint64_t>1) << 62
+READ_HELD = _READ_HELD
+
+
 cdef class Cursor:
     """A handle on a shared-memory cursor.  Use Cursor.open."""
 
@@ -372,15 +378,17 @@ cdef class Cursor:
     def recoveries(self):
         return self.h.recoveries
 
-    def set(self, unsigned long long offset):
+    def set(self, unsigned long long offset, bint hold=False):
         """Move the cursor to `offset` (seek, or a reset to the log start or
-        end): nothing above it is finished."""
+        end): nothing above it is finished.  hold: read_pos is HELD, so the
+        feeder pushes nothing of this partition until release(): a seek
+        first clears the rings and arenas of what was pushed before it."""
         cdef nsqshm_cursor_header *h
         self._lock()
         h = self.h
         h.j_reset = 1
         __atomic_store_n(&h.confirmed, offset, 3)
-        __atomic_store_n(&h.read_pos, offset, 3)
+        __atomic_store_n(&h.read_pos, _READ_HELD if hold else offset, 3)
         memset(<void *>h.window, 0, self.bits // 8)
         h.finished = 0
         h.j_reset = 0
@@ -414,7 +422,24 @@ cdef class Cursor:
 
     @read_pos.setter
     def read_pos(self, unsigned long long offset):
+        # under the lock and never over HELD: a feeder (on the partition's
+        # owner) that read before another worker's seek held the cursor
+        # must not undo the hold when its batch ends
+        self._lock()
+        if self.h.read_pos != _READ_HELD:
+            __atomic_store_n(&self.h.read_pos, offset, 3)
+        self._unlock()
+
+    @property
+    def held(self):
+        """A seek holds the cursor (set(hold=True)) until release()."""
+        return __atomic_load_n(&self.h.read_pos, 2) == _READ_HELD
+
+    def release(self, unsigned long long offset):
+        """End a seek's hold: the feeder reads on from `offset`."""
+        self._lock()
         __atomic_store_n(&self.h.read_pos, offset, 3)
+        self._unlock()
 
     def unfinished_run(self, unsigned long long start, unsigned long long end):
         """(o, n): the first unfinished msg offset o in [max(start,

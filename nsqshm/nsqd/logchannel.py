@@ -256,13 +256,46 @@ class LogChannel(Channel):
         pushed (and a dispatcher delivered) messages published since, which
         must not be lost (nothing would deliver them again)."""
         if getattr(self.nsqd._remote, "active", False):
-            self._drop_confirmed()
+            self._drop_moved()
             return
         for partition in self.topic.partitions:
             self.cursors[partition.index].set(partition.offsets()[1])
         super().empty()
 
-    def _drop_confirmed(self):
+    def seek(self, partition, offset):
+        """Move the channel's cursor in one partition to msg offset `offset`
+        (SUB_ADVANCED's position, /channel/setoffset): confirmed = read
+        position = offset, nothing above it finished; the consumers then
+        receive that partition from exactly `offset`.
+
+        Whichever worker takes the request does it, in this order:
+        1. hold the cursor at `offset` (set(hold=True)): the partition's
+           feeder (on its owner) pushes nothing of it meanwhile; a batch it
+           read before the hold ends before its worker applies step 3;
+        2. drop every record of the partition from the channel ring and from
+           this worker's in flight and deferred messages (they were pushed
+           from the old position);
+        3. the same on every other worker: `empty`'s broadcast, which they
+           apply as _drop_moved (below) and which returns once all did;
+        4. release the hold and wake the owner's feeder.
+        A message of the partition in flight to a client is dropped, as by
+        `empty`: its FIN answers E_FIN_FAILED."""
+        cursor = self.cursors[partition.index]
+        cursor.set(offset, hold=True)
+        try:
+            self._drop_moved()
+            self.nsqd.broadcast_change("channel_empty", self.topic.name, self.name)
+        finally:
+            cursor.release(offset)
+        if partition.owned:
+            self.feed_wake()
+        elif self.nsqd.cluster is not None:  # the owner's LogTopic.wake: its feeders look again
+            self.nsqd.cluster.tell(partition.owner, {"op": "want", "topic": self.topic.name})
+
+    def _drop_moved(self):
+        """What a cursor move leaves stale, from the ring and what this worker
+        holds: below a cursor's confirmed offset (`empty`), and every record of
+        a partition whose cursor a seek holds."""
         kept = bytearray()
         with self.scratch.borrow() as scratch:
             for source in (self.ring.pop_many_into, self.inflight.drain, self.deferred.drain):
@@ -281,14 +314,15 @@ class LogChannel(Channel):
 
     def _unconfirmed(self, view):
         """The packed records of view whose offset is not below their
-        cursor's confirmed one (an admin path: a Python step per message)."""
+        cursor's confirmed one and whose cursor no seek holds (an admin
+        path: a Python step per message)."""
         out = bytearray()
         pos = 0
         while pos < len(view):
             size = int.from_bytes(view[pos:pos + 4], "little")
             where = decode_message_id(view[pos + 14:pos + 30])
             cursor = self.cursors[where[0]] if where and where[0] < len(self.cursors) else None
-            if cursor is None or where[1] >= cursor.confirmed:
+            if cursor is None or (where[1] >= cursor.confirmed and not cursor.held):
                 out += view[pos:pos + 4 + size]
             pos += 4 + size
         return out

@@ -202,6 +202,12 @@ class LogTopic(Topic):
         for channel in self.channels.values():
             channel.feed_wake()
 
+    def wake(self):
+        """A peer asks (op "want"): a seek on it released a cursor of a
+        partition this worker feeds."""
+        for channel in self.channels.values():
+            channel.feed_wake()
+
     def unpause(self):
         super().unpause()
         for channel in self.channels.values():

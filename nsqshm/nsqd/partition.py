@@ -27,13 +27,15 @@ import zlib
 import gevent
 import gevent.event
 
-from nsqshm._core.commitlog import LogReader, PartitionLog, partition_dir
+from nsqshm._core.commitlog import LogError, LogReader, PartitionLog, partition_dir
 from nsqshm.nsqd.waiting import RingWaker
+from nsqshm.youzan.offset import MSGCOUNT, NOT_SUPPORTED, TIMESTAMP, VIRTUAL_QUEUE
 
 # the largest segment a partition log takes (commitlog.MAX_SEGMENT_BYTES)
 MAX_SEGMENT_BYTES = 1 << 30
 MAX_RECORD = 2 << 20     # the largest message a log takes (its staging buffer's half)
 INBOUND_WAIT = 1.0
+MAX_SECONDS = (2**63 - 1) // 1_000_000_000  # a timestamp position in ns fits an int64
 NEVER = 1 << 62          # PartitionLog's own sync policy: off      # a PUB waits at most this long for room in an inbound ring
 
 
@@ -99,6 +101,42 @@ class Partition:
             return reader.start_offset, reader.end_offset
         except (OSError, ValueError):
             return 0, 0
+
+    def position(self, where):
+        """The msg offset a consume position (youzan.offset.ConsumeOffset,
+        checked supported) names in this log; ValueError(text) when there
+        is none: SUB_ADVANCED answers it E_INVALID, /channel/setoffset 500.
+
+            special:-2        the log start (nsqshm's "earliest")
+            special:-1        the log end: only new messages
+            timestamp:<s>     the first message at or after that second
+            virtual_queue:<b> the message starting at byte b of the log
+            msgcount:<n>      the message at msg offset n
+        """
+        start, end = self.offsets()
+        if where.is_earliest:
+            return start
+        if where.is_end:
+            return end
+        try:
+            if where.kind == TIMESTAMP:
+                if where.value < 0 or where.value > MAX_SECONDS:
+                    raise ValueError(f"timestamp {where.value} out of range")
+                return max(start, self.reader.find_offset_by_time(where.value * 1_000_000_000))
+            if where.kind == VIRTUAL_QUEUE:
+                if where.value < 0:
+                    raise ValueError(f"virtual offset {where.value} out of range")
+                return self.reader.find_by_virtual_offset(where.value)
+        except LogError as err:
+            raise ValueError(str(err)) from None
+        except OSError as err:  # the owner has not made the log yet
+            raise ValueError(f"partition {self.index}: {err.strerror or err}") from None
+        if where.kind == MSGCOUNT:
+            if not start <= where.value <= end:
+                raise ValueError(f"msgcount {where.value} out of range: the log holds "
+                                 f"{start}..{end}")
+            return where.value
+        raise ValueError(NOT_SUPPORTED)
 
     # -- appending ------------------------------------------------------------------------
 

@@ -36,6 +36,8 @@ from nsqshm.nsqd.options import TLS_NOT_REQUIRED
 from nsqshm.nsqd.reader import Disconnect, LineTooLong, Reader
 from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqd.topic import TopicError
+from nsqshm.youzan.commands import NO_PARTITION, parse_sub
+from nsqshm.youzan.offset import NOT_SUPPORTED, check_supported
 
 MAGIC_V2 = b"  V2"
 # a topic or channel being deleted as a client asks for it: tries, and the wait between
@@ -144,6 +146,7 @@ class ProtocolV2:
             b"IDENTIFY": self.IDENTIFY, b"AUTH": self.AUTH, b"SUB": self.SUB, b"RDY": self.RDY,
             b"FIN": self.FIN, b"REQ": self.REQ, b"TOUCH": self.TOUCH, b"CLS": self.CLS,
             b"NOP": self.NOP, b"PUB": self.PUB, b"MPUB": self.MPUB, b"DPUB": self.DPUB,
+            b"SUB_ADVANCED": self.SUB_ADVANCED,
         }
 
     # -- the connection loop ------------------------------------------------------------
@@ -415,10 +418,54 @@ class ProtocolV2:
             raise FatalClientErr("E_BAD_CHANNEL",
                                  f"SUB channel name {go_quote(channel_name)} is not valid")
         self.check_auth(client, "SUB", topic_name.decode(), channel_name.decode())
-        channel = self._subscribe(client, topic_name.decode(), channel_name.decode())
+        partition = NO_PARTITION
+        if len(params) >= 4:  # Youzan's SUB <topic> <channel> <partition>: log topics only
+            topic = self.nsqd.topics.get(topic_name.decode())
+            if topic is not None and topic.is_log:
+                partition = parse_sub(params[:4], True, True).partition
+        return self._sub(client, topic_name.decode(), channel_name.decode(), partition, None)
+
+    def SUB_ADVANCED(self, client, params, reader):
+        """Youzan's SUB_ADVANCED <topic> <channel> [<partition> [<type>:<value>]]:
+        a log topic's channel, its cursor moved to the position first (by
+        the channel's first client only, as Youzan's)."""
+        sub = parse_sub(params, client.state == STATE_INIT, client.heartbeat_interval > 0)
+        self.check_auth(client, "SUB", sub.topic, sub.channel)
+        return self._sub(client, sub.topic, sub.channel, sub.partition, sub.start)
+
+    def _sub(self, client, topic_name, channel_name, partition, start):
+        topic = self.nsqd.topics.get(topic_name)
+        is_log = topic is not None and topic.is_log
+        if is_log and partition != NO_PARTITION:
+            try:
+                topic.partition(partition)
+            except PartitionError as err:
+                raise FatalClientErr(*BAD_PARTITION(err)) from None
+        if start is not None:
+            if not is_log:
+                raise FatalClientErr("E_INVALID", NOT_SUPPORTED)
+            self._seek(topic, channel_name, partition, start)
+        channel = self._subscribe(client, topic_name, channel_name)
         client.state = STATE_SUBSCRIBED
         client.channel = channel
         return OK
+
+    def _seek(self, topic, channel_name, partition, start):
+        """SUB_ADVANCED's position: every partition when none is named."""
+        try:
+            check_supported(start)
+            parts = topic.partitions if partition == NO_PARTITION else [topic.partition(partition)]
+            offsets = [(p, p.position(start)) for p in parts]
+        except ValueError as err:
+            raise FatalClientErr("E_INVALID", str(err)) from None
+        try:
+            channel = topic.get_channel(channel_name)
+        except (ChannelError, TopicError) as err:
+            raise FatalClientErr("E_SUB_FAILED", f"SUB failed {err}") from None
+        if channel.clients:  # Youzan: only the channel's first client moves it
+            return
+        for p, offset in offsets:
+            channel.seek(p, offset)
 
     def RDY(self, client, params, reader):
         if client.state == STATE_CLOSING:
