@@ -52,5 +52,6 @@ cdef class Cursor:
 
 cdef class CursorSet:
     cdef list cursors                 # by partition: Cursor, or None (not attached yet)
+    cdef public object fault_path     # tests: see FAULT_DIE_IN_FIN_ENV
     cdef int has_id(self, const char *msg_id) noexcept
     cdef int finish_id(self, const char *msg_id) except -2

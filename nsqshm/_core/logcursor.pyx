@@ -568,6 +568,7 @@ def _read_checkpoint(str path, unsigned long long window_bits):
 # (PartitionLog.append_packed).  A FIN reaches the cursor with no lookup.
 
 ID_OFFSET_BITS = 48
+FAULT_DIE_IN_FIN_ENV = "NSQSHM_FAULT_DIE_IN_FIN"  # tests: CursorSet._fault
 
 
 cdef inline long long _decode_id(const char *p, uint64_t *offset) noexcept:
@@ -609,6 +610,7 @@ cdef class CursorSet:
 
     def __init__(self, int partitions):
         self.cursors = [None] * partitions
+        self.fault_path = os.environ.get(FAULT_DIE_IN_FIN_ENV) or None
 
     def __len__(self):
         return len(self.cursors)
@@ -637,6 +639,8 @@ cdef class CursorSet:
         cdef long long p = _decode_id(msg_id, &off)
         cdef Cursor cur
         cdef int r
+        if self.fault_path is not None:
+            self._fault()
         if p < 0 or p >= len(self.cursors):
             return -1
         cur = self.cursors[p]
@@ -646,6 +650,16 @@ cdef class CursorSet:
         r = cur._finish(off)
         cur._unlock()
         return r
+
+    def _fault(self):
+        """The test suite (FAULT_DIE_IN_FIN_ENV, a path): while the file
+        exists, the next FIN removes it and SIGKILLs this process before
+        the cursor is marked, to show what a death inside a FIN leaves."""
+        try:
+            os.unlink(self.fault_path)
+        except FileNotFoundError:
+            return
+        kill(getpid(), 9)
 
     def finish(self, msg_id):
         """finish_id for one ID (the lone FIN path)."""
