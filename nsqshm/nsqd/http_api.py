@@ -780,8 +780,7 @@ class HTTPAPI:
             offsets = [(p, p.position(where)) for p in parts]
         except ValueError as e:
             raise Err(500, str(e)) from None
-        for p, offset in offsets:
-            channel.seek(p, offset)
+        channel.seek(offsets)
         return None
 
     def message_get(self, req):

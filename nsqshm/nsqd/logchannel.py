@@ -31,6 +31,7 @@ new messages; `empty` moves every cursor to the end.
 """
 
 import os
+import time
 
 import gevent
 
@@ -41,6 +42,7 @@ from nsqshm.nsqd.channel import Channel
 FEED_AHEAD = 8192       # messages a feeder keeps in the ring ahead of the consumers (at most)
 FEED_BATCH = 4096       # messages read from the log and pushed in one go
 HELD_UNTIL_FINISHED = 2**63 - 1  # a deadline no timeout reaches
+SEEK_HOLD_LIMIT = 30.0  # seconds a seek may hold a cursor (_check_hold)
 WINDOW_RETRY = 0.5      # a cursor's window is full: look again after this (FINs move it)
 
 
@@ -52,6 +54,7 @@ class LogChannel(Channel):
         self.cursors = CursorSet(len(topic.partitions))
         self.retention_moves = 0    # times a cursor fell below the log start (retention)
         self._checkpointed = {}     # partition -> confirmed at the last checkpoint
+        self._held_since = {}       # partition -> when the feeder first found it held
         self.feed_target = max(1, min(self.mem_limit, FEED_AHEAD))
         self.feed_low = max(1, self.feed_target // 2)
         for partition in topic.partitions:
@@ -111,6 +114,10 @@ class LogChannel(Channel):
         log = partition.log
         if log is None:
             return 0
+        if cursor.held:
+            self._check_hold(partition, cursor)
+            return 0
+        self._held_since.pop(partition.index, None)
         end = log.end_offset
         pos = cursor.read_pos
         if pos >= end:
@@ -137,6 +144,20 @@ class LogChannel(Channel):
             cursor.read_pos = first + pushed
         self.message_count += pushed  # (nsqd counts what the topic pumps into the channel)
         return pushed
+
+    def _check_hold(self, partition, cursor):
+        """A seek holds the cursor for the length of a broadcast; one held
+        for SEEK_HOLD_LIMIT was left by a worker that died inside a seek:
+        read on from the confirmed offset.  Records pushed before the seek
+        may then come twice (at least once), but the partition does not stall."""
+        since = self._held_since.setdefault(partition.index, time.monotonic())
+        if time.monotonic() - since < SEEK_HOLD_LIMIT:
+            return
+        self._held_since.pop(partition.index, None)
+        self.nsqd.logf("warn", f"CHANNEL({self.topic.name}:{self.name}): partition "
+                               f"{partition.index}: a seek left the cursor held for "
+                               f"{SEEK_HOLD_LIMIT:.0f}s; reading on from {cursor.confirmed}")
+        cursor.release(cursor.confirmed)
 
     def _unread(self):
         """Whether an owned partition has something the feeder could push."""
@@ -175,6 +196,8 @@ class LogChannel(Channel):
                         cursor = self.cursors[partition.index]
                         stalled = stalled or (n == 0 and cursor.read_pos >= cursor.window_end)
                 turn += 1
+            # a held cursor (a seek) is looked at again too (_check_hold)
+            stalled = stalled or bool(self._held_since)
             if moved:
                 gevent.idle()  # let consumers run between batches
                 continue
@@ -262,35 +285,41 @@ class LogChannel(Channel):
             self.cursors[partition.index].set(partition.offsets()[1])
         super().empty()
 
-    def seek(self, partition, offset):
-        """Move the channel's cursor in one partition to msg offset `offset`
-        (SUB_ADVANCED's position, /channel/setoffset): confirmed = read
-        position = offset, nothing above it finished; the consumers then
-        receive that partition from exactly `offset`.
+    def seek(self, offsets):
+        """Move the channel's cursor in each given partition to a msg offset
+        (offsets: [(partition, offset)]; SUB_ADVANCED's position,
+        /channel/setoffset): confirmed = read position = offset, nothing
+        above it finished; the consumers then receive that partition from
+        exactly there.
 
         Whichever worker takes the request does it, in this order:
-        1. hold the cursor at `offset` (set(hold=True)): the partition's
+        1. hold each cursor at its offset (set(hold=True)): the partition's
            feeder (on its owner) pushes nothing of it meanwhile; a batch it
            read before the hold ends before its worker applies step 3;
-        2. drop every record of the partition from the channel ring and from
-           this worker's in flight and deferred messages (they were pushed
-           from the old position);
+        2. drop every record of those partitions from the channel ring and
+           from this worker's in flight and deferred messages (they were
+           pushed from the old position);
         3. the same on every other worker: `empty`'s broadcast, which they
            apply as _drop_moved (below) and which returns once all did;
-        4. release the hold and wake the owner's feeder.
-        A message of the partition in flight to a client is dropped, as by
-        `empty`: its FIN answers E_FIN_FAILED."""
-        cursor = self.cursors[partition.index]
-        cursor.set(offset, hold=True)
+        4. release the holds and wake the owners' feeders.
+        As with `empty`, what a worker holds in flight is taken back: the
+        seeked partitions' messages are dropped (their FIN answers
+        E_FIN_FAILED), the others' go back into the ring and are delivered
+        again (at least once)."""
+        for partition, offset in offsets:
+            self.cursors[partition.index].set(offset, hold=True)
         try:
             self._drop_moved()
             self.nsqd.broadcast_change("channel_empty", self.topic.name, self.name)
         finally:
-            cursor.release(offset)
-        if partition.owned:
+            for partition, offset in offsets:
+                self.cursors[partition.index].release(offset)
+        owners = {p.owner for p, _ in offsets if not p.owned}
+        if any(p.owned for p, _ in offsets):
             self.feed_wake()
-        elif self.nsqd.cluster is not None:  # the owner's LogTopic.wake: its feeders look again
-            self.nsqd.cluster.tell(partition.owner, {"op": "want", "topic": self.topic.name})
+        if self.nsqd.cluster is not None:  # the owners' LogTopic.wake: their feeders look again
+            for owner in sorted(owners):
+                self.nsqd.cluster.tell(owner, {"op": "want", "topic": self.topic.name})
 
     def _drop_moved(self):
         """What a cursor move leaves stale, from the ring and what this worker

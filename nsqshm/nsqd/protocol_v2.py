@@ -464,8 +464,7 @@ class ProtocolV2:
             raise FatalClientErr("E_SUB_FAILED", f"SUB failed {err}") from None
         if channel.clients:  # Youzan: only the channel's first client moves it
             return
-        for p, offset in offsets:
-            channel.seek(p, offset)
+        channel.seek(offsets)
 
     def RDY(self, client, params, reader):
         if client.state == STATE_CLOSING:
