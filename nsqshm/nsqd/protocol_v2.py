@@ -450,6 +450,16 @@ class ProtocolV2:
         client.channel = channel
         return OK
 
+    def _subscribers(self, topic, channel):
+        """The channel's clients on every worker (the op "clients" of the others)."""
+        count = len(channel.clients)
+        cluster = self.nsqd.cluster
+        if cluster is not None and not count:
+            replies = cluster.gather({"op": "clients", "topic": topic.name,
+                                      "channel": channel.name}, timeout=2)
+            count = sum((r or {}).get("count", 0) for r in replies)
+        return count
+
     def _seek(self, topic, channel_name, partition, start):
         """SUB_ADVANCED's position: every partition when none is named."""
         try:
@@ -462,7 +472,7 @@ class ProtocolV2:
             channel = topic.get_channel(channel_name)
         except (ChannelError, TopicError) as err:
             raise FatalClientErr("E_SUB_FAILED", f"SUB failed {err}") from None
-        if channel.clients:  # Youzan: only the channel's first client moves it
+        if self._subscribers(topic, channel):  # Youzan: only the channel's first client moves it
             return
         channel.seek(offsets)
 

@@ -81,6 +81,23 @@ def test_sub_advanced_positions(nsqd_factory):
     assert [m.body for m in take(c, 1)] == [b"new"]
 
 
+def test_sub_advanced_moves_only_a_channel_without_clients(nsqd_factory):
+    server = nsqd_factory()
+    _publish(server)
+    first, answer = _sub_advanced(server, "ch", b"msgcount:25")
+    assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
+    wait_for(lambda: channel_stats(server, "lt", "ch")["client_count"] == 1)
+    # a second client, on whichever worker: its position is ignored (Youzan's)
+    second, answer = _sub_advanced(server, "ch", b"special:-2")
+    assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert channel_stats(server, "lt", "ch")["partitions"][0]["confirmed_offset"] == 25
+    first.send(p.rdy(100))
+    got = take(first, N - 25)
+    assert [m.body for m in got] == [b"m%d" % o for o in range(25, N)]
+    second.send(p.rdy(100))
+    assert nothing_more(first) and nothing_more(second)
+
+
 def test_sub_advanced_and_sub_errors(nsqd_factory):
     server = nsqd_factory()
     _publish(server)
