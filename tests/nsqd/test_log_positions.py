@@ -209,3 +209,23 @@ def channel_stats_none(server):
     doc = json.loads(server.get("/stats?format=json")[1])
     topic = next(t for t in doc["topics"] if t["topic_name"] == "lt")
     return topic["channels"] == []
+
+
+def test_setoffset_keeps_what_the_channel_holds_of_other_partitions(nsqd_factory):
+    """A seek of partition 0 drops only partition 0's records from the ring:
+    partition 1's messages waiting there are delivered, once."""
+    server = nsqd_factory()
+    _publish(server)
+    c, answer = _sub_advanced(server, "ch", b"special:-1")
+    assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
+    pc = Client(server)
+    for i in range(8):
+        assert pub(pc, "lt", b"q%d" % i, partition=1) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    wait_for(lambda: channel_stats(server, "lt", "ch")["depth"] == 8)
+    assert server.post("/channel/setoffset?topic=lt&channel=ch&partition=0",
+                       b"msgcount:%d" % (N - 4))[0] == 200
+    c.send(p.rdy(100))
+    got = take(c, 12)
+    assert sorted(decode_message_id(m.id) for m in got) == \
+        [(0, o) for o in range(N - 4, N)] + [(1, o) for o in range(8)]
+    assert nothing_more(c)
