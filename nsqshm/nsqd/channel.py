@@ -36,6 +36,7 @@ from nsqshm._core.inflight import (
     InFlight,
     latency_percentiles,
 )
+from nsqshm.nsqd import policy
 from nsqshm.nsqd.backend import (
     RingOnly,
     count_records,
@@ -91,6 +92,7 @@ class Channel:
         if self.nsqd.arena is not None:
             self.inflight.use_arena(self.nsqd.arena, f"{topic.name}:{name}")
             self.deferred.use_arena(self.nsqd.arena, f"{topic.name}:{name}")
+        policy.inherit(self)  # self.policy: None unless a TTL or max attempts applies
         self.clients = {}
         self.paused = False
         self.exiting = False
@@ -201,7 +203,10 @@ class Channel:
         client.in_flight -= 1
         client.requeue_count += 1
         self.requeue_count += 1
-        if delay > 0:
+        if self.policy is not None and self.policy.max_attempts and not policy.dead_letter(
+                self, bytearray(len(msg).to_bytes(4, "little") + msg), "requeued"):
+            pass  # at max attempts: gone to the dead-letter topic
+        elif delay > 0:
             self.defer(msg, delay)
         else:
             self.put_records(len(msg).to_bytes(4, "little") + msg)
@@ -380,7 +385,11 @@ class Channel:
                 if not n:
                     break
                 total += n
-                self.put_records(memoryview(scratch)[:nbytes])
+                view = memoryview(scratch)[:nbytes]
+                if self.policy is not None and self.policy.max_attempts:
+                    view = policy.dead_letter(self, view, "timed_out")  # per batch, in C
+                if len(view):
+                    self.put_records(view)
                 self.inflight.release()
         if total:
             self.timeout_count += total

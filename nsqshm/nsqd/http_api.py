@@ -38,6 +38,7 @@ from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.listeners import listen
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
+from nsqshm.nsqd.policy_api import PolicyRoutes
 from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
 from nsqshm.nsqd.topic import TopicError
 
@@ -287,6 +288,8 @@ class HTTPAPI:
         for action in ("create", "delete", "empty", "pause", "unpause"):
             add(Route("POST", f"/topic/{action}", getattr(self, f"topic_{action}")))
             add(Route("POST", f"/channel/{action}", getattr(self, f"channel_{action}")))
+        for method, path, handler in PolicyRoutes(self, Err).routes():  # peek, policies
+            add(Route(method, path, handler))
         add(Route("GET", "/config/:opt", self.config))
         add(Route("PUT", "/config/:opt", self.config))
         add(Route("PUT", "/debug/setblockrate", self.set_block_rate, plain=True))

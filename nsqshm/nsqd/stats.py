@@ -25,6 +25,7 @@ import time
 from datetime import datetime
 
 from nsqshm import NSQD_COMPAT_VERSION, __version__
+from nsqshm.nsqd import policy
 from nsqshm.nsqd.options import format_duration
 
 VERSION_STRING = f"nsqd v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version__})"
@@ -273,6 +274,7 @@ def channel_stats(channel, clients, percentiles=(), sketch=False):
         "paused": bool(channel.paused),
         "e2e_processing_latency": e2e_result(getattr(channel, "e2e", None), percentiles,
                                              sketch),
+        **policy.channel_stats(channel),  # only with a policy: nsqd's keys otherwise
     }
 
 
@@ -292,6 +294,7 @@ def topic_stats(topic, channels, percentiles=(), sketch=False):
         # nsqd merges the channels' streams: none without channels
         "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None),
                                              percentiles if topic.channels else (), sketch),
+        **policy.topic_stats(topic),
     }
     if sketch:  # a part to merge: the waiting DPUBs are this worker's, the ring everyone's
         out["depth"] = topic.depth
@@ -353,7 +356,8 @@ def broker_stats(nsqd, topic_name="", channel_name="", include_clients=True, inc
 # what each worker counts for itself (summed) and what they all see (the
 # rings, shared; the disk queues, the owner's): the largest is the broker's
 _SUMMED = ("message_count", "message_bytes", "in_flight_count", "deferred_count",
-           "requeue_count", "timeout_count", "client_count", "deferred_waiting")
+           "requeue_count", "timeout_count", "client_count", "deferred_waiting",
+           *policy.SUMMED_STATS)
 _SHARED = ("depth", "backend_depth")
 
 

@@ -55,6 +55,7 @@ class Topic:
         self.channels = {}
         self.paused = False
         self.exiting = False
+        self.policy = None  # a time to live (policy.py)
         self.message_count = 0
         self.message_bytes = 0
         # local producers count into the ring's header; the owner reports what

@@ -1,0 +1,349 @@
+"""Delivery policies of topics and channels (issue 18; nsqd has none).
+
+    time to live    topic and channel (`ttl_ms`): a message published that
+                    long ago is never delivered.  The channel's in-flight
+                    table checks it in C as it takes messages from the ring
+                    (InFlight.deliver, ttl_ns: the smaller of the topic's and
+                    the channel's), so messages expire wherever they waited:
+                    ring, disk queue, deferred queue.  Dropped, counted in
+                    `expired_count` (InFlight.expired, per worker, summed).
+    max attempts    channel (`max_attempts`, `dead_letter_topic`): a message
+                    whose attempts reached the limit when it is requeued
+                    (REQ) or times out goes to the dead-letter topic, default
+                    `<topic>.<channel>.dead`, instead of back into the
+                    channel.  Split per batch in C (inflight.take_dead).
+                    Counted in `dead_letter_count`.
+
+A dead letter is the message as it was: same ID, timestamp and body, and
+its attempts field keeps the deliveries it had on its channel (a consumer
+of the dead-letter topic sees that count plus its own deliveries).  Its
+reason, requeued or timed out, has no field in nsqd's message encoding, so
+it is counted per channel (`dead_letter_requeued_count`,
+`dead_letter_timed_out_count` in /stats) and logged.
+A redrive (redrive()) moves dead letters back into their channel with
+attempts reset to 0.
+
+A topic or channel without a policy has `policy` None, and the delivery
+paths check nothing else (Channel.requeue and process_timeouts test
+`channel.policy`, once per REQ or batch; deliver() tests ttl_ns once per
+call).
+
+Policies are set over HTTP (policy_api.py) on any worker, which applies
+them, sends them to every other worker ({"op": "policy"} over cluster.py)
+and answers once they all have (Cluster.flush), as topology changes.  They
+are kept in nsqd.dat as extra keys of the topic's and channel's objects,
+which a Go nsqd reading the file ignores:
+
+    {"name": "t", "paused": false, "ttl_ms": 60000,
+     "channels": [{"name": "c", "paused": false, "max_attempts": 5,
+                   "dead_letter_topic": "t.c.dead"}]}
+"""
+
+from nsqshm._core.inflight import reset_attempts, take_dead
+from nsqshm.nsqd.names import is_ephemeral, is_valid_name
+
+MAX_ATTEMPTS_LIMIT = 0xFFFF  # the attempts field is a u16
+TTL_MS_LIMIT = 1 << 40       # about 34 years
+REASONS = ("requeued", "timed_out")
+
+
+class PolicyError(ValueError):
+    """A bad policy value: its text is nsqd-style, e.g. INVALID_TTL."""
+
+
+class Policy:
+    """A topic's or channel's settings (0 / "" for unset) and counters."""
+
+    __slots__ = ("ttl_ms", "max_attempts", "dead_letter_topic", "dead_letter_count",
+                 "reasons")
+
+    def __init__(self):
+        self.ttl_ms = 0
+        self.max_attempts = 0
+        self.dead_letter_topic = ""
+        self.dead_letter_count = 0
+        self.reasons = dict.fromkeys(REASONS, 0)
+
+
+def default_dead_letter_topic(topic_name, channel_name):
+    return f"{topic_name}.{channel_name}.dead"
+
+
+def dead_letter_topic(channel):
+    policy = channel.policy
+    if policy is not None and policy.dead_letter_topic:
+        return policy.dead_letter_topic
+    return default_dead_letter_topic(channel.topic.name, channel.name)
+
+
+# -- values: parsed from HTTP, nsqd.dat, peers -----------------------------------------
+
+
+def parse_values(raw, channel_level, topic_name="", channel_name=""):
+    """{key: value} from raw {key: text or number} (only the keys given);
+    PolicyError on a bad one."""
+    values = {}
+    if "ttl_ms" in raw:
+        values["ttl_ms"] = _int(raw["ttl_ms"], 0, TTL_MS_LIMIT, "INVALID_TTL")
+    if not channel_level:
+        extra = set(raw) - {"ttl_ms"}
+        if extra:
+            raise PolicyError(f"INVALID_ARG_{sorted(extra)[0].upper()}")
+        return values
+    if "max_attempts" in raw:
+        values["max_attempts"] = _int(raw["max_attempts"], 0, MAX_ATTEMPTS_LIMIT,
+                                      "INVALID_MAX_ATTEMPTS")
+    if "dead_letter_topic" in raw:
+        name = raw["dead_letter_topic"]
+        if not isinstance(name, str) or name and (not is_valid_name(name) or is_ephemeral(name)
+                                                   or name == topic_name):
+            raise PolicyError("INVALID_DEAD_LETTER_TOPIC")
+        values["dead_letter_topic"] = name
+    return values
+
+
+def _int(value, low, high, error):
+    if isinstance(value, str):
+        value = int(value) if value.isdigit() and len(value) < 20 else None
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise PolicyError(error)
+    return value
+
+
+def check_dead_letter_name(topic_name, channel_name, values, current):
+    """The dead-letter topic a channel would use must be a valid name."""
+    max_attempts = values.get("max_attempts", current.max_attempts if current else 0)
+    name = values.get("dead_letter_topic", current.dead_letter_topic if current else "")
+    if max_attempts and not name:
+        default = default_dead_letter_topic(topic_name, channel_name)
+        if not is_valid_name(default) or is_ephemeral(default):
+            raise PolicyError("INVALID_DEAD_LETTER_TOPIC")
+        return default
+    return name
+
+
+# -- applying ----------------------------------------------------------------------------
+
+
+def apply(target, values):
+    """Set values on a topic's or channel's policy (made on first use), then
+    the channels' C settings."""
+    if not values:
+        return
+    if target.policy is None:
+        target.policy = Policy()
+    for key, value in values.items():
+        setattr(target.policy, key, value)
+    channels = target.channels.values() if hasattr(target, "channels") else (target,)
+    for channel in channels:
+        update_channel(channel)
+
+
+def update_channel(channel):
+    """A channel's in-flight table takes the smaller of its topic's and its
+    own time to live (0 for none); a channel whose topic has a policy gets
+    one too, so that /stats shows what applies to it."""
+    topic_policy = channel.topic.policy
+    if topic_policy is not None and topic_policy.ttl_ms and channel.policy is None:
+        channel.policy = Policy()
+    ttls = [p.ttl_ms for p in (topic_policy, channel.policy) if p is not None and p.ttl_ms]
+    channel.inflight.ttl_ns = min(ttls) * 1_000_000 if ttls else 0
+
+
+def set_policy(nsqd, topic, channel, values):
+    """An HTTP request's change: applied here, then on every other worker
+    before the answer, then written to nsqd.dat (worker 0)."""
+    if channel is not None and values.get("max_attempts"):
+        # the dead-letter topic exists from now on: visible, consumable
+        name = check_dead_letter_name(topic.name, channel.name, values, channel.policy)
+        nsqd.get_topic(name)
+    apply(channel if channel is not None else topic, values)
+    if nsqd.cluster is not None:
+        nsqd.cluster.broadcast({"op": "policy", "topic": topic.name,
+                                "channel": channel.name if channel is not None else "",
+                                "values": values})
+        nsqd.cluster.flush()
+    nsqd.notify_change()
+
+
+def _peer_policy(nsqd, msg):
+    """{"op": "policy", "topic", "channel", "values"} from the worker that took it."""
+    topic = nsqd.get_existing_topic(str(msg.get("topic")))
+    if topic is None:
+        return None
+    channel_name = str(msg.get("channel") or "")
+    target = topic.get_existing_channel(channel_name) if channel_name else topic
+    if target is None:
+        return None
+    try:
+        values = parse_values(msg.get("values") or {}, bool(channel_name), topic.name,
+                              channel_name)
+    except PolicyError as err:
+        nsqd.logf("error", f"WORKER: bad policy from a peer - {err}")
+        return None
+    apply(target, values)
+    nsqd.notify_change()
+    return None
+
+
+# -- nsqd.dat and the topology --------------------------------------------------------
+
+
+def meta(target):
+    """The extra keys of a topic's or channel's object in nsqd.dat."""
+    policy = target.policy
+    if policy is None:
+        return {}
+    out = {}
+    if policy.ttl_ms:
+        out["ttl_ms"] = policy.ttl_ms
+    if policy.max_attempts:
+        out["max_attempts"] = policy.max_attempts
+    if policy.dead_letter_topic:
+        out["dead_letter_topic"] = policy.dead_letter_topic
+    return out
+
+
+def load(nsqd, target, entry, channel_level):
+    """Take the policy keys of an nsqd.dat (or peer topology) object."""
+    raw = {k: entry[k] for k in ("ttl_ms", "max_attempts", "dead_letter_topic") if k in entry}
+    if not raw:
+        return
+    try:
+        values = parse_values(raw, channel_level)
+    except PolicyError as err:
+        nsqd.logf("warn", f"skipping the policy of {target!r} in nsqd.dat - {err}")
+        return
+    apply(target, values)
+
+
+def inherit(channel):
+    """A new channel: its topic's time to live applies."""
+    channel.policy = None
+    if channel.topic.policy is not None:
+        update_channel(channel)
+
+
+# -- /stats ------------------------------------------------------------------------------
+
+
+def channel_stats(channel):
+    policy = getattr(channel, "policy", None)
+    if policy is None:
+        return {}
+    return {"ttl_ms": policy.ttl_ms, "max_attempts": policy.max_attempts,
+            "dead_letter_topic": dead_letter_topic(channel) if policy.max_attempts else "",
+            "dead_letter_count": policy.dead_letter_count,
+            "dead_letter_requeued_count": policy.reasons["requeued"],
+            "dead_letter_timed_out_count": policy.reasons["timed_out"],
+            "expired_count": channel.inflight.expired}
+
+
+# per worker: the merged /stats sums them (stats._SUMMED)
+SUMMED_STATS = ("dead_letter_count", "dead_letter_requeued_count",
+                "dead_letter_timed_out_count", "expired_count")
+
+
+def topic_stats(topic):
+    policy = getattr(topic, "policy", None)
+    if policy is None and not any(getattr(c, "policy", None) is not None
+                                  for c in topic.channels.values()):
+        return {}
+    return {"ttl_ms": policy.ttl_ms if policy is not None else 0,
+            "expired_count": sum(c.inflight.expired for c in topic.channels.values())}
+
+
+# -- dead letters ------------------------------------------------------------------------
+
+
+def dead_letter(channel, view, reason):
+    """Of the packed records in the writable `view` (a batch leaving flight
+    by REQ or timeout), send those at max attempts to the dead-letter topic;
+    returns the rest, for the channel.  If the dead-letter topic cannot take
+    them (a full disk), they all stay in the channel."""
+    policy = channel.policy
+    dead = bytearray()
+    n_kept, kept_bytes, n_dead = take_dead(view, len(view), policy.max_attempts, dead)
+    if not n_dead:
+        return view
+    nsqd = channel.nsqd
+    name = dead_letter_topic(channel)
+    try:
+        with nsqd.own_changes():  # a new dead-letter topic reaches every worker
+            topic = nsqd.get_topic(name)
+        topic.put_packed(dead, n_dead, len(dead) - n_dead * 30)
+    except Exception as err:  # (TopicError: a full disk; the topic closing)
+        nsqd.logf("error", f"CHANNEL({channel.topic.name}:{channel.name}): failed to put "
+                           f"{n_dead} dead letters to {name} - {err}")
+        return bytes(view[:kept_bytes]) + bytes(dead)
+    policy.dead_letter_count += n_dead
+    policy.reasons[reason] += n_dead
+    nsqd.logf("info", f"CHANNEL({channel.topic.name}:{channel.name}): {n_dead} message(s) "
+                      f"{reason} at {policy.max_attempts} attempts moved to {name}")
+    return view[:kept_bytes]
+
+
+def redrive(nsqd, channel, n):
+    """Move up to n (None: all) messages queued in the channel's dead-letter
+    topic back into the channel, attempts reset; on the dead-letter topic's
+    owner (its disk queue).  Returns how many moved, or an error text."""
+    name = dead_letter_topic(channel)
+    topic = nsqd.topics.get(name)
+    if topic is None:
+        return 0
+    if topic.channels:  # its pump takes what it holds: redrive could race it
+        return "DEAD_LETTER_TOPIC_HAS_CHANNELS"
+    moved = 0
+    while n is None or moved < n:
+        want = 1024 if n is None else min(1024, n - moved)
+        with nsqd.scratch.borrow() as scratch:
+            from_disk = False
+            k, nbytes = topic.ring.peek_many_into(scratch, want)
+            if not k and topic.backend.depth:
+                k, nbytes = topic.backend.peek_into(scratch, want)
+                from_disk = True
+            if not k:
+                break
+            reset_attempts(scratch, nbytes)
+            channel.put_records(memoryview(scratch)[:nbytes])  # stored (or deferred 0.1 s)
+            if from_disk:
+                topic.backend.advance(k)
+                nsqd.backend_written(topic.backend)
+            else:
+                topic.ring.discard(k)
+        moved += k
+    if moved:
+        nsqd.logf("info", f"CHANNEL({channel.topic.name}:{channel.name}): {moved} dead "
+                          f"letter(s) redriven from {name}")
+    return moved
+
+
+def _peer_redrive(nsqd, msg):
+    """{"op": "redrive", "topic", "channel", "n"}: to the dead-letter topic's owner."""
+    topic = nsqd.get_existing_topic(str(msg.get("topic")))
+    channel = topic.get_existing_channel(str(msg.get("channel"))) if topic else None
+    if channel is None:
+        return {"error": "CHANNEL_NOT_FOUND"}
+    n = msg.get("n")
+    result = redrive(nsqd, channel, n if isinstance(n, int) and n > 0 else None)
+    return {"error": result} if isinstance(result, str) else {"moved": result}
+
+
+def redrive_anywhere(nsqd, channel, n):
+    """redrive() on the dead-letter topic's owner, whichever worker asks:
+    (moved, None) or (0, error text)."""
+    name = dead_letter_topic(channel)
+    if nsqd.cluster is None or nsqd.owns(name):
+        result = redrive(nsqd, channel, n)
+    else:
+        reply = nsqd.cluster.call(nsqd.owner_of(name),
+                                  {"op": "redrive", "topic": channel.topic.name,
+                                   "channel": channel.name, "n": n})
+        if not isinstance(reply, dict):
+            return 0, "INTERNAL_ERROR"
+        result = reply.get("error") or reply.get("moved", 0)
+    return (0, result) if isinstance(result, str) else (result, None)
+
+
+# cluster.py ops this module answers (NSQD.handle_peer)
+PEER_OPS = {"policy": _peer_policy, "redrive": _peer_redrive}
