@@ -110,12 +110,13 @@ def _target(nsqd, topic_name, channel_name):
 
 
 def local_queued(nsqd, topic_name, channel_name, n):
-    """The owner's answer: {"messages": [...]}, or None without the queue."""
+    """The owner's answer: {"depth": d, "messages": [...]}, or None without
+    the queue."""
     topic, channel = _target(nsqd, topic_name, channel_name)
     queue = channel if channel_name else topic
     if queue is None:
         return None
-    return {"messages": queued(nsqd, queue.ring, queue.backend, n)}
+    return {"depth": queue.depth, "messages": queued(nsqd, queue.ring, queue.backend, n)}
 
 
 def local_held(nsqd, topic_name, channel_name, n):
@@ -136,7 +137,6 @@ def peek(nsqd, topic, channel, n):
     """The broker's peek of a topic (channel None) or channel: a dict for
     the HTTP answer, or None when the owner did not answer."""
     channel_name = channel.name if channel is not None else ""
-    queue = channel if channel is not None else topic
     if topic.owned or nsqd.cluster is None:
         part = local_queued(nsqd, topic.name, channel_name, n)
     else:
@@ -153,7 +153,7 @@ def peek(nsqd, topic, channel, n):
     doc = {"topic_name": topic.name}
     if channel is not None:
         doc["channel_name"] = channel.name
-    doc["depth"] = queue.depth
+    doc["depth"] = part.get("depth", 0)  # the owner's: ring and disk queue
     doc["messages"] = part["messages"]
     keys = (("in_flight", "deadline"), ("deferred", "due")) if channel is not None \
         else (("deferred", "due"),)

@@ -26,6 +26,12 @@ def peek_everywhere(server, path):
     return answers[0]
 
 
+def create(server, topic, channel):
+    """nsqd's /channel/create needs the topic: /topic/create first."""
+    assert server.post(f"/topic/create?topic={topic}")[0] == 200
+    assert server.post(f"/channel/create?topic={topic}&channel={channel}")[0] == 200
+
+
 def bodies(entries):
     return [base64.b64decode(m["body"]) for m in entries]
 
@@ -36,7 +42,7 @@ def channel_stats(server, topic, channel):
 
 
 def test_channel_peek_of_a_memory_backlog_then_consume_it_all(nsqd):
-    assert nsqd.post("/channel/create?topic=t&channel=c")[0] == 200
+    create(nsqd, "t", "c")
     sent = [f"m{i}".encode() for i in range(5)]
     publish(nsqd, "t", *sent)
     doc = peek_everywhere(nsqd, "/channel/peek?topic=t&channel=c&n=3")
@@ -54,7 +60,7 @@ def test_channel_peek_of_a_memory_backlog_then_consume_it_all(nsqd):
 
 def test_channel_peek_reads_the_disk_queue_in_order(nsqd_factory):
     server = nsqd_factory("--mem-queue-size=2")
-    assert server.post("/channel/create?topic=t&channel=c")[0] == 200
+    create(server, "t", "c")
     sent = [f"d{i}".encode() for i in range(7)]
     publish(server, "t", *sent)
     stats = channel_stats(server, "t", "c")

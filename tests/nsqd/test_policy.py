@@ -30,6 +30,12 @@ def peek_topic(server, topic, n=100):
     return json.loads(server.get(f"/topic/peek?topic={topic}&n={n}")[1])["messages"]
 
 
+def create(server, topic, channel):
+    """nsqd's /channel/create needs the topic: /topic/create first."""
+    assert server.post(f"/topic/create?topic={topic}")[0] == 200
+    assert server.post(f"/channel/create?topic={topic}&channel={channel}")[0] == 200
+
+
 def bodies(entries):
     return [base64.b64decode(m["body"]) for m in entries]
 
@@ -41,7 +47,7 @@ def set_policy(server, path, expect=200):
 
 
 def test_max_attempts_through_req_moves_to_the_dead_letter_topic(nsqd):
-    assert nsqd.post("/channel/create?topic=t&channel=c")[0] == 200
+    create(nsqd, "t", "c")
     got = set_policy(nsqd, "/channel/policy?topic=t&channel=c&max_attempts=3")
     assert got == {"ttl_ms": 0, "max_attempts": 3, "dead_letter_topic": "t.c.dead"}
     publish(nsqd, "t", b"a", b"b")
@@ -64,7 +70,7 @@ def test_max_attempts_through_req_moves_to_the_dead_letter_topic(nsqd):
 
 
 def test_max_attempts_through_timeouts_keeps_the_id(nsqd):
-    assert nsqd.post("/channel/create?topic=t&channel=c")[0] == 200
+    create(nsqd, "t", "c")
     set_policy(nsqd, "/channel/policy?topic=t&channel=c&max_attempts=2"
                      "&dead_letter_topic=parking")
     publish(nsqd, "t", b"slow")
@@ -83,7 +89,7 @@ def test_max_attempts_through_timeouts_keeps_the_id(nsqd):
 
 
 def test_redrive_moves_dead_letters_back_with_fresh_attempts(nsqd):
-    assert nsqd.post("/channel/create?topic=t&channel=c")[0] == 200
+    create(nsqd, "t", "c")
     set_policy(nsqd, "/channel/policy?topic=t&channel=c&max_attempts=1")
     publish(nsqd, "t", b"x", b"y", b"z")
     c = Conn(nsqd).subscribe("t", "c", rdy=3)
@@ -105,7 +111,7 @@ def test_redrive_moves_dead_letters_back_with_fresh_attempts(nsqd):
 
 def test_redrive_from_the_dead_letter_disk_queue(nsqd_factory):
     server = nsqd_factory("--mem-queue-size=2")
-    assert server.post("/channel/create?topic=t&channel=c")[0] == 200
+    create(server, "t", "c")
     set_policy(server, "/channel/policy?topic=t&channel=c&max_attempts=1")
     sent = [f"m{i}".encode() for i in range(6)]
     publish(server, "t", *sent)
@@ -135,7 +141,7 @@ def test_redrive_from_the_dead_letter_disk_queue(nsqd_factory):
 
 @pytest.mark.parametrize("library", ["pynsq", "gnsq"])
 def test_real_clients_that_always_requeue(nsqd, library):
-    assert nsqd.post("/channel/create?topic=t&channel=c")[0] == 200
+    create(nsqd, "t", "c")
     set_policy(nsqd, "/channel/policy?topic=t&channel=c&max_attempts=3")
     n = 10
     script = os.path.join(HERE, "clients", f"{library}_client.py")
@@ -155,7 +161,7 @@ def test_real_clients_that_always_requeue(nsqd, library):
 
 def test_policy_set_on_any_worker_applies_everywhere_and_persists(nsqd_factory, tmp_path):
     server = nsqd_factory()
-    assert server.post("/channel/create?topic=t&channel=c")[0] == 200
+    create(server, "t", "c")
     conn = http_on_worker(server, server.workers - 1)
     status, body = http_call(conn, "POST", "/channel/policy?topic=t&channel=c&max_attempts=4"
                                            "&ttl=60000")
@@ -185,8 +191,8 @@ def test_policy_set_on_any_worker_applies_everywhere_and_persists(nsqd_factory, 
 
 
 def test_channel_ttl_drops_expired_messages_and_counts_them(nsqd):
-    assert nsqd.post("/channel/create?topic=t&channel=c")[0] == 200
-    assert nsqd.post("/channel/create?topic=t&channel=keep")[0] == 200
+    create(nsqd, "t", "c")
+    create(nsqd, "t", "keep")
     set_policy(nsqd, "/channel/policy?topic=t&channel=c&ttl=300")
     publish(nsqd, "t", b"old1", b"old2")
     time.sleep(0.5)
@@ -204,7 +210,7 @@ def test_channel_ttl_drops_expired_messages_and_counts_them(nsqd):
 
 def test_topic_ttl_expires_messages_waiting_on_disk(nsqd_factory):
     server = nsqd_factory("--mem-queue-size=1")
-    assert server.post("/channel/create?topic=t&channel=c")[0] == 200
+    create(server, "t", "c")
     set_policy(server, "/topic/policy?topic=t&ttl=400")
     publish(server, "t", *[f"d{i}".encode() for i in range(5)])
     assert wait_for(lambda: stats_channel(server, "t", "c")["backend_depth"] == 4, 5)
@@ -220,9 +226,9 @@ def test_topic_ttl_expires_messages_waiting_on_disk(nsqd_factory):
 
 
 def test_policy_errors(nsqd):
-    assert nsqd.post("/channel/create?topic=t&channel=c")[0] == 200
+    create(nsqd, "t", "c")
     long_channel = "c" * 60
-    assert nsqd.post(f"/channel/create?topic=t&channel={long_channel}")[0] == 200
+    create(nsqd, "t", long_channel)
     cases = [("/channel/policy?topic=t&channel=c&max_attempts=-1", 400, "INVALID_MAX_ATTEMPTS"),
              ("/channel/policy?topic=t&channel=c&max_attempts=65536", 400,
               "INVALID_MAX_ATTEMPTS"),
