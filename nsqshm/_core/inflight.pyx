@@ -119,6 +119,13 @@ cdef inline void _bump_attempts(char *msg) noexcept nogil:
         p[1] = <unsigned char>attempts
 
 
+cdef int _append(bytearray buf, const char *p, Py_ssize_t n) except -1:
+    cdef Py_ssize_t base = PyByteArray_GET_SIZE(buf)
+    PyByteArray_Resize(buf, base + n)
+    memcpy(PyByteArray_AS_STRING(buf) + base, p, n)
+    return 0
+
+
 cdef inline uint64_t _mix64(uint64_t h) noexcept nogil:
     # murmur3's finaliser: every input bit reaches every output bit
     h ^= h >> 33
@@ -570,6 +577,7 @@ cdef class InFlight(MessageStore):
         self.sampled_out = 0
         self.ttl_ns = 0
         self.expired = 0
+        self.expired_out = None
         self.lat = NULL
         self.lat_cap = self.lat_next = self.lat_len = 0
         self.lat_now = 0
@@ -790,7 +798,8 @@ cdef class InFlight(MessageStore):
 
         With ttl_ns set (a channel's or its topic's time to live), a message
         whose timestamp is ttl_ns or more in the past is consumed without
-        being framed or put in flight, and counted in `expired`.
+        being framed or put in flight, and counted in `expired`; with a
+        bytearray in expired_out it is appended there (packed record).
 
         Records are checked before anything changes; on MemoryError part
         way, `out` ends after the last message added.
@@ -836,6 +845,8 @@ cdef class InFlight(MessageStore):
                 memcpy(&size, src + pos, RECORD_HEADER_SIZE)
                 if expires_before and _get_i64be(src + pos + RECORD_HEADER_SIZE) <= expires_before:
                     self.expired += 1  # never delivered: dropped (the ring pop commits it)
+                    if type(self.expired_out) is bytearray:  # or kept for the dead-letter topic
+                        _append(<bytearray>self.expired_out, src + pos, RECORD_HEADER_SIZE + size)
                     pos += RECORD_HEADER_SIZE + size
                     continue
                 if sampling and <int>self._draw100() > sample_rate:
@@ -1056,6 +1067,27 @@ def take_dead(buffer, Py_ssize_t nbytes, uint32_t max_attempts, bytearray dead n
     finally:
         PyBuffer_Release(&view)
     return n_kept, kept, n_dead
+
+
+def count_records(buffer, Py_ssize_t nbytes):
+    """How many packed [u32 native size][message] records buffer[:nbytes]
+    holds (a bounded channel's trim; the caller's records are well formed)."""
+    cdef Py_buffer view
+    cdef const char *p
+    cdef Py_ssize_t pos = 0, n = 0
+    cdef uint32_t size
+    PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
+    try:
+        if nbytes < 0 or nbytes > view.len:
+            raise ValueError(f"nbytes {nbytes} is outside the {view.len}-byte buffer")
+        p = <const char *>view.buf
+        while nbytes - pos >= RECORD_HEADER_SIZE:
+            memcpy(&size, p + pos, RECORD_HEADER_SIZE)
+            pos += RECORD_HEADER_SIZE + size
+            n += 1
+    finally:
+        PyBuffer_Release(&view)
+    return n
 
 
 def reset_attempts(buffer, Py_ssize_t nbytes):

@@ -36,7 +36,8 @@ from nsqshm._core.inflight import (
     InFlight,
     latency_percentiles,
 )
-from nsqshm.nsqd import policy
+from nsqshm._core.inflight import count_records as count_packed
+from nsqshm.nsqd import bounds, policy
 from nsqshm.nsqd.backend import (
     RingOnly,
     count_records,
@@ -239,6 +240,9 @@ class Channel:
         were left (0 with keep_rest).  The topic pump counts message_count;
         requeues, timeouts and deferred messages coming due do not count,
         as in nsqd."""
+        if self.policy is not None and self.policy.max_depth \
+                and self.policy.overflow == "drop-oldest":
+            bounds.trim_channel(self, count_packed(packed, len(packed)))  # oldest out first
         _, view = memory_first(self.ring, self.backend, packed, self.mem_limit)
         if view and self.owned:
             if self.ephemeral:
@@ -328,6 +332,8 @@ class Channel:
                         earliest = deadline
             if earliest is not None:
                 self.nsqd.schedule_scan(earliest)
+            if self.policy is not None and self.policy.dead_letter_expired:
+                policy.flush_expired(self)  # what expired in this round's C calls
             if ring.depth:
                 gevent.idle()  # let writers and readers run between rounds
 

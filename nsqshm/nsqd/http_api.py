@@ -40,12 +40,15 @@ from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
 from nsqshm.nsqd.policy_api import PolicyRoutes
 from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
-from nsqshm.nsqd.topic import TopicError
+from nsqshm.nsqd.topic import TopicError, TopicFull
 
 
 def put_error(err):
     """A failed publish: 503 EXITING while the broker stops, as nsqd; 500
-    when the message could not be stored (a full or unwritable disk)."""
+    when the message could not be stored (a full or unwritable disk); 503
+    QUEUE_FULL when a bounded queue refused it (bounds.py)."""
+    if isinstance(err, TopicFull):
+        return Err(503, "QUEUE_FULL")
     return Err(503, "EXITING") if str(err) == "exiting" else Err(500, "INTERNAL_ERROR")
 
 RECORD_OVERHEAD = 4 + 26  # packed record: native size + message header

@@ -14,6 +14,11 @@
                     channel.  Split per batch in C (inflight.take_dead).
                     Counted in `dead_letter_count`.
 
+With `dead_letter_expired`, a channel sends its expired messages to its
+dead-letter topic instead of dropping them: deliver() appends them to
+InFlight.expired_out, published by the dispatcher after each round
+(flush_expired).
+
 A dead letter is the message as it was: same ID, timestamp and body, and
 its attempts field keeps the deliveries it had on its channel (a consumer
 of the dead-letter topic sees that count plus its own deliveries).  Its
@@ -22,6 +27,9 @@ it is counted per channel (`dead_letter_requeued_count`,
 `dead_letter_timed_out_count` in /stats) and logged.
 A redrive (redrive()) moves dead letters back into their channel with
 attempts reset to 0.
+
+    bounded queue   topic and channel (`max_depth`, `overflow`: reject or
+                    drop-oldest): bounds.py.
 
 A topic or channel without a policy has `policy` None, and the delivery
 paths check nothing else (Channel.requeue and process_timeouts test
@@ -39,12 +47,18 @@ which a Go nsqd reading the file ignores:
                    "dead_letter_topic": "t.c.dead"}]}
 """
 
-from nsqshm._core.inflight import reset_attempts, take_dead
+from nsqshm._core.inflight import count_records, reset_attempts, take_dead
+from nsqshm.nsqd import bounds
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 
 MAX_ATTEMPTS_LIMIT = 0xFFFF  # the attempts field is a u16
 TTL_MS_LIMIT = 1 << 40       # about 34 years
-REASONS = ("requeued", "timed_out")
+MAX_DEPTH_LIMIT = 1 << 40
+KEYS = ("ttl_ms", "max_attempts", "dead_letter_topic", "dead_letter_expired", "max_depth",
+        "overflow")
+TOPIC_KEYS = ("ttl_ms", "max_depth", "overflow")
+REASONS = ("requeued", "timed_out", "expired")
+BOOLS = {"true": True, "1": True, "false": False, "0": False}
 
 
 class PolicyError(ValueError):
@@ -55,7 +69,8 @@ class Policy:
     """A topic's or channel's settings (0 / "" for unset) and counters."""
 
     __slots__ = ("ttl_ms", "max_attempts", "dead_letter_topic", "dead_letter_count",
-                 "reasons")
+                 "reasons", "max_depth", "overflow", "rejected_count", "dropped_count",
+                 "dead_letter_expired")
 
     def __init__(self):
         self.ttl_ms = 0
@@ -63,6 +78,11 @@ class Policy:
         self.dead_letter_topic = ""
         self.dead_letter_count = 0
         self.reasons = dict.fromkeys(REASONS, 0)
+        self.max_depth = 0
+        self.overflow = "reject"
+        self.rejected_count = 0
+        self.dropped_count = 0
+        self.dead_letter_expired = False
 
 
 def default_dead_letter_topic(topic_name, channel_name):
@@ -85,8 +105,14 @@ def parse_values(raw, channel_level, topic_name="", channel_name=""):
     values = {}
     if "ttl_ms" in raw:
         values["ttl_ms"] = _int(raw["ttl_ms"], 0, TTL_MS_LIMIT, "INVALID_TTL")
+    if "max_depth" in raw:
+        values["max_depth"] = _int(raw["max_depth"], 0, MAX_DEPTH_LIMIT, "INVALID_MAX_DEPTH")
+    if "overflow" in raw:
+        if raw["overflow"] not in bounds.OVERFLOWS:
+            raise PolicyError("INVALID_OVERFLOW")
+        values["overflow"] = raw["overflow"]
     if not channel_level:
-        extra = set(raw) - {"ttl_ms"}
+        extra = set(raw) - set(TOPIC_KEYS)
         if extra:
             raise PolicyError(f"INVALID_ARG_{sorted(extra)[0].upper()}")
         return values
@@ -99,6 +125,12 @@ def parse_values(raw, channel_level, topic_name="", channel_name=""):
                                                    or name == topic_name):
             raise PolicyError("INVALID_DEAD_LETTER_TOPIC")
         values["dead_letter_topic"] = name
+    if "dead_letter_expired" in raw:
+        value = raw["dead_letter_expired"]
+        value = BOOLS.get(value) if isinstance(value, str) else value
+        if not isinstance(value, bool):
+            raise PolicyError("INVALID_DEAD_LETTER_EXPIRED")
+        values["dead_letter_expired"] = value
     return values
 
 
@@ -113,8 +145,9 @@ def _int(value, low, high, error):
 def check_dead_letter_name(topic_name, channel_name, values, current):
     """The dead-letter topic a channel would use must be a valid name."""
     max_attempts = values.get("max_attempts", current.max_attempts if current else 0)
+    expired = values.get("dead_letter_expired", current.dead_letter_expired if current else False)
     name = values.get("dead_letter_topic", current.dead_letter_topic if current else "")
-    if max_attempts and not name:
+    if (max_attempts or expired) and not name:
         default = default_dead_letter_topic(topic_name, channel_name)
         if not is_valid_name(default) or is_ephemeral(default):
             raise PolicyError("INVALID_DEAD_LETTER_TOPIC")
@@ -137,6 +170,7 @@ def apply(target, values):
     channels = target.channels.values() if hasattr(target, "channels") else (target,)
     for channel in channels:
         update_channel(channel)
+    bounds.update_topic(target if hasattr(target, "channels") else target.topic)
 
 
 def update_channel(channel):
@@ -148,12 +182,17 @@ def update_channel(channel):
         channel.policy = Policy()
     ttls = [p.ttl_ms for p in (topic_policy, channel.policy) if p is not None and p.ttl_ms]
     channel.inflight.ttl_ns = min(ttls) * 1_000_000 if ttls else 0
+    keep = ttls and channel.policy is not None and channel.policy.dead_letter_expired
+    if not keep:
+        channel.inflight.expired_out = None
+    elif channel.inflight.expired_out is None:
+        channel.inflight.expired_out = bytearray()
 
 
 def set_policy(nsqd, topic, channel, values):
     """An HTTP request's change: applied here, then on every other worker
     before the answer, then written to nsqd.dat (worker 0)."""
-    if channel is not None and values.get("max_attempts"):
+    if channel is not None and (values.get("max_attempts") or values.get("dead_letter_expired")):
         # the dead-letter topic exists from now on: visible, consumable
         name = check_dead_letter_name(topic.name, channel.name, values, channel.policy)
         nsqd.get_topic(name)
@@ -201,12 +240,17 @@ def meta(target):
         out["max_attempts"] = policy.max_attempts
     if policy.dead_letter_topic:
         out["dead_letter_topic"] = policy.dead_letter_topic
+    if policy.dead_letter_expired:
+        out["dead_letter_expired"] = True
+    if policy.max_depth:
+        out["max_depth"] = policy.max_depth
+        out["overflow"] = policy.overflow
     return out
 
 
 def load(nsqd, target, entry, channel_level):
     """Take the policy keys of an nsqd.dat (or peer topology) object."""
-    raw = {k: entry[k] for k in ("ttl_ms", "max_attempts", "dead_letter_topic") if k in entry}
+    raw = {k: entry[k] for k in (KEYS if channel_level else TOPIC_KEYS) if k in entry}
     if not raw:
         return
     try:
@@ -232,16 +276,26 @@ def channel_stats(channel):
     if policy is None:
         return {}
     return {"ttl_ms": policy.ttl_ms, "max_attempts": policy.max_attempts,
-            "dead_letter_topic": dead_letter_topic(channel) if policy.max_attempts else "",
+            "dead_letter_topic": (dead_letter_topic(channel)
+                                  if policy.max_attempts or policy.dead_letter_expired else ""),
             "dead_letter_count": policy.dead_letter_count,
             "dead_letter_requeued_count": policy.reasons["requeued"],
             "dead_letter_timed_out_count": policy.reasons["timed_out"],
-            "expired_count": channel.inflight.expired}
+            "dead_letter_expired": policy.dead_letter_expired,
+            "dead_letter_expired_count": policy.reasons["expired"],
+            "expired_count": channel.inflight.expired,
+            **_bound_stats(policy)}
+
+
+def _bound_stats(policy):
+    return {"max_depth": policy.max_depth, "overflow": policy.overflow,
+            "rejected_count": policy.rejected_count, "dropped_count": policy.dropped_count}
 
 
 # per worker: the merged /stats sums them (stats._SUMMED)
 SUMMED_STATS = ("dead_letter_count", "dead_letter_requeued_count",
-                "dead_letter_timed_out_count", "expired_count")
+                "dead_letter_timed_out_count", "dead_letter_expired_count", "expired_count",
+                "rejected_count", "dropped_count")
 
 
 def topic_stats(topic):
@@ -250,7 +304,8 @@ def topic_stats(topic):
                                   for c in topic.channels.values()):
         return {}
     return {"ttl_ms": policy.ttl_ms if policy is not None else 0,
-            "expired_count": sum(c.inflight.expired for c in topic.channels.values())}
+            "expired_count": sum(c.inflight.expired for c in topic.channels.values()),
+            **_bound_stats(policy or Policy())}
 
 
 # -- dead letters ------------------------------------------------------------------------
@@ -266,21 +321,45 @@ def dead_letter(channel, view, reason):
     n_kept, kept_bytes, n_dead = take_dead(view, len(view), policy.max_attempts, dead)
     if not n_dead:
         return view
+    if not _publish_dead(channel, dead, n_dead):
+        return bytes(view[:kept_bytes]) + bytes(dead)
+    policy.dead_letter_count += n_dead
+    policy.reasons[reason] += n_dead
+    channel.nsqd.logf("info", f"CHANNEL({channel.topic.name}:{channel.name}): {n_dead} "
+                              f"message(s) {reason} at {policy.max_attempts} attempts moved to "
+                              f"{dead_letter_topic(channel)}")
+    return view[:kept_bytes]
+
+
+def _publish_dead(channel, records, n):
+    """Put n packed records into the channel's dead-letter topic: whether it took them."""
     nsqd = channel.nsqd
     name = dead_letter_topic(channel)
     try:
         with nsqd.own_changes():  # a new dead-letter topic reaches every worker
             topic = nsqd.get_topic(name)
-        topic.put_packed(dead, n_dead, len(dead) - n_dead * 30)
-    except Exception as err:  # (TopicError: a full disk; the topic closing)
+        topic.put_packed(records, n, len(records) - n * 30)
+        return True
+    except Exception as err:  # (TopicError: a full disk, a bound; the topic closing)
         nsqd.logf("error", f"CHANNEL({channel.topic.name}:{channel.name}): failed to put "
-                           f"{n_dead} dead letters to {name} - {err}")
-        return bytes(view[:kept_bytes]) + bytes(dead)
-    policy.dead_letter_count += n_dead
-    policy.reasons[reason] += n_dead
-    nsqd.logf("info", f"CHANNEL({channel.topic.name}:{channel.name}): {n_dead} message(s) "
-                      f"{reason} at {policy.max_attempts} attempts moved to {name}")
-    return view[:kept_bytes]
+                           f"{n} dead letters to {name} - {err}")
+        return False
+
+
+def flush_expired(channel):
+    """Publish what deliver() kept of the expired messages (dead_letter_expired)
+    to the dead-letter topic; if it cannot take them they are dropped, as
+    without the setting (they left the ring in the dispatcher's C call: a
+    worker dying before this drops them too)."""
+    buf = channel.inflight.expired_out
+    if not buf:
+        return
+    n = count_records(buf, len(buf))
+    records = bytes(buf)
+    del buf[:]
+    if _publish_dead(channel, records, n):
+        channel.policy.dead_letter_count += n
+        channel.policy.reasons["expired"] += n
 
 
 def redrive(nsqd, channel, n):

@@ -5,8 +5,9 @@ TOPIC_NOT_FOUND, CHANNEL_NOT_FOUND...).
 
     GET  /topic/peek?topic=&n=                 peek.py
     GET  /channel/peek?topic=&channel=&n=      peek.py
-    POST /topic/policy?topic=[&ttl=]           policy.py (ttl in ms, 0: none)
+    POST /topic/policy?topic=[&ttl=][&max_depth=][&overflow=]   policy.py, bounds.py
     POST /channel/policy?topic=&channel=[&ttl=][&max_attempts=][&dead_letter_topic=]
+                        [&max_depth=][&overflow=]    (ttl in ms; 0 turns a setting off)
     POST /channel/redrive?topic=&channel=[&n=] policy.redrive: n dead letters, or all
 
 A policy route answers the policy after the change (only the parameters
@@ -20,8 +21,10 @@ from nsqshm.nsqd.names import is_valid_name
 
 # query parameter -> policy key
 CHANNEL_PARAMS = {"ttl": "ttl_ms", "max_attempts": "max_attempts",
-                  "dead_letter_topic": "dead_letter_topic"}
-TOPIC_PARAMS = {"ttl": "ttl_ms"}
+                  "dead_letter_topic": "dead_letter_topic",
+                  "dead_letter_expired": "dead_letter_expired", "max_depth": "max_depth",
+                  "overflow": "overflow"}
+TOPIC_PARAMS = {"ttl": "ttl_ms", "max_depth": "max_depth", "overflow": "overflow"}
 
 
 class PolicyRoutes:
@@ -102,11 +105,15 @@ class PolicyRoutes:
         if parsed:
             policy.set_policy(self.nsqd, topic, channel, parsed)
         current = target.policy or policy.Policy()
-        out = {"ttl_ms": current.ttl_ms}
+        out = {"ttl_ms": current.ttl_ms, "max_depth": current.max_depth,
+               "overflow": current.overflow}
         if channel is not None:
             out["max_attempts"] = current.max_attempts
-            out["dead_letter_topic"] = (policy.dead_letter_topic(channel)
-                                        if current.max_attempts else current.dead_letter_topic)
+            out["dead_letter_topic"] = (
+                policy.dead_letter_topic(channel)
+                if current.max_attempts or current.dead_letter_expired
+                else current.dead_letter_topic)
+            out["dead_letter_expired"] = current.dead_letter_expired
         return out
 
     # -- redrive ----------------------------------------------------------------------

@@ -364,7 +364,7 @@ _SHARED = ("depth", "backend_depth")
 def _merge_into(into, part):
     for key in _SUMMED:
         if key in into:
-            into[key] += part[key]
+            into[key] += part.get(key, 0)  # (a policy's counts: where it is set)
     for key in _SHARED:
         into[key] = max(into[key], part[key])
     into["paused"] = into["paused"] or part["paused"]

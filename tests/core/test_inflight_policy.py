@@ -92,3 +92,14 @@ def test_snapshot_stops_when_the_buffer_is_full():
         d.push(msg(i), 10 + i)
     room = 20 + len(msg(0))
     assert d.snapshot(bytearray(room + 5))[::2] == (1, 3) and len(d) == 3
+
+
+def test_expired_messages_are_kept_for_a_dead_letter_topic_when_asked():
+    t = InFlight(16)
+    t.ttl_ns = 1_000_000_000
+    t.expired_out = bytearray()
+    old, fresh = msg(1, ts=now_ns() - 5_000_000_000), msg(2, ts=now_ns())
+    out = bytearray()
+    assert t.deliver(pack([old, fresh]), 2, out, 7, 10**18) == 1
+    assert unpack(t.expired_out, len(t.expired_out)) == [old]  # as it was, attempts untouched
+    assert t.expired == 1 and len(t) == 1

@@ -7,7 +7,7 @@ import json
 
 from nsqshm import protocol as p
 
-from .conftest import http_call, http_on_each_worker
+from .conftest import http_call, http_on_each_worker, wait_for
 from .test_protocol_v2 import Conn, publish
 
 WORKER_COUNTS = (1, 2)  # every test on one worker and on two (conftest.py)
@@ -45,6 +45,7 @@ def test_channel_peek_of_a_memory_backlog_then_consume_it_all(nsqd):
     create(nsqd, "t", "c")
     sent = [f"m{i}".encode() for i in range(5)]
     publish(nsqd, "t", *sent)
+    assert wait_for(lambda: channel_stats(nsqd, "t", "c")["depth"] == 5)  # pumped
     doc = peek_everywhere(nsqd, "/channel/peek?topic=t&channel=c&n=3")
     assert (doc["topic_name"], doc["channel_name"], doc["depth"]) == ("t", "c", 5)
     assert bodies(doc["messages"]) == sent[:3]
@@ -63,6 +64,7 @@ def test_channel_peek_reads_the_disk_queue_in_order(nsqd_factory):
     create(server, "t", "c")
     sent = [f"d{i}".encode() for i in range(7)]
     publish(server, "t", *sent)
+    assert wait_for(lambda: channel_stats(server, "t", "c")["depth"] == 7)  # pumped
     stats = channel_stats(server, "t", "c")
     assert (stats["depth"], stats["backend_depth"]) == (7, 5)  # 2 in the ring, 5 on disk
     doc = peek_everywhere(server, "/channel/peek?topic=t&channel=c&n=100")
@@ -80,7 +82,7 @@ def test_in_flight_and_deferred_are_listed_apart(nsqd):
     publish(nsqd, "t", b"a", b"b", b"c")
     c = Conn(nsqd).subscribe("t", "c", rdy=1)
     a = c.messages(1)[0]
-    c.send(p.req(a.id, 60_000))  # a: deferred for a minute
+    c.send(p.req(a.id, 120_000))  # a: deferred for 2 minutes (past b's 60 s timeout)
     b = c.messages(1)[0]         # b: in flight
     doc = peek_everywhere(nsqd, "/channel/peek?topic=t&channel=c&n=10")
     assert bodies(doc["messages"]) == [b"c"]

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from nsqshm import protocol as p
 
@@ -49,7 +50,8 @@ def set_policy(server, path, expect=200):
 def test_max_attempts_through_req_moves_to_the_dead_letter_topic(nsqd):
     create(nsqd, "t", "c")
     got = set_policy(nsqd, "/channel/policy?topic=t&channel=c&max_attempts=3")
-    assert got == {"ttl_ms": 0, "max_attempts": 3, "dead_letter_topic": "t.c.dead"}
+    assert got == {"ttl_ms": 0, "max_attempts": 3, "dead_letter_topic": "t.c.dead",
+                   "dead_letter_expired": False, "max_depth": 0, "overflow": "reject"}
     publish(nsqd, "t", b"a", b"b")
     c = Conn(nsqd).subscribe("t", "c", rdy=2)
     seen = []
@@ -167,7 +169,8 @@ def test_policy_set_on_any_worker_applies_everywhere_and_persists(nsqd_factory, 
                                            "&ttl=60000")
     assert status == 200, body
     status, body = http_call(conn, "POST", "/topic/policy?topic=t&ttl=120000")
-    assert (status, json.loads(body)) == (200, {"ttl_ms": 120000})
+    assert (status, json.loads(body)) == (200, {"ttl_ms": 120000, "max_depth": 0,
+                                                "overflow": "reject"})
     conn.close()
     for each in http_on_each_worker(server).values():
         doc = json.loads(http_call(each, "GET", "/stats?format=json&topic=t")[1])
@@ -187,7 +190,8 @@ def test_policy_set_on_any_worker_applies_everywhere_and_persists(nsqd_factory, 
     assert (c["ttl_ms"], c["max_attempts"]) == (60000, 4)
     # cleared: 0 turns a setting off
     assert set_policy(again, "/channel/policy?topic=t&channel=c&max_attempts=0&ttl=0") == \
-        {"ttl_ms": 0, "max_attempts": 0, "dead_letter_topic": ""}
+        {"ttl_ms": 0, "max_attempts": 0, "dead_letter_topic": "", "dead_letter_expired": False,
+         "max_depth": 0, "overflow": "reject"}
 
 
 def test_channel_ttl_drops_expired_messages_and_counts_them(nsqd):
@@ -204,8 +208,11 @@ def test_channel_ttl_drops_expired_messages_and_counts_them(nsqd):
     assert "expired_count" not in stats_channel(nsqd, "t", "keep")  # no policy: nsqd's keys
     k = Conn(nsqd).subscribe("t", "keep", rdy=10)
     assert [m.body for m in k.messages(3)] == [b"old1", b"old2", b"fresh"]
-    metrics = nsqd.get("/metrics")[1].decode()
-    assert 'nsq_channel_expired_total{channel="c",topic="t"} 2.0' in metrics
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(nsqd.get("/metrics")[1].decode())
+               for s in family.samples}
+    assert samples[("nsq_channel_expired_total", (("channel", "c"), ("topic", "t")))] == 2
+    assert ("nsq_channel_expired_total", (("channel", "keep"), ("topic", "t"))) not in samples
 
 
 def test_topic_ttl_expires_messages_waiting_on_disk(nsqd_factory):
@@ -247,3 +254,20 @@ def test_policy_errors(nsqd):
         assert nsqd.post(path) == (status, json.dumps({"message": text}).replace(" ", "")
                                    .encode()), path
     assert "max_attempts" not in stats_channel(nsqd, "t", "c")  # nothing was set
+
+
+def test_expired_messages_can_go_to_the_dead_letter_topic(nsqd):
+    create(nsqd, "t", "c")
+    got = set_policy(nsqd, "/channel/policy?topic=t&channel=c&ttl=300&dead_letter_expired=true")
+    assert (got["dead_letter_expired"], got["dead_letter_topic"]) == (True, "t.c.dead")
+    publish(nsqd, "t", b"old1", b"old2")
+    time.sleep(0.5)
+    publish(nsqd, "t", b"fresh")
+    c = Conn(nsqd).subscribe("t", "c", rdy=10)
+    assert c.messages(1)[0].body == b"fresh"
+    assert wait_for(lambda: bodies(peek_topic(nsqd, "t.c.dead")) == [b"old1", b"old2"], 5)
+    stats = stats_channel(nsqd, "t", "c")
+    assert (stats["expired_count"], stats["dead_letter_expired_count"],
+            stats["dead_letter_count"]) == (2, 2, 2)
+    assert nsqd.post("/channel/policy?topic=t&channel=c&dead_letter_expired=maybe") == \
+        (400, b'{"message":"INVALID_DEAD_LETTER_EXPIRED"}')
