@@ -6,6 +6,8 @@ the rest counted as dropped)."""
 import base64
 import json
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from nsqshm import protocol as p
 
 from .conftest import wait_for
@@ -53,6 +55,10 @@ def test_topic_reject_keeps_exactly_what_was_accepted(nsqd):
     stats = topic_stats(nsqd, "t")
     assert (stats["depth"], stats["rejected_count"], stats["dropped_count"]) == (5, 36, 0)
     assert queued(nsqd, "/topic/peek?topic=t") == [f"m{i}" for i in range(5)]
+    samples = {(s.name, tuple(s.labels.items())): s.value
+               for family in text_string_to_metric_families(nsqd.get("/metrics")[1].decode())
+               for s in family.samples}
+    assert samples[("nsq_topic_rejected_total", (("topic", "t"),))] == 36
     got = Conn(nsqd).subscribe("t", "c", rdy=10).messages(5)
     assert [m.body for m in got] == [f"m{i}".encode() for i in range(5)]
 
