@@ -242,8 +242,9 @@ def meta(target):
         out["dead_letter_topic"] = policy.dead_letter_topic
     if policy.dead_letter_expired:
         out["dead_letter_expired"] = True
-    if policy.max_depth:
-        out["max_depth"] = policy.max_depth
+    default = default_bound(target.nsqd)
+    if (policy.max_depth, policy.overflow) != default and (policy.max_depth or default[0]):
+        out["max_depth"] = policy.max_depth  # (0: a default bound taken off)
         out["overflow"] = policy.overflow
     return out
 
@@ -261,9 +262,32 @@ def load(nsqd, target, entry, channel_level):
     apply(target, values)
 
 
+def default_bound(nsqd):
+    """(max_depth, overflow) of --max-queue-depth and --queue-overflow."""
+    opts = nsqd.opts
+    return getattr(opts, "max_queue_depth", 0), getattr(opts, "queue_overflow", "reject")
+
+
+def _with_default_bound(nsqd):
+    depth, overflow = default_bound(nsqd)
+    if not depth:
+        return None
+    policy = Policy()
+    policy.max_depth, policy.overflow = depth, overflow
+    return policy
+
+
+def for_topic(topic):
+    """A new topic: the flags' default bound, if any."""
+    topic.policy = _with_default_bound(topic.nsqd)
+    topic.bounded = topic.policy is not None
+
+
 def inherit(channel):
-    """A new channel: its topic's time to live applies."""
-    channel.policy = None
+    """A new channel: the flags' default bound, its topic's time to live."""
+    channel.policy = _with_default_bound(channel.nsqd)
+    if channel.policy is not None:
+        channel.topic.bounded = True
     if channel.topic.policy is not None:
         update_channel(channel)
 

@@ -29,7 +29,7 @@ import gevent.event
 
 from nsqshm._core.inflight import DeferredQueue
 from nsqshm._core.wire import pack_message
-from nsqshm.nsqd import bounds
+from nsqshm.nsqd import bounds, policy
 from nsqshm.nsqd.backend import RingOnly, memory_first, new_backend, skip_records, write_to_disk
 from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -60,8 +60,9 @@ class Topic:
         self.channels = {}
         self.paused = False
         self.exiting = False
-        self.policy = None  # a time to live, a bound (policy.py)
-        self.bounded = False  # the topic or a channel has a bound: publishes are checked
+        # .policy: a time to live, a bound; .bounded: the topic or a channel has
+        # a bound, so publishes are checked (policy.py, bounds.py)
+        policy.for_topic(self)
         self.message_count = 0
         self.message_bytes = 0
         # local producers count into the ring's header; the owner reports what
@@ -221,8 +222,8 @@ class Topic:
         backend = self.backend
         while not self.exiting:
             if self.paused or not self.channels:
-                policy = self.policy
-                if policy is not None and policy.max_depth and policy.overflow == "drop-oldest":
+                bound = self.policy
+                if bound is not None and bound.max_depth and bound.overflow == "drop-oldest":
                     bounds.trim_topic(self)  # here: no batch of the pump is in the air
                 # others' publishes land in the ring: past the limit, to disk
                 stuck = self._spill_excess() == 0 and ring.depth > self.mem_limit

@@ -118,3 +118,16 @@ def test_bound_errors_and_nsqd_dat(nsqd, tmp_path):
         meta = json.load(f)
     assert meta["topics"][0]["channels"][0] == {"name": "c", "paused": False, "max_depth": 7,
                                                 "overflow": "drop-oldest"}
+
+
+def test_flags_bound_every_new_queue_until_its_own_policy(nsqd_factory, tmp_path):
+    server = nsqd_factory("--max-queue-depth=3", "--queue-overflow=reject")
+    answers = flood(server, "t", 5)  # /pub makes the topic: bounded from the start
+    assert [s for s, _ in answers] == [200, 200, 200, 503, 503]
+    stats = topic_stats(server, "t")
+    assert (stats["max_depth"], stats["overflow"], stats["rejected_count"]) == (3, "reject", 2)
+    assert set_policy(server, "/topic/policy?topic=t&max_depth=0")["max_depth"] == 0
+    assert server.post("/pub?topic=t", b"more") == (200, b"OK")
+    with open(tmp_path / "nsqd.dat") as f:  # the default is not written, taking it off is
+        topic = json.load(f)["topics"][0]
+    assert (topic["max_depth"], topic["overflow"]) == (0, "reject")
