@@ -136,7 +136,7 @@ def parse_values(raw, channel_level, topic_name="", channel_name=""):
 
 def _int(value, low, high, error):
     if isinstance(value, str):
-        value = int(value) if value.isdigit() and len(value) < 20 else None
+        value = int(value) if value.isascii() and value.isdigit() and len(value) < 20 else None
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise PolicyError(error)
     return value

@@ -58,7 +58,7 @@ class PolicyRoutes:
         if "n" not in values:
             return default
         text = values["n"][0]
-        if not text.isdigit() or len(text) > 6 or not 1 <= int(text) <= peek.PEEK_MAX:
+        if not (text.isascii() and text.isdigit()) or len(text) > 6 or not 1 <= int(text) <= peek.PEEK_MAX:
             raise self.Err(400, "INVALID_N")
         return int(text)
 
@@ -124,7 +124,7 @@ class PolicyRoutes:
         n = None
         if "n" in values:
             text = values["n"][0]
-            if not text.isdigit() or len(text) > 12 or int(text) < 1:
+            if not (text.isascii() and text.isdigit()) or len(text) > 12 or int(text) < 1:
                 raise self.Err(400, "INVALID_N")
             n = int(text)
         moved, error = policy.redrive_anywhere(self.nsqd, channel, n)
