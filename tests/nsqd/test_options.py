@@ -115,6 +115,8 @@ DEFAULTS = [
     ("workers", 0),
     ("graceful_timeout", 30.0),
     ("shm_prefix", ""),
+    ("max_queue_depth", 0),
+    ("queue_overflow", "reject"),
 ]
 
 
