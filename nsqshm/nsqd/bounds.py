@@ -10,8 +10,8 @@ would pass it (`overflow`):
                   room; counted in `dropped_count`
 
 A publish is checked once per PUB / MPUB / HTTP publish (admit(), from
-Topic.put_packed), only when the topic or one of its channels has a bound
-(topic.bounded).  A channel's depth there counts what its topic still holds
+Topic.put_packed), only when the topic or one of its channels has a reject
+bound (topic.bounded lists them).  A channel's depth there counts what its topic still holds
 for it (not yet pumped).  Depths are the shared rings plus the disk queue as
 the answering worker sees it: the owner's, or none on another worker, so a
 bound above --mem-queue-size is exact only on the topic's owner (messages
@@ -41,27 +41,34 @@ def bound_of(queue):
     return policy.max_depth if policy is not None else 0
 
 
+def _rejects(queue):
+    policy = queue.policy
+    return policy is not None and policy.max_depth and policy.overflow == "reject"
+
+
 def update_topic(topic):
-    """topic.bounded: whether a publish into it must be checked."""
-    topic.bounded = bool(bound_of(topic)) or any(bound_of(c) for c in topic.channels.values())
+    """topic.bounded: the channels with a reject bound, the topic first (as
+    None) if it has one; empty: publishes into it are not checked."""
+    topic.bounded = ([None] if _rejects(topic) else []) + \
+        [c for c in topic.channels.values() if _rejects(c)]
 
 
 def admit(topic, count):
     """Before `count` messages are published into topic: QueueFull if a
     reject bound would be passed (of the topic, or of one of its channels)."""
     held = topic.depth
-    policy = topic.policy
-    if policy is not None and policy.max_depth and policy.overflow == "reject" \
-            and held + count > policy.max_depth:
-        policy.rejected_count += count
-        raise QueueFull(f"topic {topic.name} is full (max_depth {policy.max_depth})")
-    for channel in topic.channels.values():
-        policy = channel.policy
-        if policy is not None and policy.max_depth and policy.overflow == "reject" \
-                and channel.depth + held + count > policy.max_depth:
+    for channel in topic.bounded:
+        queue = topic if channel is None else channel
+        policy = queue.policy
+        if policy is None or not policy.max_depth or policy.overflow != "reject" \
+                or channel is not None and channel.exiting:
+            continue  # changed or deleted since update_topic
+        depth = held if channel is None else channel.depth + held
+        if depth + count > policy.max_depth:
             policy.rejected_count += count
-            raise QueueFull(f"channel {topic.name}:{channel.name} is full "
-                            f"(max_depth {policy.max_depth})")
+            what = f"topic {topic.name}" if channel is None else \
+                f"channel {topic.name}:{channel.name}"
+            raise QueueFull(f"{what} is full (max_depth {policy.max_depth})")
 
 
 def trim_channel(channel, incoming):

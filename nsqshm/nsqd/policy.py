@@ -280,14 +280,14 @@ def _with_default_bound(nsqd):
 def for_topic(topic):
     """A new topic: the flags' default bound, if any."""
     topic.policy = _with_default_bound(topic.nsqd)
-    topic.bounded = topic.policy is not None
+    bounds.update_topic(topic)
 
 
 def inherit(channel):
     """A new channel: the flags' default bound, its topic's time to live."""
     channel.policy = _with_default_bound(channel.nsqd)
-    if channel.policy is not None:
-        channel.topic.bounded = True
+    if channel.policy is not None and channel.policy.overflow == "reject":
+        channel.topic.bounded = [*channel.topic.bounded, channel]  # checked at publish
     if channel.topic.policy is not None:
         update_channel(channel)
 

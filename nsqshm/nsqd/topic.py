@@ -60,8 +60,8 @@ class Topic:
         self.channels = {}
         self.paused = False
         self.exiting = False
-        # .policy: a time to live, a bound; .bounded: the topic or a channel has
-        # a bound, so publishes are checked (policy.py, bounds.py)
+        # .policy: a time to live, a bound; .bounded: the queues whose reject
+        # bound a publish is checked against (policy.py, bounds.py)
         policy.for_topic(self)
         self.message_count = 0
         self.message_bytes = 0
