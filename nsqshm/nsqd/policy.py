@@ -47,6 +47,8 @@ which a Go nsqd reading the file ignores:
                    "dead_letter_topic": "t.c.dead"}]}
 """
 
+import gevent
+
 from nsqshm._core.inflight import count_records, reset_attempts, take_dead
 from nsqshm.nsqd import bounds
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -58,6 +60,7 @@ KEYS = ("ttl_ms", "max_attempts", "dead_letter_topic", "dead_letter_expired", "m
         "overflow")
 TOPIC_KEYS = ("ttl_ms", "max_depth", "overflow")
 REASONS = ("requeued", "timed_out", "expired")
+REDRIVE_TIMEOUT = 60.0  # a redrive asked of the dead-letter topic's owner
 BOOLS = {"true": True, "1": True, "false": False, "0": False}
 
 
@@ -397,7 +400,7 @@ def redrive(nsqd, channel, n):
     if topic.channels:  # its pump takes what it holds: redrive could race it
         return "DEAD_LETTER_TOPIC_HAS_CHANNELS"
     moved = 0
-    while n is None or moved < n:
+    while (n is None or moved < n) and not topic.channels and not topic.exiting:
         want = 1024 if n is None else min(1024, n - moved)
         with nsqd.scratch.borrow() as scratch:
             from_disk = False
@@ -415,6 +418,7 @@ def redrive(nsqd, channel, n):
             else:
                 topic.ring.discard(k)
         moved += k
+        gevent.idle()  # a long redrive lets the worker serve between batches
     if moved:
         nsqd.logf("info", f"CHANNEL({channel.topic.name}:{channel.name}): {moved} dead "
                           f"letter(s) redriven from {name}")
@@ -441,7 +445,7 @@ def redrive_anywhere(nsqd, channel, n):
     else:
         reply = nsqd.cluster.call(nsqd.owner_of(name),
                                   {"op": "redrive", "topic": channel.topic.name,
-                                   "channel": channel.name, "n": n})
+                                   "channel": channel.name, "n": n}, timeout=REDRIVE_TIMEOUT)
         if not isinstance(reply, dict):
             return 0, "INTERNAL_ERROR"
         result = reply.get("error") or reply.get("moved", 0)
