@@ -6,6 +6,7 @@ kept in nsqd.dat, shown in /stats and /metrics."""
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -272,3 +273,42 @@ def test_expired_messages_can_go_to_the_dead_letter_topic(nsqd):
             stats["dead_letter_count"]) == (2, 2, 2)
     assert nsqd.post("/channel/policy?topic=t&channel=c&dead_letter_expired=maybe") == \
         (400, b'{"message":"INVALID_DEAD_LETTER_EXPIRED"}')
+
+
+@pytest.mark.workers(2)
+def test_a_replacement_worker_takes_the_policies_from_its_peer(nsqd_factory):
+    from .test_workers import worker_of_http, worker_of_pid, workers
+
+    server = nsqd_factory()
+    create(server, "t", "c")
+    set_policy(server, "/channel/policy?topic=t&channel=c&max_attempts=2&ttl=90000"
+                       "&max_depth=50")
+    pid = worker_of_pid(server, 1)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: len(workers(server)) == 2 and pid not in workers(server), 15)
+    assert wait_for(lambda: any(worker_of_http(server)["index"] == 1 for _ in range(20)), 15)
+    conn = http_on_worker(server, 1)
+    doc = json.loads(http_call(conn, "GET", "/stats?format=json&topic=t")[1])
+    conn.close()
+    c = doc["topics"][0]["channels"][0]
+    assert (c["max_attempts"], c["ttl_ms"], c["max_depth"]) == (2, 90000, 50)
+    # and the new worker applies them: a consumer there dead-letters at 2 attempts
+    publish(server, "t", b"x")
+    sub = None
+    for _ in range(50):  # a TCP connection on worker 1
+        candidate = Conn(server).subscribe("t", "c")
+        stats = json.loads(server.get("/stats?format=json&topic=t")[1])
+        clients = stats["topics"][0]["channels"][0]["clients"]
+        port = candidate.sock.getsockname()[1]
+        if any(cl.get("nsqshm_worker") == 1 and cl["remote_address"].endswith(f":{port}")
+               for cl in clients):
+            sub = candidate
+            break
+        candidate.close()
+    assert sub is not None
+    sub.send(p.rdy(1))
+    for attempt in (1, 2):
+        m = sub.messages(1)[0]
+        assert m.attempts == attempt
+        sub.send(p.req(m.id, 0))
+    assert wait_for(lambda: bodies(peek_topic(server, "t.c.dead")) == [b"x"], 5)
