@@ -67,6 +67,8 @@ class PolicyRoutes:
     def topic_peek(self, req):
         values = self.api._params(req)
         topic = self._topic(values)
+        if topic.is_log:  # its log is read with /message/get
+            raise self.Err(400, "NOT_SUPPORTED_ON_LOG_TOPIC")
         return self._peek(topic, None, self._n(values, peek.PEEK_DEFAULT))
 
     def channel_peek(self, req):
@@ -93,6 +95,9 @@ class PolicyRoutes:
         return self._set(values, channel.topic, channel, CHANNEL_PARAMS)
 
     def _set(self, values, topic, channel, params):
+        if topic.is_log and (channel is None or "max_depth" in values or "overflow" in values):
+            # a log topic keeps everything until retention: no topic policy, no bound
+            raise self.Err(400, "NOT_SUPPORTED_ON_LOG_TOPIC")
         raw = {key: values[param][0] for param, key in params.items() if param in values}
         target = channel if channel is not None else topic
         try:
