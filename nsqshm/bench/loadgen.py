@@ -238,7 +238,8 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, to
     so the publish phase includes the topic-to-channel fan-out; with several
     channels every one gets every message (fan-out).  raw=True runs the same
     processes against the raw-socket baseline instead (one channel).  topic:
-    one made beforehand (a log topic: bench/logtopic.py), else a new name."""
+    one made beforehand (and channels ch0..., e.g. with policies set, or a log topic:
+    bench/logtopic.py), else a new name."""
     per = spec.messages // spec.publishers // spec.batch * spec.batch
     total = per * spec.publishers
     ncons = spec.consumers * channels

@@ -42,8 +42,9 @@ from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
 from nsqshm.nsqd.partition import MAX_SECONDS
+from nsqshm.nsqd.policy_api import PolicyRoutes
 from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
-from nsqshm.nsqd.topic import TopicError
+from nsqshm.nsqd.topic import TopicError, TopicFull
 from nsqshm.youzan import http as youzan_http
 from nsqshm.youzan.commands import NO_PARTITION
 from nsqshm.youzan.offset import check_supported
@@ -51,7 +52,10 @@ from nsqshm.youzan.offset import check_supported
 
 def put_error(err):
     """A failed publish: 503 EXITING while the broker stops, as nsqd; 500
-    when the message could not be stored (a full or unwritable disk)."""
+    when the message could not be stored (a full or unwritable disk); 503
+    QUEUE_FULL when a bounded queue refused it (bounds.py)."""
+    if isinstance(err, TopicFull):
+        return Err(503, "QUEUE_FULL")
     return Err(503, "EXITING") if str(err) == "exiting" else Err(500, "INTERNAL_ERROR")
 
 RECORD_OVERHEAD = 4 + 26  # packed record: native size + message header
@@ -299,6 +303,8 @@ class HTTPAPI:
             add(Route("POST", f"/channel/{action}", getattr(self, f"channel_{action}")))
         add(Route("POST", "/channel/setoffset", self.channel_setoffset))
         add(Route("GET", "/message/get", self.message_get))
+        for method, path, handler in PolicyRoutes(self, Err).routes():  # peek, policies
+            add(Route(method, path, handler))
         add(Route("GET", "/config/:opt", self.config))
         add(Route("PUT", "/config/:opt", self.config))
         add(Route("PUT", "/debug/setblockrate", self.set_block_rate, plain=True))

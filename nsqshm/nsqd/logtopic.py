@@ -150,6 +150,10 @@ class LogTopic(Topic):
         self.message_count = 0
         self.message_bytes = 0
         self.deferred_waiting = DeferredQueue()  # (empty: DPUB with a delay is refused)
+        # delivery policies (policy.py) apply to a log topic's channels only: a
+        # bound or a TTL of the topic would need the topic ring it has not
+        self.policy = None
+        self.bounded = []
         self.e2e = None
         if nsqd.opts.e2e_processing_latency_percentile:
             self.e2e = LatencyStream(nsqd.opts, lambda: [c.inflight for c in self.channels.values()])

@@ -36,7 +36,7 @@ from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm._core.arena import Arena
 from nsqshm._core.codec import LEASE_FILE as ID_LEASE_FILE
 from nsqshm._core.codec import IdGenerator
-from nsqshm.nsqd import instance, listeners
+from nsqshm.nsqd import instance, listeners, peek, policy
 from nsqshm.nsqd.log import LEVELS, Logger
 from nsqshm.nsqd.logtopic import LogTopic, LogTopicError, load_specs, make_spec, write_specs
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -49,6 +49,8 @@ MESSAGE_OVERHEAD = 26 + 8  # message header, ring record header
 # every worker holds the same values, so any worker answers GET /config alike
 RUNTIME_OPTIONS = ("lookupd_tcp_address", "log_level")
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# cluster.py ops of issue 18's modules: peek, policies, redrive
+PEER_OPS = {**peek.PEER_OPS, **policy.PEER_OPS}
 
 
 split_address = listeners.split_address
@@ -265,6 +267,8 @@ class NSQD:
             finally:
                 self._remote.active = False
             return None
+        if op in PEER_OPS:
+            return PEER_OPS[op](self, msg)
         if op == "barrier":  # every change sent before it on this connection is applied
             return {"ok": True}
         if op == "options":  # PUT /config on another worker: apply, then acknowledge
@@ -342,8 +346,9 @@ class NSQD:
     def topology(self):
         """Every topic and channel, ephemeral ones too, in nsqd.dat's shape."""
         return {"topics": [
-            {"name": t.name, "paused": t.paused,
-             "channels": [{"name": c.name, "paused": c.paused} for c in t.channels.values()]}
+            {"name": t.name, "paused": t.paused, **policy.meta(t),
+             "channels": [{"name": c.name, "paused": c.paused, **policy.meta(c)}
+                          for c in t.channels.values()]}
             for t in self.topics.values()], "log_topics": self.log_topic_specs()}
 
     def notify_change(self, topic=None, channel=None, deleted=False, channels=()):
@@ -440,7 +445,8 @@ class NSQD:
     # -- nsqd.dat: topics, channels and paused state --------------------------------------
     #
     # {"topics":[{"name":"t","paused":false,"channels":[{"name":"c","paused":false}]}],
-    #  "version":"1.3.0"}   -- compact, ephemeral ones left out, as nsqd writes it
+    #  "version":"1.3.0"}   -- compact, ephemeral ones left out, as nsqd writes it;
+    # a topic or channel with a policy has its keys too (policy.py), which Go ignores
 
     @property
     def metadata_path(self):
@@ -453,10 +459,10 @@ class NSQD:
         for topic in self.topics.values():
             if topic.ephemeral:
                 continue
-            channels = [{"name": c.name, "paused": c.paused}
+            channels = [{"name": c.name, "paused": c.paused, **policy.meta(c)}
                         for c in topic.channels.values() if not c.ephemeral]
             topics.append({"name": topic.name, "paused": topic.paused,
-                           "channels": channels or None})
+                           "channels": channels or None, **policy.meta(topic)})
         data = json.dumps({"topics": topics or None, "version": self.version},
                           separators=(",", ":"))
         tmp = f"{self.metadata_path}.{random.getrandbits(31)}.tmp"
@@ -498,6 +504,7 @@ class NSQD:
                     self.logf("warn", f"skipping creation of invalid topic {name}")
                     continue
                 topic = self.get_topic(name)
+                policy.load(self, topic, t, channel_level=False)
                 if t.get("paused"):
                     topic.pause()
                 for c in t.get("channels") or []:
@@ -506,6 +513,7 @@ class NSQD:
                         self.logf("warn", f"skipping creation of invalid channel {cname}")
                         continue
                     channel = topic.get_channel(cname)
+                    policy.load(self, channel, c, channel_level=True)
                     if c.get("paused"):
                         channel.pause()
         finally:

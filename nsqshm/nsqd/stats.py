@@ -25,6 +25,7 @@ import time
 from datetime import datetime
 
 from nsqshm import NSQD_COMPAT_VERSION, __version__
+from nsqshm.nsqd import policy
 from nsqshm.nsqd.options import format_duration
 
 VERSION_STRING = f"nsqd v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version__})"
@@ -274,6 +275,7 @@ def channel_stats(channel, clients, percentiles=(), sketch=False):
         "e2e_processing_latency": e2e_result(getattr(channel, "e2e", None), percentiles,
                                              sketch),
         **_log_channel_stats(channel),
+        **policy.channel_stats(channel),  # only with a policy: nsqd's keys otherwise
     }
 
 
@@ -302,6 +304,7 @@ def topic_stats(topic, channels, percentiles=(), sketch=False):
         # nsqd merges the channels' streams: none without channels
         "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None),
                                              percentiles if topic.channels else (), sketch),
+        **policy.topic_stats(topic),
     }
     if getattr(topic, "is_log", False):  # a log topic: its partitions' logs (logtopic.py)
         out["partitions"] = topic.partition_stats()
@@ -368,14 +371,14 @@ def broker_stats(nsqd, topic_name="", channel_name="", include_clients=True, inc
 # rings, shared; the disk queues, the owner's): the largest is the broker's
 _SUMMED = ("message_count", "message_bytes", "in_flight_count", "deferred_count",
            "requeue_count", "timeout_count", "client_count", "deferred_waiting",
-           "retention_moves")
+           "retention_moves", *policy.SUMMED_STATS)
 _SHARED = ("depth", "backend_depth")
 
 
 def _merge_into(into, part):
     for key in _SUMMED:
         if key in into:
-            into[key] += part[key]
+            into[key] += part.get(key, 0)  # (a policy's counts: where it is set)
     for key in _SHARED:
         into[key] = max(into[key], part[key])
     into["paused"] = into["paused"] or part["paused"]

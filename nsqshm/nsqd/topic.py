@@ -29,6 +29,7 @@ import gevent.event
 
 from nsqshm._core.inflight import DeferredQueue
 from nsqshm._core.wire import pack_message
+from nsqshm.nsqd import bounds, policy
 from nsqshm.nsqd.backend import RingOnly, memory_first, new_backend, skip_records, write_to_disk
 from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -39,6 +40,10 @@ from nsqshm.ring import FULL, Ring
 
 class TopicError(Exception):
     pass
+
+
+class TopicFull(TopicError):
+    """A publish refused by a bounded queue's reject policy (bounds.py)."""
 
 
 class Topic:
@@ -58,6 +63,9 @@ class Topic:
         self.channels = {}
         self.paused = False
         self.exiting = False
+        # .policy: a time to live, a bound; .bounded: the queues whose reject
+        # bound a publish is checked against (policy.py, bounds.py)
+        policy.for_topic(self)
         self.message_count = 0
         self.message_bytes = 0
         # local producers count into the ring's header; the owner reports what
@@ -86,6 +94,11 @@ class Topic:
         stored (a full disk): nothing is acknowledged that is not stored."""
         if self.exiting:
             raise TopicError("exiting")
+        if self.bounded:
+            try:
+                bounds.admit(self, count)
+            except bounds.QueueFull as err:
+                raise TopicFull(str(err)) from None
         if self.owned:
             self.store(packed)
         else:
@@ -214,6 +227,9 @@ class Topic:
         backend = self.backend
         while not self.exiting:
             if self.paused or not self.channels:
+                bound = self.policy
+                if bound is not None and bound.max_depth and bound.overflow == "drop-oldest":
+                    bounds.trim_topic(self)  # here: no batch of the pump is in the air
                 # others' publishes land in the ring: past the limit, to disk
                 stuck = self._spill_excess() == 0 and ring.depth > self.mem_limit
                 self._wake.clear()
@@ -415,4 +431,4 @@ def flush_ring(ring, backend, scratch, nsqd):
             return False
 
 
-__all__ = ["FULL", "Topic", "TopicError"]
+__all__ = ["FULL", "Topic", "TopicError", "TopicFull"]

@@ -8,6 +8,7 @@ import os
 import signal
 import struct
 import time
+import urllib.error
 
 import psutil
 import pytest
@@ -483,3 +484,27 @@ def test_retention_moves_a_slow_channel_to_the_log_start(nsqd_factory):
     assert [decode_message_id(m.id)[1] for m in got] == [*range(10), *range(start, 100)]
     assert nothing_more(c)
     wait_for(lambda: confirmed(server, "lt", "slow") == [100])
+
+
+def test_delivery_policies_on_a_log_topic(nsqd_factory):
+    """A log topic keeps everything until retention: a topic policy, a bound or a
+    topic peek is refused with a clear 400; a channel's TTL and max attempts apply
+    (a log channel delivers through the classic channel machinery), and its peek
+    lists what its ring holds."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    assert server.post("/channel/create?topic=lt&channel=ch")[0] == 200
+    refused = (400, b'{"message":"NOT_SUPPORTED_ON_LOG_TOPIC"}')
+    assert server.post("/topic/policy?topic=lt&ttl=1000") == refused
+    assert server.post("/channel/policy?topic=lt&channel=ch&max_depth=5") == refused
+    with pytest.raises(urllib.error.HTTPError) as err:
+        server.get("/topic/peek?topic=lt")
+    assert (err.value.code, err.value.read()) == refused
+    assert server.post("/channel/policy?topic=lt&channel=ch&max_attempts=2")[0] == 200
+    pc = Client(server)
+    for i in range(3):
+        pub(pc, "lt", b"m%d" % i)
+    wait_for(lambda: channel_stats(server, "lt", "ch")["depth"] == 3)
+    status, body = server.get("/channel/peek?topic=lt&channel=ch&n=10")
+    assert status == 200, body
+    assert len(json.loads(body)["messages"]) == 3
