@@ -12,9 +12,14 @@ venv=${2:-.venv}
 # Debian packages, only those missing:
 #   chromium                  nsqadmin's browser tests drive it through playwright
 #   openjdk-17-jre-headless   the Spark tests (pyspark runs a JVM; Spark 4 needs Java 17+)
+#   etcd-server               the coordination engine of cluster mode (etcd 3.4, v3 API):
+#                             tests/consistence start it on ephemeral ports
+#   iproute2                  `ip`: the multi-host tests' network namespaces (as root)
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 if [ ${#missing[@]} -gt 0 ]; then
     sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
     $sudo_ apt-get update -qq

@@ -38,6 +38,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyOb
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 
+from nsqshm._core.codec cimport hex_id
 from nsqshm._core.includes.system cimport (
     MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, close, errno, memcpy, memset, mmap, munmap,
 )
@@ -162,6 +163,11 @@ cdef inline uint64_t _now_ns() noexcept nogil:
     cdef timespec ts
     clock_gettime(0, &ts)
     return <uint64_t>ts.tv_sec * 1000000000 + <uint64_t>ts.tv_nsec
+
+
+cdef int _datasync(int fd) noexcept:
+    with nogil:
+        return fdatasync(fd)
 
 
 cdef int _pwrite_all(int fd, const char *buf, Py_ssize_t n, long long pos) except -1:
@@ -889,10 +895,15 @@ cdef class PartitionLog:
 
     # -- appending -------------------------------------------------------------------------
 
-    def append_packed(self, packed):
+    def append_packed(self, packed, int id_partition=-1):
         """Append the records packed [u32 native size][message]...; each gets
         the next msg offset.  Returns (count, first msg offset, bytes of
-        `packed` used).  Committed (visible to readers) when it returns."""
+        `packed` used).  Committed (visible to readers) when it returns.
+
+        id_partition >= 0 (a log topic's partition): each message's ID is
+        replaced, in the log, by its position -- 16 lowercase hex digits of
+        (id_partition << 48) | msg offset -- so that a FIN by ID finds the
+        channel cursor's bit with no lookup (logcursor.CursorSet)."""
         cdef Py_buffer view
         cdef const char *p
         cdef Py_ssize_t n, pos = 0, staged = 0, count = 0
@@ -900,6 +911,8 @@ cdef class PartitionLog:
         cdef uint64_t first = self.c.next_offset, off = self.c.next_offset
         cdef uint64_t seg_base_pos = self.wpos
         cdef char *s
+        if id_partition >= MAX_PARTITIONS:
+            raise ValueError(f"invalid partition {id_partition}")
         PyObject_GetBuffer(packed, &view, PyBUF_SIMPLE)
         try:
             p = <const char *>view.buf
@@ -928,6 +941,8 @@ cdef class PartitionLog:
                 nsqshm_put_be32(s, size + 8)
                 nsqshm_put_be64(s + 8, off)
                 memcpy(s + 16, p + pos + 4, size)
+                if id_partition >= 0:  # the ID: [8 ts][2 attempts][16 ID]
+                    hex_id(s + 16 + 10, (<uint64_t>id_partition << 48) | off)
                 nsqshm_put_be32(s + 4, nsqshm_crc32c(0, s + 8, size + 8))
                 self._account(self.wpos + staged, off, nsqshm_be64(s + 16))
                 staged += 16 + size
@@ -955,23 +970,31 @@ cdef class PartitionLog:
         return 0
 
     def sync(self):
-        """fdatasync the active segment, then its indexes; record what is durable."""
+        """fdatasync the active segment, then its indexes; record what is
+        durable.  The system calls run without the GIL, so the broker may
+        call this from a thread while its event loop appends (one sync at a
+        time, and close() only after it): what is appended meanwhile is not
+        counted as synced."""
+        cdef uint64_t upto = self.c.next_offset
+        cdef long long done = self.unsynced
+        cdef int dfd = self.dfd, ifd = self.ifd, tfd = self.tfd
         fds, self.finished_fds = self.finished_fds, []
         for fd in fds:   # segments finished since the last sync
-            fdatasync(fd)
+            _datasync(fd)
             close(fd)
         if fds:          # and the names of the segment files made since
-            dfd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            dirfd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                os.fsync(dfd)
+                os.fsync(dirfd)
             finally:
-                os.close(dfd)
-        if self.dfd >= 0:
-            fdatasync(self.dfd)
-            fdatasync(self.ifd)
-            fdatasync(self.tfd)
-        self.state.synced_offset = self.c.next_offset
-        self.unsynced = 0
+                os.close(dirfd)
+        if dfd >= 0:
+            _datasync(dfd)
+            _datasync(ifd)
+            _datasync(tfd)
+        if self.state != NULL:
+            self.state.synced_offset = upto
+        self.unsynced = max(0, self.unsynced - done)
         self.last_sync = time.monotonic()
 
     @property

@@ -84,6 +84,13 @@ cdef class InFlight(MessageStore):
     cdef ClientTable clients
     cdef readonly uint64_t duplicates
     cdef readonly uint64_t sampled_out
+    # a channel's time to live (policy.py), 0 for none: deliver() drops a
+    # message published ttl_ns or more ago, counted in `expired`
+    cdef public int64_t ttl_ns
+    cdef readonly uint64_t expired
+    # None, or a bytearray deliver() appends expired messages to (packed
+    # records), for the channel to dead-letter them
+    cdef public object expired_out
     cdef uint64_t _rng
     # e2e processing latency: a ring of (finish time, finish - publish) in ns,
     # filled by finish_raw when enabled; lat_now is the wall clock of the batch

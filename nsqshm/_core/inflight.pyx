@@ -44,7 +44,7 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyBy
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport INT64_MAX, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memmove
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 from nsqshm._core.arena cimport Arena, block_alloc, block_free
@@ -95,6 +95,20 @@ cdef inline void _put_u32be(char *dst, uint32_t v) noexcept nogil:
     dst[3] = <char>v
 
 
+cdef inline int64_t _get_i64be(const char *p) noexcept nogil:
+    cdef const unsigned char *b = <const unsigned char *>p
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v = (v << 8) | b[i]
+    return <int64_t>v
+
+
+cdef inline uint32_t _get_attempts(const char *msg) noexcept nogil:
+    cdef const unsigned char *p = <const unsigned char *>msg + MSG_ATTEMPTS_OFFSET
+    return (<uint32_t>p[0] << 8) | p[1]
+
+
 cdef inline void _bump_attempts(char *msg) noexcept nogil:
     # attempts: big-endian u16 at offset 8, saturating at 65535
     cdef unsigned char *p = <unsigned char *>msg + MSG_ATTEMPTS_OFFSET
@@ -103,6 +117,13 @@ cdef inline void _bump_attempts(char *msg) noexcept nogil:
         attempts += 1
         p[0] = <unsigned char>(attempts >> 8)
         p[1] = <unsigned char>attempts
+
+
+cdef int _append(bytearray buf, const char *p, Py_ssize_t n) except -1:
+    cdef Py_ssize_t base = PyByteArray_GET_SIZE(buf)
+    PyByteArray_Resize(buf, base + n)
+    memcpy(PyByteArray_AS_STRING(buf) + base, p, n)
+    return 0
 
 
 cdef inline uint64_t _mix64(uint64_t h) noexcept nogil:
@@ -483,6 +504,36 @@ cdef class MessageStore:
         self.n_pending = 0
         return n
 
+    def snapshot(self, buffer):
+        """Copy the messages held, in heap order, without removing any, into
+        the writable buffer as records (peek.py; not a delivery path):
+
+            [ u32 native size ][ i64 deadline, monotonic ns ][ u64 client ID ][ message ]
+
+        Stops at the first that would not fit; returns (records, bytes, held)."""
+        cdef Py_buffer view
+        cdef MsgEntry *e
+        cdef char *dst
+        cdef Py_ssize_t pos = 0, count = 0, need
+        cdef size_t i
+        PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
+        try:
+            dst = <char *>view.buf
+            for i in range(self.heap.length):
+                e = self.heap.nodes[i].entry
+                need = RECORD_HEADER_SIZE + 16 + <Py_ssize_t>e.size
+                if view.len - pos < need:
+                    break
+                memcpy(dst + pos, &e.size, RECORD_HEADER_SIZE)
+                memcpy(dst + pos + 4, &self.heap.nodes[i].deadline, 8)
+                memcpy(dst + pos + 12, &e.client_id, 8)
+                memcpy(dst + pos + 20, _msg(e), e.size)
+                pos += need
+                count += 1
+        finally:
+            PyBuffer_Release(&view)
+        return count, pos, self.heap.length
+
     @property
     def unreleased(self):
         """Messages handed out whose blocks wait for release()."""
@@ -524,6 +575,9 @@ cdef class InFlight(MessageStore):
         self.clients.slots = NULL
         self.duplicates = 0
         self.sampled_out = 0
+        self.ttl_ns = 0
+        self.expired = 0
+        self.expired_out = None
         self.lat = NULL
         self.lat_cap = self.lat_next = self.lat_len = 0
         self.lat_now = 0
@@ -742,6 +796,11 @@ cdef class InFlight(MessageStore):
         this client without being framed, put in flight or counted anywhere
         but `sampled_out`.  0 keeps every message.
 
+        With ttl_ns set (a channel's or its topic's time to live), a message
+        whose timestamp is ttl_ns or more in the past is consumed without
+        being framed or put in flight, and counted in `expired`; with a
+        bytearray in expired_out it is appended there (packed record).
+
         Records are checked before anything changes; on MemoryError part
         way, `out` ends after the last message added.
         """
@@ -752,6 +811,7 @@ cdef class InFlight(MessageStore):
         cdef uint32_t size
         cdef int r
         cdef bint sampling = 0 < sample_rate < 100
+        cdef int64_t expires_before = 0   # publish timestamps before this: expired
         if count < 0:
             raise ValueError(f"count {count} is negative")
         self._clock()
@@ -776,11 +836,19 @@ cdef class InFlight(MessageStore):
                 grow += FRAME_HEADER_SIZE + size
             base = PyByteArray_GET_SIZE(out)
             PyByteArray_Resize(out, base + grow)
+            if self.ttl_ns > 0:
+                expires_before = _wall_ns() - self.ttl_ns
             # pass 2: frame, bump attempts in the frame, add the framed copy
             dst = PyByteArray_AS_STRING(out) + base
             pos = 0
             for k in range(count):
                 memcpy(&size, src + pos, RECORD_HEADER_SIZE)
+                if expires_before and _get_i64be(src + pos + RECORD_HEADER_SIZE) <= expires_before:
+                    self.expired += 1  # never delivered: dropped (the ring pop commits it)
+                    if type(self.expired_out) is bytearray:  # or kept for the dead-letter topic
+                        _append(<bytearray>self.expired_out, src + pos, RECORD_HEADER_SIZE + size)
+                    pos += RECORD_HEADER_SIZE + size
+                    continue
                 if sampling and <int>self._draw100() > sample_rate:
                     self.sampled_out += 1
                     pos += RECORD_HEADER_SIZE + size
@@ -799,7 +867,7 @@ cdef class InFlight(MessageStore):
                     raise MemoryError()
                 dst += FRAME_HEADER_SIZE + size
                 pos += RECORD_HEADER_SIZE + size
-            if sampling:
+            if sampling or expires_before:
                 PyByteArray_Resize(out, dst - PyByteArray_AS_STRING(out))
         finally:
             PyBuffer_Release(&view)
@@ -962,6 +1030,89 @@ cdef class DeferredQueue(MessageStore):
         """Sum of the sizes of the deferred messages."""
         return self._total_bytes
 
+
+
+def take_dead(buffer, Py_ssize_t nbytes, uint32_t max_attempts, bytearray dead not None):
+    """Max attempts, per batch (policy.py): of the packed [u32 native size]
+    [message] records in buffer[:nbytes], those whose attempts reached
+    max_attempts are appended to `dead` (packed the same way) and the others
+    moved up, in order, to the front of the buffer.  Returns (records kept,
+    bytes kept, records taken).  No Python object per message."""
+    cdef Py_buffer view
+    cdef char *p
+    cdef Py_ssize_t pos = 0, kept = 0, n_kept = 0, n_dead = 0, base
+    cdef uint32_t size
+    PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
+    try:
+        if nbytes < 0 or nbytes > view.len:
+            raise ValueError(f"nbytes {nbytes} is outside the {view.len}-byte buffer")
+        p = <char *>view.buf
+        while pos < nbytes:
+            if nbytes - pos < RECORD_HEADER_SIZE:
+                raise ValueError(f"a record header runs past byte {nbytes}")
+            memcpy(&size, p + pos, RECORD_HEADER_SIZE)
+            if size < MSG_HEADER_SIZE or nbytes - pos - RECORD_HEADER_SIZE < <Py_ssize_t>size:
+                raise ValueError(f"bad record of {size} bytes at byte {pos}")
+            if max_attempts and _get_attempts(p + pos + RECORD_HEADER_SIZE) >= max_attempts:
+                base = PyByteArray_GET_SIZE(dead)
+                PyByteArray_Resize(dead, base + RECORD_HEADER_SIZE + size)
+                memcpy(PyByteArray_AS_STRING(dead) + base, p + pos, RECORD_HEADER_SIZE + size)
+                n_dead += 1
+            else:
+                if kept != pos:
+                    memmove(p + kept, p + pos, RECORD_HEADER_SIZE + size)
+                kept += RECORD_HEADER_SIZE + size
+                n_kept += 1
+            pos += RECORD_HEADER_SIZE + size
+    finally:
+        PyBuffer_Release(&view)
+    return n_kept, kept, n_dead
+
+
+def count_records(buffer, Py_ssize_t nbytes):
+    """How many packed [u32 native size][message] records buffer[:nbytes]
+    holds (a bounded channel's trim; the caller's records are well formed)."""
+    cdef Py_buffer view
+    cdef const char *p
+    cdef Py_ssize_t pos = 0, n = 0
+    cdef uint32_t size
+    PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
+    try:
+        if nbytes < 0 or nbytes > view.len:
+            raise ValueError(f"nbytes {nbytes} is outside the {view.len}-byte buffer")
+        p = <const char *>view.buf
+        while nbytes - pos >= RECORD_HEADER_SIZE:
+            memcpy(&size, p + pos, RECORD_HEADER_SIZE)
+            pos += RECORD_HEADER_SIZE + size
+            n += 1
+    finally:
+        PyBuffer_Release(&view)
+    return n
+
+
+def reset_attempts(buffer, Py_ssize_t nbytes):
+    """Set attempts to 0 in the packed records of buffer[:nbytes] (a redrive
+    gives dead letters a fresh count); returns how many records."""
+    cdef Py_buffer view
+    cdef char *p
+    cdef Py_ssize_t pos = 0, n = 0
+    cdef uint32_t size
+    PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
+    try:
+        if nbytes < 0 or nbytes > view.len:
+            raise ValueError(f"nbytes {nbytes} is outside the {view.len}-byte buffer")
+        p = <char *>view.buf
+        while nbytes - pos >= RECORD_HEADER_SIZE:
+            memcpy(&size, p + pos, RECORD_HEADER_SIZE)
+            if size < MSG_HEADER_SIZE or nbytes - pos - RECORD_HEADER_SIZE < <Py_ssize_t>size:
+                raise ValueError(f"bad record of {size} bytes at byte {pos}")
+            p[pos + RECORD_HEADER_SIZE + MSG_ATTEMPTS_OFFSET] = 0
+            p[pos + RECORD_HEADER_SIZE + MSG_ATTEMPTS_OFFSET + 1] = 0
+            pos += RECORD_HEADER_SIZE + size
+            n += 1
+    finally:
+        PyBuffer_Release(&view)
+    return n
 
 
 cdef int _cmp_int64(const void *a, const void *b) noexcept nogil:

@@ -38,33 +38,6 @@ from nsqshm._core.includes.system cimport (
     pthread_mutexattr_setrobust, pthread_mutexattr_t,
 )
 
-cdef extern from "commitlog_layout.h" nogil:
-    uint64_t NSQSHM_CURSOR_MAGIC
-    uint32_t NSQSHM_CURSOR_VERSION
-    uint32_t NSQSHM_CURSOR_HEADER
-
-    ctypedef struct nsqshm_cursor_lock:
-        pthread_mutex_t mutex
-
-    ctypedef struct nsqshm_cursor_header:
-        uint64_t magic
-        uint32_t version
-        uint32_t window_bits
-        uint64_t created_ns
-        uint64_t recoveries
-        nsqshm_cursor_lock lock
-        uint64_t confirmed
-        uint64_t finished
-        uint64_t j_from
-        uint64_t j_to
-        uint64_t j_reset
-        uint64_t confirmed_total
-        uint64_t finish_total
-        uint64_t window[1]
-
-    uint32_t nsqshm_crc32c(uint32_t crc, const void *p, size_t n)
-
-
 FINISHED = 0          # finish(): newly finished
 ALREADY = 1           # finish(): it was finished before
 OUT_OF_WINDOW = -1    # finish(): beyond confirmed + window_bits: hold delivery
@@ -163,14 +136,14 @@ cdef uint64_t _run(const uint64_t *w, uint64_t mask, uint64_t start, uint64_t li
     return n if n < limit else limit
 
 
+# read_pos while a seek holds the cursor: past any log's end, so a feeder
+# finds nothing to read there
+cdef uint64_t _READ_HELD = (<uint64_t>1) << 62
+READ_HELD = _READ_HELD
+
+
 cdef class Cursor:
     """A handle on a shared-memory cursor.  Use Cursor.open."""
-    cdef nsqshm_cursor_header *h
-    cdef size_t size
-    cdef uint64_t bits, mask
-    cdef readonly str name
-    cdef readonly str checkpoint_file
-    cdef bint crash_test
 
     def __cinit__(self):
         self.h = NULL
@@ -405,14 +378,17 @@ cdef class Cursor:
     def recoveries(self):
         return self.h.recoveries
 
-    def set(self, unsigned long long offset):
+    def set(self, unsigned long long offset, bint hold=False):
         """Move the cursor to `offset` (seek, or a reset to the log start or
-        end): nothing above it is finished."""
+        end): nothing above it is finished.  hold: read_pos is HELD, so the
+        feeder pushes nothing of this partition until release(): a seek
+        first clears the rings and arenas of what was pushed before it."""
         cdef nsqshm_cursor_header *h
         self._lock()
         h = self.h
         h.j_reset = 1
         __atomic_store_n(&h.confirmed, offset, 3)
+        __atomic_store_n(&h.read_pos, _READ_HELD if hold else offset, 3)
         memset(<void *>h.window, 0, self.bits // 8)
         h.finished = 0
         h.j_reset = 0
@@ -434,6 +410,60 @@ cdef class Cursor:
                 return <long long>o
             o += 1
         return -1
+
+    @property
+    def read_pos(self):
+        """Where the broker's reader goes on: msg offsets below it were
+        pushed into the channel.  Never below confirmed (a fresh segment,
+        made from a checkpoint, has 0: read from confirmed)."""
+        cdef uint64_t r = __atomic_load_n(&self.h.read_pos, 2)
+        cdef uint64_t c = __atomic_load_n(&self.h.confirmed, 2)
+        return r if r > c else c
+
+    @read_pos.setter
+    def read_pos(self, unsigned long long offset):
+        # under the lock and never over HELD: a feeder (on the partition's
+        # owner) that read before another worker's seek held the cursor
+        # must not undo the hold when its batch ends
+        self._lock()
+        if self.h.read_pos != _READ_HELD:
+            __atomic_store_n(&self.h.read_pos, offset, 3)
+        self._unlock()
+
+    @property
+    def held(self):
+        """A seek holds the cursor (set(hold=True)) until release()."""
+        return __atomic_load_n(&self.h.read_pos, 2) == _READ_HELD
+
+    def release(self, unsigned long long offset):
+        """End a seek's hold: the feeder reads on from `offset`."""
+        self._lock()
+        __atomic_store_n(&self.h.read_pos, offset, 3)
+        self._unlock()
+
+    def unfinished_run(self, unsigned long long start, unsigned long long end):
+        """(o, n): the first unfinished msg offset o in [max(start,
+        confirmed), min(end, window_end)) and how many unfinished ones
+        follow it without a gap (o included); (-1, 0) when there is none.
+        The reader reads a run in one call and steps over what was
+        finished before a restart."""
+        cdef long long o
+        cdef uint64_t c, lim, e
+        self._lock()
+        o = self._next(start, end)
+        e = <uint64_t>o
+        if o >= 0:
+            c = self.h.confirmed
+            lim = c + self.bits
+            if end > lim:
+                end = lim
+            e = o + 1
+            while e < end and not _bit(self.h.window, e & self.mask):
+                e += 1
+        self._unlock()
+        if o < 0:
+            return -1, 0
+        return o, e - <uint64_t>o
 
     def next_unfinished(self, unsigned long long start, unsigned long long end):
         """The first unfinished msg offset in [max(start, confirmed),
@@ -529,3 +559,111 @@ def _read_checkpoint(str path, unsigned long long window_bits):
         # another window size: keep confirmed; finishes above it are redelivered
         return confirmed, None
     return confirmed, bytes(body[12:])
+
+
+# -- finishing by message ID ---------------------------------------------------------------
+#
+# A message of a log topic carries its position in its ID: 16 lowercase hex
+# digits of (partition << 48) | msg offset, stamped at append
+# (PartitionLog.append_packed).  A FIN reaches the cursor with no lookup.
+
+ID_OFFSET_BITS = 48
+FAULT_DIE_IN_FIN_ENV = "NSQSHM_FAULT_DIE_IN_FIN"  # tests: CursorSet._fault
+
+
+cdef inline long long _decode_id(const char *p, uint64_t *offset) noexcept:
+    """The partition of a log message ID (its offset in *offset), or -1."""
+    cdef uint64_t v = 0
+    cdef int i
+    cdef char ch
+    for i in range(16):
+        ch = p[i]
+        if 48 <= ch <= 57:
+            v = (v << 4) | <uint64_t>(ch - 48)
+        elif 97 <= ch <= 102:
+            v = (v << 4) | <uint64_t>(ch - 87)
+        else:
+            return -1
+    offset[0] = v & ((<uint64_t>1 << 48) - 1)
+    return <long long>(v >> 48)
+
+
+def log_message_id(unsigned int partition, unsigned long long offset):
+    """The ID of the message at msg offset `offset` of partition `partition`."""
+    return b"%016x" % ((<unsigned long long>partition << 48) | offset)
+
+
+def decode_message_id(msg_id):
+    """(partition, msg offset) of a log message ID, or None."""
+    cdef bytes b = bytes(msg_id)
+    cdef uint64_t off = 0
+    cdef long long p
+    if len(b) != 16:
+        return None
+    p = _decode_id(b, &off)
+    return None if p < 0 else (p, off)
+
+
+cdef class CursorSet:
+    """A channel's cursors, one per partition (None until attached): FIN by
+    message ID in C (wire.fin_lines), no Python object per message."""
+
+    def __init__(self, int partitions):
+        self.cursors = [None] * partitions
+        self.fault_path = os.environ.get(FAULT_DIE_IN_FIN_ENV) or None
+
+    def __len__(self):
+        return len(self.cursors)
+
+    def __getitem__(self, int partition):
+        return self.cursors[partition]
+
+    def __setitem__(self, int partition, cursor):
+        if cursor is not None and not isinstance(cursor, Cursor):
+            raise TypeError("a Cursor or None")
+        self.cursors[partition] = cursor
+
+    cdef int has_id(self, const char *msg_id) noexcept:
+        """1 when the ID's partition has its cursor here (0: the caller
+        attaches it first, in Python)."""
+        cdef uint64_t off
+        cdef long long p = _decode_id(msg_id, &off)
+        if p < 0 or p >= len(self.cursors):
+            return 1  # not a log message ID: nothing to finish (finish_id ignores it)
+        return self.cursors[p] is not None
+
+    cdef int finish_id(self, const char *msg_id) except -2:
+        """Mark the message finished in its partition's cursor: FINISHED,
+        ALREADY, OUT_OF_WINDOW, or -1 (not a log message ID, or no cursor)."""
+        cdef uint64_t off = 0
+        cdef long long p = _decode_id(msg_id, &off)
+        cdef Cursor cur
+        cdef int r
+        if self.fault_path is not None:
+            self._fault()
+        if p < 0 or p >= len(self.cursors):
+            return -1
+        cur = self.cursors[p]
+        if cur is None or cur.h == NULL:
+            return -1
+        cur._lock()
+        r = cur._finish(off)
+        cur._unlock()
+        return r
+
+    def _fault(self):
+        """The test suite (FAULT_DIE_IN_FIN_ENV, a path): while the file
+        exists, the next FIN removes it and SIGKILLs this process before
+        the cursor is marked, to show what a death inside a FIN leaves."""
+        try:
+            os.unlink(self.fault_path)
+        except FileNotFoundError:
+            return
+        kill(getpid(), 9)
+
+    def finish(self, msg_id):
+        """finish_id for one ID (the lone FIN path)."""
+        cdef bytes b = bytes(msg_id)
+        if len(b) != 16:
+            return -1
+        return self.finish_id(b)

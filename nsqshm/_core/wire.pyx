@@ -21,11 +21,12 @@ import time
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
-from libc.stdint cimport int32_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int32_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
 from nsqshm._core.codec cimport IdGenerator, MSG_HEADER_SIZE, get_u32be, put_message_header, put_u32be
 from nsqshm._core.inflight cimport InFlight
+from nsqshm._core.logcursor cimport CursorSet
 
 MPUB_OK = 0
 MPUB_COUNT_UNREADABLE = 1    # "MPUB failed to read message count"
@@ -204,12 +205,18 @@ def pack_lines(body, IdGenerator ids, uint64_t timestamp, long long max_msg_size
 # fin_lines finishes every such line at the front of the read buffer in one
 # C loop, so a window of FINs costs one call, not a Python command each.
 
-def fin_lines(bytearray buf, Py_ssize_t pos, InFlight inflight, uint64_t client_id):
+def fin_lines(bytearray buf, Py_ssize_t pos, InFlight inflight, uint64_t client_id,
+              CursorSet cursors=None):
     """Finish consecutive complete `FIN <id>\n` lines from buf[pos:].
 
     Stops before the first line that is not such a FIN, is incomplete, or
     whose finish fails (the caller then handles that line and reports its
     error as usual).  Returns (new position, messages finished).
+
+    cursors: a log topic's channel; each finished message is also marked in
+    its partition's cursor (the ID says which, and where).  A line whose
+    cursor is not attached here yet stops the loop (the caller's lone FIN
+    attaches it).
     """
     cdef const char *p = PyByteArray_AS_STRING(buf)
     cdef Py_ssize_t end = PyByteArray_GET_SIZE(buf)
@@ -220,6 +227,20 @@ def fin_lines(bytearray buf, Py_ssize_t pos, InFlight inflight, uint64_t client_
         if not (p[pos] == 70 and p[pos + 1] == 73 and p[pos + 2] == 78 and p[pos + 3] == 32
                 and p[pos + 20] == 10):
             break
+        if cursors is not None:
+            if not cursors.has_id(p + pos + 4):
+                break
+            # The cursor is marked before the in-flight block is freed: a death
+            # between the two then leaves the block, which is delivered again
+            # (at least once; a second finish of the offset is ALREADY), where
+            # the other order would leave an offset nothing ever finishes (the
+            # partition stalls once the window fills).  touch_raw is the check
+            # that the client holds the message (so a stray FIN marks nothing);
+            # its deadline only moves the node in this process's heap, which
+            # finish_raw removes next.
+            if inflight.touch_raw(p + pos + 4, client_id, INT64_MAX) != 0:
+                break
+            cursors.finish_id(p + pos + 4)
         if inflight.finish_raw(p + pos + 4, client_id) != 0:
             break
         pos += 21

@@ -24,6 +24,7 @@ SUITES = {
     "workers": "nsqshm.bench.workers",
     "local": "nsqshm.bench.local",
     "spark": "nsqshm.bench.spark",
+    "policies": "nsqshm.bench.policies",
 }
 
 # the load generator's modes, after NSQ's bench_writer / bench_reader / pubsub

@@ -231,13 +231,15 @@ def publish(target, topic, spec):
         stop_all(pubs)
 
 
-def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1):
+def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, topic=None):
     """Publish spec.messages (spec.publishers processes), then consume them
     (spec.consumers processes per channel, RDY spec.rdy, FIN each), as
     bench_writer then bench_reader.  The channels exist before publishing,
     so the publish phase includes the topic-to-channel fan-out; with several
     channels every one gets every message (fan-out).  raw=True runs the same
-    processes against the raw-socket baseline instead (one channel)."""
+    processes against the raw-socket baseline instead (one channel).  topic:
+    one made beforehand (and channels ch0..., e.g. with policies set, or a log topic:
+    bench/logtopic.py), else a new name."""
     per = spec.messages // spec.publishers // spec.batch * spec.batch
     total = per * spec.publishers
     ncons = spec.consumers * channels
@@ -246,7 +248,7 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1):
         raw_proc, address = baseline.start_throughput(spec.size, spec.rdy, total // ncons)
     else:
         address = target.tcp
-    topic = f"bench{uuid.uuid4().hex[:8]}"
+    topic = topic or f"bench{uuid.uuid4().hex[:8]}"
     ready, go, pub_go, stop = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Event()
     cout, pout = Shared(ncons), Shared(spec.publishers)
     cons = [CTX.Process(target=consumer, args=(address, topic, f"ch{i % channels}", spec.rdy,

@@ -36,6 +36,8 @@ from nsqshm._core.inflight import (
     InFlight,
     latency_percentiles,
 )
+from nsqshm._core.inflight import count_records as count_packed
+from nsqshm.nsqd import bounds, policy
 from nsqshm.nsqd.backend import (
     RingOnly,
     count_records,
@@ -76,13 +78,18 @@ class LatencyStream:
 
 
 class Channel:
+    # a log topic's channel (logchannel.py) has no disk queue (the log is its
+    # disk) and finishes messages in its partitions' cursors too
+    disk_queue = True
+    cursors = None
+
     def __init__(self, topic, name):
         self.topic = topic
         self.nsqd = topic.nsqd
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.ring = self.nsqd.make_ring(f"c.{topic.name}:{name}")
-        self.owned = topic.owned
+        self.owned = topic.owned and self.disk_queue
         self.backend = (new_backend(self.nsqd, f"{topic.name}:{name}", self.ephemeral)
                         if self.owned else RingOnly())
         self.mem_limit = self.nsqd.opts.mem_queue_size
@@ -91,6 +98,7 @@ class Channel:
         if self.nsqd.arena is not None:
             self.inflight.use_arena(self.nsqd.arena, f"{topic.name}:{name}")
             self.deferred.use_arena(self.nsqd.arena, f"{topic.name}:{name}")
+        policy.inherit(self)  # self.policy: None unless a TTL or max attempts applies
         self.clients = {}
         self.paused = False
         self.exiting = False
@@ -112,7 +120,7 @@ class Channel:
             self.ring.paused = False  # a peer's or nsqd.dat's pause comes right after
             if self.backend.depth:
                 self._start_refiller()
-        if not self.ephemeral and self.owned:
+        if not self.ephemeral and topic.owned:
             self._load_deferred()
         self._dispatcher = None  # from the first client on: a worker without clients runs none
 
@@ -201,7 +209,10 @@ class Channel:
         client.in_flight -= 1
         client.requeue_count += 1
         self.requeue_count += 1
-        if delay > 0:
+        if self.policy is not None and self.policy.max_attempts and not policy.dead_letter(
+                self, bytearray(len(msg).to_bytes(4, "little") + msg), "requeued"):
+            pass  # at max attempts: gone to the dead-letter topic
+        elif delay > 0:
             self.defer(msg, delay)
         else:
             self.put_records(len(msg).to_bytes(4, "little") + msg)
@@ -234,6 +245,9 @@ class Channel:
         were left (0 with keep_rest).  The topic pump counts message_count;
         requeues, timeouts and deferred messages coming due do not count,
         as in nsqd."""
+        if self.policy is not None and self.policy.max_depth \
+                and self.policy.overflow == "drop-oldest":
+            bounds.trim_channel(self, count_packed(packed, len(packed)))  # oldest out first
         _, view = memory_first(self.ring, self.backend, packed, self.mem_limit)
         if view and self.owned:
             if self.ephemeral:
@@ -323,6 +337,8 @@ class Channel:
                         earliest = deadline
             if earliest is not None:
                 self.nsqd.schedule_scan(earliest)
+            if self.policy is not None and self.policy.dead_letter_expired:
+                policy.flush_expired(self)  # what expired in this round's C calls
             if ring.depth:
                 gevent.idle()  # let writers and readers run between rounds
 
@@ -380,7 +396,11 @@ class Channel:
                 if not n:
                     break
                 total += n
-                self.put_records(memoryview(scratch)[:nbytes])
+                view = memoryview(scratch)[:nbytes]
+                if self.policy is not None and self.policy.max_attempts:
+                    view = policy.dead_letter(self, view, "timed_out")  # per batch, in C
+                if len(view):
+                    self.put_records(view)
                 self.inflight.release()
         if total:
             self.timeout_count += total

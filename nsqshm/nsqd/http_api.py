@@ -34,17 +34,28 @@ from flask import Flask, request
 from werkzeug.wrappers import Response
 
 from nsqshm._core import wire
+from nsqshm._core.commitlog import LogError
+from nsqshm._core.logcursor import ID_OFFSET_BITS
 from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.listeners import listen
+from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
+from nsqshm.nsqd.partition import MAX_SECONDS
+from nsqshm.nsqd.policy_api import PolicyRoutes
 from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
-from nsqshm.nsqd.topic import TopicError
+from nsqshm.nsqd.topic import TopicError, TopicFull
+from nsqshm.youzan import http as youzan_http
+from nsqshm.youzan.commands import NO_PARTITION
+from nsqshm.youzan.offset import check_supported
 
 
 def put_error(err):
     """A failed publish: 503 EXITING while the broker stops, as nsqd; 500
-    when the message could not be stored (a full or unwritable disk)."""
+    when the message could not be stored (a full or unwritable disk); 503
+    QUEUE_FULL when a bounded queue refused it (bounds.py)."""
+    if isinstance(err, TopicFull):
+        return Err(503, "QUEUE_FULL")
     return Err(503, "EXITING") if str(err) == "exiting" else Err(500, "INTERNAL_ERROR")
 
 RECORD_OVERHEAD = 4 + 26  # packed record: native size + message header
@@ -64,6 +75,9 @@ MPUB_NEEDS_MORE = (wire.MPUB_SIZE_UNREADABLE, wire.MPUB_BODY_UNREADABLE)
 # stops at this many times --max-body-size with 413 BODY_TOO_BIG
 MPUB_CHUNKED_BOUND = 4
 MPUB_FIRST_READ = 1 << 16
+SETOFFSET_BODY_LIMIT = 256  # "<type>:<value>": a type name and an int64
+MESSAGE_GET_SLACK = 64      # a record's size word and message header past --max-msg-size
+ID_MASK = (1 << 64) - 1     # search_pos is an int64: a log ID is read as its 64 bits
 PPROF_INDEX = ("/debug/pprof/: nsqshm is a Python process; Go runtime profiles "
                "(heap, goroutine, block, threadcreate, profile) are not available\n")
 
@@ -287,6 +301,10 @@ class HTTPAPI:
         for action in ("create", "delete", "empty", "pause", "unpause"):
             add(Route("POST", f"/topic/{action}", getattr(self, f"topic_{action}")))
             add(Route("POST", f"/channel/{action}", getattr(self, f"channel_{action}")))
+        add(Route("POST", "/channel/setoffset", self.channel_setoffset))
+        add(Route("GET", "/message/get", self.message_get))
+        for method, path, handler in PolicyRoutes(self, Err).routes():  # peek, policies
+            add(Route(method, path, handler))
         add(Route("GET", "/config/:opt", self.config))
         add(Route("PUT", "/config/:opt", self.config))
         add(Route("PUT", "/debug/setblockrate", self.set_block_rate, plain=True))
@@ -531,10 +549,22 @@ class HTTPAPI:
             if deferred_ns:
                 topic.put_deferred(body, deferred_ns / 1e9)
             else:
-                topic.put_message(body)
+                topic.put_message(body, self._partition(values, topic))
+        except PartitionError:
+            raise Err(400, "INVALID_PARTITION") from None
         except TopicError as err:
             raise put_error(err) from None
         return "OK"
+
+    @staticmethod
+    def _partition(values, topic):
+        """Youzan's `partition` query parameter of /pub and /mpub: a log
+        topic's partition (a classic topic ignores it, as nsqd ignores any
+        parameter it does not know)."""
+        value = values.get("partition", [None])[0]
+        if value is None or value == "" or not topic.is_log:
+            return None
+        return int(value) if value.isascii() and value.isdigit() else value
 
     def mpub(self, req):
         nsqd = self.nsqd
@@ -568,9 +598,12 @@ class HTTPAPI:
                 raise Err(413, "MSG_TOO_BIG")
         try:
             if count:
-                topic.put_packed(out, count, len(out) - count * RECORD_OVERHEAD)
+                topic.put_packed(out, count, len(out) - count * RECORD_OVERHEAD,
+                                 self._partition(values, topic))
             elif topic.exiting:
                 raise TopicError("exiting")
+        except PartitionError:
+            raise Err(400, "INVALID_PARTITION") from None
         except TopicError as err:
             raise put_error(err) from None
         return "OK"
@@ -634,7 +667,28 @@ class HTTPAPI:
         return names[0]
 
     def topic_create(self, req):
+        """nsqd's, and with `partition_num` (Youzan's) a log topic
+        (logtopic.py): `retention_days`, `retention_bytes` (-1: none)."""
+        values, err = parse_query(req.query_string)
+        if err is None and "partition_num" in values:
+            return self._log_topic_create(values)
         self._topic_from_query(req)
+        return None
+
+    def _log_topic_create(self, values):
+        names = values.get("topic")
+        if names is None:
+            raise Err(400, "MISSING_ARG_TOPIC")
+
+        def get(key):
+            return values.get(key, ["-1"])[0] or "-1"
+
+        try:
+            self.nsqd.create_log_topic(names[0], values["partition_num"][0],
+                                       get("retention_days"), get("retention_bytes"))
+        except LogTopicError as err:
+            raise Err(err.status, err.code) from None
+        return None
 
     def topic_delete(self, req):
         name = self._topic_name(req)
@@ -701,6 +755,97 @@ class HTTPAPI:
                 raise Err(404, "CHANNEL_NOT_FOUND") from None
             self._log("error", f"failure in {request_path(req)} - {err}")
             raise Err(500, "INTERNAL_ERROR") from None
+
+    def channel_setoffset(self, req):
+        """Youzan's POST /channel/setoffset?topic=&partition=&channel= with a
+        body "<type>:<value>" (youzan.http.setoffset_body): the channel's
+        cursor in that partition (every partition when none is named) moves
+        there (LogChannel.seek), whichever worker answers."""
+        values, err = parse_query(req.query_string)
+        if err is not None:
+            raise Err(400, "INVALID_REQUEST")
+        try:
+            topic_name, partition, channel_name = youzan_http.topic_partition_channel_args(values)
+            where = youzan_http.setoffset_body(self._read_body(req, SETOFFSET_BODY_LIMIT))
+        except youzan_http.HTTPError as e:
+            raise Err(e.status, e.text) from None
+        topic = self.nsqd.get_existing_topic(topic_name)
+        if topic is None or not topic.is_log:
+            raise Err(*youzan_http.TOPIC_NOT_FOUND)
+        if partition == NO_PARTITION:
+            parts = topic.partitions
+        elif 0 <= partition < len(topic.partitions):
+            parts = [topic.partitions[partition]]
+        else:
+            raise Err(*youzan_http.PARTITION_NOT_FOUND)
+        channel = topic.get_existing_channel(channel_name)
+        if channel is None:
+            raise Err(*youzan_http.CHANNEL_NOT_FOUND)
+        try:
+            check_supported(where)
+            offsets = [(p, p.position(where)) for p in parts]
+        except ValueError as e:
+            raise Err(500, str(e)) from None
+        channel.seek(offsets)
+        return None
+
+    def message_get(self, req):
+        """Youzan's GET /message/get?topic=&partition=&search_mode=&search_pos=:
+        one message read from the log (LogReader, any worker), no channel
+        touched.  search_pos: count = msg offset, virtual_offset = byte
+        offset, timestamp = seconds (nsqshm's mode: the first message at or
+        after), id = nsqshm's ID as a number ((partition << 48) | offset:
+        the partition comes from the ID, not from Youzan's bits 50..59)."""
+        values, err = parse_query(req.query_string)
+        if err is not None:
+            raise Err(400, "INVALID_REQUEST")
+        try:
+            q = youzan_http.message_get(values)
+        except youzan_http.HTTPError as e:
+            raise Err(e.status, e.text) from None
+        partition = q.partition
+        if q.mode == "id":
+            partition = (q.pos & ID_MASK) >> ID_OFFSET_BITS
+        if q.delayed_queue:
+            raise Err(404, "no delayed queue on the topic")
+        topic = self.nsqd.get_existing_topic(q.topic) if is_valid_name(q.topic) else None
+        if topic is None or not topic.is_log:
+            raise Err(*youzan_http.TOPIC_NOT_FOUND)
+        if not 0 <= partition < len(topic.partitions):
+            raise Err(*youzan_http.PARTITION_NOT_FOUND)
+        try:
+            reader = topic.partitions[partition].reader
+            offset = self._search(reader, q.mode, q.pos)
+            buf = bytearray(self.nsqd.opts.max_msg_size + MESSAGE_GET_SLACK)
+            n, nbytes, _ = reader.read_into(offset, buf, max_records=1)
+            if not n:
+                raise LogError(f"no message at offset {offset}")
+            virtual = reader.virtual_offset_of(offset)
+        except (LogError, OverflowError) as e:
+            raise Err(404, str(e)) from None
+        except OSError as e:  # the partition's owner has not made the log yet
+            raise Err(404, str(e.strerror or e)) from None
+        msg = memoryview(buf)[4:nbytes]
+        msg_id = bytes(msg[10:26])
+        if q.mode == "id" and int(msg_id, 16) != q.pos:
+            raise Err(404, f"message {q.pos} not found")
+        return JSONBody(youzan_http.message_get_json(
+            int(msg_id, 16), 0, bytes(msg[26:]), int.from_bytes(msg[0:8], "big"),
+            int.from_bytes(msg[8:10], "big"), virtual, offset))
+
+    @staticmethod
+    def _search(reader, mode, pos):
+        """The msg offset /message/get's search names (LogError if none)."""
+        if pos < 0:
+            raise LogError(f"search position {pos} out of range")
+        if mode == "virtual_offset":
+            return reader.find_by_virtual_offset(pos)
+        if mode == "timestamp":
+            offset = reader.find_offset_by_time(min(pos, MAX_SECONDS) * 1_000_000_000)
+            return max(offset, reader.start_offset)
+        if mode == "id":
+            return pos & ((1 << ID_OFFSET_BITS) - 1)
+        return pos  # count
 
     def _channel_pause(self, req, pause):
         channel = self._existing_channel(req)

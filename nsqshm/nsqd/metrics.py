@@ -15,6 +15,10 @@ format (an nsqshm addition; nsqd 1.3 has only /stats and statsd).
     nsq_channel_timed_out_total{topic,channel}  counter
     nsq_channel_clients{topic,channel}          gauge    subscribed consumers
     nsq_channel_paused{topic,channel}           gauge
+    nsq_channel_expired_total{topic,channel}    counter  dropped by a time to live  } topics and
+    nsq_channel_dead_lettered_total{topic,channel} counter  to the dead-letter topic } channels
+    nsq_{topic,channel}_rejected_total{...}     counter  refused by a bound        } with a
+    nsq_{topic,channel}_dropped_total{...}      counter  dropped by a bound        } policy
     nsq_clients                                 gauge    connected TCP clients
     nsq_producers                               gauge    of which have published
     nsq_health                                  gauge    1 when /ping answers OK
@@ -86,6 +90,16 @@ class NSQDCollector:
                                       labels=c_labels)
         c_paused = GaugeMetricFamily("nsq_channel_paused", "1 when the channel is paused",
                                      labels=c_labels)
+        c_expired = CounterMetricFamily("nsq_channel_expired",
+                                        "Messages dropped by a time to live (policy.py)",
+                                        labels=c_labels)
+        c_dead = CounterMetricFamily("nsq_channel_dead_lettered",
+                                     "Messages moved to the dead-letter topic",
+                                     labels=c_labels)
+        bound = {(kind, what): CounterMetricFamily(
+            f"nsq_{kind}_{what}", f"Messages {what} by a bounded queue (bounds.py)",
+            labels=t_labels if kind == "topic" else c_labels)
+            for kind in ("topic", "channel") for what in ("rejected", "dropped")}
         for t in topics or ():
             name = [t["topic_name"]]
             t_depth.add_metric(name, t["depth"])
@@ -93,6 +107,9 @@ class NSQDCollector:
             t_msgs.add_metric(name, t["message_count"])
             t_bytes.add_metric(name, t["message_bytes"])
             t_paused.add_metric(name, 1 if t["paused"] else 0)
+            if "rejected_count" in t:  # a topic with a policy (policy.topic_stats)
+                bound["topic", "rejected"].add_metric(name, t["rejected_count"])
+                bound["topic", "dropped"].add_metric(name, t["dropped_count"])
             for c in t["channels"]:
                 names = [t["topic_name"], c["channel_name"]]
                 c_depth.add_metric(names, c["depth"])
@@ -104,8 +121,14 @@ class NSQDCollector:
                 c_timed_out.add_metric(names, c["timeout_count"])
                 c_clients.add_metric(names, c["client_count"])
                 c_paused.add_metric(names, 1 if c["paused"] else 0)
+                if "expired_count" in c:  # a channel with a policy (policy.channel_stats)
+                    c_expired.add_metric(names, c["expired_count"])
+                    c_dead.add_metric(names, c["dead_letter_count"])
+                    bound["channel", "rejected"].add_metric(names, c["rejected_count"])
+                    bound["channel", "dropped"].add_metric(names, c["dropped_count"])
         yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, c_depth, c_backend,
-                    c_inflight, c_deferred, c_msgs, c_requeued, c_timed_out, c_clients, c_paused)
+                    c_inflight, c_deferred, c_msgs, c_requeued, c_timed_out, c_clients, c_paused,
+                    c_expired, c_dead, *bound.values())
         yield GaugeMetricFamily("nsq_clients", "Connected TCP clients",
                                 value=broker["client_count"])
         yield GaugeMetricFamily("nsq_producers", "Connected TCP clients that have published",

@@ -36,8 +36,9 @@ from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm._core.arena import Arena
 from nsqshm._core.codec import LEASE_FILE as ID_LEASE_FILE
 from nsqshm._core.codec import IdGenerator
-from nsqshm.nsqd import instance, listeners
+from nsqshm.nsqd import instance, listeners, peek, policy
 from nsqshm.nsqd.log import LEVELS, Logger
+from nsqshm.nsqd.logtopic import LogTopic, LogTopicError, load_specs, make_spec, write_specs
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.scratch import ScratchPool
 from nsqshm.nsqd.topic import Topic
@@ -48,6 +49,8 @@ MESSAGE_OVERHEAD = 26 + 8  # message header, ring record header
 # every worker holds the same values, so any worker answers GET /config alike
 RUNTIME_OPTIONS = ("lookupd_tcp_address", "log_level")
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# cluster.py ops of issue 18's modules: peek, policies, redrive
+PEER_OPS = {**peek.PEER_OPS, **policy.PEER_OPS}
 
 
 split_address = listeners.split_address
@@ -144,8 +147,69 @@ class NSQD:
             raise KeyError(name)
         channels = list(topic.channels)
         topic.close(delete=True)
+        if topic.is_log:
+            self.persist_log_topics()
         self.notify_change(topic=name, deleted=True, channels=channels)
         self.broadcast_change("topic_delete", name)
+
+    # -- log topics (logtopic.py) ----------------------------------------------------------
+
+    def create_log_topic(self, name, partition_num, retention_days=-1, retention_bytes=-1):
+        """POST /topic/create with partition_num: the log topic, made here and
+        on every other worker before the answer.  LogTopicError with the HTTP
+        error text when the name is a classic topic's or the parameters differ
+        from the existing log topic's."""
+        if not is_valid_name(name) or is_ephemeral(name):
+            raise LogTopicError("INVALID_TOPIC")
+        spec = make_spec(name, partition_num, retention_days, retention_bytes)
+        return self.apply_log_topic(spec)
+
+    def apply_log_topic(self, spec):
+        name = spec["name"]
+        topic = self.topics.get(name)
+        if topic is None and self.cluster is not None \
+                and Ring.exists(f"{self.shm_prefix}.t.{name}"):
+            topic = self.get_existing_topic(name)  # a classic topic made a moment ago
+        if topic is not None:
+            if not topic.is_log:
+                raise LogTopicError("TOPIC_EXISTS_AS_CLASSIC_TOPIC")
+            if topic.spec["partition_num"] != spec["partition_num"]:
+                raise LogTopicError("TOPIC_EXISTS_WITH_OTHER_PARTITION_NUM")
+            return topic
+        topic = LogTopic(self, name, spec)
+        self.topics[name] = topic
+        if not self.loading:
+            try:
+                self.persist_log_topics()
+            except OSError as err:
+                self.set_health(err)
+        self.notify_change(topic=name)
+        if self.cluster is not None and not self.loading \
+                and not getattr(self._remote, "active", False):
+            self.cluster.broadcast({"op": "logtopic", "spec": spec})
+            if not self.exiting:
+                self.cluster.flush()
+        return topic
+
+    def log_topic_specs(self):
+        return [t.spec for t in self.topics.values() if t.is_log]
+
+    def persist_log_topics(self):
+        """nsqshm.logtopics.json: worker 0 writes it, as nsqd.dat."""
+        if self.index != 0:
+            return
+        write_specs(self.data_path, self.log_topic_specs())
+
+    def load_log_topics(self, specs):
+        for spec in specs:
+            try:
+                spec = make_spec(spec.get("name", ""), spec.get("partition_num"),
+                                 spec.get("retention_days", -1), spec.get("retention_bytes", -1))
+                if not is_valid_name(spec["name"]) or is_ephemeral(spec["name"]):
+                    raise LogTopicError("INVALID_TOPIC")
+                self.apply_log_topic(spec)
+            except LogTopicError as err:
+                self.logf("error", f"skipping log topic {spec!r} - {err.code}")
 
     # -- the other workers --------------------------------------------------------------
 
@@ -194,6 +258,17 @@ class NSQD:
             if topic is not None:
                 topic.wake()
             return None
+        if op == "logtopic":  # a log topic created on another worker
+            self._remote.active = True
+            try:
+                self.apply_log_topic(msg["spec"])
+            except Exception as err:  # a peer's change must never kill this worker
+                self.logf("error", f"WORKER: failed to apply {msg} - {err!r}")
+            finally:
+                self._remote.active = False
+            return None
+        if op in PEER_OPS:
+            return PEER_OPS[op](self, msg)
         if op == "barrier":  # every change sent before it on this connection is applied
             return {"ok": True}
         if op == "options":  # PUT /config on another worker: apply, then acknowledge
@@ -271,9 +346,10 @@ class NSQD:
     def topology(self):
         """Every topic and channel, ephemeral ones too, in nsqd.dat's shape."""
         return {"topics": [
-            {"name": t.name, "paused": t.paused,
-             "channels": [{"name": c.name, "paused": c.paused} for c in t.channels.values()]}
-            for t in self.topics.values()]}
+            {"name": t.name, "paused": t.paused, **policy.meta(t),
+             "channels": [{"name": c.name, "paused": c.paused, **policy.meta(c)}
+                          for c in t.channels.values()]}
+            for t in self.topics.values()], "log_topics": self.log_topic_specs()}
 
     def notify_change(self, topic=None, channel=None, deleted=False, channels=()):
         """Topology changed: persist nsqd.dat; tell nsqlookupd when a topic
@@ -369,7 +445,8 @@ class NSQD:
     # -- nsqd.dat: topics, channels and paused state --------------------------------------
     #
     # {"topics":[{"name":"t","paused":false,"channels":[{"name":"c","paused":false}]}],
-    #  "version":"1.3.0"}   -- compact, ephemeral ones left out, as nsqd writes it
+    #  "version":"1.3.0"}   -- compact, ephemeral ones left out, as nsqd writes it;
+    # a topic or channel with a policy has its keys too (policy.py), which Go ignores
 
     @property
     def metadata_path(self):
@@ -382,10 +459,10 @@ class NSQD:
         for topic in self.topics.values():
             if topic.ephemeral:
                 continue
-            channels = [{"name": c.name, "paused": c.paused}
+            channels = [{"name": c.name, "paused": c.paused, **policy.meta(c)}
                         for c in topic.channels.values() if not c.ephemeral]
             topics.append({"name": topic.name, "paused": topic.paused,
-                           "channels": channels or None})
+                           "channels": channels or None, **policy.meta(topic)})
         data = json.dumps({"topics": topics or None, "version": self.version},
                           separators=(",", ":"))
         tmp = f"{self.metadata_path}.{random.getrandbits(31)}.tmp"
@@ -409,9 +486,10 @@ class NSQD:
             with open(self.metadata_path) as f:
                 data = json.load(f)
         except FileNotFoundError:
-            return
+            data = {}
         except ValueError as err:
             raise RuntimeError(f"failed to parse metadata file {self.metadata_path} - {err}") from None
+        data["log_topics"] = load_specs(self.data_path)  # (not in nsqd.dat: Go's shape)
         self.load_topology(data)
 
     def load_topology(self, data, ephemeral=False):
@@ -419,12 +497,14 @@ class NSQD:
         ones only when they come from a running peer."""
         self.loading = True
         try:
+            self.load_log_topics(data.get("log_topics") or [])  # before their channels
             for t in data.get("topics") or []:
                 name = t.get("name", "")
                 if not is_valid_name(name) or (is_ephemeral(name) and not ephemeral):
                     self.logf("warn", f"skipping creation of invalid topic {name}")
                     continue
                 topic = self.get_topic(name)
+                policy.load(self, topic, t, channel_level=False)
                 if t.get("paused"):
                     topic.pause()
                 for c in t.get("channels") or []:
@@ -433,6 +513,7 @@ class NSQD:
                         self.logf("warn", f"skipping creation of invalid channel {cname}")
                         continue
                     channel = topic.get_channel(cname)
+                    policy.load(self, channel, c, channel_level=True)
                     if c.get("paused"):
                         channel.pause()
         finally:
@@ -621,7 +702,7 @@ class NSQD:
         except OSError:
             pass
         for topic in list(self.topics.values()):
-            if topic.owned:
+            if topic.owned or topic.is_log:  # (a log topic: each worker its partitions)
                 topic.close(delete=False)  # rings, in-flight and deferred messages to disk
             else:
                 topic.close_handles()

@@ -212,6 +212,12 @@ FLAGS: tuple[Flag, ...] = (
          no_effect=_SCAN + " and then checks every channel, so no sample is ever repeated"),
     Flag("lookupd-ping-interval", DURATION, "15s",
          _EXT + "interval between PINGs to each nsqlookupd (fixed in nsqd)", extension=True),
+    Flag("max-queue-depth", INT, 0,
+         _EXT + "max depth, in messages, of each new topic and channel (0 = unbounded; "
+         "/topic/policy and /channel/policy set each)", extension=True),
+    Flag("queue-overflow", STRING, "reject",
+         _EXT + "what a full bounded queue does: reject (the publish fails) or drop-oldest",
+         extension=True),
 )
 
 FLAGS_BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
@@ -259,6 +265,10 @@ def validate(opts: Options) -> None:
         raise OptionsError("--statsd-interval must be > 0")  # nsqd's ticker would panic
     if opts.lookupd_ping_interval <= 0:
         raise OptionsError("--lookupd-ping-interval must be > 0")
+    if opts.max_queue_depth < 0:
+        raise OptionsError("--max-queue-depth must be >= 0")
+    if opts.queue_overflow not in ("reject", "drop-oldest"):
+        raise OptionsError("--queue-overflow must be reject or drop-oldest")
 
 
 FLAGSET = FlagSet("nsqd", FLAGS, validate=validate, options_class=Options)

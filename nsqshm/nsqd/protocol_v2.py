@@ -29,12 +29,15 @@ from nsqshm.nsqd.client_v2 import (
     frame,
 )
 from nsqshm.nsqd.compression import CorruptStream, DeflateCodec, SnappyCodec
-from nsqshm.nsqd.errors import ClientErr, FatalClientErr
+from nsqshm.nsqd.errors import BAD_PARTITION, ClientErr, FatalClientErr
+from nsqshm.nsqd.logtopic import PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import TLS_NOT_REQUIRED
 from nsqshm.nsqd.reader import Disconnect, LineTooLong, Reader
 from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqd.topic import TopicError
+from nsqshm.youzan.commands import NO_PARTITION, parse_sub
+from nsqshm.youzan.offset import NOT_SUPPORTED, check_supported
 
 MAGIC_V2 = b"  V2"
 # a topic or channel being deleted as a client asks for it: tries, and the wait between
@@ -117,6 +120,16 @@ def require_state(client, verb, *states):
         raise FatalClientErr("E_INVALID", f"cannot {verb} in current state")
 
 
+def partition_param(params):
+    """`PUB <topic> <partition>` (Youzan's): the partition as an int, the
+    text when it is not one (a log topic answers E_BAD_PARTITION), or None.
+    A classic topic ignores it, as nsqd ignores a PUB's extra parameters."""
+    if len(params) < 3:
+        return None
+    value = base10(params[2]) if params[2] else None
+    return value if value is not None else text(params[2])
+
+
 def message_id(params, verb):
     if len(params) < 2:
         raise FatalClientErr("E_INVALID", f"{verb} insufficient number of params")
@@ -133,6 +146,7 @@ class ProtocolV2:
             b"IDENTIFY": self.IDENTIFY, b"AUTH": self.AUTH, b"SUB": self.SUB, b"RDY": self.RDY,
             b"FIN": self.FIN, b"REQ": self.REQ, b"TOUCH": self.TOUCH, b"CLS": self.CLS,
             b"NOP": self.NOP, b"PUB": self.PUB, b"MPUB": self.MPUB, b"DPUB": self.DPUB,
+            b"SUB_ADVANCED": self.SUB_ADVANCED,
         }
 
     # -- the connection loop ------------------------------------------------------------
@@ -170,7 +184,8 @@ class ProtocolV2:
             channel = client.channel
             if channel is not None and reader.buf.startswith(b"FIN ", reader.pos):
                 # a window of FINs: finished in one C loop (wire.fin_lines)
-                pos, n = wire.fin_lines(reader.buf, reader.pos, channel.inflight, client.id)
+                pos, n = wire.fin_lines(reader.buf, reader.pos, channel.inflight, client.id,
+                                        channel.cursors)
                 if n:
                     reader.pos = pos
                     channel.finished(client, n)
@@ -403,10 +418,63 @@ class ProtocolV2:
             raise FatalClientErr("E_BAD_CHANNEL",
                                  f"SUB channel name {go_quote(channel_name)} is not valid")
         self.check_auth(client, "SUB", topic_name.decode(), channel_name.decode())
-        channel = self._subscribe(client, topic_name.decode(), channel_name.decode())
+        partition = NO_PARTITION
+        if len(params) >= 4:  # Youzan's SUB <topic> <channel> <partition>: log topics only
+            topic = self.nsqd.topics.get(topic_name.decode())
+            if topic is not None and topic.is_log:
+                partition = parse_sub(params[:4], True, True).partition
+        return self._sub(client, topic_name.decode(), channel_name.decode(), partition, None)
+
+    def SUB_ADVANCED(self, client, params, reader):
+        """Youzan's SUB_ADVANCED <topic> <channel> [<partition> [<type>:<value>]]:
+        a log topic's channel, its cursor moved to the position first (by
+        the channel's first client only, as Youzan's)."""
+        sub = parse_sub(params, client.state == STATE_INIT, client.heartbeat_interval > 0)
+        self.check_auth(client, "SUB", sub.topic, sub.channel)
+        return self._sub(client, sub.topic, sub.channel, sub.partition, sub.start)
+
+    def _sub(self, client, topic_name, channel_name, partition, start):
+        topic = self.nsqd.topics.get(topic_name)
+        is_log = topic is not None and topic.is_log
+        if is_log and partition != NO_PARTITION:
+            try:
+                topic.partition(partition)
+            except PartitionError as err:
+                raise FatalClientErr(*BAD_PARTITION(err)) from None
+        if start is not None:
+            if not is_log:
+                raise FatalClientErr("E_INVALID", NOT_SUPPORTED)
+            self._seek(topic, channel_name, partition, start)
+        channel = self._subscribe(client, topic_name, channel_name)
         client.state = STATE_SUBSCRIBED
         client.channel = channel
         return OK
+
+    def _subscribers(self, topic, channel):
+        """The channel's clients on every worker (the op "clients" of the others)."""
+        count = len(channel.clients)
+        cluster = self.nsqd.cluster
+        if cluster is not None and not count:
+            replies = cluster.gather({"op": "clients", "topic": topic.name,
+                                      "channel": channel.name}, timeout=2)
+            count = sum((r or {}).get("count", 0) for r in replies)
+        return count
+
+    def _seek(self, topic, channel_name, partition, start):
+        """SUB_ADVANCED's position: every partition when none is named."""
+        try:
+            check_supported(start)
+            parts = topic.partitions if partition == NO_PARTITION else [topic.partition(partition)]
+            offsets = [(p, p.position(start)) for p in parts]
+        except ValueError as err:
+            raise FatalClientErr("E_INVALID", str(err)) from None
+        try:
+            channel = topic.get_channel(channel_name)
+        except (ChannelError, TopicError) as err:
+            raise FatalClientErr("E_SUB_FAILED", f"SUB failed {err}") from None
+        if self._subscribers(topic, channel):  # Youzan: only the channel's first client moves it
+            return
+        channel.seek(offsets)
 
     def RDY(self, client, params, reader):
         if client.state == STATE_CLOSING:
@@ -476,10 +544,13 @@ class ProtocolV2:
         topic_name = params[1]
         if not is_valid_name(topic_name):
             raise FatalClientErr("E_BAD_TOPIC", f"PUB topic name {go_quote(topic_name)} is not valid")
+        partition = partition_param(params)
         body = self._read_message(reader, "PUB")
         self.check_auth(client, "PUB", topic_name.decode(), "")
         try:
-            self._publish(topic_name.decode(), lambda topic: topic.put_message(body))
+            self._publish(topic_name.decode(), lambda topic: topic.put_message(body, partition))
+        except PartitionError as err:
+            raise FatalClientErr(*BAD_PARTITION(err)) from None
         except TopicError as err:
             raise FatalClientErr("E_PUB_FAILED", f"PUB failed {err}") from None
         self._count_pub(client, topic_name.decode(), 1)
@@ -492,6 +563,7 @@ class ProtocolV2:
         if not is_valid_name(topic_name):
             raise FatalClientErr("E_BAD_TOPIC",
                                  f"E_BAD_TOPIC MPUB topic name {go_quote(topic_name)} is not valid")
+        partition = partition_param(params)
         self.check_auth(client, "MPUB", topic_name.decode(), "")
         topic = self.nsqd.get_topic(topic_name.decode())
         opts = self.opts
@@ -515,7 +587,9 @@ class ProtocolV2:
                                                        max=opts.max_msg_size))
         try:
             self._publish(topic.name, lambda t: t.put_packed(packed, value,
-                                                             len(packed) - value * 30))
+                                                             len(packed) - value * 30, partition))
+        except PartitionError as err:
+            raise FatalClientErr(*BAD_PARTITION(err)) from None
         except TopicError as err:
             raise FatalClientErr("E_MPUB_FAILED", f"MPUB failed {err}") from None
         self._count_pub(client, topic.name, value)

@@ -25,6 +25,7 @@ import time
 from datetime import datetime
 
 from nsqshm import NSQD_COMPAT_VERSION, __version__
+from nsqshm.nsqd import policy
 from nsqshm.nsqd.options import format_duration
 
 VERSION_STRING = f"nsqd v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version__})"
@@ -273,10 +274,21 @@ def channel_stats(channel, clients, percentiles=(), sketch=False):
         "paused": bool(channel.paused),
         "e2e_processing_latency": e2e_result(getattr(channel, "e2e", None), percentiles,
                                              sketch),
+        **_log_channel_stats(channel),
+        **policy.channel_stats(channel),  # only with a policy: nsqd's keys otherwise
     }
     if sketch:  # a part to merge: the ring is everyone's, the disk queue the owner's
         out["ring_depth"] = channel.ring.depth
     return out
+
+
+def _log_channel_stats(channel):
+    """A log topic's channel: its cursor in each partition (shared memory:
+    any worker's part tells the broker's) and the retention moves."""
+    if getattr(channel, "cursors", None) is None:
+        return {}
+    return {"partitions": channel.partition_stats(),
+            "retention_moves": channel.retention_moves}
 
 
 def topic_stats(topic, channels, percentiles=(), sketch=False):
@@ -295,10 +307,15 @@ def topic_stats(topic, channels, percentiles=(), sketch=False):
         # nsqd merges the channels' streams: none without channels
         "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None),
                                              percentiles if topic.channels else (), sketch),
+        **policy.topic_stats(topic),
     }
+    if getattr(topic, "is_log", False):  # a log topic: its partitions' logs (logtopic.py)
+        out["partitions"] = topic.partition_stats()
+        out["retention"] = {"days": topic.spec["retention_days"],
+                            "bytes": topic.spec["retention_bytes"]}
     if sketch:  # a part to merge: the waiting DPUBs and the overflow are this worker's,
-        # the disk queue the owner's, the ring everyone's
-        out["ring_depth"] = topic.ring.depth
+        # the disk queue the owner's, the rings everyone's (a log topic's: its inbound rings)
+        out["ring_depth"] = topic.depth - topic.backend_depth
         out["deferred_waiting"] = waiting
     return out
 
@@ -359,14 +376,14 @@ def broker_stats(nsqd, topic_name="", channel_name="", include_clients=True, inc
 # shared: the largest reading); a depth is then ring + backend (+ waiting)
 _SUMMED = ("message_count", "message_bytes", "in_flight_count", "deferred_count",
            "requeue_count", "timeout_count", "client_count", "deferred_waiting",
-           "backend_depth")
+           "backend_depth", "retention_moves", *policy.SUMMED_STATS)
 _SHARED = ("ring_depth",)
 
 
 def _merge_into(into, part):
     for key in _SUMMED:
         if key in into:
-            into[key] += part[key]
+            into[key] += part.get(key, 0)  # (a policy's counts: where it is set)
     for key in _SHARED:
         if key in into:
             into[key] = max(into[key], part[key])
@@ -696,6 +713,9 @@ def stats_text(nsqd, topic_name="", channel_name="", include_clients=True, inclu
         out.append(f"\n{prefix}[{t['topic_name']:<15}] depth: {t['depth']:<5d} "
                    f"be-depth: {t['backend_depth']:<5d} msgs: {t['message_count']:<8d} "
                    f"e2e%: {e2e_text(t['e2e_processing_latency'])}\n")
+        for p in t.get("partitions") or ():  # a log topic's (nsqshm)
+            out.append(f"      partition {p['partition']:<3d} start: {p['start_offset']:<8d} "
+                       f"end: {p['end_offset']:<8d} owner: {p['owner']}\n")
         for c in t["channels"]:
             prefix = "   *P " if c["paused"] else "      "
             out.append(f"{prefix}[{c['channel_name']:<25}] depth: {c['depth']:<5d} "
@@ -703,6 +723,9 @@ def stats_text(nsqd, topic_name="", channel_name="", include_clients=True, inclu
                        f"def: {c['deferred_count']:<4d} re-q: {c['requeue_count']:<5d} "
                        f"timeout: {c['timeout_count']:<5d} msgs: {c['message_count']:<8d} "
                        f"e2e%: {e2e_text(c['e2e_processing_latency'])}\n")
+            for p in c.get("partitions") or ():
+                out.append(f"          partition {p['partition']:<3d} confirmed: "
+                           f"{p['confirmed_offset']:<8d} lag: {p['lag']}\n")
             for client in c["clients"] or ():
                 out.append(f"        {client_text(client, now)}\n")
     if not producers:

@@ -29,6 +29,7 @@ import gevent.event
 
 from nsqshm._core.inflight import DeferredQueue
 from nsqshm._core.wire import pack_message
+from nsqshm.nsqd import bounds, policy
 from nsqshm.nsqd.backend import RingOnly, memory_first, new_backend, skip_records, write_to_disk
 from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -41,7 +42,14 @@ class TopicError(Exception):
     pass
 
 
+class TopicFull(TopicError):
+    """A publish refused by a bounded queue's reject policy (bounds.py)."""
+
+
 class Topic:
+    channel_class = Channel
+    is_log = False
+
     def __init__(self, nsqd, name):
         self.nsqd = nsqd
         self.name = name
@@ -55,6 +63,9 @@ class Topic:
         self.channels = {}
         self.paused = False
         self.exiting = False
+        # .policy: a time to live, a bound; .bounded: the queues whose reject
+        # bound a publish is checked against (policy.py, bounds.py)
+        policy.for_topic(self)
         self.message_count = 0
         self.message_bytes = 0
         # local producers count into the ring's header; the owner reports what
@@ -77,12 +88,17 @@ class Topic:
 
     # -- publishing -----------------------------------------------------------------
 
-    def put_packed(self, packed, count, body_bytes):
+    def put_packed(self, packed, count, body_bytes, partition=None):
         """Append `count` packed records (from nsqshm._core.wire) to the ring,
         or to disk past what memory may hold; TopicError when they cannot be
         stored (a full disk): nothing is acknowledged that is not stored."""
         if self.exiting:
             raise TopicError("exiting")
+        if self.bounded:
+            try:
+                bounds.admit(self, count)
+            except bounds.QueueFull as err:
+                raise TopicFull(str(err)) from None
         if self.owned:
             self.store(packed)
         else:
@@ -121,10 +137,12 @@ class Topic:
         finally:
             self.ring.disarm(for_space=True)
 
-    def put_message(self, body):
+    def put_message(self, body, partition=None):
+        """PUB (partition: a log topic's; a classic topic ignores it, as
+        nsqd ignores a PUB's extra parameters)."""
         out = bytearray()
         pack_message(body, self.nsqd.ids, time.time_ns(), out)
-        self.put_packed(out, 1, len(body))
+        self.put_packed(out, 1, len(body), partition)
 
     def put_deferred(self, body, delay_s):
         """DPUB: a message due in delay_s seconds, for every channel."""
@@ -147,7 +165,7 @@ class Topic:
     def get_channel(self, name):
         channel = self.channels.get(name)
         if channel is None:
-            channel = Channel(self, name)
+            channel = self.channel_class(self, name)
             self.channels[name] = channel
             self._hand_over_waiting(channel)
             self._wake.set()
@@ -211,6 +229,9 @@ class Topic:
         backend = self.backend
         while not self.exiting:
             if self.paused or not self.channels:
+                bound = self.policy
+                if bound is not None and bound.max_depth and bound.overflow == "drop-oldest":
+                    bounds.trim_topic(self)  # here: no batch of the pump is in the air
                 # others' publishes land in the ring: past the limit, to disk
                 stuck = self._spill_excess() == 0 and ring.depth > self.mem_limit
                 self._wake.clear()
@@ -412,4 +433,4 @@ def flush_ring(ring, backend, scratch, nsqd):
             return False
 
 
-__all__ = ["FULL", "Topic", "TopicError"]
+__all__ = ["FULL", "Topic", "TopicError", "TopicFull"]

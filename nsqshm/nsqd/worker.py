@@ -84,8 +84,14 @@ def main(opts, index, nworkers, ctl, log):
                 nsqd.stop_clients()
                 send("phase1")
             elif cmd == "phase2":
-                nsqd.stop_queues()
-                done.set()
+                try:
+                    nsqd.stop_queues()
+                except Exception as err:  # a defect must not hang the stop: what was not
+                    # written to disk stays in shared memory for the next start
+                    log.error(f"worker {index}: graceful stop failed - {err!r}; "
+                              "what it did not write stays in shared memory")
+                finally:
+                    done.set()
                 return
             elif cmd == "reload":
                 reload_options(nsqd, log)

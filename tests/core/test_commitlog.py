@@ -459,3 +459,21 @@ def test_sync_policy(logdir, sync_every, sync_timeout, synced):
     log.sync()
     assert reader.synced_offset == 150 and not log.needs_sync
     log.close()
+
+
+def test_append_stamps_position_ids_in_the_log(logdir):
+    """A log topic's partition: each message's ID becomes (partition << 48) |
+    offset in 16 hex digits, in the log and under its crc; the rest is as sent."""
+    log = PartitionLog(logdir)
+    msgs = [message(i + 100) for i in range(5)]
+    log.append_packed(packed(msgs[:2]), 7)
+    log.append_packed(packed(msgs[2:]), 7)
+    got = read_all(LogReader(logdir))
+    assert [m[10:26] for m in got] == [b"%016x" % ((7 << 48) | i) for i in range(5)]
+    assert [m[:10] + m[26:] for m in got] == [m[:10] + m[26:] for m in msgs]
+    raw = open(os.path.join(logdir, segment_name(0)), "rb").read()
+    size, crc = struct.unpack_from(">II", raw, 0)
+    assert crc == crc32c(raw[8:8 + size])
+    with pytest.raises(ValueError):
+        log.append_packed(packed(msgs), 1 << 16)
+    log.close()

@@ -4,6 +4,7 @@ checkpoints, processes killed while using it."""
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,10 @@ from nsqshm._core.logcursor import (
     OUT_OF_WINDOW,
     Cursor,
     CursorError,
+    CursorSet,
     checkpoint_path,
+    decode_message_id,
+    log_message_id,
     validate_name,
 )
 
@@ -273,3 +277,87 @@ def test_processes_killed_while_finishing(cursor_args):
     print(f"locks taken over from a killed holder: {recoveries}")
     # offsets the killed processes finished but had not reported are finished
     # too (or will be redelivered): a restarted finisher starts at its report
+
+
+def test_read_pos_is_shared_and_never_below_confirmed(cursor_args):
+    name, ckpt = cursor_args
+    a = Cursor.open(name, ckpt, 10)
+    b = Cursor.open(name, ckpt)
+    assert a.read_pos == 10  # a new segment: from confirmed
+    a.read_pos = 25
+    assert b.read_pos == 25
+    b.set(40)  # a seek moves the reader too
+    assert a.read_pos == 40 and a.confirmed == 40
+    a.read_pos = 5
+    assert a.read_pos == 40
+    a.checkpoint()
+    a.close()
+    b.close()
+    os.unlink(f"/dev/shm/{name}")
+    c = Cursor.open(name, ckpt)  # from the checkpoint: read from confirmed again
+    assert (c.confirmed, c.read_pos) == (40, 40)
+    c.close()
+
+
+def test_unfinished_run_steps_over_finished_offsets(cursor_args):
+    name, ckpt = cursor_args
+    cur = Cursor.open(name, ckpt, 0, window_bits=128)
+    assert cur.unfinished_run(0, 50) == (0, 50)
+    for o in (0, 1, 5, 6, 7, 20):
+        cur.finish(o)
+    assert cur.confirmed == 2
+    assert cur.unfinished_run(0, 50) == (2, 3)
+    assert cur.unfinished_run(5, 50) == (8, 12)
+    assert cur.unfinished_run(21, 50) == (21, 29)
+    assert cur.unfinished_run(50, 50) == (-1, 0)
+    assert cur.unfinished_run(100, 1000) == (100, 30)  # up to the window's end (2 + 128)
+    for o in range(2, 5):
+        cur.finish(o)
+    for o in range(8, 20):
+        cur.finish(o)
+    assert cur.unfinished_run(0, 21) == (-1, 0)  # all finished up to the end
+    cur.close()
+
+
+def test_cursor_set_finishes_by_position_id(cursor_args):
+    name, ckpt = cursor_args
+    cur = Cursor.open(name, ckpt, 0)
+    cursors = CursorSet(4)
+    cursors[3] = cur
+    assert decode_message_id(log_message_id(3, 12345)) == (3, 12345)
+    assert decode_message_id(b"0123456789abcdeg") is None
+    assert decode_message_id(b"short") is None
+    assert cursors.finish(log_message_id(3, 1)) == FINISHED
+    assert cursors.finish(log_message_id(3, 1)) == ALREADY
+    assert cursors.finish(log_message_id(3, 0)) == FINISHED
+    assert cur.confirmed == 2
+    assert cursors.finish(log_message_id(2, 0)) == -1       # no cursor for partition 2
+    assert cursors.finish(log_message_id(9, 0)) == -1       # no partition 9
+    assert cursors.finish(b"not a hex id !!!") == -1
+    assert cursors.finish(log_message_id(3, 1 << 20)) == OUT_OF_WINDOW
+    with pytest.raises(TypeError):
+        cursors[0] = "x"
+    cur.close()
+
+
+def test_fin_lines_marks_the_cursor(cursor_args):
+    """wire.fin_lines: a window of FINs finishes in flight and in the cursor,
+    in C; it stops at a message not in flight."""
+    from nsqshm._core.inflight import InFlight
+    from nsqshm._core.wire import fin_lines
+
+    name, ckpt = cursor_args
+    cur = Cursor.open(name, ckpt, 0)
+    cursors = CursorSet(1)
+    cursors[0] = cur
+    inflight = InFlight()
+    records = bytearray()
+    for o in range(4):
+        msg = struct.pack(">QH", 1, 1) + log_message_id(0, o) + b"body"
+        records += struct.pack("=I", len(msg)) + msg
+    inflight.deliver(records, 4, bytearray(), 7, time.monotonic_ns() + 10**10)
+    buf = bytearray(b"".join(b"FIN " + log_message_id(0, o) + b"\n" for o in (1, 0, 3, 9)))
+    pos, n = fin_lines(buf, 0, inflight, 7, cursors)
+    assert (pos, n) == (63, 3)
+    assert cur.confirmed == 2 and cur.is_finished(3) and not cur.is_finished(2)
+    cur.close()

@@ -23,7 +23,8 @@ NSQD_FLAGS = {
     "auth-http-request-method",  # nsqd master, after 1.3.0
 }
 EXTENSIONS = {"workers", "graceful-timeout", "shm-prefix", "client-timeout", "queue-scan-interval",
-              "queue-scan-dirty-percent", "lookupd-ping-interval"}
+              "queue-scan-dirty-percent", "lookupd-ping-interval", "max-queue-depth",
+              "queue-overflow"}
 
 
 def parse(*argv):
@@ -114,6 +115,8 @@ DEFAULTS = [
     ("workers", 0),
     ("graceful_timeout", 30.0),
     ("shm_prefix", ""),
+    ("max_queue_depth", 0),
+    ("queue_overflow", "reject"),
 ]
 
 
@@ -377,6 +380,8 @@ ERRORS = [
     (["--statsd-address=127.0.0.1:8125", "--statsd-interval=0s"],
      "--statsd-interval must be > 0"),
     (["--lookupd-ping-interval=-1s"], "--lookupd-ping-interval must be > 0"),
+    (["--max-queue-depth=-1"], "--max-queue-depth must be >= 0"),
+    (["--queue-overflow=block"], "--queue-overflow must be reject or drop-oldest"),
 ]
 
 

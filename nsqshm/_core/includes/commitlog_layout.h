@@ -98,6 +98,9 @@
  *      144     8  j_from         redo journal of an advance / reset
  *      152     8  j_to
  *      160     8  j_reset        1 while a reset clears the window
+ *      168     8  read_pos       the broker's reader: msg offsets below it were
+ *                                pushed to the channel (0 / below confirmed:
+ *                                read from confirmed, skipping finished ones)
  *      192     8  confirmed_total, finish_total: counters
  *      256   w/8  window         bit (o % window_bits) = msg offset o in
  *                                [confirmed, confirmed + window_bits) finished
@@ -174,7 +177,8 @@ typedef struct {
     uint64_t j_from;
     uint64_t j_to;
     uint64_t j_reset;
-    uint64_t _pad2[3];
+    uint64_t read_pos;
+    uint64_t _pad2[2];
     uint64_t confirmed_total;
     uint64_t finish_total;
     uint64_t _pad3[6];
@@ -183,6 +187,7 @@ typedef struct {
 
 _Static_assert(offsetof(nsqshm_cursor_header, lock) == 64, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, confirmed) == 128, "layout");
+_Static_assert(offsetof(nsqshm_cursor_header, read_pos) == 168, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, confirmed_total) == 192, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, window) == NSQSHM_CURSOR_HEADER, "layout");
 

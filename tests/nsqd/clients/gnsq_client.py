@@ -146,6 +146,15 @@ elif scenario == "sampled":  # all n in one MPUB; whatever comes in 3 s (sample_
     gevent.sleep(3)
     finished.set()
 
+elif scenario == "requeue_always":  # the server dead-letters at 3 attempts (test_policy.py)
+    def handler(c, message):
+        record(message)
+        message.requeue(0, backoff=False)
+        if len(result["received"]) >= 3 * n:
+            gevent.spawn_later(1.0, finished.set)  # (a 4th delivery would show by then)
+    consumers.append(consumer("c", handler, max_tries=None))
+    publish()
+
 else:
     raise SystemExit(f"unknown scenario {scenario}")
 

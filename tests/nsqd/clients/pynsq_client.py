@@ -155,6 +155,17 @@ elif scenario == "sampled":  # all n in one MPUB; whatever comes in 3 s (sample_
     pub_all(writer, bodies, "mpub")
     loop.call_later(3, done)
 
+elif scenario == "requeue_always":  # the server dead-letters at 3 attempts (test_policy.py)
+    def handler(message):
+        record(message)
+        message.requeue(backoff=False, delay=0)
+        if len(result["received"]) >= 3 * n:
+            loop.call_later(1.0, done)  # (a 4th delivery would show by then)
+        return None
+    reader("c", handler, max_tries=0)
+    pub_all(writer, bodies)
+    loop.call_later(30, done)
+
 else:
     raise SystemExit(f"unknown scenario {scenario}")
 

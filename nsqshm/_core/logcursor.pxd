@@ -1,0 +1,57 @@
+# A channel's cursor in a log partition, and the set of them a channel's FIN
+# path finishes by message ID (wire.fin_lines).  Layout: includes/commitlog_layout.h.
+
+from libc.stdint cimport uint32_t, uint64_t
+
+from nsqshm._core.includes.system cimport pthread_mutex_t
+
+
+cdef extern from "commitlog_layout.h" nogil:
+    uint64_t NSQSHM_CURSOR_MAGIC
+    uint32_t NSQSHM_CURSOR_VERSION
+    uint32_t NSQSHM_CURSOR_HEADER
+
+    ctypedef struct nsqshm_cursor_lock:
+        pthread_mutex_t mutex
+
+    ctypedef struct nsqshm_cursor_header:
+        uint64_t magic
+        uint32_t version
+        uint32_t window_bits
+        uint64_t created_ns
+        uint64_t recoveries
+        nsqshm_cursor_lock lock
+        uint64_t confirmed
+        uint64_t finished
+        uint64_t j_from
+        uint64_t j_to
+        uint64_t j_reset
+        uint64_t read_pos
+        uint64_t confirmed_total
+        uint64_t finish_total
+        uint64_t window[1]
+
+    uint32_t nsqshm_crc32c(uint32_t crc, const void *p, size_t n)
+
+
+cdef class Cursor:
+    cdef nsqshm_cursor_header *h
+    cdef size_t size
+    cdef uint64_t bits, mask
+    cdef readonly str name
+    cdef readonly str checkpoint_file
+    cdef bint crash_test
+
+    cdef int _map(self, int fd, size_t size) except -1
+    cdef int _lock(self) except -1
+    cdef void _unlock(self) noexcept nogil
+    cdef void _repair(self) noexcept
+    cdef int _finish(self, uint64_t o) noexcept nogil
+    cdef long long _next(self, uint64_t start, uint64_t end) noexcept nogil
+
+
+cdef class CursorSet:
+    cdef list cursors                 # by partition: Cursor, or None (not attached yet)
+    cdef public object fault_path     # tests: see FAULT_DIE_IN_FIN_ENV
+    cdef int has_id(self, const char *msg_id) noexcept
+    cdef int finish_id(self, const char *msg_id) except -2

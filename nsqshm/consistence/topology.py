@@ -1,0 +1,315 @@
+"""The cluster's metadata in etcd, after Youzan's layout (youzan/nsq consistence/:
+nsqd_node_etcd.go, nsq_lookupd_etcd.go; keys and JSON field names as there, on the
+v3 API instead of v2):
+
+    /NSQMetaData/<cluster-id>/
+        NsqdNodes/Node-<id>                       NodeInfo JSON, on the node's lease
+        NsqlookupdInfo/NsqlookupdNodes/Node-<id>  NodeInfo JSON of an nsqlookupd, leased
+        Topics/<topic>/TopicMeta                  TopicMeta JSON (partitions, replicas, ...)
+        Topics/<topic>/<partition>/ReplicaInfo    ReplicaInfo JSON: Leader, ISR, CatchupList
+        Topics/<topic>/<partition>/LeaderSession  LeaderSession JSON, on the leader's lease
+
+A partition's **epoch** is the mod_revision of its ReplicaInfo key, as Youzan's is
+the key's ModifiedIndex: every change of leader or ISR is a compare-and-set on it, so
+each change makes a new, larger epoch and a writer holding an older one is refused.
+The LeaderSession key lives on the leader node's lease: it vanishes when the leader
+dies or is cut off from etcd longer than the TTL, which is what allows an election
+(leadership.py).
+"""
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+from nsqshm.consistence.errors import InvalidName, TopicExists, TopicNotFound
+from nsqshm.consistence.placement import spread
+from nsqshm.consistence.txn import Compare, Op
+from nsqshm.nsqd.names import is_ephemeral, is_valid_name
+
+ROOT = "/NSQMetaData"
+NODE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
+CLUSTER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
+MAX_PARTITIONS = 1024
+
+
+def check_topic(topic):
+    # nsqd's names cannot hold "/", so a topic cannot reach outside its own key prefix
+    if not isinstance(topic, str) or not is_valid_name(topic) or is_ephemeral(topic):
+        raise InvalidName(f"bad topic name {topic!r} (ephemeral topics are not replicated)")
+    return topic
+
+
+def check_node_id(node_id):
+    if not isinstance(node_id, str) or not NODE_ID.match(node_id):
+        raise InvalidName(f"bad node ID {node_id!r}")
+    return node_id
+
+
+def check_partition(partition):
+    if not isinstance(partition, int) or isinstance(partition, bool) \
+            or not 0 <= partition < MAX_PARTITIONS:
+        raise InvalidName(f"bad partition {partition!r}")
+    return partition
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """An nsqd (or nsqlookupd) of the cluster: Youzan's NsqdNodeInfo."""
+    id: str
+    ip: str
+    tcp_port: int = 0
+    http_port: int = 0
+    rpc_port: int = 0
+    version: str = ""
+
+    def to_json(self):
+        return {"ID": self.id, "NodeIP": self.ip, "TcpPort": str(self.tcp_port),
+                "HttpPort": str(self.http_port), "RpcPort": str(self.rpc_port),
+                "Version": self.version}
+
+    @classmethod
+    def from_json(cls, d):
+        return cls(id=d["ID"], ip=d.get("NodeIP", ""), tcp_port=int(d.get("TcpPort") or 0),
+                   http_port=int(d.get("HttpPort") or 0), rpc_port=int(d.get("RpcPort") or 0),
+                   version=d.get("Version", ""))
+
+
+@dataclass(frozen=True)
+class TopicMeta:
+    """A topic's settings: Youzan's TopicMetaInfo."""
+    partition_num: int
+    replica: int
+    sync_every: int = 0
+    retention_day: int = 0
+    ordered_multi: bool = False
+    ext: bool = False
+
+    _NAMES = {"partition_num": "PartitionNum", "replica": "Replica", "sync_every": "SyncEvery",
+              "retention_day": "RetentionDay", "ordered_multi": "OrderedMulti", "ext": "Ext"}
+
+    def to_json(self):
+        return {self._NAMES[k]: v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, d):
+        return cls(**{k: d[n] for k, n in cls._NAMES.items() if n in d})
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """Who holds a partition: Youzan's TopicPartitionReplicaInfo.  epoch is the key's
+    mod_revision (not stored in the value); epoch_for_write counts leader changes."""
+    leader: str
+    isr: tuple
+    catchup: tuple = ()
+    epoch_for_write: int = 0
+    epoch: int = 0
+
+    def to_json(self):
+        return {"Leader": self.leader, "ISR": list(self.isr), "CatchupList": list(self.catchup),
+                "EpochForWrite": self.epoch_for_write}
+
+    @classmethod
+    def from_kv(cls, kv):
+        d = json.loads(kv.value)
+        return cls(leader=d.get("Leader", ""), isr=tuple(d.get("ISR") or ()),
+                   catchup=tuple(d.get("CatchupList") or ()),
+                   epoch_for_write=int(d.get("EpochForWrite", 0)), epoch=kv.mod_revision)
+
+
+@dataclass(frozen=True)
+class LeaderSession:
+    """The live leadership of a partition: Youzan's TopicLeaderSession.  Its key is on
+    the leader's lease; create_revision tells one holding from the next."""
+    topic: str
+    partition: int
+    leader: NodeInfo
+    session: str  # the leader's lease ID in hex
+    leader_epoch: int  # the ReplicaInfo's epoch_for_write it was elected at
+    create_revision: int = 0
+
+    def to_json(self):
+        return {"Topic": self.topic, "Partition": self.partition,
+                "LeaderNode": self.leader.to_json(), "Session": self.session,
+                "LeaderEpoch": self.leader_epoch}
+
+    @classmethod
+    def from_kv(cls, kv):
+        d = json.loads(kv.value)
+        return cls(topic=d["Topic"], partition=int(d["Partition"]),
+                   leader=NodeInfo.from_json(d["LeaderNode"]), session=d.get("Session", ""),
+                   leader_epoch=int(d.get("LeaderEpoch", 0)), create_revision=kv.create_revision)
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """A partition as read at one revision: its replicas and its live leader, if any."""
+    topic: str
+    partition: int
+    replicas: ReplicaInfo
+    leader_session: LeaderSession | None = None
+    revision: int = 0  # the store revision the state was read at
+
+    @property
+    def epoch(self):
+        return self.replicas.epoch
+
+    @property
+    def leader(self):
+        """The node ID of the live leader, or "" while there is none."""
+        return self.leader_session.leader.id if self.leader_session is not None else ""
+
+
+@dataclass
+class Keys:
+    """The key layout of one cluster (drawn at the top of this module)."""
+    cluster_id: str
+    root: str = field(init=False)
+
+    def __post_init__(self):
+        if not CLUSTER_ID.match(self.cluster_id):
+            raise InvalidName(f"bad cluster ID {self.cluster_id!r}")
+        self.root = f"{ROOT}/{self.cluster_id}/"
+
+    def nodes(self):
+        return self.root + "NsqdNodes/"
+
+    def node(self, node_id):
+        return self.nodes() + "Node-" + check_node_id(node_id)
+
+    def lookupd_nodes(self):
+        return self.root + "NsqlookupdInfo/NsqlookupdNodes/"
+
+    def lookupd_node(self, node_id):
+        return self.lookupd_nodes() + "Node-" + check_node_id(node_id)
+
+    def topics(self):
+        return self.root + "Topics/"
+
+    def topic(self, topic):
+        return self.topics() + check_topic(topic) + "/"
+
+    def topic_meta(self, topic):
+        return self.topic(topic) + "TopicMeta"
+
+    def partition(self, topic, partition):
+        return self.topic(topic) + str(check_partition(partition)) + "/"
+
+    def replica_info(self, topic, partition):
+        return self.partition(topic, partition) + "ReplicaInfo"
+
+    def leader_session(self, topic, partition):
+        return self.partition(topic, partition) + "LeaderSession"
+
+
+class Topology:
+    """Reads and writes the layout above through one EtcdSession."""
+
+    def __init__(self, session, cluster_id):
+        self.session = session
+        self.keys = Keys(cluster_id)
+
+    # -- nodes -----------------------------------------------------------------------
+
+    def register_node(self, node):
+        """The node's key on the session's lease (put again under a new lease)."""
+        return self.session.keep(self.keys.node(node.id), json.dumps(node.to_json()))
+
+    def unregister_node(self, node_id):
+        return self.session.forget(self.keys.node(node_id))
+
+    def nodes(self):
+        """The live nsqd nodes, by ID."""
+        return [NodeInfo.from_json(json.loads(kv.value))
+                for kv in self.session.get_prefix(self.keys.nodes())]
+
+    def register_lookupd(self, node):
+        return self.session.keep(self.keys.lookupd_node(node.id), json.dumps(node.to_json()))
+
+    def lookupd_nodes(self):
+        return [NodeInfo.from_json(json.loads(kv.value))
+                for kv in self.session.get_prefix(self.keys.lookupd_nodes())]
+
+    # -- topics ----------------------------------------------------------------------
+
+    def create_topic(self, topic, meta, placement):
+        """The topic's meta and one ReplicaInfo per partition, in one transaction, only
+        if the topic does not exist (else TopicExists).  placement[p] lists partition
+        p's replicas, the first its intended leader; all start in the ISR (a new
+        partition is empty, so every replica is in sync).  -> revision."""
+        check_topic(topic)
+        if len(placement) != meta.partition_num or meta.partition_num < 1:
+            raise ValueError(f"{len(placement)} placements for {meta.partition_num} partitions")
+        puts = [Op.put(self.keys.topic_meta(topic), json.dumps(meta.to_json()))]
+        for p, replicas in enumerate(placement):
+            replicas = tuple(check_node_id(n) for n in replicas)
+            if len(replicas) != meta.replica or len(set(replicas)) != len(replicas):
+                raise ValueError(f"partition {p}: replicas {replicas} for replica={meta.replica}")
+            info = ReplicaInfo(leader=replicas[0], isr=replicas)
+            puts.append(Op.put(self.keys.replica_info(topic, p), json.dumps(info.to_json())))
+        result = self.session.txn([Compare.absent(self.keys.topic_meta(topic))], puts)
+        if not result.succeeded:
+            raise TopicExists(topic)
+        return result.revision
+
+    def delete_topic(self, topic):
+        """Every key of the topic.  -> how many were deleted."""
+        return self.session.delete_prefix(self.keys.topic(topic))
+
+    def topic_meta(self, topic):
+        kv = self.session.get(self.keys.topic_meta(topic))
+        if kv is None:
+            raise TopicNotFound(topic)
+        return TopicMeta.from_json(json.loads(kv.value))
+
+    def topics(self):
+        """The names of every topic with a meta key."""
+        prefix = self.keys.topics()
+        return sorted(kv.key[len(prefix):-len("/TopicMeta")]
+                      for kv in self.session.get_prefix(prefix)
+                      if kv.key.endswith("/TopicMeta"))
+
+    def partition(self, topic, partition):
+        """The partition's state, read at one revision (one range over its keys)."""
+        kvs = self.session.get_prefix(self.keys.partition(topic, partition))
+        return self.state_from(topic, partition, kvs)
+
+    def partitions(self, topic):
+        """Every partition's state, all read at one revision (one range)."""
+        prefix = self.keys.topic(topic)
+        by_partition = {}
+        meta = None
+        for kv in self.session.get_prefix(prefix):
+            head, _, tail = kv.key[len(prefix):].partition("/")
+            if head == "TopicMeta":
+                meta = TopicMeta.from_json(json.loads(kv.value))
+            elif head.isdigit() and tail:
+                by_partition.setdefault(int(head), []).append(kv)
+        if meta is None:
+            raise TopicNotFound(topic)
+        return [self.state_from(topic, p, by_partition.get(p, ()))
+                for p in range(meta.partition_num)]
+
+    def leaders(self, topic):
+        """Per partition, its live leader's NodeInfo, or None while it has none: what
+        nsqlookupd's `/lookup?access=w` names, so that clients write to the leader."""
+        return [st.leader_session.leader if st.leader_session is not None else None
+                for st in self.partitions(topic)]
+
+    def create_topic_on_live_nodes(self, topic, meta):
+        """create_topic with its partitions spread over the nodes registered now."""
+        placement = spread([n.id for n in self.nodes()], meta.partition_num, meta.replica)
+        self.create_topic(topic, meta, placement)
+        return placement
+
+    def state_from(self, topic, partition, kvs, revision=0):
+        """A PartitionState from the KeyValues of the partition's prefix."""
+        replicas = session = None
+        for kv in kvs:
+            if kv.key.endswith("/ReplicaInfo"):
+                replicas = ReplicaInfo.from_kv(kv)
+            elif kv.key.endswith("/LeaderSession"):
+                session = LeaderSession.from_kv(kv)
+        if replicas is None:
+            raise TopicNotFound(f"{topic} partition {partition}")
+        return PartitionState(topic, partition, replicas, session, revision)

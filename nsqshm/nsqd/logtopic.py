@@ -1,0 +1,299 @@
+"""A log topic: a topic whose messages are appended to partition logs on
+disk (commitlog.pyx) and whose channels are cursors into them
+(logchannel.py), after the Youzan fork of NSQ.
+
+Made only by `POST /topic/create?topic=T&partition_num=N` (Youzan's
+parameter names, with retention_days and retention_bytes); a PUB to an
+unknown name still makes a classic topic, and a classic topic stays one.
+What kind a topic is, its partition count and retention are kept in
+<data-path>/nsqshm.logtopics.json (worker 0 writes it, atomically; nsqd.dat
+stays as nsqd writes it, the log topics listed there as topics with their
+channels, so that a Go nsqd can still read it):
+
+    {"topics": [{"name": "T", "partition_num": 4, "retention_days": 7,
+                 "retention_bytes": -1}], "version": 1}
+
+Publishing: a plain PUB or MPUB on a worker goes to a partition that
+worker owns, round-robin over them, so each worker appends to its own logs
+with no hop between processes; a worker that owns none (fewer partitions
+than workers) hands the records to an owner through the partition's
+inbound ring (partition.py), round-robin over all partitions.  `PUB T p`
+and `MPUB T p` (Youzan's) name the partition.  OK is sent once the records
+are in the log (written: in the page cache, so a process's death keeps
+them) or in the inbound ring (shared memory, as a classic topic's ring).
+
+Retention: every RETENTION_INTERVAL the owner of a partition deletes whole
+old segments past retention_days or retention_bytes, then moves a channel
+whose cursor fell below the log start to the start (logged, counted in its
+stats), and checkpoints the cursors that moved.
+"""
+
+import json
+import os
+import random
+
+import gevent
+import gevent.event
+
+from nsqshm._core.inflight import DeferredQueue
+from nsqshm.nsqd.backend import DummyBackend
+from nsqshm.nsqd.channel import LatencyStream
+from nsqshm.nsqd.logchannel import LogChannel
+from nsqshm.nsqd.names import go_quote
+from nsqshm.nsqd.partition import Partition
+from nsqshm.nsqd.topic import Topic, TopicError
+
+LOG_TOPICS_FILE = "nsqshm.logtopics.json"
+MAX_PARTITIONS = 256
+RETENTION_INTERVAL = 1.0   # seconds between retention passes (on partition owners)
+MAX_RETENTION_DAYS = 36500
+
+
+class LogTopicError(Exception):
+    """A /topic/create that cannot be done: .code is the HTTP error text."""
+
+    def __init__(self, code, status=400):
+        super().__init__(code)
+        self.code = code
+        self.status = status
+
+
+class PartitionError(TopicError):
+    """A PUB naming a partition the topic does not have."""
+
+
+def make_spec(name, partition_num, retention_days=-1, retention_bytes=-1):
+    """A log topic's definition, validated (LogTopicError with the HTTP text)."""
+    try:
+        partitions = int(partition_num)
+    except (TypeError, ValueError):
+        raise LogTopicError("INVALID_PARTITION_NUM") from None
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise LogTopicError("INVALID_PARTITION_NUM")  # 1..MAX_PARTITIONS
+    try:
+        days = int(retention_days)
+        size = int(retention_bytes)
+    except (TypeError, ValueError):
+        raise LogTopicError("INVALID_RETENTION") from None
+    if days == 0 or days > MAX_RETENTION_DAYS or days < -1 or size == 0 or size < -1:
+        raise LogTopicError("INVALID_RETENTION")
+    return {"name": name, "partition_num": partitions, "retention_days": days,
+            "retention_bytes": size}
+
+
+def load_specs(data_path):
+    """The log topics of nsqshm.logtopics.json ([] when there is none)."""
+    path = os.path.join(data_path, LOG_TOPICS_FILE)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return []
+    except ValueError as err:
+        raise RuntimeError(f"failed to parse {path} - {err}") from None
+    return list(data.get("topics") or [])
+
+
+def write_specs(data_path, specs):
+    path = os.path.join(data_path, LOG_TOPICS_FILE)
+    tmp = f"{path}.{random.getrandbits(31)}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"topics": specs, "version": 1}, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class _NoOverflow:
+    """A log topic never overflows to a worker's disk queue (the log takes it)."""
+    depth = 0
+
+    def stop(self):
+        pass
+
+    def close(self):
+        pass
+
+    def delete(self):
+        pass
+
+    def empty(self):
+        pass
+
+
+class LogTopic(Topic):
+    channel_class = LogChannel
+    is_log = True
+
+    def __init__(self, nsqd, name, spec):
+        # not Topic.__init__: no topic ring, disk queue nor pump; the partitions
+        # take what they did
+        self.nsqd = nsqd
+        self.name = name
+        self.spec = spec
+        self.ephemeral = False
+        self.owned = nsqd.owns(name)   # the ring and deferred files of its channels
+        self.backend = DummyBackend()
+        self.overflow = _NoOverflow()
+        self.adopted = []
+        self.mem_limit = nsqd.opts.mem_queue_size
+        self.channels = {}
+        self.paused = False
+        self.exiting = False
+        self.message_count = 0
+        self.message_bytes = 0
+        self.deferred_waiting = DeferredQueue()  # (empty: DPUB with a delay is refused)
+        # delivery policies (policy.py) apply to a log topic's channels only: a
+        # bound or a TTL of the topic would need the topic ring it has not
+        self.policy = None
+        self.bounded = []
+        self.e2e = None
+        if nsqd.opts.e2e_processing_latency_percentile:
+            self.e2e = LatencyStream(nsqd.opts, lambda: [c.inflight for c in self.channels.values()])
+        self._wake = gevent.event.Event()
+        self._emptied = 0
+        self._pump = None
+        self.partitions = [Partition(self, i) for i in range(spec["partition_num"])]
+        self._owned = [p for p in self.partitions if p.owned]
+        self._turn = 0
+        self._retention = gevent.spawn(self._retention_loop) if self._owned else None
+
+    def __repr__(self):
+        return f"<LogTopic {self.name} ({len(self.partitions)} partitions)>"
+
+    # -- publishing -----------------------------------------------------------------
+
+    def partition(self, index):
+        if isinstance(index, str):  # not a number (Go's strconv.Atoi error, as Youzan's)
+            raise PartitionError(f"strconv.Atoi: parsing {go_quote(index)}: invalid syntax")
+        if not 0 <= index < len(self.partitions):
+            raise PartitionError(f"partition {index} out of range 0-{len(self.partitions) - 1}")
+        return self.partitions[index]
+
+    def put_packed(self, packed, count, body_bytes, partition=None):
+        if self.exiting:
+            raise TopicError("exiting")
+        if partition is not None:
+            target = self.partition(partition)
+        else:
+            pool = self._owned or self.partitions
+            target = pool[self._turn % len(pool)]
+            self._turn += 1
+        if target.owned:
+            try:
+                target.append(packed)
+            except ValueError as err:  # a message larger than a segment takes
+                raise TopicError(str(err)) from None
+            except OSError as err:
+                self.nsqd.set_health(err)
+                raise TopicError(str(err)) from None
+        elif not target.push_inbound(packed):
+            raise TopicError(f"partition {target.index} inbound ring is full")
+        self.message_count += count
+        self.message_bytes += body_bytes
+
+    def put_deferred(self, body, delay_s):
+        raise TopicError("deferred publish is not supported on a log topic")
+
+    def appended(self, partition):
+        for channel in self.channels.values():
+            channel.feed_wake()
+
+    def wake(self):
+        """A peer asks (op "want"): a seek on it released a cursor of a
+        partition this worker feeds."""
+        for channel in self.channels.values():
+            channel.feed_wake()
+
+    def unpause(self):
+        super().unpause()
+        for channel in self.channels.values():
+            channel.feed_wake()
+
+    def empty(self):
+        """nsqd's topic empty drops what the topic holds for its channels:
+        a log topic holds nothing apart from its channels' cursors."""
+        self.nsqd.broadcast_change("topic_empty", self.name)
+
+    # -- stats --------------------------------------------------------------------------
+
+    @property
+    def published(self):
+        return self.message_count, self.message_bytes
+
+    @property
+    def depth(self):
+        """What waits in the inbound rings for the owners' pumps."""
+        return sum(p.inbound.depth for p in self.partitions if p.inbound is not None)
+
+    @property
+    def backend_depth(self):
+        return 0
+
+    def partition_stats(self):
+        out = []
+        for p in self.partitions:
+            start, end = p.offsets()
+            out.append({"partition": p.index, "owner": p.owner, "start_offset": start,
+                        "end_offset": end, "synced_offset": p.synced_offset()})
+        return out
+
+    # -- retention ---------------------------------------------------------------------
+
+    def _retention_loop(self):
+        days, size = self.spec.get("retention_days", -1), self.spec.get("retention_bytes", -1)
+        max_age = days * 86400.0 if days > 0 else -1
+        while not self.exiting:
+            gevent.sleep(RETENTION_INTERVAL)
+            for p in self._owned:
+                try:
+                    p.apply_retention(max_age, size)
+                except OSError as err:
+                    self.nsqd.logf("error", f"{p}: retention failed - {err}")
+                start = p.offsets()[0]
+                for channel in list(self.channels.values()):
+                    if channel.exiting:
+                        continue
+                    channel.move_to_start(p, start)
+                    channel.checkpoint(p)
+
+    # -- the end ------------------------------------------------------------------------
+
+    def stop_overflow(self):
+        pass
+
+    def _stop(self):
+        self.exiting = True
+        if self._retention is not None:
+            self._retention.kill(block=False)
+            self._retention = None
+        for p in self.partitions:
+            p.stop()
+
+    def close(self, delete=False):
+        """delete: the channels, cursors and logs go.  Otherwise the broker
+        stops as a whole (every worker calls this): see LogChannel.close."""
+        self._stop()
+        for channel in list(self.channels.values()):
+            channel.close(delete=delete)
+        if delete:
+            self.channels.clear()
+            for p in self.partitions:
+                p.delete()
+        else:
+            for p in self.partitions:
+                p.close(unlink_inbound=True)
+
+    def close_handles(self, sync=False):
+        self._stop()
+        for channel in list(self.channels.values()):
+            channel.close_handles(sync)
+        for p in self.partitions:
+            p.close()

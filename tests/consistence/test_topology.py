@@ -1,0 +1,91 @@
+"""Topology against a real etcd: Youzan's key layout, nodes on leases, topics created
+once, partitions read at one revision, names checked before they become keys."""
+
+import json
+
+import pytest
+
+from nsqshm.consistence.errors import InvalidName, TopicExists, TopicNotFound
+from nsqshm.consistence.placement import spread
+from nsqshm.consistence.topology import NodeInfo, TopicMeta, Topology
+
+
+def test_nodes_register_on_their_lease_under_youzans_keys(sessions):
+    a, b = sessions(), sessions()
+    ta, tb = Topology(a, "c1"), Topology(b, "c1")
+    ta.register_node(NodeInfo("n1", "10.0.0.1", tcp_port=4150, http_port=4151, rpc_port=4250))
+    tb.register_node(NodeInfo("n2", "10.0.0.2", tcp_port=4150))
+    assert [n.id for n in ta.nodes()] == ["n1", "n2"]
+    kv = a.get("/NSQMetaData/c1/NsqdNodes/Node-n1")
+    assert kv.lease == a.lease_id
+    assert json.loads(kv.value) == {"ID": "n1", "NodeIP": "10.0.0.1", "TcpPort": "4150",
+                                    "HttpPort": "4151", "RpcPort": "4250", "Version": ""}
+    assert Topology(a, "other").nodes() == []  # clusters do not mix
+    b.close(revoke=True)
+    assert [n.id for n in ta.nodes()] == ["n1"]
+
+
+def test_create_topic_once_with_its_partitions(sessions):
+    s = sessions()
+    t = Topology(s, "c1")
+    placement = spread(["n1", "n2", "n3"], 3, 2)
+    assert placement == [["n1", "n2"], ["n2", "n3"], ["n3", "n1"]]
+    t.create_topic("orders", TopicMeta(partition_num=3, replica=2, sync_every=1), placement)
+    with pytest.raises(TopicExists):
+        t.create_topic("orders", TopicMeta(1, 1), [["n1"]])
+    assert t.topic_meta("orders") == TopicMeta(partition_num=3, replica=2, sync_every=1)
+    assert json.loads(s.get("/NSQMetaData/c1/Topics/orders/TopicMeta").value)["PartitionNum"] == 3
+    states = t.partitions("orders")
+    assert [(st.replicas.leader, st.replicas.isr) for st in states] == [
+        ("n1", ("n1", "n2")), ("n2", ("n2", "n3")), ("n3", ("n3", "n1"))]
+    assert all(st.leader_session is None and st.epoch > 0 for st in states)
+    assert t.topics() == ["orders"]
+    assert t.delete_topic("orders") == 4
+    with pytest.raises(TopicNotFound):
+        t.topic_meta("orders")
+    with pytest.raises(TopicNotFound):
+        t.partition("orders", 0)
+
+
+@pytest.mark.parametrize("topic", ["a/b", "../x", "", "t#ephemeral", "x" * 65, "a b"])
+def test_bad_topic_names_never_become_keys(sessions, topic):
+    t = Topology(sessions(), "c1")
+    with pytest.raises(InvalidName):
+        t.create_topic(topic, TopicMeta(1, 1), [["n1"]])
+
+
+@pytest.mark.parametrize("node_id", ["a/b", "", "x" * 129, "n\n"])
+def test_bad_node_ids_are_refused(sessions, node_id):
+    t = Topology(sessions(), "c1")
+    with pytest.raises(InvalidName):
+        t.register_node(NodeInfo(node_id, "127.0.0.1"))
+    with pytest.raises(InvalidName):
+        t.create_topic("t", TopicMeta(1, 1), [[node_id]])
+
+
+def test_bad_cluster_id_and_partition():
+    with pytest.raises(InvalidName):
+        Topology(None, "a/b")
+    t = Topology(None, "c1")
+    for partition in (-1, 1024, "0", True):
+        with pytest.raises(InvalidName):
+            t.keys.partition("t", partition)
+
+
+def test_topic_on_live_nodes_and_its_leaders(sessions):
+    from nsqshm.consistence.leadership import Leadership
+    nodes = {}
+    for node_id in ("n1", "n2", "n3"):
+        t = Topology(sessions(), "c1")
+        info = NodeInfo(node_id, "127.0.0.1", tcp_port=4150 + int(node_id[1]))
+        t.register_node(info)
+        nodes[node_id] = (t, info)
+    t1 = nodes["n1"][0]
+    placement = t1.create_topic_on_live_nodes("orders", TopicMeta(partition_num=3, replica=2))
+    assert sorted(p[0] for p in placement) == ["n1", "n2", "n3"]
+    assert t1.leaders("orders") == [None, None, None]  # nobody elected yet
+    t, info = nodes[placement[1][0]]
+    Leadership(t, info).elect("orders", 1)
+    assert t1.leaders("orders") == [None, info, None]
+    with pytest.raises(ValueError):  # replicator 4 needs 4 live nodes
+        t1.create_topic_on_live_nodes("big", TopicMeta(partition_num=1, replica=4))

@@ -1,0 +1,511 @@
+"""Log topics (nsqshm/nsqd/logtopic.py, logchannel.py, partition.py) on real
+servers of one and two workers: creation, publishing to partitions, channels
+as cursors (out-of-order FIN, REQ, timeouts, fan-out, empty), restarts and
+kills, plain NSQ clients, retention."""
+
+import json
+import os
+import signal
+import struct
+import time
+import urllib.error
+
+import psutil
+import pytest
+
+from nsqshm import protocol as p
+from nsqshm._core.logcursor import FAULT_DIE_IN_FIN_ENV, decode_message_id
+
+from .conftest import wait_for
+from .test_clients import run as run_client
+from .test_workers import Client, all_workers_answer
+
+WORKER_COUNTS = (1, 2)
+
+
+def stats(server, topic=None):
+    doc = json.loads(server.get("/stats?format=json&include_mem=false")[1])
+    if topic is None:
+        return doc
+    return next(t for t in doc["topics"] if t["topic_name"] == topic)
+
+
+def channel_stats(server, topic, channel):
+    return next(c for c in stats(server, topic)["channels"] if c["channel_name"] == channel)
+
+
+def create(server, topic, partitions, extra=""):
+    status, body = server.post(f"/topic/create?topic={topic}&partition_num={partitions}{extra}")
+    assert status == 200, body
+    return status
+
+
+def pub(client, topic, body, partition=None):
+    if partition is None:
+        client.send(p.pub(topic, body))
+    else:
+        client.send(b"PUB %s %d\n" % (topic.encode(), partition) +
+                    struct.pack(">I", len(body)) + body)
+    return client.response()
+
+
+def consumer(server, topic, channel, rdy=1000, msg_timeout=None):
+    c = Client(server)
+    if msg_timeout is not None:
+        c.send(p.identify({"msg_timeout": msg_timeout}))
+        assert c.response()[0] == p.FRAME_TYPE_RESPONSE
+    c.send(p.sub(topic, channel))
+    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    c.send(p.rdy(rdy))
+    return c
+
+
+def take(client, n, fin=True):
+    got = []
+    for _ in range(n):
+        m = client.message()
+        got.append(m)
+        if fin:
+            client.send(p.fin(m.id))
+    return got
+
+
+def nothing_more(client, wait=0.5):
+    client.sock.settimeout(wait)
+    try:
+        m = client.message()
+    except (TimeoutError, OSError):
+        return True
+    finally:
+        client.sock.settimeout(5)
+    raise AssertionError(f"unexpected message {m.body!r}")
+
+
+def confirmed(server, topic, channel):
+    return [pp["confirmed_offset"] for pp in channel_stats(server, topic, channel)["partitions"]]
+
+
+# -- creation -------------------------------------------------------------------------
+
+
+def test_create_validates_and_persists(nsqd_factory, tmp_path):
+    server = nsqd_factory()
+    for bad in ("0", "257", "x", ""):
+        assert server.post(f"/topic/create?topic=lt&partition_num={bad}") == \
+            (400, b'{"message":"INVALID_PARTITION_NUM"}')
+    assert server.post("/topic/create?topic=lt&partition_num=2&retention_days=0")[0] == 400
+    assert server.post("/topic/create?topic=bad!&partition_num=2") == \
+        (400, b'{"message":"INVALID_TOPIC"}')
+    assert server.post("/topic/create?topic=classic")[0] == 200
+    assert server.post("/topic/create?topic=classic&partition_num=2") == \
+        (400, b'{"message":"TOPIC_EXISTS_AS_CLASSIC_TOPIC"}')
+    create(server, "lt", 4, "&retention_days=3&retention_bytes=1000000")
+    create(server, "lt", 4)  # again: the same topic
+    assert server.post("/topic/create?topic=lt&partition_num=3") == \
+        (400, b'{"message":"TOPIC_EXISTS_WITH_OTHER_PARTITION_NUM"}')
+    with open(tmp_path / "nsqshm.logtopics.json") as f:
+        assert json.load(f)["topics"] == [{"name": "lt", "partition_num": 4, "retention_days": 3,
+                                           "retention_bytes": 1000000}]
+    t = stats(server, "lt")
+    assert [(x["partition"], x["start_offset"], x["end_offset"]) for x in t["partitions"]] == \
+        [(i, 0, 0) for i in range(4)]
+    assert sorted({x["owner"] for x in t["partitions"]}) == list(range(server.workers))
+    assert t["retention"] == {"days": 3, "bytes": 1000000}
+    assert "partitions" not in stats(server, "classic")
+    # a PUB to a new name still makes a classic topic
+    c = Client(server)
+    assert pub(c, "fresh", b"x") == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert "partitions" not in stats(server, "fresh")
+
+
+def test_stats_text_and_delete(nsqd_factory, tmp_path):
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    assert server.post("/channel/create?topic=lt&channel=ch")[0] == 200
+    assert server.post("/channel/create?topic=lt&channel=gone")[0] == 200
+    assert server.post("/pub?topic=lt", b"x")[0] == 200
+    text = server.get("/stats")[1].decode()
+    assert "      partition 0   start: 0" in text and "partition 1" in text
+    assert "confirmed: 0" in text and "lag: 1" in text
+    cursors = [n for n in os.listdir("/dev/shm") if n.startswith(f"{server.prefix}.k.lt:gone:")]
+    assert len(cursors) == 2
+    assert server.post("/channel/delete?topic=lt&channel=gone")[0] == 200
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{server.prefix}.k.lt:gone:")]
+    assert not any(os.path.exists(tmp_path / f"lt-{i}.nsqlog" / "gone.cursor") for i in range(2))
+    assert server.post("/topic/delete?topic=lt")[0] == 200
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".nsqlog")]
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{server.prefix}.k.")
+                or n.startswith(f"{server.prefix}.t.lt:")]
+    with open(tmp_path / "nsqshm.logtopics.json") as f:
+        assert json.load(f)["topics"] == []
+    # the name is free again, for either kind
+    c = Client(server)
+    assert pub(c, "lt", b"classic now") == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert "partitions" not in stats(server, "lt")
+
+
+# -- publish and consume -----------------------------------------------------------------
+
+
+def test_pub_mpub_and_partition_then_sub_gets_each_once(nsqd_factory):
+    server = nsqd_factory()
+    create(server, "lt", 3)
+    c = consumer(server, "lt", "ch")
+    pc = Client(server)
+    sent = [f"p{i}".encode() for i in range(20)]
+    for body in sent:
+        assert pub(pc, "lt", body) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    batch = [f"m{i}".encode() for i in range(50)]
+    pc.send(p.mpub("lt", batch))
+    assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    fixed = [f"f{i}".encode() for i in range(5)]
+    for body in fixed:
+        assert pub(pc, "lt", body, partition=2) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert server.post("/pub?topic=lt", b"h0")[0] == 200
+    got = take(c, 76)
+    bodies = [m.body for m in got]
+    assert sorted(bodies) == sorted(sent + batch + fixed + [b"h0"])
+    positions = [decode_message_id(m.id) for m in got]
+    assert len(set(positions)) == 76  # IDs are positions: unique
+    assert {pos[0] for m, pos in zip(got, positions, strict=True) if m.body in fixed} == {2}
+    # per partition, in log order, offsets 0..n-1
+    for part in range(3):
+        offs = [o for pp, o in positions if pp == part]
+        assert offs == list(range(len(offs)))
+    assert nothing_more(c)
+    t = stats(server, "lt")
+    assert sum(x["end_offset"] for x in t["partitions"]) == 76
+    assert t["message_count"] == 76
+    wait_for(lambda: sum(confirmed(server, "lt", "ch")) == 76)
+    # a partition that is not there, or not a number: Youzan's E_BAD_PARTITION
+    assert pub(Client(server), "lt", b"x", partition=3)[1].startswith(b"E_BAD_PARTITION ")
+    bad = Client(server)
+    bad.send(b"PUB lt x\n" + struct.pack(">I", 1) + b"x")
+    assert bad.response() == (p.FRAME_TYPE_ERROR, b'E_BAD_PARTITION topic partition is not '
+                                                  b'valid: strconv.Atoi: parsing "x": invalid '
+                                                  b'syntax')
+    # a DPUB with a delay is refused, one without is a PUB
+    d = Client(server)
+    d.send(p.dpub("lt", 100, b"later"))
+    kind, data = d.response()
+    assert kind == p.FRAME_TYPE_ERROR and data.startswith(b"E_DPUB_FAILED")
+
+
+def test_mpub_to_explicit_partition(nsqd_factory):
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    pc = Client(server)
+    body = p.mpub("lt", [b"a", b"b", b"c"])
+    pc.send(body.replace(b"MPUB lt\n", b"MPUB lt 1\n", 1))
+    assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    # acknowledged in the partition's inbound ring when another worker owns it:
+    # in the log once the owner's pump appended it
+    assert wait_for(lambda: [x["end_offset"] for x in stats(server, "lt")["partitions"]] == [0, 3])
+
+
+def test_http_pub_and_mpub_to_a_partition(nsqd_factory):
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    assert server.post("/pub?topic=lt&partition=1", b"one") == (200, b"OK")
+    assert server.post("/mpub?topic=lt&partition=0", b"a\nb\nc") == (200, b"OK")
+    assert server.post("/pub?topic=lt&partition=2", b"x") == \
+        (400, b'{"message":"INVALID_PARTITION"}')
+    assert server.post("/pub?topic=lt&partition=-1", b"x")[0] == 400
+    assert wait_for(lambda: [x["end_offset"] for x in stats(server, "lt")["partitions"]] == [3, 1])
+    assert server.post("/pub?topic=classic&partition=7", b"x") == (200, b"OK")  # ignored
+
+
+def test_the_log_is_synced_every_n_messages_and_after_the_timeout(nsqd_factory):
+    server = nsqd_factory("--sync-every=10", "--sync-timeout=300ms")
+    create(server, "lt", 1)
+    pc = Client(server)
+    for i in range(5):
+        pub(pc, "lt", b"%d" % i)
+    assert wait_for(lambda: stats(server, "lt")["partitions"][0]["end_offset"] == 5)
+    assert wait_for(lambda: stats(server, "lt")["partitions"][0]["synced_offset"] == 5, 3)
+    pc.send(p.mpub("lt", [b"m"] * 20))
+    assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert wait_for(lambda: stats(server, "lt")["partitions"][0]["synced_offset"] == 25, 3)
+
+
+def test_out_of_order_fin_moves_the_cursor(nsqd_factory):
+    server = nsqd_factory()
+    create(server, "lt", 1)
+    c = consumer(server, "lt", "ch")
+    pc = Client(server)
+    for i in range(10):
+        pub(pc, "lt", b"%d" % i)
+    got = take(c, 10, fin=False)
+    # finish all but the first, last first
+    for m in reversed(got[1:]):
+        c.send(p.fin(m.id))
+    wait_for(lambda: channel_stats(server, "lt", "ch")["partitions"][0]["finished_above"] == 9)
+    cs = channel_stats(server, "lt", "ch")["partitions"][0]
+    assert (cs["confirmed_offset"], cs["lag"]) == (0, 10)
+    c.send(p.fin(got[0].id))
+    wait_for(lambda: confirmed(server, "lt", "ch") == [10])
+    assert channel_stats(server, "lt", "ch")["partitions"][0]["finished_above"] == 0
+    # a second FIN of a finished message: nsqd's error, the cursor unchanged
+    c.send(p.fin(got[3].id))
+    kind, data = c.response()
+    assert kind == p.FRAME_TYPE_ERROR and data.startswith(b"E_FIN_FAILED")
+    assert confirmed(server, "lt", "ch") == [10]
+
+
+def test_req_with_delay_and_timeout_redeliver(nsqd_factory):
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    c = consumer(server, "lt", "ch", msg_timeout=1000)
+    pc = Client(server)
+    pub(pc, "lt", b"req")
+    pub(pc, "lt", b"timeout")
+    first = {m.body: m for m in take(c, 2, fin=False)}
+    t0 = time.monotonic()
+    c.send(p.req(first[b"req"].id, 300))
+    again = take(c, 2, fin=False)
+    elapsed = time.monotonic() - t0
+    assert sorted(m.body for m in again) == [b"req", b"timeout"]
+    assert all(m.attempts == 2 for m in again)
+    assert elapsed >= 0.3
+    assert {m.id for m in again} == {m.id for m in first.values()}  # same positions
+    for m in again:
+        c.send(p.fin(m.id))
+    wait_for(lambda: sum(confirmed(server, "lt", "ch")) == 2)
+    cs = channel_stats(server, "lt", "ch")
+    assert cs["requeue_count"] == 1 and cs["timeout_count"] == 1
+
+
+def test_fan_out_and_new_channel_starts_at_the_end(nsqd_factory):
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    pc = Client(server)
+    for i in range(5):
+        pub(pc, "lt", b"early%d" % i)  # before any channel: the first channel gets them
+    a = consumer(server, "lt", "a")
+    assert sorted(m.body for m in take(a, 5)) == [b"early%d" % i for i in range(5)]
+    for i in range(3):
+        pub(pc, "lt", b"mid%d" % i)  # only a has them
+    b = consumer(server, "lt", "b")
+    for i in range(4):
+        pub(pc, "lt", b"late%d" % i)
+    assert sorted(m.body for m in take(a, 7)) == sorted(
+        [b"mid%d" % i for i in range(3)] + [b"late%d" % i for i in range(4)])
+    assert sorted(m.body for m in take(b, 4)) == [b"late%d" % i for i in range(4)]
+    assert nothing_more(a) and nothing_more(b, 0.1)
+
+
+def test_empty_moves_the_cursor_to_the_end(nsqd_factory):
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    assert server.post("/channel/create?topic=lt&channel=ch")[0] == 200
+    pc = Client(server)
+    for i in range(6):
+        pub(pc, "lt", b"old%d" % i)
+    wait_for(lambda: channel_stats(server, "lt", "ch")["depth"] == 6)
+    assert server.post("/channel/empty?topic=lt&channel=ch")[0] == 200
+    assert channel_stats(server, "lt", "ch")["depth"] == 0
+    assert confirmed(server, "lt", "ch") == [x["end_offset"] for x in
+                                               stats(server, "lt")["partitions"]]
+    c = consumer(server, "lt", "ch")
+    pub(pc, "lt", b"new")
+    assert [m.body for m in take(c, 1)] == [b"new"]
+    assert nothing_more(c)
+
+
+def test_ephemeral_channel_cursor_goes_with_it(nsqd_factory):
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    pc = Client(server)
+    c = consumer(server, "lt", "e#ephemeral")
+    pub(pc, "lt", b"one")
+    assert [m.body for m in take(c, 1)] == [b"one"]
+    c.close()
+    wait_for(lambda: not stats(server, "lt")["channels"])
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(server.prefix + ".k.")]
+
+
+# -- restarts and deaths -------------------------------------------------------------------
+
+
+def _publish_and_half_consume(server, topic, n=40):
+    """n messages; the consumer finishes every other one and keeps the
+    others in flight; returns (the bodies finished, the client)."""
+    create(server, topic, 3)
+    c = consumer(server, topic, "ch", msg_timeout=2000)  # (a kept one comes back in 2 s)
+    pc = Client(server)
+    pc.send(p.mpub(topic, [b"%03d" % i for i in range(n)]))
+    assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    got = take(c, n, fin=False)
+    finished = set()
+    for m in got[::2]:
+        c.send(p.fin(m.id))
+        finished.add(m.body)
+    wait_for(lambda: sum(pp["finished_above"] + pp["confirmed_offset"]
+                         for pp in channel_stats(server, topic, "ch")["partitions"]) == len(finished))
+    return finished, c
+
+
+def _rest(server, topic, expected):
+    c = consumer(server, topic, "ch")
+    got = take(c, len(expected))
+    assert sorted(m.body for m in got) == sorted(expected)
+    assert nothing_more(c)
+    c.close()
+
+
+def test_cursor_survives_a_graceful_restart(nsqd_factory, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    finished, c = _publish_and_half_consume(server, "lt")
+    c.close()
+    assert server.stop() == 0
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(server.prefix + ".")
+                and not n.endswith(".ids")]
+    again = nsqd_factory(data_path=data, prefix=server.prefix)
+    assert sum(x["end_offset"] for x in stats(again, "lt")["partitions"]) == 40
+    _rest(again, "lt", [b"%03d" % i for i in range(40) if b"%03d" % i not in finished])
+    pc = Client(again)
+    pub(pc, "lt", b"after")
+    _rest(again, "lt", [b"after"])
+
+
+def _answers(server):
+    try:
+        return all_workers_answer(server, server.workers)
+    except (AssertionError, OSError):  # (one worker: refused until its replacement listens)
+        return None
+
+
+def _kill_all(server):
+    procs = [psutil.Process(server.proc.pid)] + psutil.Process(server.proc.pid).children()
+    for proc in procs:
+        proc.kill()
+    server.proc.wait(10)
+
+
+def test_cursor_survives_a_group_kill(nsqd_factory, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    finished, c = _publish_and_half_consume(server, "lt")
+    pc = Client(server)
+    for i in range(5):  # acknowledged, never delivered
+        assert pub(pc, "lt", b"tail%d" % i) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    _kill_all(server)
+    again = nsqd_factory(data_path=data, prefix=server.prefix)
+    rest = [b"%03d" % i for i in range(40) if b"%03d" % i not in finished]
+    _rest(again, "lt", rest + [b"tail%d" % i for i in range(5)])
+
+
+@pytest.mark.workers(2)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_cursor_survives_a_worker_kill(nsqd_factory, sig):
+    server = nsqd_factory()
+    finished, c = _publish_and_half_consume(server, "lt")
+    before = [proc.pid for proc in psutil.Process(server.proc.pid).children()]
+    os.kill(before[0], sig)
+    assert wait_for(lambda: len({proc.pid for proc in psutil.Process(server.proc.pid).children()}
+                                - set(before)) == 1, timeout=15)
+    assert wait_for(lambda: _answers(server), timeout=15)  # the replacement listens
+    pc = Client(server)
+    for i in range(5):
+        assert pub(pc, "lt", b"tail%d" % i) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    c.close()  # the other worker's in-flight messages go back at its client's close
+    rest = [b"%03d" % i for i in range(40) if b"%03d" % i not in finished]
+    _rest(server, "lt", rest + [b"tail%d" % i for i in range(5)])
+
+
+@pytest.mark.parametrize("path", ["lone", "batch"])
+def test_a_death_inside_a_fin_delivers_the_message_again(nsqd_factory, tmp_path, path):
+    """A worker killed inside a FIN (after the check that the client holds
+    the message, before the cursor is marked; FAULT_DIE_IN_FIN_ENV), on both
+    FIN paths: the
+    message is still in the arena and is delivered again; its FIN then
+    moves the cursor.  (Freeing the block first lost it: the cursor then
+    stayed below it for good.)"""
+    armed = tmp_path / "die-in-fin"
+    server = nsqd_factory(env={FAULT_DIE_IN_FIN_ENV: str(armed)})
+    create(server, "lt", 1)
+    c = consumer(server, "lt", "ch")
+    pc = Client(server)
+    for i in range(3):
+        assert pub(pc, "lt", b"m%d" % i) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    got = [c.message() for _ in range(3)]
+    assert [m.body for m in got] == [b"m0", b"m1", b"m2"]
+    before = {proc.pid for proc in psutil.Process(server.proc.pid).children()}
+    armed.touch()
+    # its worker dies inside this FIN: a FIN read with the line before it
+    # goes to wire.fin_lines, one read alone to LogChannel.finish
+    c.send((p.nop() if path == "batch" else b"") + p.fin(got[0].id))
+    assert wait_for(lambda: not armed.exists(), timeout=10)
+    assert wait_for(lambda: len({proc.pid for proc in psutil.Process(server.proc.pid).children()}
+                                - before) == 1, timeout=15)
+    assert wait_for(lambda: _answers(server), timeout=15)
+    c.close()
+    again = consumer(server, "lt", "ch")
+    assert sorted(m.body for m in take(again, 3)) == [b"m0", b"m1", b"m2"]
+    assert nothing_more(again)
+    assert wait_for(lambda: confirmed(server, "lt", "ch") == [3])
+
+
+# -- NSQ clients unchanged ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("library", ["pynsq", "gnsq"])
+@pytest.mark.parametrize("scenario", ["basic", "mpub"])
+def test_nsq_clients_publish_and_consume_a_log_topic(nsqd_factory, library, scenario):
+    server = nsqd_factory()
+    create(server, "lt", 3)
+    result = run_client(library, scenario, server, "lt", 30)
+    assert result["published"] == 30
+    assert sorted(body for _, body, _ in result["received"]) == sorted(f"m{i}" for i in range(30))
+    assert sum(x["end_offset"] for x in stats(server, "lt")["partitions"]) == 30
+
+
+# -- retention -----------------------------------------------------------------------------
+
+
+def test_retention_moves_a_slow_channel_to_the_log_start(nsqd_factory):
+    # the channel's ring holds 10 (--mem-queue-size): the rest waits in the log
+    server = nsqd_factory("--max-bytes-per-file=4096", "--mem-queue-size=10")
+    create(server, "lt", 1, "&retention_bytes=8192")
+    assert server.post("/channel/create?topic=lt&channel=slow")[0] == 200
+    pc = Client(server)
+    pc.send(p.mpub("lt", [b"%03d" % i + b"x" * 200 for i in range(100)]))  # ~7 segments
+    assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    wait_for(lambda: channel_stats(server, "lt", "slow")["retention_moves"] == 1, timeout=5)
+    start = stats(server, "lt")["partitions"][0]["start_offset"]
+    assert 10 < start < 100
+    assert confirmed(server, "lt", "slow") == [start]
+    assert any("removed by retention" in line for line in server.lines)
+    # what the ring held is still delivered, then the log from its start on
+    c = consumer(server, "lt", "slow")
+    got = take(c, 10 + 100 - start)
+    assert [decode_message_id(m.id)[1] for m in got] == [*range(10), *range(start, 100)]
+    assert nothing_more(c)
+    wait_for(lambda: confirmed(server, "lt", "slow") == [100])
+
+
+def test_delivery_policies_on_a_log_topic(nsqd_factory):
+    """A log topic keeps everything until retention: a topic policy, a bound or a
+    topic peek is refused with a clear 400; a channel's TTL and max attempts apply
+    (a log channel delivers through the classic channel machinery), and its peek
+    lists what its ring holds."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    assert server.post("/channel/create?topic=lt&channel=ch")[0] == 200
+    refused = (400, b'{"message":"NOT_SUPPORTED_ON_LOG_TOPIC"}')
+    assert server.post("/topic/policy?topic=lt&ttl=1000") == refused
+    assert server.post("/channel/policy?topic=lt&channel=ch&max_depth=5") == refused
+    with pytest.raises(urllib.error.HTTPError) as err:
+        server.get("/topic/peek?topic=lt")
+    assert (err.value.code, err.value.read()) == refused
+    assert server.post("/channel/policy?topic=lt&channel=ch&max_attempts=2")[0] == 200
+    pc = Client(server)
+    for i in range(3):
+        pub(pc, "lt", b"m%d" % i)
+    wait_for(lambda: channel_stats(server, "lt", "ch")["depth"] == 3)
+    status, body = server.get("/channel/peek?topic=lt&channel=ch&n=10")
+    assert status == 200, body
+    assert len(json.loads(body)["messages"]) == 3
