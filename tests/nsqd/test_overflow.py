@@ -40,9 +40,9 @@ def consume(server, topic, channel, want, timeout=60, rdy=500):
     return got
 
 
-def publisher(c, topic, tag, stop, out):
-    """PUB numbered bodies on connection c until stop is set: out gets
-    (bodies answered OK, the slowest answer in seconds, errors)."""
+def publisher(c, topic, tag, stop, out, pace=0.0):
+    """PUB numbered bodies on connection c until stop is set, `pace` seconds
+    apart: out gets (bodies answered OK, the slowest answer in seconds, errors)."""
     ok, slowest, errors, seq = [], 0.0, [], 0
     pad = b"x" * 1000
     while not stop.is_set():
@@ -57,6 +57,8 @@ def publisher(c, topic, tag, stop, out):
         slowest = max(slowest, time.monotonic() - started)
         if kind == p.FRAME_TYPE_RESPONSE and data == b"OK":
             ok.append(body)
+            if pace:
+                time.sleep(pace)
         else:
             errors.append(data)
             break
@@ -77,7 +79,9 @@ def test_pub_through_a_non_owner_never_fails_while_the_owner_is_stopped(nsqd_fac
     conns = {tag: client_on_worker(server, 1, topic) for tag in (b"a", b"b")}
     os.kill(owner, signal.SIGSTOP)
     try:
-        threads = [threading.Thread(target=publisher, args=(c, topic, tag, stop, results))
+        # paced (the ring of 100 fills at once; what matters is the time): flat
+        # out, the consumer then took a minute to read the backlog back
+        threads = [threading.Thread(target=publisher, args=(c, topic, tag, stop, results, 0.001))
                    for tag, c in conns.items()]
         for t in threads:
             t.start()
