@@ -231,6 +231,18 @@ def publish(target, topic, spec):
         stop_all(pubs)
 
 
+def add_load_arguments(ap, messages):
+    """The load's flags, as NSQ's bench_writer/bench_reader name them: the
+    spec run_phases takes (--messages defaults to `messages`)."""
+    ap.add_argument("--messages", type=int, default=messages)
+    ap.add_argument("--size", type=int, default=200)
+    ap.add_argument("--batch-size", "--batch", dest="batch", type=int, default=200)
+    ap.add_argument("--window", type=int, default=4)
+    ap.add_argument("--rdy", type=int, default=2500)
+    ap.add_argument("--publishers", type=int, default=2)
+    ap.add_argument("--consumers", type=int, default=2)
+
+
 def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, topic=None):
     """Publish spec.messages (spec.publishers processes), then consume them
     (spec.consumers processes per channel, RDY spec.rdy, FIN each), as

@@ -33,13 +33,7 @@ NEVER_FULL = 1 << 30  # a bound no run reaches
 
 
 def add_arguments(ap):
-    ap.add_argument("--messages", type=int, default=300_000)
-    ap.add_argument("--size", type=int, default=200)
-    ap.add_argument("--batch-size", "--batch", dest="batch", type=int, default=200)
-    ap.add_argument("--window", type=int, default=4)
-    ap.add_argument("--rdy", type=int, default=2500)
-    ap.add_argument("--publishers", type=int, default=2)
-    ap.add_argument("--consumers", type=int, default=2)
+    loadgen.add_load_arguments(ap, messages=300_000)
 
 
 def _post(target, path):

@@ -27,13 +27,7 @@ HELP = "throughput with --workers 1, 2 (ratio) and the cross-worker hop (issue 6
 
 def add_arguments(ap):
     ap.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
-    ap.add_argument("--messages", type=int, default=1_000_000)
-    ap.add_argument("--size", type=int, default=200)
-    ap.add_argument("--batch-size", "--batch", dest="batch", type=int, default=200)
-    ap.add_argument("--window", type=int, default=4)
-    ap.add_argument("--rdy", type=int, default=2500)
-    ap.add_argument("--publishers", type=int, default=2)
-    ap.add_argument("--consumers", type=int, default=2)
+    loadgen.add_load_arguments(ap, messages=1_000_000)
 
 
 def available(probe=2, extra=(), wait=5.0):
