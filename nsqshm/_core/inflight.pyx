@@ -50,6 +50,7 @@ from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from nsqshm._core.arena cimport Arena, block_alloc, block_free
 from nsqshm._core.codec cimport MSG_HEADER_SIZE, MSG_ID_SIZE
 from nsqshm._core.includes.system cimport (
+    nsqshm_be64,
     NSQSHM_BLOCK_DEFERRED,
     NSQSHM_BLOCK_LIVE,
     memcpy,
@@ -93,15 +94,6 @@ cdef inline void _put_u32be(char *dst, uint32_t v) noexcept nogil:
     dst[1] = <char>(v >> 16)
     dst[2] = <char>(v >> 8)
     dst[3] = <char>v
-
-
-cdef inline int64_t _get_i64be(const char *p) noexcept nogil:
-    cdef const unsigned char *b = <const unsigned char *>p
-    cdef uint64_t v = 0
-    cdef int i
-    for i in range(8):
-        v = (v << 8) | b[i]
-    return <int64_t>v
 
 
 cdef inline uint32_t _get_attempts(const char *msg) noexcept nogil:
@@ -843,7 +835,7 @@ cdef class InFlight(MessageStore):
             pos = 0
             for k in range(count):
                 memcpy(&size, src + pos, RECORD_HEADER_SIZE)
-                if expires_before and _get_i64be(src + pos + RECORD_HEADER_SIZE) <= expires_before:
+                if expires_before and <int64_t>nsqshm_be64(src + pos + RECORD_HEADER_SIZE) <= expires_before:
                     self.expired += 1  # never delivered: dropped (the ring pop commits it)
                     if type(self.expired_out) is bytearray:  # or kept for the dead-letter topic
                         _append(<bytearray>self.expired_out, src + pos, RECORD_HEADER_SIZE + size)

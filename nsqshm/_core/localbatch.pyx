@@ -31,6 +31,7 @@ from libc.stdlib cimport free, malloc, realloc
 from nsqshm._core.arena cimport Arena
 from nsqshm._core.codec cimport IdGenerator, MSG_HEADER_SIZE, get_u32be, put_message_header, put_u32be
 from nsqshm._core.includes.system cimport (
+    nsqshm_be64,
     NSQSHM_BLOCK_LIVE,
     NSQSHM_RECORD_HEADER,
     memcpy,
@@ -54,15 +55,6 @@ cdef int64_t MAX_VALUES = 0x7FFFFFFF
 
 cdef inline uint64_t _align8(uint64_t n) noexcept nogil:
     return (n + 7) & ~(<uint64_t>7)
-
-
-cdef inline int64_t _get_i64be(const char *p) noexcept nogil:
-    cdef const unsigned char *b = <const unsigned char *>p
-    cdef uint64_t v = 0
-    cdef int i
-    for i in range(8):
-        v = (v << 8) | b[i]
-    return <int64_t>v
 
 
 cdef inline void _bump_attempts(char *msg) noexcept nogil:
@@ -360,7 +352,7 @@ cdef class Columns:
     cdef inline int _add(self, const char *msg, uint32_t size, bint bump) except -1:
         """One message (size >= 26, unchecked); bump: count this delivery in attempts."""
         cdef int64_t body = size - MSG_HEADER_SIZE
-        cdef int64_t ts = _get_i64be(msg)
+        cdef int64_t ts = <int64_t>nsqshm_be64(msg)
         cdef const unsigned char *a = <const unsigned char *>msg + ATTEMPTS_OFFSET
         cdef int32_t attempts = (<int32_t>a[0] << 8) | a[1]
         if ts < self.since_ns:

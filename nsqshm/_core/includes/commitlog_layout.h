@@ -120,6 +120,8 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "byteorder.h"
+
 #define NSQSHM_LOG_MAGIC 0x534c6d687371736eULL      /* "nsqshmLS" */
 #define NSQSHM_CURSOR_MAGIC 0x55436d687371736eULL   /* "nsqshmCU" */
 #define NSQSHM_LOG_VERSION 1u
@@ -205,25 +207,6 @@ static inline int nsqshm_log_read_commit(const nsqshm_log_state *s, nsqshm_log_c
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     uint64_t g2 = __atomic_load_n(&s->generation, __ATOMIC_RELAXED);
     return g2 <= g1 + 1 ? 0 : -1;
-}
-
-static inline uint32_t nsqshm_be32(const void *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return __builtin_bswap32(v);
-}
-static inline uint64_t nsqshm_be64(const void *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return __builtin_bswap64(v);
-}
-static inline void nsqshm_put_be32(void *p, uint32_t v) {
-    v = __builtin_bswap32(v);
-    memcpy(p, &v, 4);
-}
-static inline void nsqshm_put_be64(void *p, uint64_t v) {
-    v = __builtin_bswap64(v);
-    memcpy(p, &v, 8);
 }
 
 /* CRC-32C.  With SSE4.2 (checked once at run time) the crc32 instruction

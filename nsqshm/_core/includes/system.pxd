@@ -211,3 +211,10 @@ cdef extern from "arena_layout.h" nogil:
     uint32_t nsqshm_load32_acquire(const uint32_t *p)
     void nsqshm_store32_release(uint32_t *p, uint32_t v)
     int nsqshm_cas32(uint32_t *p, uint32_t expected, uint32_t desired)
+
+
+cdef extern from "byteorder.h" nogil:
+    uint32_t nsqshm_be32(const void *p)
+    uint64_t nsqshm_be64(const void *p)
+    void nsqshm_put_be32(void *p, uint32_t v)
+    void nsqshm_put_be64(void *p, uint64_t v)
