@@ -31,9 +31,9 @@ from nsqshm.nsqd.http_api import Err
 from nsqshm.nsqd.names import is_valid_name
 
 # body field -> the node's query parameter, per scope (policy_api's names)
-TOPIC_FIELDS = ("ttl", "max_depth", "overflow")
+TOPIC_FIELDS = ("ttl", "max_depth", "max_bytes", "overflow")
 CHANNEL_FIELDS = ("ttl", "max_attempts", "dead_letter_topic", "dead_letter_expired",
-                  "max_depth", "overflow")
+                  "max_depth", "max_bytes", "overflow")
 VALUE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._#-")
 VALUE_MAX = 64
 PEEK_N = 20       # messages per list on the page
@@ -41,7 +41,7 @@ PEEK_N_MAX = 1000  # nsqd's peek.PEEK_MAX
 BODY_SHOWN = 200  # characters of a body on the page
 # the policy keys of nsqd's /stats (policy.channel_stats / topic_stats)
 STAT_KEYS = ("ttl_ms", "max_attempts", "dead_letter_topic", "dead_letter_expired",
-             "max_depth", "overflow", "expired_count", "dead_letter_count",
+             "max_depth", "max_bytes", "overflow", "expired_count", "dead_letter_count",
              "dead_letter_requeued_count", "dead_letter_timed_out_count",
              "dead_letter_expired_count", "rejected_count", "dropped_count")
 STAT_DEFAULTS = {**dict.fromkeys(STAT_KEYS, 0), "dead_letter_topic": "",

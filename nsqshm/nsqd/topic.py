@@ -96,7 +96,7 @@ class Topic:
             raise TopicError("exiting")
         if self.bounded:
             try:
-                bounds.admit(self, count)
+                bounds.admit(self, count, len(packed) - bounds.RECORD_SIZE * count)
             except bounds.QueueFull as err:
                 raise TopicFull(str(err)) from None
         if self.owned:
@@ -229,8 +229,7 @@ class Topic:
         backend = self.backend
         while not self.exiting:
             if self.paused or not self.channels:
-                bound = self.policy
-                if bound is not None and bound.max_depth and bound.overflow == "drop-oldest":
+                if bounds.drops(self.policy):
                     bounds.trim_topic(self)  # here: no batch of the pump is in the air
                 # others' publishes land in the ring: past the limit, to disk
                 stuck = self._spill_excess() == 0 and ring.depth > self.mem_limit

@@ -122,7 +122,7 @@ def test_the_json_api(setup):
     assert nsqd.post("/pub?topic=api", b"one")[0] == 200
     status, doc = admin.json("POST", "/api/topics/api/c/policy",
                              {"of": "channel", "max_attempts": "4", "max_depth": "10",
-                              "overflow": "drop-oldest"})
+                              "max_bytes": "5000", "overflow": "drop-oldest"})
     assert status == 200, doc
     assert doc["message"] == ""
     assert [n["policy"]["max_attempts"] for n in doc["nodes"]] == [4]
@@ -130,7 +130,8 @@ def test_the_json_api(setup):
     assert status == 200
     [node] = doc["nodes"]
     assert (node["channel"]["max_attempts"], node["channel"]["max_depth"],
-            node["channel"]["overflow"]) == (4, 10, "drop-oldest")
+            node["channel"]["max_bytes"], node["channel"]["overflow"]) == \
+        (4, 10, 5000, "drop-oldest")
     status, doc = admin.json("GET", "/api/topics/api/c/peek?n=5")
     assert status == 200
     assert [m["attempts"] for m in doc["nodes"][0]["messages"]] == [0]
