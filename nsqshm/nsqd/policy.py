@@ -189,7 +189,8 @@ def update_channel(channel):
         channel.policy = Policy()
     ttls = [p.ttl_ms for p in (topic_policy, channel.policy) if p is not None and p.ttl_ms]
     channel.inflight.ttl_ns = min(ttls) * 1_000_000 if ttls else 0
-    keep = ttls and channel.policy is not None and channel.policy.dead_letter_expired
+    # (a message may have a time to live of its own: message_ttl.py)
+    keep = channel.policy is not None and channel.policy.dead_letter_expired
     if not keep:
         channel.inflight.expired_out = None
     elif channel.inflight.expired_out is None:
@@ -311,7 +312,9 @@ def inherit(channel):
 def channel_stats(channel):
     policy = getattr(channel, "policy", None)
     if policy is None:
-        return {}
+        if not getattr(channel.inflight, "expired", 0):
+            return {}
+        policy = Policy()  # messages with a time to live of their own expired (message_ttl.py)
     return {"ttl_ms": policy.ttl_ms, "max_attempts": policy.max_attempts,
             "dead_letter_topic": (dead_letter_topic(channel)
                                   if policy.max_attempts or policy.dead_letter_expired else ""),
@@ -339,6 +342,7 @@ SUMMED_STATS = ("dead_letter_count", "dead_letter_requeued_count",
 def topic_stats(topic):
     policy = getattr(topic, "policy", None)
     if policy is None and not any(getattr(c, "policy", None) is not None
+                                  or getattr(c.inflight, "expired", 0)
                                   for c in topic.channels.values()):
         return {}
     return {"ttl_ms": policy.ttl_ms if policy is not None else 0,
