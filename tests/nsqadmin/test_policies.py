@@ -7,6 +7,7 @@ send dead letters back to the channel, where a consumer gets them again.
 The JSON API's answers and errors are checked too."""
 
 import os
+import re
 
 import pytest
 
@@ -132,9 +133,15 @@ def test_the_json_api(setup):
     assert (node["channel"]["max_attempts"], node["channel"]["max_depth"],
             node["channel"]["max_bytes"], node["channel"]["overflow"]) == \
         (4, 10, 5000, "drop-oldest")
+    assert nsqd.post("/pub?topic=api&ttl=600000", b"two")[0] == 200  # its own time to live
     status, doc = admin.json("GET", "/api/topics/api/c/peek?n=5")
     assert status == 200
-    assert [m["attempts"] for m in doc["nodes"][0]["messages"]] == [0]
+    assert [m["attempts"] for m in doc["nodes"][0]["messages"]] == [0, 0]
+    assert ["expires" in m for m in doc["nodes"][0]["messages"]] == [False, True]
+    status, _, html = admin.get("/topics/api/c/policy")
+    assert status == 200
+    cells = re.findall(rb'<td class="expires">([^<]*)</td>', html)
+    assert len(cells) == 2 and cells[0] == b"" and cells[1].startswith(b"20")
     status, doc = admin.json("GET", "/api/topics/api/c/dead_letters")
     assert (status, doc["dead_letter_topic"]) == (200, "api.c.dead")  # made with max_attempts
     assert [(n["depth"], n["messages"]) for n in doc["nodes"]] == [(0, [])]
@@ -153,4 +160,4 @@ def test_the_json_api(setup):
     assert (status, doc["message"]) == (400, "INVALID_N")
     status, doc = admin.json("POST", "/api/topics/api/c/redrive", {"n": "-1"})
     assert (status, doc["message"]) == (400, "INVALID_N")
-    assert channel_of(nsqd, "api", "c")["depth"] == 1  # peeked, never taken
+    assert channel_of(nsqd, "api", "c")["depth"] == 2  # peeked, never taken
