@@ -3,7 +3,12 @@ none): a channel's page of policies, dead letters and next messages, and the
 JSON API behind it, each forwarded to every node that has the topic (as
 nsqadmin's pause and empty are):
 
-    GET  /topics/:t/:c/policy            the page (policies.html)
+    GET  /policies/:t                    a topic's page (policy_topic.html): its policy,
+                                         its channels', what it holds (peek)
+    GET  /api/policies/:t                {"nodes": [{node, topic: {...}, channels: {c: {...}}}]}
+    POST /api/policies/:t                {"ttl": "ms", "max_depth", "max_bytes", "overflow"}
+                                         -> each node's /topic/policy
+    GET  /topics/:t/:c/policy            a channel's page (policy.html)
     GET  /api/topics/:t/:c/policy        {"nodes": [{node, topic: {...}, channel: {...}}]}
     POST /api/topics/:t/:c/policy        {"of": "topic"|"channel", "ttl": "ms", ...}
                                          -> each node's /topic/policy or /channel/policy
@@ -136,6 +141,27 @@ class PolicyView:
             out.append(entry)
         return out
 
+    def topic_policies(self, topic, messages):
+        """Per node: {"node", "topic": {...}, "channels": {name: {...}}}."""
+        producers = self._producers(topic, messages)
+        path = f"/stats?format=json&include_clients=false&topic={quote_plus(topic)}"
+        out = []
+        for node, doc in self._each(producers, path, "GET", "get policies", messages):
+            entry = {"node": node, "topic": _policy_of({}), "channels": {}}
+            for t in (doc or {}).get("topics") or ():
+                if t.get("topic_name") == topic:
+                    entry["topic"] = _policy_of(t)
+                    entry["channels"] = {str(c.get("channel_name")): _policy_of(c)
+                                         for c in t.get("channels") or ()}
+            out.append(entry)
+        return out
+
+    def topic_peek(self, topic, n, messages):
+        producers = self._producers(topic, messages)
+        path = f"/topic/peek?topic={quote_plus(topic)}&n={n}"
+        return [{"node": node, **doc}
+                for node, doc in self._each(producers, path, "GET", "peek", messages)]
+
     def dead_letter_topic(self, topic, channel, nodes):
         for entry in nodes:
             name = (entry["channel"] or {}).get("dead_letter_topic")
@@ -178,6 +204,7 @@ class PolicyView:
         return name, out
 
     def set_policy(self, topic, channel, of, values, messages):
+        """of: "topic" or "channel" (channel "" for a topic's)."""
         producers = self._producers(topic, messages)
         qs = f"topic={quote_plus(topic)}"
         if of == "channel":
@@ -219,7 +246,10 @@ class PolicyRoutes:
 
     def routes(self):
         """(method, path, handler, raw) for AdminHTTPAPI's router."""
-        return [("GET", "/topics/:topic/:channel/policy", self.page, True),
+        return [("GET", "/policies/:topic", self.topic_page, True),
+                ("GET", "/api/policies/:topic", self.api_topic_policy, False),
+                ("POST", "/api/policies/:topic", self.api_set_topic_policy, False),
+                ("GET", "/topics/:topic/:channel/policy", self.page, True),
                 ("GET", "/api/topics/:topic/:channel/policy", self.api_policy, False),
                 ("POST", "/api/topics/:topic/:channel/policy", self.api_set_policy, False),
                 ("GET", "/api/topics/:topic/:channel/peek", self.api_peek, False),
@@ -245,7 +275,49 @@ class PolicyRoutes:
                            empty_policy=_policy_of({}),
                            channel_url=pages.url("topics", topic, channel))
 
+    def topic_page(self, req, topic):
+        pages = self.api.pages
+
+        def build(messages):
+            if not is_valid_name(topic):
+                raise Err(400, "INVALID_TOPIC")
+            return {"nodes": self.pv.topic_policies(topic, messages),
+                    "peeked": self.pv.topic_peek(topic, PEEK_N, messages)}
+
+        return pages._page(req, "policy_topic.html", build, topic=topic, nodes=[], peeked=[],
+                           section="topics", peek_n=PEEK_N)
+
     # -- the JSON API -----------------------------------------------------------------
+
+    def api_topic_policy(self, req, topic):
+        if not is_valid_name(topic):
+            raise Err(400, "INVALID_TOPIC")
+        messages = []
+        return self._answer({"nodes": self.pv.topic_policies(topic, messages)}, messages)
+
+    def api_set_topic_policy(self, req, topic):
+        self.api._require_admin(req)
+        if not is_valid_name(topic):
+            raise Err(400, "INVALID_TOPIC")
+        values = self._values(self.api._decode(req, TOPIC_FIELDS), TOPIC_FIELDS)
+        messages = []
+        answers = self.pv.set_policy(topic, "", "topic", values, messages)
+        self.api._notify("policy_topic", topic, "", "", req)
+        return self._answer({"nodes": [{"node": n, "policy": d} for n, d in answers]}, messages)
+
+    @staticmethod
+    def _values(body, fields):
+        """The non-empty fields of a decoded body, each checked for its characters."""
+        values = {}
+        for key, value in body.items():
+            if not value:
+                continue  # a field left empty does not change
+            if key not in fields:
+                raise Err(400, f"INVALID_ARG_{key.upper()}")
+            if len(value) > VALUE_MAX or not set(value) <= VALUE_CHARS:
+                raise Err(400, f"INVALID_{key.upper()}")
+            values[key] = value
+        return values
 
     def _answer(self, doc, messages):
         return self.api._json({**doc, "message": maybe_warn(messages)})
@@ -262,16 +334,7 @@ class PolicyRoutes:
         of = body.pop("of") or "channel"
         if of not in ("topic", "channel"):
             raise Err(400, "INVALID_ARG_OF")
-        fields = TOPIC_FIELDS if of == "topic" else CHANNEL_FIELDS
-        values = {}
-        for key, value in body.items():
-            if not value:
-                continue  # a field left empty does not change
-            if key not in fields:
-                raise Err(400, f"INVALID_ARG_{key.upper()}")
-            if len(value) > VALUE_MAX or not set(value) <= VALUE_CHARS:
-                raise Err(400, f"INVALID_{key.upper()}")
-            values[key] = value
+        values = self._values(body, TOPIC_FIELDS if of == "topic" else CHANNEL_FIELDS)
         messages = []
         answers = self.pv.set_policy(topic, channel, of, values, messages)
         self.api._notify(f"policy_{of}", topic, channel if of == "channel" else "", "", req)

@@ -203,8 +203,9 @@
     Array.prototype.forEach.call(form.elements, function (el) {
       if (el.name && el.value) { doc[el.name] = el.value; }
     });
-    var path = "/api/topics/" + enc(form.getAttribute("data-topic")) + "/" +
-               enc(form.getAttribute("data-channel")) + "/policy";
+    var path = doc.of === "topic" ? "/api/policies/" + enc(form.getAttribute("data-topic"))
+      : "/api/topics/" + enc(form.getAttribute("data-topic")) + "/" +
+        enc(form.getAttribute("data-channel")) + "/policy";
     send("POST", path, doc).then(function (result) {
       afterAction(result, "");
       if (result.ok) { form.reset(); }
