@@ -117,8 +117,31 @@ def test_peek_policy_dead_letters_and_redrive_in_the_page(setup, page):  # noqa:
     assert page.js_errors == []
 
 
-def test_the_json_api(setup):
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no /usr/bin/chromium")
+def test_topic_page_and_the_json_api(setup, page):  # noqa: F811
     nsqd, admin = setup
+    for body in (b"first", b"second"):  # no channel: the topic holds them
+        assert nsqd.post("/pub?topic=tp", body)[0] == 200
+    page.goto(admin.url("/topics/tp"))
+    page.click("a[href$='/policies/tp']")
+    page.wait_for_url(admin.url("/policies/tp"))
+    assert queued_bodies(page) == ["first", "second"]
+    page.fill("#topic-policy-form input[name=max_bytes]", "4096")
+    page.select_option("#topic-policy-form select[name=overflow]", "drop-oldest")
+    page.click("#topic-policy-form button[type=submit]")
+    page.wait_for_selector("td.max-bytes:text('4,096')", timeout=10_000)
+    doc = json.loads(nsqd.get("/stats?format=json&topic=tp")[1])["topics"][0]
+    assert (doc["max_bytes"], doc["overflow"], doc["depth"]) == (4096, "drop-oldest", 2)
+    assert page.inner_text("tr[data-row$='/(topic)'] td.overflow") == "drop-oldest"
+    status, answer = admin.json("GET", "/api/policies/tp")
+    assert status == 200 and answer["nodes"][0]["topic"]["max_bytes"] == 4096
+    status, answer = admin.json("POST", "/api/policies/tp", {"max_attempts": "3"})
+    assert status == 200  # (a field the topic has not is not read)
+    status, answer = admin.json("POST", "/api/policies/tp", {"ttl": "1;2"})
+    assert (status, answer["message"]) == (400, "INVALID_TTL")
+    assert page.js_errors == []
+
+    # -- the channel API, with nsqd's errors passed on ------------------------------
     assert nsqd.post("/topic/create?topic=api")[0] == 200
     assert nsqd.post("/channel/create?topic=api&channel=c")[0] == 200
     assert nsqd.post("/pub?topic=api", b"one")[0] == 200
@@ -162,28 +185,3 @@ def test_the_json_api(setup):
     status, doc = admin.json("POST", "/api/topics/api/c/redrive", {"n": "-1"})
     assert (status, doc["message"]) == (400, "INVALID_N")
     assert channel_of(nsqd, "api", "c")["depth"] == 2  # peeked, never taken
-
-
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no /usr/bin/chromium")
-def test_topic_policy_page(setup, page):  # noqa: F811
-    nsqd, admin = setup
-    for body in (b"first", b"second"):  # no channel: the topic holds them
-        assert nsqd.post("/pub?topic=tp", body)[0] == 200
-    page.goto(admin.url("/topics/tp"))
-    page.click("a[href$='/policies/tp']")
-    page.wait_for_url(admin.url("/policies/tp"))
-    assert queued_bodies(page) == ["first", "second"]
-    page.fill("#topic-policy-form input[name=max_bytes]", "4096")
-    page.select_option("#topic-policy-form select[name=overflow]", "drop-oldest")
-    page.click("#topic-policy-form button[type=submit]")
-    page.wait_for_selector("td.max-bytes:text('4,096')", timeout=10_000)
-    doc = json.loads(nsqd.get("/stats?format=json&topic=tp")[1])["topics"][0]
-    assert (doc["max_bytes"], doc["overflow"], doc["depth"]) == (4096, "drop-oldest", 2)
-    assert page.inner_text("tr[data-row$='/(topic)'] td.overflow") == "drop-oldest"
-    status, answer = admin.json("GET", "/api/policies/tp")
-    assert status == 200 and answer["nodes"][0]["topic"]["max_bytes"] == 4096
-    status, answer = admin.json("POST", "/api/policies/tp", {"max_attempts": "3"})
-    assert status == 200  # (a field the topic has not is not read)
-    status, answer = admin.json("POST", "/api/policies/tp", {"ttl": "1;2"})
-    assert (status, answer["message"]) == (400, "INVALID_TTL")
-    assert page.js_errors == []

@@ -141,7 +141,7 @@ def body(i, size):
     return f"m{i}-".encode().ljust(size, b"x")
 
 
-def test_topic_byte_bound_rejects_with_a_clear_text(nsqd):
+def test_byte_bounds_reject_on_a_topic_drop_oldest_on_a_channel(nsqd):
     create(nsqd, "t")
     got = set_policy(nsqd, "/topic/policy?topic=t&max_bytes=500")
     assert (got["max_bytes"], got["max_depth"], got["overflow"]) == (500, 0, "reject")
@@ -160,21 +160,20 @@ def test_topic_byte_bound_rejects_with_a_clear_text(nsqd):
     got = Conn(nsqd).subscribe("t", "c", rdy=10).messages(5)  # nothing accepted was lost
     assert [m.body for m in got] == [body(i, 74) for i in range(5)]
 
-
-def test_channel_byte_bound_drop_oldest_keeps_the_newest(nsqd):
-    create(nsqd, "t", "c")
-    set_policy(nsqd, "/channel/policy?topic=t&channel=c&max_bytes=1000&overflow=drop-oldest")
+    # a channel's byte bound with drop-oldest: the newest that fit are kept
+    create(nsqd, "u", "c")
+    set_policy(nsqd, "/channel/policy?topic=u&channel=c&max_bytes=1000&overflow=drop-oldest")
     # 40 messages of 126 bytes: 7 fit in 1000 (882), the 33 oldest are dropped
-    assert all(nsqd.post("/pub?topic=t", body(i, 100)) == (200, b"OK") for i in range(40))
+    assert all(nsqd.post("/pub?topic=u", body(i, 100)) == (200, b"OK") for i in range(40))
 
     def channel():
-        return topic_stats(nsqd, "t")["channels"][0]
+        return topic_stats(nsqd, "u")["channels"][0]
 
     assert wait_for(lambda: channel()["dropped_count"] == 33, 5), channel()
     assert (channel()["depth"], channel()["rejected_count"]) == (7, 0)
-    assert queued(nsqd, "/channel/peek?topic=t&channel=c&n=20") == \
+    assert queued(nsqd, "/channel/peek?topic=u&channel=c&n=20") == \
         [body(i, 100).decode() for i in range(33, 40)]
-    sub = Conn(nsqd).subscribe("t", "c", rdy=10)
+    sub = Conn(nsqd).subscribe("u", "c", rdy=10)
     assert [m.body for m in sub.messages(7)] == [body(i, 100) for i in range(33, 40)]
     assert sub.nothing_for(0.3)
 

@@ -31,7 +31,7 @@ def peeked(server, topic, channel):
     return [(base64.b64decode(m["body"]), "expires" in m) for m in doc["messages"]]
 
 
-def test_expired_messages_are_never_delivered_and_are_counted(nsqd):
+def test_expired_messages_are_never_delivered_but_counted_or_dead_lettered(nsqd):
     create(nsqd, "t", "c")
     before = time.time_ns()
     assert nsqd.post("/pub?topic=t&ttl=300", b"short") == (200, b"OK")
@@ -62,13 +62,29 @@ def test_expired_messages_are_never_delivered_and_are_counted(nsqd):
     doc = json.loads(nsqd.get("/stats?format=json&topic=t")[1])["topics"][0]
     assert doc["expired_count"] == 3
 
+    # with the channel's dead_letter_expired, to its dead-letter topic instead
+    create(nsqd, "u", "c")
+    status, _ = nsqd.post("/channel/policy?topic=u&channel=c&dead_letter_expired=true")
+    assert status == 200
+    assert nsqd.post("/mpub?topic=u&ttl=200", b"x\ny") == (200, b"OK")
+    time.sleep(0.3)
+    c = Conn(nsqd).subscribe("u", "c", rdy=10)
+    assert c.nothing_for(0.3)
+    stats = channel_stats(nsqd, "u", "c")
+    assert (stats["expired_count"], stats["dead_letter_expired_count"]) == (2, 2)
+    # the dead letters are plain messages: their topic's consumers get them, never expired
+    dead = Conn(nsqd).subscribe("u.c.dead", "inspect", rdy=10)
+    got = dead.messages(2)
+    assert sorted((m.body, m.attempts) for m in got) == [(b"x", 1), (b"y", 1)]
+    assert channel_stats(nsqd, "u.c.dead", "inspect").get("expired_count", 0) == 0
+
 
 def test_deadline_survives_the_disk_queue_and_a_restart(nsqd_factory, tmp_path):
     server = nsqd_factory("--mem-queue-size=1")
     create(server, "t", "c")
-    deadline = time.monotonic() + 2.0
     for i in range(5):
-        assert server.post("/pub?topic=t&ttl=2000", f"d{i}".encode()) == (200, b"OK")
+        assert server.post("/pub?topic=t&ttl=1000", f"d{i}".encode()) == (200, b"OK")
+    deadline = time.monotonic() + 1.0  # (past every one of theirs)
     assert server.post("/pub?topic=t", b"kept") == (200, b"OK")
     assert wait_for(lambda: channel_stats(server, "t", "c")["backend_depth"] == 5, 5)
     assert server.stop() == 0
@@ -81,23 +97,6 @@ def test_deadline_survives_the_disk_queue_and_a_restart(nsqd_factory, tmp_path):
     assert c.messages(1)[0].body == b"kept"
     assert c.nothing_for(0.3)
     assert channel_stats(again, "t", "c")["expired_count"] == 5
-
-
-def test_expired_messages_go_to_the_dead_letter_topic_when_the_channel_says_so(nsqd):
-    create(nsqd, "t", "c")
-    status, _ = nsqd.post("/channel/policy?topic=t&channel=c&dead_letter_expired=true")
-    assert status == 200
-    assert nsqd.post("/mpub?topic=t&ttl=200", b"x\ny") == (200, b"OK")
-    time.sleep(0.3)
-    c = Conn(nsqd).subscribe("t", "c", rdy=10)
-    assert c.nothing_for(0.3)
-    stats = channel_stats(nsqd, "t", "c")
-    assert (stats["expired_count"], stats["dead_letter_expired_count"]) == (2, 2)
-    # the dead letters are plain messages: their topic's consumers get them, never expired
-    dead = Conn(nsqd).subscribe("t.c.dead", "inspect", rdy=10)
-    got = dead.messages(2)
-    assert sorted((m.body, m.attempts) for m in got) == [(b"x", 1), (b"y", 1)]
-    assert channel_stats(nsqd, "t.c.dead", "inspect").get("expired_count", 0) == 0
 
 
 def test_bad_ttl_and_the_size_it_takes(nsqd_factory):
