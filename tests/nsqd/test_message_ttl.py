@@ -57,10 +57,16 @@ def test_expired_messages_are_never_delivered_but_counted_or_dead_lettered(nsqd)
     c.send(p.req(got[0].id))
     again = c.messages(1)[0]
     assert (again.body, again.attempts) == (b"long", 2)
+    # with defer=: a deadline before the message is due, and one after
+    assert nsqd.post("/pub?topic=t&defer=300&ttl=100", b"gone") == (200, b"OK")
+    assert nsqd.post("/pub?topic=t&defer=300&ttl=600000", b"later") == (200, b"OK")
+    late = c.messages(1, timeout=10)[0]
+    assert (late.body, late.attempts) == (b"later", 1)
+    assert c.nothing_for(0.3)
     stats = channel_stats(nsqd, "t", "c")
-    assert (stats["expired_count"], stats["depth"], stats["in_flight_count"]) == (3, 0, 4)
+    assert (stats["expired_count"], stats["depth"], stats["in_flight_count"]) == (4, 0, 5)
     doc = json.loads(nsqd.get("/stats?format=json&topic=t")[1])["topics"][0]
-    assert doc["expired_count"] == 3
+    assert doc["expired_count"] == 4
 
     # with the channel's dead_letter_expired, to its dead-letter topic instead
     create(nsqd, "u", "c")
