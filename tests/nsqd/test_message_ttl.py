@@ -120,3 +120,8 @@ def test_bad_ttl_and_the_size_it_takes(nsqd_factory):
     assert server.post("/pub?topic=t&ttl=60000", b"x" * 92) == (200, b"OK")
     assert server.post("/pub?topic=t", b"x" * 100) == (200, b"OK")
     assert channel_stats(server, "t", "c")["depth"] == 2  # nothing refused was kept
+    # a log topic keeps its messages in its own log: refused, clearly
+    assert server.post("/topic/create?topic=lt&partition_num=1")[0] == 200
+    refused = (400, b'{"message":"NOT_SUPPORTED_ON_LOG_TOPIC"}')
+    assert server.post("/pub?topic=lt&ttl=1000", b"m") == refused
+    assert server.post("/mpub?topic=lt&ttl=1000", b"m") == refused
