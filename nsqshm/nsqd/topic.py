@@ -234,7 +234,7 @@ class Topic:
         backend = self.backend
         while not self.exiting:
             if self.paused or not self.channels:
-                if bounds.drops(self.policy):
+                if self.policy is not None and bounds.drops(self.policy):
                     bounds.trim_topic(self)  # here: no batch of the pump is in the air
                 # others' publishes land in the ring: past the limit, to disk
                 stuck = self._spill_excess() == 0 and ring.depth > self.mem_limit
