@@ -1,0 +1,200 @@
+"""The "nsqshm" source and sink on log topics (offset ranges, Kafka's
+options), with a real local[2] session and real brokers."""
+
+import json
+import time
+
+import pytest
+
+from tests.local.conftest import started
+
+from .conftest import wait_for
+
+
+@pytest.fixture
+def log_broker(nsqd_factory):
+    # small segments, so that retention can remove some in a test
+    return started(nsqd_factory("--max-bytes-per-file=4096"))
+
+
+def make(broker, topic, partitions, **extra):
+    query = "".join(f"&{k}={v}" for k, v in extra.items())
+    status, body = broker.post(f"/topic/create?topic={topic}&partition_num={partitions}{query}")
+    assert status == 200, body
+
+
+def publish(broker, topic, partition, bodies):
+    status, body = broker.post(f"/mpub?topic={topic}&partition={partition}",
+                               b"\n".join(bodies))
+    assert status == 200, body
+
+
+def stats(broker, topic):
+    status, body = broker.get(f"/stats?format=json&topic={topic}")
+    return json.loads(body)["topics"][0]
+
+
+def cursor(broker, topic, channel):
+    chans = {c["channel_name"]: c for c in stats(broker, topic)["channels"]}
+    return {e["partition"]: e["confirmed_offset"] for e in chans[channel]["partitions"]}
+
+
+def load(spark, broker, topic, **options):
+    r = spark.read.format("nsqshm").option("topic", topic).option("shmPrefix", broker.prefix)
+    for key, value in options.items():
+        r = r.option(key, value)
+    return r.load()
+
+
+@pytest.mark.workers(1, 2)
+def test_batch_read_offsets_partitions_and_ranges(spark, log_broker):
+    make(log_broker, "lt", 3)
+    sent = {p: [f"p{p}-{i}".encode() for i in range(200 * (p + 1))] for p in range(3)}
+    for p, bodies in sent.items():
+        publish(log_broker, "lt", p, bodies)
+    df = load(spark, log_broker, "lt")
+    assert df.schema.simpleString() == (
+        "struct<body:binary,id:string,timestamp:timestamp,attempts:int,topic:string,"
+        "channel:string,partition:int,offset:bigint>")
+    rows = df.collect()
+    assert len(rows) == 1200
+    for r in rows:  # each row where the log has it; the ID is its position
+        assert r.body == sent[r.partition][r.offset]
+        assert int(r.id, 16) == (r.partition << 48) | r.offset
+    assert {r.topic for r in rows} == {"lt"} and {r.channel for r in rows} == {None}
+    # nothing consumed: the same read again reads the same rows
+    assert load(spark, log_broker, "lt").count() == 1200
+
+    ranged = load(spark, log_broker, "lt", minPartitions=6,
+                  startingOffsets='{"lt":{"0":10,"1":-2,"2":395}}',
+                  endingOffsets='{"lt":{"0":20,"1":-1,"2":1000}}')
+    assert ranged.rdd.getNumPartitions() >= 6   # partition 1's 400 offsets split
+    got = {}
+    for r in ranged.select("partition", "offset").collect():
+        got.setdefault(r.partition, []).append(r.offset)
+    assert {p: sorted(offs) for p, offs in got.items()} == {
+        0: list(range(10, 20)), 1: list(range(400)), 2: list(range(395, 600))}
+
+
+def test_batch_read_between_two_timestamps(spark, log_broker):
+    make(log_broker, "ts", 2)
+    for p in range(2):
+        publish(log_broker, "ts", p, [b"before"] * 50)
+    time.sleep(0.05)
+    t1 = int(time.time() * 1000)
+    time.sleep(0.05)
+    for p in range(2):
+        publish(log_broker, "ts", p, [b"between"] * (30 + p))
+    time.sleep(0.05)
+    t2 = int(time.time() * 1000)
+    time.sleep(0.05)
+    for p in range(2):
+        publish(log_broker, "ts", p, [b"after"] * 20)
+    df = load(spark, log_broker, "ts", startingTimestamp=t1, endingTimestamp=t2)
+    rows = df.collect()
+    assert sorted(r.body for r in rows) == [b"between"] * 61
+    by_ts = load(spark, log_broker, "ts",
+                 startingOffsetsByTimestamp=json.dumps({"ts": {"0": t1, "1": t2}}))
+    got = sorted((r.partition, r.body) for r in by_ts.collect())
+    assert got == [(0, b"after")] * 20 + [(0, b"between")] * 30 + [(1, b"after")] * 20
+
+
+@pytest.mark.parametrize("options,error", [
+    ({"startingOffsets": '{"opt":{"0":1}}'}, "you must specify all of them"),
+    ({"startingOffsets": "latest"}, "latest is not allowed"),
+    ({"endingOffsets": '{"opt":{"0":-2,"1":-1}}'}, "offset -2 is not allowed"),
+    ({"startingOffsets": '{"other":{"0":1}}'}, "names topic 'other', which is not read"),
+    ({"failOnDataLoss": "maybe"}, "failOnDataLoss 'maybe' is not true or false"),
+    ({"topic": "opt,classic"}, r"are log topics and \['classic'\] are not"),
+    ({"topic": "classic", "endingOffsets": "latest"}, "need a log topic"),
+])
+def test_option_errors(spark, log_broker, options, error):
+    make(log_broker, "opt", 2)
+    log_broker.post("/topic/create?topic=classic")
+    with pytest.raises(Exception, match=error):
+        load(spark, log_broker, options.pop("topic", "opt"), **options).collect()
+
+
+def _stream(spark, broker, topic, checkpoint, sink_path, **options):
+    r = (spark.readStream.format("nsqshm").option("topic", topic)
+         .option("shmPrefix", broker.prefix))
+    for key, value in options.items():
+        r = r.option(key, value)
+    return (r.load().writeStream.format("parquet").option("path", sink_path)
+            .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+
+
+@pytest.mark.workers(2)
+def test_stream_limits_and_channel_cursor(spark, log_broker, tmp_path):
+    make(log_broker, "st", 2)
+    publish(log_broker, "st", 0, [b"a"] * 300)
+    publish(log_broker, "st", 1, [b"b"] * 100)
+    out, cp = str(tmp_path / "out"), str(tmp_path / "cp")
+    q = _stream(spark, log_broker, "st", cp, out, startingOffsets="earliest",
+                maxOffsetsPerTrigger=100, channel="lagview")
+    q.awaitTermination(120)
+    batches = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+    assert batches == [100, 100, 100, 100]   # the limit, shared 3:1 over the partitions
+    first = q.recentProgress[0]["sources"][0]["endOffset"]
+    assert json.loads(first) == {"st": {"0": 75, "1": 25}}
+    # the channel's cursors followed the committed offsets (availableNow asks
+    # latestOffset once more after its last batch: that batch is committed then)
+    assert cursor(log_broker, "st", "lagview") == {0: 300, 1: 100}
+
+    # a new run from the checkpoint reads only what came since
+    publish(log_broker, "st", 1, [b"c"] * 10)
+    q = _stream(spark, log_broker, "st", cp, out, maxOffsetsPerTrigger=100, channel="lagview")
+    q.awaitTermination(120)
+    assert [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]] == [10]
+    rows = spark.read.parquet(out)
+    assert rows.count() == 410 and rows.select("partition", "offset").distinct().count() == 410
+    assert cursor(log_broker, "st", "lagview") == {0: 300, 1: 110}
+    lag = {c["channel_name"]: c for c in stats(log_broker, "st")["channels"]}["lagview"]
+    assert [e["lag"] for e in lag["partitions"]] == [0, 0]
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_fail_on_data_loss(spark, log_broker, tmp_path, fail):
+    make(log_broker, "ret", 1, retention_bytes=8192)
+    for _ in range(10):
+        publish(log_broker, "ret", 0, [b"x" * 100] * 20)
+    # retention (every second) removes the oldest segments
+    assert wait_for(lambda: stats(log_broker, "ret")["partitions"][0]["start_offset"] > 0)
+    start = stats(log_broker, "ret")["partitions"][0]["start_offset"]
+    out, cp = str(tmp_path / "out"), str(tmp_path / "cp")
+    q = _stream(spark, log_broker, "ret", cp, out, startingOffsets='{"ret":{"0":0}}',
+                failOnDataLoss=str(fail).lower())
+    if fail:
+        with pytest.raises(Exception, match="Some data may have been lost.*starts at offset"):
+            q.awaitTermination(120)
+    else:
+        q.awaitTermination(120)
+        offsets = sorted(r.offset for r in spark.read.parquet(out).select("offset").collect())
+        assert offsets[0] >= start and offsets == list(range(offsets[0], 200))
+
+
+@pytest.mark.workers(2)
+def test_sink_partition_and_key_columns(spark, log_broker):
+    make(log_broker, "sink", 4)
+    rows = [(f"r{i}", i % 4) for i in range(200)]
+    (spark.createDataFrame(rows, "body string, partition int").repartition(2)
+     .write.format("nsqshm").option("topic", "sink").option("shmPrefix", log_broker.prefix)
+     .mode("append").save())
+    got = load(spark, log_broker, "sink").collect()
+    assert sorted((r.body.decode(), r.partition) for r in got) == sorted(rows)
+
+    make(log_broker, "keyed", 3)
+    keyed = [(f"k{i % 7}", f"{i}") for i in range(700)]
+    (spark.createDataFrame(keyed, "key string, body string").coalesce(1)
+     .write.format("nsqshm").option("topic", "keyed").option("shmPrefix", log_broker.prefix)
+     .mode("append").save())
+    got = load(spark, log_broker, "keyed").collect()
+    assert len(got) == 700
+    where = {}
+    for r in sorted(got, key=lambda r: (r.partition, r.offset)):
+        i = int(r.body)
+        where.setdefault(i % 7, []).append((r.partition, i))
+    for key, seen in where.items():  # one partition per key, in the order written
+        assert len({p for p, _ in seen}) == 1, key
+        assert [i for _, i in seen] == sorted(i for _, i in seen)
+    assert len({seen[0][0] for seen in where.values()}) > 1   # and keys spread
