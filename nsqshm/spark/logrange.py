@@ -9,9 +9,9 @@ per message.  A range is fixed by the offsets Spark logged before the batch
 ran, so a task run again (a retry, a query restarted from its checkpoint)
 reads exactly the same messages.
 
-Elsewhere the task reads the messages over the broker's HTTP API
-(/message/get, one message per request: correct, not fast; see
-docs/spark.md).
+Elsewhere the task reads the range over TCP: SUB_ADVANCED on a channel of
+its own whose cursor it moves to the range's start (logtcp), keeping each
+offset of the range once by the position every log message's ID carries.
 
 Offsets below the log start were removed by retention: with failOnDataLoss
 the task fails saying so, otherwise it logs a warning and reads from the
@@ -84,7 +84,7 @@ def read(rng):
         return iter(())
     if rng.log_topic.local:
         return _read_local(rng)
-    return _read_http(rng)
+    return _read_tcp(rng)
 
 
 def _batch(exported, rng, first):
@@ -130,37 +130,61 @@ def _read_local(rng):
         lt.close()
 
 
-def _read_http(rng):
-    """/message/get per message: the remote path (see the module docstring)."""
-    from nsqshm.local.arrow import SCHEMA
+def message_positions(ids):
+    """(partitions, offsets) numpy arrays from a buffer of 16-hex-digit IDs
+    ((partition << 48) | offset, as append_packed stamps them)."""
+    digits = np.frombuffer(ids, dtype=np.uint8).reshape(-1, 16).astype(np.uint64)
+    digits = np.where(digits >= 97, digits - 87, np.where(digits >= 65, digits - 55, digits - 48))
+    values = (digits << (np.arange(15, -1, -1, dtype=np.uint64) * np.uint64(4))).sum(
+        axis=1, dtype=np.uint64)
+    return (values >> np.uint64(48)).astype(np.int64), \
+        (values & np.uint64((1 << 48) - 1)).astype(np.int64)
+
+
+def _read_tcp(rng):
+    """SUB_ADVANCED on a channel of this task's own, its cursor in the
+    partition moved to the range's start: the broker delivers from there
+    (and whatever the channel gets of other partitions, dropped).  Rows are
+    kept by the position in their IDs, each offset of the range once, so a
+    redelivery changes nothing; all is FINed as it arrives."""
+    from nsqshm.local.arrow import record_batch
+    from nsqshm.spark.logtcp import RangeSubscription
 
     lt = rng.log_topic
+    if not lt.tcp_address:
+        raise DataLossError(f"{lt.name}: the broker is not on this host: give nsqdTcpAddress")
     start, _ = lt.offsets()[rng.partition]
-    offset = check_loss(rng, start)
-    while offset < rng.until:
-        n = min(rng.batch_size, rng.until - offset)
-        bodies, ids, ts = [], [], []
-        for off in range(offset, offset + n):
-            doc = lt._message_get_doc(rng.partition, "count", off)
-            if doc is None:
-                start, _ = lt.offsets()[rng.partition]
-                if off < start:
-                    offset = check_loss(rng, start) if off == offset else off
-                    break
-                raise DataLossError(f"{lt.name} partition {rng.partition}: offset {off} "
-                                    "is not in the log")
-            bodies.append(doc["body"].encode("utf-8", "surrogateescape"))
-            ids.append(f"{int(doc['id']):016x}")
-            ts.append(int(doc["timestamp"]) // 1000)
-        else:
-            n = len(bodies)
-            rb = pa.RecordBatch.from_arrays([
-                pa.array(bodies, pa.binary()), pa.array(ids, pa.string()),
-                pa.array(ts, SCHEMA.field("timestamp").type), pa.array([1] * n, pa.int32()),
-                pa.array([lt.name] * n, pa.string()),
-                pa.array([rng.channel] * n, pa.string()),
-                pa.array(np.full(n, rng.partition, dtype=np.int32)),
-                pa.array(np.arange(offset, offset + n, dtype=np.int64)),
-            ], names=[*SCHEMA.names, "partition", "offset"])
-            yield rb
-            offset += n
+    first = check_loss(rng, start)
+    want = rng.until - first
+    seen = np.zeros(want, dtype=bool)
+    sub = RangeSubscription(lt, rng.partition, first)
+    try:
+        while not seen.all():
+            got = sub.collect(rng.batch_size)
+            sub.finish()
+            if not got:
+                if sub.idle_too_long():
+                    missing = first + int(np.argmin(seen))
+                    raise DataLossError(f"{lt.name} partition {rng.partition}: offset {missing} "
+                                        f"did not arrive from {lt.tcp_address}")
+                continue
+            exported = sub.columns.export()
+            parts, offs = message_positions(exported[3])
+            rel = offs - first
+            idx = np.nonzero((parts == rng.partition) & (rel >= 0) & (rel < want))[0]
+            rel_u, at = np.unique(rel[idx], return_index=True)
+            fresh = ~seen[rel_u]
+            keep, rel_u = idx[at][fresh], rel_u[fresh]
+            seen[rel_u] = True
+            if not len(keep):
+                continue
+            rb = record_batch(exported, lt.name, rng.channel or "").take(pa.array(keep))
+            columns = rb.columns
+            if rng.channel is None:
+                columns[5] = pa.nulls(len(keep), pa.string())
+            columns.append(pa.array(np.full(len(keep), rng.partition, dtype=np.int32)))
+            columns.append(pa.array(rel_u + first))
+            yield pa.RecordBatch.from_arrays(columns,
+                                             names=[*rb.schema.names, "partition", "offset"])
+    finally:
+        sub.close()

@@ -76,6 +76,25 @@ def test_batch_read_offsets_partitions_and_ranges(spark, log_broker):
         0: list(range(10, 20)), 1: list(range(400)), 2: list(range(395, 600))}
 
 
+@pytest.mark.workers(2)
+def test_tcp_reads_the_same_ranges(spark, log_broker):
+    """A broker on another host: SUB_ADVANCED per range, each offset once."""
+    make(log_broker, "far", 3)
+    for p in range(3):
+        publish(log_broker, "far", p, [f"f{p}-{i}".encode() for i in range(300)])
+    tcp = {"transport": "tcp", "nsqdTcpAddress": f"127.0.0.1:{log_broker.tcp_port}",
+           "nsqdHttpAddress": f"127.0.0.1:{log_broker.http_port}", "batchSize": 100}
+    spec = {"startingOffsets": '{"far":{"0":0,"1":50,"2":299}}', "minPartitions": 4}
+    remote = sorted((r.partition, r.offset, r.body, r.id) for r in
+                    load(spark, log_broker, "far", **tcp, **spec).collect())
+    local = sorted((r.partition, r.offset, r.body, r.id) for r in
+                   load(spark, log_broker, "far", **spec).collect())
+    assert remote == local and len(remote) == 300 + 250 + 1
+    assert all(body == f"f{p}-{o}".encode() for p, o, body, _ in remote)
+    # the tasks' channels were ephemeral: gone with their connections
+    assert wait_for(lambda: not stats(log_broker, "far")["channels"])
+
+
 def test_batch_read_between_two_timestamps(spark, log_broker):
     make(log_broker, "ts", 2)
     for p in range(2):
