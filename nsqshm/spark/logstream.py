@@ -76,11 +76,9 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # batch later, and never for the last batch of an availableNow query)
         self._advance_cursor(start)
         begin = {(t, p): off for t, parts in decode(start).items() for p, off in parts.items()}
-        latest = self._ends()
+        latest = self._check_went_back(begin, self._ends())
         if self.target is not None:
             latest = {tp: min(end, self.target.get(tp, end)) for tp, end in latest.items()}
-        # never behind the start (a log truncated by a host crash: the range is empty)
-        latest = {tp: max(end, begin.get(tp, 0)) for tp, end in latest.items()}
         if isinstance(limit, ReadMaxRows):
             latest = rate_limit(begin, latest, limit.max_rows)
         elif isinstance(limit, ReadMinRows) and self.target is None:
@@ -89,6 +87,33 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out = {}
         for (t, p), off in latest.items():
             out.setdefault(t, {})[p] = off
+        return encode(out)
+
+    def _check_went_back(self, begin, latest):
+        """A log that ends before the query's offset was deleted and made
+        again (or lost its unsynced tail with its host): data loss, as
+        Kafka's source treats an offset that went back.  Without
+        failOnDataLoss the query goes on from the new end."""
+        from nsqshm.spark.logrange import DataLossError
+
+        for (t, p), end in latest.items():
+            at = begin.get((t, p), 0)
+            if end >= at:
+                continue
+            text = (f"{t} partition {p} ends at offset {end}, before offset {at} that the "
+                    f"query reached: the topic was deleted and made again, or its log lost "
+                    f"its tail; some data may have been missed. If you want your streaming "
+                    f'query to go on from the new end, set the source option "failOnDataLoss" '
+                    f'to "false".')
+            if self.o.fail_on_data_loss:
+                raise DataLossError(text)
+            log.warning(text)
+        return latest
+
+    def reportLatestOffset(self):
+        out = {}
+        for (t, p), end in self._ends().items():
+            out.setdefault(t, {})[p] = end
         return encode(out)
 
     def partitions(self, start, end):

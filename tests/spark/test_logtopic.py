@@ -118,7 +118,7 @@ def test_batch_read_between_two_timestamps(spark, log_broker):
     assert got == [(0, b"after")] * 20 + [(0, b"between")] * 30 + [(1, b"after")] * 20
 
 
-@pytest.mark.parametrize("options,error", [
+OPTION_ERRORS = [
     ({"startingOffsets": '{"opt":{"0":1}}'}, "you must specify all of them"),
     ({"startingOffsets": "latest"}, "latest is not allowed"),
     ({"endingOffsets": '{"opt":{"0":-2,"1":-1}}'}, "offset -2 is not allowed"),
@@ -126,12 +126,16 @@ def test_batch_read_between_two_timestamps(spark, log_broker):
     ({"failOnDataLoss": "maybe"}, "failOnDataLoss 'maybe' is not true or false"),
     ({"topic": "opt,classic"}, r"are log topics and \['classic'\] are not"),
     ({"topic": "classic", "endingOffsets": "latest"}, "need a log topic"),
-])
-def test_option_errors(spark, log_broker, options, error):
+]
+
+
+def test_option_errors(spark, log_broker):
     make(log_broker, "opt", 2)
     log_broker.post("/topic/create?topic=classic")
-    with pytest.raises(Exception, match=error):
-        load(spark, log_broker, options.pop("topic", "opt"), **options).collect()
+    for options, error in OPTION_ERRORS:  # one broker for all: each case is a load()
+        options = dict(options)
+        with pytest.raises(Exception, match=error):
+            load(spark, log_broker, options.pop("topic", "opt"), **options).collect()
 
 
 def _stream(spark, broker, topic, checkpoint, sink_path, **options):
@@ -171,25 +175,69 @@ def test_stream_limits_and_channel_cursor(spark, log_broker, tmp_path):
     lag = {c["channel_name"]: c for c in stats(log_broker, "st")["channels"]}["lagview"]
     assert [e["lag"] for e in lag["partitions"]] == [0, 0]
 
+    # the topic deleted and made again: its offsets went back, data loss
+    assert log_broker.post("/topic/delete?topic=st")[0] == 200
+    make(log_broker, "st", 2)
+    publish(log_broker, "st", 0, [b"new"] * 5)
+    q = _stream(spark, log_broker, "st", cp, out)
+    with pytest.raises(Exception, match="st partition 0 ends at offset 5, before offset 300"):
+        q.awaitTermination(120)
 
-@pytest.mark.parametrize("fail", [True, False])
-def test_fail_on_data_loss(spark, log_broker, tmp_path, fail):
+
+def test_restart_reads_the_planned_batch_again(spark, log_broker, tmp_path):
+    """A batch in the offset log and not in the commit log (its driver died)
+    runs again over the same ranges, whatever was published since."""
+    import os
+
+    make(log_broker, "rp", 2)
+    for p in range(2):
+        publish(log_broker, "rp", p, [f"a{p}-{i}".encode() for i in range(100)])
+    cp = str(tmp_path / "cp")
+    seen = {}
+
+    def record(df, batch_id):
+        seen.setdefault(batch_id, []).append(
+            sorted((r.partition, r.offset, r.body) for r in df.collect()))
+
+    def run():
+        (spark.readStream.format("nsqshm").option("topic", "rp")
+         .option("shmPrefix", log_broker.prefix).option("startingOffsets", "earliest")
+         .option("maxOffsetsPerTrigger", 50).load()
+         .writeStream.foreachBatch(record).option("checkpointLocation", cp)
+         .trigger(availableNow=True).start().awaitTermination(120))
+
+    run()
+    assert sorted(seen) == [0, 1, 2, 3]
+    for name in ("3", ".3.crc"):  # as if the driver died before committing batch 3
+        os.unlink(os.path.join(cp, "commits", name))
+    for p in range(2):
+        publish(log_broker, "rp", p, [f"b{p}-{i}".encode() for i in range(100)])
+    run()
+    assert len(seen[3]) == 2 and seen[3][0] == seen[3][1]   # the same rows again
+    assert [len(seen[b]) for b in sorted(seen)] == [1, 1, 1, 2, 1, 1, 1, 1]
+    rows = [row for b in sorted(seen) for row in seen[b][-1]]
+    assert len(rows) == 400 and len(set(rows)) == 400
+
+
+def test_fail_on_data_loss_both_ways(spark, log_broker, tmp_path):
     make(log_broker, "ret", 1, retention_bytes=8192)
     for _ in range(10):
         publish(log_broker, "ret", 0, [b"x" * 100] * 20)
     # retention (every second) removes the oldest segments
     assert wait_for(lambda: stats(log_broker, "ret")["partitions"][0]["start_offset"] > 0)
     start = stats(log_broker, "ret")["partitions"][0]["start_offset"]
-    out, cp = str(tmp_path / "out"), str(tmp_path / "cp")
-    q = _stream(spark, log_broker, "ret", cp, out, startingOffsets='{"ret":{"0":0}}',
-                failOnDataLoss=str(fail).lower())
-    if fail:
-        with pytest.raises(Exception, match="Some data may have been lost.*starts at offset"):
-            q.awaitTermination(120)
-    else:
+    # a stream whose first batch was planned from offset 0
+    q = _stream(spark, log_broker, "ret", str(tmp_path / "cp1"), str(tmp_path / "out1"),
+                startingOffsets='{"ret":{"0":0}}')
+    with pytest.raises(Exception, match=r"Some data may have been lost.*ret partition 0 "
+                                        r"starts at offset \d+, offsets 0\.\.\d+ were removed"):
         q.awaitTermination(120)
-        offsets = sorted(r.offset for r in spark.read.parquet(out).select("offset").collect())
-        assert offsets[0] >= start and offsets == list(range(offsets[0], 200))
+    out = str(tmp_path / "out2")
+    q = _stream(spark, log_broker, "ret", str(tmp_path / "cp2"), out,
+                startingOffsets='{"ret":{"0":0}}', failOnDataLoss="false")
+    q.awaitTermination(120)
+    offsets = sorted(r.offset for r in spark.read.parquet(out).select("offset").collect())
+    assert offsets[0] >= start and offsets == list(range(offsets[0], 200))
 
 
 @pytest.mark.workers(2)
