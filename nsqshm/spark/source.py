@@ -32,6 +32,9 @@ def log_topics(o):
     is; reading both kinds in one query is refused."""
     found = {t: LogTopic.find(o, t) for t in o.topics}
     logs = {t: lt for t, lt in found.items() if lt is not None}
+    if (o.raw.get("includeheaders") or "false").lower() != "false":
+        raise OptionError("includeHeaders: messages have no headers yet (nsqshm's log "
+                          "records carry none); leave it false")
     if logs and len(logs) != len(found):
         classic = sorted(t for t, lt in found.items() if lt is None)
         raise OptionError(f"topics {sorted(logs)} are log topics and {classic} are not: "

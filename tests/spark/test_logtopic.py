@@ -126,6 +126,7 @@ OPTION_ERRORS = [
     ({"failOnDataLoss": "maybe"}, "failOnDataLoss 'maybe' is not true or false"),
     ({"topic": "opt,classic"}, r"are log topics and \['classic'\] are not"),
     ({"topic": "classic", "endingOffsets": "latest"}, "need a log topic"),
+    ({"includeHeaders": "true"}, "messages have no headers yet"),
 ]
 
 
