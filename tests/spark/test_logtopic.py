@@ -116,6 +116,10 @@ def test_batch_read_between_two_timestamps(spark, log_broker):
                  startingOffsetsByTimestamp=json.dumps({"ts": {"0": t1, "1": t2}}))
     got = sorted((r.partition, r.body) for r in by_ts.collect())
     assert got == [(0, b"after")] * 20 + [(0, b"between")] * 30 + [(1, b"after")] * 20
+    until = load(spark, log_broker, "ts",
+                 endingOffsetsByTimestamp=json.dumps({"ts": {"0": t1, "1": t2}}))
+    got = sorted((r.partition, r.body) for r in until.collect())
+    assert got == [(0, b"before")] * 50 + [(1, b"before")] * 50 + [(1, b"between")] * 31
 
 
 OPTION_ERRORS = [
@@ -183,6 +187,30 @@ def test_stream_limits_and_channel_cursor(spark, log_broker, tmp_path):
     q = _stream(spark, log_broker, "st", cp, out)
     with pytest.raises(Exception, match="st partition 0 ends at offset 5, before offset 300"):
         q.awaitTermination(120)
+
+
+def test_min_offsets_per_trigger_waits(spark, log_broker, tmp_path):
+    make(log_broker, "few", 2)
+    publish(log_broker, "few", 0, [b"a"] * 50)
+    sizes = []
+    q = (spark.readStream.format("nsqshm").option("topic", "few")
+         .option("shmPrefix", log_broker.prefix).option("startingOffsets", "earliest")
+         .option("minOffsetsPerTrigger", 100).load()
+         .writeStream.foreachBatch(lambda df, _: sizes.append(df.count()))
+         .option("checkpointLocation", str(tmp_path / "cp"))
+         .trigger(processingTime="0.2 seconds").start())
+    try:
+        # the first batch (empty, below), then triggers every 0.2 s that find
+        # 50 < 100 offsets: a source that did not wait would read the 50 now
+        assert wait_for(lambda: sizes, timeout=60)
+        time.sleep(1.5)
+        publish(log_broker, "few", 1, [b"b"] * 60)
+        assert wait_for(lambda: sum(sizes) >= 110, timeout=60)
+    finally:
+        q.stop()
+    # one batch, once there were 100 (Spark runs the very first batch, empty,
+    # whatever latestOffset says: it has no committed offset to compare with)
+    assert [n for n in sizes if n] == [110]
 
 
 def test_restart_reads_the_planned_batch_again(spark, log_broker, tmp_path):
