@@ -82,7 +82,10 @@ def check_loss(rng, log_start):
 def read(rng):
     if rng.until <= rng.start:
         return iter(())
-    if rng.log_topic.local:
+    lt = rng.log_topic
+    # decided in each executor: a log on this host is read from its segments,
+    # else over TCP (an executor on another host than the driver's broker)
+    if lt.local and (lt.reader(rng.partition) is not None or not lt.tcp_address):
         return _read_local(rng)
     return _read_tcp(rng)
 

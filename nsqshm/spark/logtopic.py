@@ -54,8 +54,8 @@ class LogTopic:
             for spec in doc.get("topics") or []:
                 if spec.get("name") == topic:
                     return cls(topic, int(spec["partition_num"]), data_path=data_path,
-                               http_address=broker.http_address,
-                               tcp_address=broker.info.get("tcp_address"))
+                               http_address=o.http_address or broker.http_address,
+                               tcp_address=o.tcp_address or broker.info.get("tcp_address"))
             return None
         if not o.http_address:
             raise OptionError("a broker not on this host needs nsqdHttpAddress")
@@ -67,6 +67,8 @@ class LogTopic:
 
     @property
     def local(self):
+        """The driver found the broker on its host; an executor checks its own
+        (reader() is None there when the logs are not on its host)."""
         return self.data_path is not None
 
     # -- the logs on this host ------------------------------------------------------------
