@@ -114,7 +114,13 @@ def _read_local(rng):
                             f"under {lt.data_path}")
     try:
         offset = check_loss(rng, reader.start_offset)
-        buf = bytearray(READ_BUFFER)
+        # the range's bytes in the log bound what it packs to (a record's 16
+        # byte header becomes 4): a small range needs no 16 MiB buffer
+        try:
+            span = reader.virtual_offset_of(rng.until) - reader.virtual_offset_of(offset)
+        except OffsetOutOfRange:
+            span = READ_BUFFER
+        buf = bytearray(max(1, min(READ_BUFFER, span)))
         cols = Columns()
         while offset < rng.until:
             try:
