@@ -183,7 +183,8 @@ class LogTopic(Topic):
         if partition is not None:
             target = self.partition(partition)
         else:
-            pool = self._owned or self.partitions
+            # (cluster mode: the partitions this node leads first)
+            pool = [p for p in self._owned if p.writable] or self._owned or self.partitions
             target = pool[self._turn % len(pool)]
             self._turn += 1
         if target.owned:

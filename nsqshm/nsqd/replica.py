@@ -1,0 +1,95 @@
+"""A log topic's partition as a replica in a cluster (issue 17): what the broker
+offers the coordination layer (nsqshm/consistence/), which drives it.  The broker
+knows no etcd: it only holds, per partition it owns, a *gate* the coordinator sets,
+and lets the coordinator read and append its log.
+
+    gate None (standalone)      PUB appends, OK at once (as before)
+    NotLeaderGate               PUB answers E_FAILED_ON_NOT_LEADER (a follower, a
+                                catch-up replica, a deposed leader, or not known yet)
+    a leader's gate             PUB appends, then gate.committed(end) waits until every
+                                ISR member has the records (consistence/replicator.py)
+
+A follower's log is written by append_at only: the leader's records, at the offsets
+the leader gave them, so every replica holds the same message at the same offset.
+"""
+
+from nsqshm.nsqd.topic import TopicError
+
+
+class NotLeader(TopicError):
+    """A write to a partition this node does not lead."""
+
+
+class NotLeaderGate:
+    """The gate of a partition this node does not lead: refuses every write."""
+    writable = False
+
+    def __init__(self, why="not the leader"):
+        self.why = why
+
+    def check_writable(self, partition):
+        raise NotLeader(f"{partition.topic.name}-{partition.index} {self.why}")
+
+    def committed(self, partition, end_offset):
+        raise NotLeader(f"{partition.topic.name}-{partition.index} {self.why}")
+
+
+UNKNOWN = NotLeaderGate("has no known leader here yet")
+
+
+class OffsetMismatch(Exception):
+    """append_at: the records do not start at the log's end.  .end is the log's end."""
+
+    def __init__(self, end):
+        super().__init__(f"log ends at {end}")
+        self.end = end
+
+
+class ReplicaHost:
+    """One worker's side of the cluster: the coordinator's only handle on the broker."""
+
+    def __init__(self, nsqd):
+        self.nsqd = nsqd
+        nsqd.replica_gate = UNKNOWN  # what a partition made from now on starts with
+
+    @property
+    def worker(self):
+        return self.nsqd.index
+
+    @property
+    def workers(self):
+        return self.nsqd.nworkers
+
+    def ensure_topic(self, name, partition_num):
+        """The log topic on every worker of this node (as POST /topic/create would)."""
+        return self.nsqd.create_log_topic(name, partition_num)
+
+    def partition(self, name, index):
+        """The Partition if its log is owned by this worker, else None."""
+        topic = self.nsqd.topics.get(name)
+        if topic is None or not topic.is_log or not 0 <= index < len(topic.partitions):
+            return None
+        p = topic.partitions[index]
+        return p if p.owned and p.log is not None else None
+
+    def set_gate(self, partition, gate):
+        partition.replica = gate
+
+    def end_offset(self, partition):
+        return partition.log.end_offset
+
+    def read(self, partition, offset, buffer, max_bytes=-1):
+        """Records from msg offset `offset` packed [u32 native size][message]... into
+        buffer, as the log holds them (IDs already the positions): (count, bytes, next)."""
+        return partition.log.reader.read_into(offset, buffer, -1, max_bytes)
+
+    def append_at(self, partition, offset, packed):
+        """A follower: the leader's records, which start at msg offset `offset`.  The
+        log gives them the next offsets, so they land at the leader's only if the log
+        ends at `offset` (else OffsetMismatch, nothing written).  -> the new end."""
+        end = partition.log.end_offset
+        if offset != end:
+            raise OffsetMismatch(end)
+        if packed:
+            partition.append_replica(packed)
+        return partition.log.end_offset
