@@ -34,7 +34,8 @@ from nsqshm.consistence.replicator import PartitionLeader
 from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import NodeInfo, Topology
 from nsqshm.nsqd.partition import partition_owner
-from nsqshm.nsqd.replica import NotLeaderGate, OffsetMismatch
+from nsqshm.nsqd.replica import NotLeader, NotLeaderGate, OffsetMismatch
+from nsqshm.nsqd.topic import TopicError
 
 LAG_TIMEOUT = 2.0  # an ISR follower behind this long leaves the ISR (PUBs wait at most ~this)
 RETRY = 0.5
@@ -70,7 +71,9 @@ class NsqdCoordinator:
         except ValueError:
             bind = "0.0.0.0"
         self.rpc = rpc.RPCServer((bind, rpc_port + host.worker), self.cluster_id, self.node.id,
-                                 self.is_peer, self.on_append, logf)
+                                 self.is_peer, self.on_append, self.on_publish, logf)
+        self._idle = {}  # worker index -> [RPCClient]: connections to this node's workers
+        host.forwarder = self.forward
 
     # -- life ------------------------------------------------------------------------
 
@@ -250,3 +253,44 @@ class NsqdCoordinator:
             return rpc.OK, self.host.append_at(part, first, records)
         except OffsetMismatch as err:
             return rpc.MISMATCH, err.end
+
+    # -- PUBs that landed on another worker of this node ---------------------------------
+
+    def forward(self, topic, partition, packed):
+        """Hand a PUB's records to the worker that owns the partition (PUBLISH on its
+        RPC port) and raise what it answers: the PUB is acknowledged only once the
+        owner has replicated it.  A connection per concurrent PUB, kept for reuse."""
+        owner = partition_owner(topic, partition, self.host.workers)
+        idle = self._idle.setdefault(owner, [])
+        try:
+            client = idle.pop() if idle else rpc.RPCClient(
+                self.node.ip, self.node.rpc_port + owner, self.cluster_id, self.node.id,
+                self.lag_timeout * 4)
+        except (rpc.RPCError, OSError) as err:
+            raise NotLeader(f"{topic}-{partition}: its owner worker {owner} is not "
+                            f"reachable ({err})") from None
+        try:
+            status, text = client.publish(topic, partition, packed)
+        except (rpc.RPCError, OSError) as err:
+            client.close()
+            raise TopicError(f"{topic}-{partition}: forwarding to worker {owner} failed "
+                             f"({err})") from None
+        idle.append(client)
+        if status == rpc.NOT_LEADER:
+            raise NotLeader(text)
+        if status != rpc.OK:
+            raise TopicError(text)
+
+    def on_publish(self, topic, partition, records):
+        """PUBLISH from another worker of this node: append as a PUB would (the gate
+        replicates and waits) -> (status, text)."""
+        part = self.host.partition(topic, partition)
+        if part is None:
+            return rpc.NOT_LEADER, f"{topic}-{partition} is not owned by this worker"
+        try:
+            part.append(records)
+        except NotLeader as err:
+            return rpc.NOT_LEADER, str(err)
+        except (TopicError, ValueError, OSError) as err:
+            return rpc.FAILED, str(err)
+        return rpc.OK, ""

@@ -24,6 +24,11 @@ Every frame:
       MISMATCH: nothing written, the log ends at `end` (send from there);
       FENCED: the follower knows a newer write epoch or another leader: the sender is
       deposed; UNKNOWN: no such partition on the follower's worker.
+    PUBLISH  (a worker -> the worker of the same node that owns the partition)
+        | u16 BE topic len | topic | u16 BE partition | records ... |
+      a PUB that landed on another worker of the node: the owner appends and
+      replicates it as its own, then answers
+    PUBLISHED | u8 status | text |   status OK, NOT_LEADER or FAILED (text: why)
 
 The server takes only peers registered in etcd for the cluster: the HELLO's node ID
 must be a live nsqd node whose NodeIP is the connection's source address.
@@ -37,8 +42,10 @@ import gevent
 import gevent.socket
 from gevent.server import StreamServer
 
-HELLO, WELCOME, ERROR, APPEND, ACK = 1, 2, 3, 4, 5
-OK, MISMATCH, FENCED, UNKNOWN = 0, 1, 2, 3
+HELLO, WELCOME, ERROR, APPEND, ACK, PUBLISH, PUBLISHED = 1, 2, 3, 4, 5, 6, 7
+OK, MISMATCH, FENCED, UNKNOWN = 0, 1, 2, 3  # ACK
+NOT_LEADER, FAILED = 1, 2  # PUBLISHED (OK: 0)
+PUBLISH_FIXED = struct.Struct(">H")
 PROBE = (1 << 64) - 1
 MAX_FRAME = 64 << 20  # larger than any batch a leader sends (a batch is at most 4 MiB)
 HEADER = struct.Struct(">IB")
@@ -76,6 +83,22 @@ def decode_append(body):
     topic = bytes(view[2:2 + n]).decode()
     partition, epoch, first = APPEND_FIXED.unpack_from(view, 2 + n)
     return topic, partition, epoch, first, view[2 + n + APPEND_FIXED.size:]
+
+
+def encode_publish(topic, partition, records_bytes):
+    body = _topic(topic) + PUBLISH_FIXED.pack(partition)
+    return HEADER.pack(len(body) + 1 + records_bytes, PUBLISH) + body
+
+
+def decode_publish(body):
+    """-> (topic, partition, records memoryview)."""
+    view = memoryview(body)
+    (n,) = struct.unpack_from(">H", view, 0)
+    if 2 + n + PUBLISH_FIXED.size > len(view):
+        raise RPCError("short PUBLISH")
+    topic = bytes(view[2:2 + n]).decode()
+    (partition,) = PUBLISH_FIXED.unpack_from(view, 2 + n)
+    return topic, partition, view[2 + n + PUBLISH_FIXED.size:]
 
 
 def encode_ack(status, topic, partition, end):
@@ -121,11 +144,12 @@ class RPCServer:
     against etcd; on_append(peer, topic, partition, epoch, first, records) -> (status,
     end) applies a batch."""
 
-    def __init__(self, address, cluster_id, node_id, is_peer, on_append, logf):
+    def __init__(self, address, cluster_id, node_id, is_peer, on_append, on_publish, logf):
         self.cluster_id = cluster_id
         self.node_id = node_id
         self.is_peer = is_peer
         self.on_append = on_append
+        self.on_publish = on_publish
         self.logf = logf
         self.server = StreamServer(address, self._handle)
         self.server.init_socket()
@@ -149,6 +173,10 @@ class RPCServer:
                 return
             while True:
                 kind, body = read_frame(sock)
+                if kind == PUBLISH and peer == self.node_id:  # another worker of this node
+                    status, text = self.on_publish(*decode_publish(body))
+                    sock.sendall(frame(PUBLISHED, bytes((status,)) + text.encode()))
+                    continue
                 if kind != APPEND:
                     raise RPCError(f"unexpected frame kind {kind}")
                 topic, partition, epoch, first, records = decode_append(body)
@@ -209,6 +237,15 @@ class RPCClient:
             raise RPCError(f"expected ACK, got kind {kind}")
         status, _, _, end = decode_ack(body)
         return status, end
+
+    def publish(self, topic, partition, records):
+        """PUBLISH to the owner worker: (status, text)."""
+        self.sock.sendall(encode_publish(topic, partition, len(records)))
+        self.sock.sendall(records)
+        kind, body = read_frame(self.sock)
+        if kind != PUBLISHED or not body:
+            raise RPCError(f"expected PUBLISHED, got kind {kind}")
+        return body[0], bytes(body[1:]).decode(errors="replace")
 
     def close(self):
         self.sock.close()

@@ -195,6 +195,8 @@ class LogTopic(Topic):
             except OSError as err:
                 self.nsqd.set_health(err)
                 raise TopicError(str(err)) from None
+        elif target.replica is not None:  # cluster mode: the owner replicates (replica.py)
+            target.replica.forward(target, packed)
         elif not target.push_inbound(packed):
             raise TopicError(f"partition {target.index} inbound ring is full")
         self.message_count += count

@@ -37,6 +37,20 @@ class NotLeaderGate:
 UNKNOWN = NotLeaderGate("has no known leader here yet")
 
 
+class ForwardGate(NotLeaderGate):
+    """The gate of a partition another worker of this node owns: a PUB that lands
+    here is handed to the owner worker (ReplicaHost.forward, set by the coordinator),
+    which appends and replicates it and answers; the inbound ring would acknowledge
+    before the replicas have it."""
+
+    def __init__(self, host):
+        super().__init__("is owned by another worker")
+        self.host = host
+
+    def forward(self, partition, packed):
+        self.host.forward(partition.topic.name, partition.index, packed)
+
+
 class OffsetMismatch(Exception):
     """append_at: the records do not start at the log's end.  .end is the log's end."""
 
@@ -50,7 +64,17 @@ class ReplicaHost:
 
     def __init__(self, nsqd):
         self.nsqd = nsqd
-        nsqd.replica_gate = UNKNOWN  # what a partition made from now on starts with
+        # what a partition made from now on starts with: the coordinator sets the
+        # owner's; the others forward to the owner
+        nsqd.replica_gate = ForwardGate(self)
+        self.forwarder = None  # (topic, partition, packed): the coordinator's
+
+    def forward(self, topic, partition, packed):
+        """A PUB's records to the worker that owns the partition; NotLeader or
+        TopicError as the owner answers."""
+        if self.forwarder is None:
+            raise NotLeader(f"{topic}-{partition} has no known leader here yet")
+        self.forwarder(topic, partition, packed)
 
     @property
     def worker(self):

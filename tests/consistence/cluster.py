@@ -38,8 +38,10 @@ class Node:
         args = [f"--tcp-address={a}:0", f"--http-address={a}:0", f"--broadcast-address={a}",
                 f"--cluster-leadership-addresses={self.cluster.etcd.endpoint}",
                 f"--rpc-port={RPC_PORT}", f"--cluster-lease-ttl={TTL}", "--log-level=info"]
+        # a restart takes the same shared memory back, as a restarted host's nsqd does
         self.server = Server(args, self.data_path, workers=self.cluster.workers,
-                             wrap=hosts.command(self.i, []))
+                             wrap=hosts.command(self.i, []),
+                             prefix=self.server.prefix if self.server else None)
         self.tcp = (a, self.server.tcp_port)
         self.http = f"http://{a}:{self.server.http_port}"
         return self

@@ -1,0 +1,153 @@
+"""Replicated log topics across hosts (issue 17): three nsqd, each in its own network
+namespace, a real etcd, an nsqlookupd in cluster mode (cluster.py).  Every PUB
+acknowledged must be readable from whichever node leads after a failure."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from nsqshm.consistence.session import EtcdSession
+from nsqshm.consistence.topology import Topology
+from tests.consistence.cluster import Client, Cluster
+from tests.consistence.etcd_server import ETCD
+from tests.consistence.netns import available
+
+pytestmark = [
+    pytest.mark.skipif(bool(available()), reason=available() or "available"),
+    pytest.mark.skipif(ETCD is None, reason="etcd not installed (scripts/setup.sh)"),
+    pytest.mark.timeout(90),
+]
+
+
+@pytest.fixture
+def make_cluster(tmp_path):
+    made = []
+
+    def make(workers=1):
+        cluster = Cluster(tmp_path, workers=workers)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.close()
+
+
+def publish(node, topic, bodies):
+    """PUB each body to partition 0 of node; every one must be acknowledged."""
+    client = Client(node)
+    try:
+        for body in bodies:
+            assert client.pub(topic, body) == (0, b"OK"), body
+    finally:
+        client.close()
+
+
+def consume_all(node, topic, count):
+    client = Client(node)
+    try:
+        return client.consume(topic, "audit", count)
+    finally:
+        client.close()
+
+
+def isr(cluster, topic, partition=0):
+    """The partition's ISR as etcd has it (read through our own etcd client)."""
+    session = EtcdSession(cluster.etcd.endpoint, ttl=5).start()
+    try:
+        state = Topology(session, "nsq-test-cluster").partition(topic, partition)
+        return set(state.replicas.isr)
+    finally:
+        session.close()
+
+
+def wait_until(predicate, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_acknowledged_messages_survive_the_leader_sigkill(make_cluster, workers):
+    cluster = make_cluster(workers)
+    assert cluster.create_topic("orders", 1, 3)[0] == 200
+    leader = cluster.leader("orders")
+    followers = [n for n in cluster.nodes if n is not leader]
+    # a PUB to a follower is refused with Youzan's code, the connection kept
+    client = Client(followers[0])
+    kind, data = client.pub("orders", b"nope")
+    assert (kind, data.split()[0]) == (1, b"E_FAILED_ON_NOT_LEADER")
+    client.close()
+
+    bodies = [b"m%04d" % i for i in range(300)]
+    publish(leader, "orders", bodies)
+    # acknowledged means on every ISR member, at the same offsets
+    assert [n.end_offset("orders") for n in cluster.nodes] == [300, 300, 300]
+
+    leader.kill()
+    new = cluster.leader("orders", not_in=(leader.id,), timeout=20)
+    assert new in followers
+    publish(new, "orders", [b"after"])
+    got = consume_all(new, "orders", 301)
+    assert got == [*bodies, b"after"]
+
+
+def test_a_follower_down_and_back_catches_up(make_cluster):
+    cluster = make_cluster()
+    assert cluster.create_topic("audit", 1, 3)[0] == 200
+    leader = cluster.leader("audit")
+    follower, other = [n for n in cluster.nodes if n is not leader]
+    publish(leader, "audit", [b"a%03d" % i for i in range(50)])
+
+    follower.kill()
+    # the first PUB waits for the dead follower until the leader moves it out of the ISR
+    publish(leader, "audit", [b"b%03d" % i for i in range(50)])
+    assert follower.id not in isr(cluster, "audit")
+
+    follower.start()  # same data path and shared memory: its log ends at 50
+    wait_until(lambda: follower.id in isr(cluster, "audit"), 20, "the follower rejoins the ISR")
+    publish(leader, "audit", [b"c%03d" % i for i in range(50)])
+    assert follower.end_offset("audit") == leader.end_offset("audit") == 150
+
+    # only the caught-up follower left: it is elected and holds every acknowledged message
+    leader.kill()
+    other.kill()
+    new = cluster.leader("audit", not_in=(leader.id, other.id), timeout=20)
+    assert new is follower
+    got = consume_all(new, "audit", 150)
+    assert got == [b"%s%03d" % (k, i) for k in (b"a", b"b", b"c") for i in range(50)]
+
+
+# a PUB from inside the cut-off leader's own namespace: the answer (or the error)
+PUB_INSIDE = """
+import socket, struct, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=15)
+s.sendall(b"  V2PUB orders 0\\n" + struct.pack(">I", 4) + b"late")
+head = s.recv(8)
+size, kind = struct.unpack(">ii", head)
+print(kind, s.recv(size - 4).decode())
+"""
+
+
+def test_a_cut_off_leader_acknowledges_nothing(make_cluster):
+    cluster = make_cluster()
+    assert cluster.create_topic("orders", 1, 3)[0] == 200
+    leader = cluster.leader("orders")
+    bodies = [b"m%03d" % i for i in range(100)]
+    publish(leader, "orders", bodies)
+
+    cluster.hosts.cut(leader.i)  # no followers, no etcd; its clients on the host remain
+    out = subprocess.run(cluster.hosts.command(leader.i, [sys.executable, "-c", PUB_INSIDE,
+                                                          *map(str, leader.tcp)]),
+                         capture_output=True, text=True, timeout=30).stdout.split(None, 1)
+    assert out[0] == "1" and out[1].startswith("E_FAILED_ON_NOT_LEADER"), out
+
+    new = cluster.leader("orders", not_in=(leader.id,), timeout=20)
+    got = consume_all(new, "orders", 100)
+    assert got == bodies
+    assert new.end_offset("orders") == 100  # "late" was acknowledged by nobody
