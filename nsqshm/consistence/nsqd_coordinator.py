@@ -231,28 +231,28 @@ class NsqdCoordinator:
 
     def on_append(self, peer, topic, partition, epoch, first, records):
         """A leader's APPEND: taken only from the leader this node knows, at a write
-        epoch no older than the one it knows."""
+        epoch no older than the one it knows.  -> (status, end, tail crc or None)."""
         key = (topic, partition)
         watch = self.roles.get(key)
         part = self.host.partition(topic, partition)
         if watch is None or part is None or watch.state is None:
-            return rpc.UNKNOWN, 0
+            return rpc.UNKNOWN, 0, None
         end = self.host.end_offset(part)
         known = watch.state.replicas
         if epoch < known.epoch_for_write or (epoch == known.epoch_for_write
                                              and peer != known.leader):
-            return rpc.FENCED, end
+            return rpc.FENCED, end, None
         mine = self.leaders.get(key)
         if mine is not None and mine.fenced is None:
             if epoch <= mine.epoch:
-                return rpc.FENCED, end
+                return rpc.FENCED, end, None
             mine.fence(f"{peer} leads at write epoch {epoch}")
-        if first == rpc.PROBE:
-            return rpc.MISMATCH, end
+        if first == rpc.PROBE:  # where the log ends, and what its last record is
+            return rpc.MISMATCH, end, self.host.tail_crc(part, end)
         try:
-            return rpc.OK, self.host.append_at(part, first, records)
+            return rpc.OK, self.host.append_at(part, first, records), None
         except OffsetMismatch as err:
-            return rpc.MISMATCH, err.end
+            return rpc.MISMATCH, err.end, None
 
     # -- PUBs that landed on another worker of this node ---------------------------------
 

@@ -144,8 +144,14 @@ class PartitionLeader:
             client = None
             try:
                 client = self.coordinator.connect(node, topic, index)
-                status, end = client.append(rpc.encode_append(topic, index, self.epoch,
-                                                              rpc.PROBE), b"")
+                status, end, crc = client.append(rpc.encode_append(topic, index, self.epoch,
+                                                                   rpc.PROBE), b"")
+                if status == rpc.MISMATCH and end <= host.end_offset(self.partition) \
+                        and crc != host.tail_crc(self.partition, end):
+                    # same length, another last record: it holds a record it took from
+                    # a leader before this one that was never acknowledged
+                    raise rpc.RPCError(f"{node}'s log diverges at offset {end - 1}: it "
+                                       f"cannot rejoin without a truncation")
                 while self.fenced is None:
                     if status == rpc.FENCED:
                         self.fence(f"{node} knows a newer leader or epoch")
@@ -166,7 +172,7 @@ class PartitionLeader:
                             wake.wait(1.0)
                         continue
                     _, nbytes, _ = host.read(self.partition, end, buf, BATCH_BYTES)
-                    status, end = client.append(
+                    status, end, _ = client.append(
                         rpc.encode_append(topic, index, self.epoch, end, nbytes), view[:nbytes])
             except (rpc.RPCError, OSError, CoordinationError, ValueError) as err:
                 if str(err) != last_error:  # once per kind of failure, not per retry

@@ -20,6 +20,7 @@ Every frame:
       first offset PROBE and no records asks the follower where its log ends.
     ACK      (follower -> leader)
         | u8 status | u16 BE topic len | topic | u16 BE partition | u64 BE end offset |
+        | u32 BE crc32 of the record at end - 1 (answer to a PROBE only) |
       status OK: the records are in the follower's log, which ends at `end`;
       MISMATCH: nothing written, the log ends at `end` (send from there);
       FENCED: the follower knows a newer write epoch or another leader: the sender is
@@ -101,17 +102,22 @@ def decode_publish(body):
     return topic, partition, view[2 + n + PUBLISH_FIXED.size:]
 
 
-def encode_ack(status, topic, partition, end):
-    return frame(ACK, bytes((status,)) + _topic(topic) + ACK_END.pack(partition, end))
+def encode_ack(status, topic, partition, end, tail_crc=None):
+    body = bytes((status,)) + _topic(topic) + ACK_END.pack(partition, end)
+    if tail_crc is not None:
+        body += struct.pack(">I", tail_crc)
+    return frame(ACK, body)
 
 
 def decode_ack(body):
-    """-> (status, topic, partition, end)."""
+    """-> (status, topic, partition, end, tail crc or None)."""
     status = body[0]
     (n,) = struct.unpack_from(">H", body, 1)
     topic = bytes(body[3:3 + n]).decode()
     partition, end = ACK_END.unpack_from(body, 3 + n)
-    return status, topic, partition, end
+    rest = 3 + n + ACK_END.size
+    crc = struct.unpack_from(">I", body, rest)[0] if len(body) >= rest + 4 else None
+    return status, topic, partition, end, crc
 
 
 def read_frame(sock):
@@ -180,8 +186,8 @@ class RPCServer:
                 if kind != APPEND:
                     raise RPCError(f"unexpected frame kind {kind}")
                 topic, partition, epoch, first, records = decode_append(body)
-                status, end = self.on_append(peer, topic, partition, epoch, first, records)
-                sock.sendall(encode_ack(status, topic, partition, end))
+                status, end, crc = self.on_append(peer, topic, partition, epoch, first, records)
+                sock.sendall(encode_ack(status, topic, partition, end, crc))
         except (RPCError, OSError, ValueError, UnicodeDecodeError, struct.error) as err:
             self.logf("debug", f"RPC: peer {address[0]}: {err}")
         finally:
@@ -228,15 +234,15 @@ class RPCClient:
 
     def append(self, header, records):
         """Send one APPEND (header: encode_append's for these records) and wait for
-        its ACK: (status, end)."""
+        its ACK: (status, end, tail crc or None)."""
         self.sock.sendall(header)
         if records:
             self.sock.sendall(records)
         kind, body = read_frame(self.sock)
         if kind != ACK:
             raise RPCError(f"expected ACK, got kind {kind}")
-        status, _, _, end = decode_ack(body)
-        return status, end
+        status, _, _, end, crc = decode_ack(body)
+        return status, end, crc
 
     def publish(self, topic, partition, records):
         """PUBLISH to the owner worker: (status, text)."""

@@ -13,6 +13,9 @@ A follower's log is written by append_at only: the leader's records, at the offs
 the leader gave them, so every replica holds the same message at the same offset.
 """
 
+import zlib
+
+from nsqshm.nsqd.partition import MAX_RECORD
 from nsqshm.nsqd.topic import TopicError
 
 
@@ -106,6 +109,15 @@ class ReplicaHost:
         """Records from msg offset `offset` packed [u32 native size][message]... into
         buffer, as the log holds them (IDs already the positions): (count, bytes, next)."""
         return partition.log.reader.read_into(offset, buffer, -1, max_bytes)
+
+    def tail_crc(self, partition, end):
+        """crc32 of the record at msg offset end - 1 (0 for an empty log): two replicas
+        whose logs end at the same offset hold the same tail only if these agree."""
+        if end <= 0:
+            return 0
+        buf = bytearray(MAX_RECORD + 4)
+        _, nbytes, _ = partition.log.reader.read_into(end - 1, buf, 1)
+        return zlib.crc32(memoryview(buf)[:nbytes])
 
     def append_at(self, partition, offset, packed):
         """A follower: the leader's records, which start at msg offset `offset`.  The

@@ -151,3 +151,13 @@ def test_a_cut_off_leader_acknowledges_nothing(make_cluster):
     got = consume_all(new, "orders", 100)
     assert got == bodies
     assert new.end_offset("orders") == 100  # "late" was acknowledged by nobody
+
+    # back on the network, the old leader's log holds "late" at offset 100, where the
+    # new leader has "other": same length, another record: it must not rejoin the ISR
+    publish(new, "orders", [b"other"])
+    wait_until(lambda: leader.id not in isr(cluster, "orders"), 10, "the old leader out")
+    cluster.hosts.restore(leader.i)
+    wait_until(lambda: any("diverges at offset 100" in line for line in new.server.lines),
+               15, "the new leader sees the divergence")
+    assert leader.id not in isr(cluster, "orders")
+    publish(new, "orders", [b"more"])
