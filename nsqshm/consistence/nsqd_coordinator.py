@@ -67,9 +67,9 @@ class NsqdCoordinator:
         self._loop = None
         self.stopped = False
         try:
-            bind = str(ipaddress.ip_address(ip))
-        except ValueError:
-            bind = "0.0.0.0"
+            bind = self._source = str(ipaddress.ip_address(ip))
+        except ValueError:  # a host name: any interface, connections from the route's
+            bind, self._source = "0.0.0.0", None
         self.rpc = rpc.RPCServer((bind, rpc_port + host.worker), self.cluster_id, self.node.id,
                                  self.is_peer, self.on_append, self.on_publish, logf)
         self._idle = {}  # worker index -> [RPCClient]: connections to this node's workers
@@ -190,6 +190,11 @@ class NsqdCoordinator:
     def _elect(self, key):
         try:
             self.leadership.elect(*key)
+            # lead at once (the lookupd names this node from now on), not when the
+            # role watch's stream brings the change
+            watch = self.roles.get(key)
+            if watch is not None:
+                watch.recheck()
         except (LeaderAlive, NotInISR, CompareFailed) as err:
             self.logf("info", f"cluster: {key[0]}-{key[1]}: not elected ({err})")
         except CoordinationError as err:
@@ -227,7 +232,8 @@ class NsqdCoordinator:
         if node is None:
             raise rpc.RPCError(f"{node_id} is not registered (down?)")
         port = node.rpc_port + partition_owner(topic, partition, node.workers)
-        return rpc.RPCClient(node.ip, port, self.cluster_id, self.node.id, self.lag_timeout)
+        return rpc.RPCClient(node.ip, port, self.cluster_id, self.node.id, self.lag_timeout,
+                             source=self._source)
 
     def on_append(self, peer, topic, partition, epoch, first, records):
         """A leader's APPEND: taken only from the leader this node knows, at a write
@@ -265,7 +271,7 @@ class NsqdCoordinator:
         try:
             client = idle.pop() if idle else rpc.RPCClient(
                 self.node.ip, self.node.rpc_port + owner, self.cluster_id, self.node.id,
-                self.lag_timeout * 4)
+                self.lag_timeout * 4, source=self._source)
         except (rpc.RPCError, OSError) as err:
             raise NotLeader(f"{topic}-{partition}: its owner worker {owner} is not "
                             f"reachable ({err})") from None

@@ -219,9 +219,12 @@ class RPCServer:
 class RPCClient:
     """A leader's connection to one follower worker: request, then its ACK."""
 
-    def __init__(self, ip, port, cluster_id, node_id, timeout):
+    def __init__(self, ip, port, cluster_id, node_id, timeout, source=None):
+        """source: the local address to connect from, this node's NodeIP (what the
+        server checks), whatever the route would pick (several addresses, loopback)."""
         self.timeout = timeout
-        self.sock = gevent.socket.create_connection((ip, port), timeout)
+        self.sock = gevent.socket.create_connection(
+            (ip, port), timeout, source_address=(source, 0) if source else None)
         try:
             self.sock.setsockopt(gevent.socket.IPPROTO_TCP, gevent.socket.TCP_NODELAY, 1)
             self.sock.sendall(frame(HELLO, hello_body(cluster_id, node_id)))
