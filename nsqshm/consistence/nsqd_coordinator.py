@@ -255,6 +255,12 @@ class NsqdCoordinator:
             mine.fence(f"{peer} leads at write epoch {epoch}")
         if first == rpc.PROBE:  # where the log ends, and what its last record is
             return rpc.MISMATCH, end, self.host.tail_crc(part, end)
+        if first == rpc.RESET:  # our log diverged from the leader's: start again
+            if self.node.id in known.isr or mine is not None:
+                return rpc.MISMATCH, end, self.host.tail_crc(part, end)  # not while in the ISR
+            self.host.reset_log(part)
+            end = self.host.end_offset(part)
+            return rpc.MISMATCH, end, self.host.tail_crc(part, end)
         try:
             return rpc.OK, self.host.append_at(part, first, records), None
         except OffsetMismatch as err:

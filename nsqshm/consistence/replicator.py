@@ -146,12 +146,8 @@ class PartitionLeader:
                 client = self.coordinator.connect(node, topic, index)
                 status, end, crc = client.append(rpc.encode_append(topic, index, self.epoch,
                                                                    rpc.PROBE), b"")
-                if status == rpc.MISMATCH and end <= host.end_offset(self.partition) \
-                        and crc != host.tail_crc(self.partition, end):
-                    # same length, another last record: it holds a record it took from
-                    # a leader before this one that was never acknowledged
-                    raise rpc.RPCError(f"{node}'s log diverges at offset {end - 1}: it "
-                                       f"cannot rejoin without a truncation")
+                if status == rpc.MISMATCH and self._diverged(end, crc):
+                    status, end, crc = self._reset(client, node, end)
                 while self.fenced is None:
                     if status == rpc.FENCED:
                         self.fence(f"{node} knows a newer leader or epoch")
@@ -159,9 +155,7 @@ class PartitionLeader:
                     if status == rpc.UNKNOWN:
                         raise rpc.RPCError(f"{node} has no {topic}-{index} yet")
                     leader_end = host.end_offset(self.partition)
-                    if end > leader_end:
-                        # its log holds records this one lacks (it led before and had
-                        # unacknowledged ones): it cannot rejoin without a truncation
+                    if end > leader_end:  # (it grew since the probe: not from us)
                         raise rpc.RPCError(f"{node}'s log ends at {end}, past {leader_end}")
                     if self.acked.get(node) != end:
                         self.acked[node] = end
@@ -182,6 +176,33 @@ class PartitionLeader:
                 if client is not None:
                     client.close()
             gevent.sleep(RETRY)
+
+    def _diverged(self, end, crc):
+        """Whether a follower's log, ending at `end` with a last record of crc32 `crc`,
+        is not a prefix of ours: longer, or as long but another record at end - 1 (it
+        led before and kept records nobody acknowledged)."""
+        host = self.coordinator.host
+        ours = host.end_offset(self.partition)
+        return end > ours or (end > host.start_offset(self.partition)
+                              and crc != host.tail_crc(self.partition, end))
+
+    def _reset(self, client, node, end):
+        """Have a diverged follower remove its log (it is then copied from ours): only
+        once it is out of the ISR, where a member must hold every acknowledged message."""
+        topic, index = self.partition.topic.name, self.partition.index
+        if node in self.state.replicas.isr:
+            raise rpc.RPCError(f"{node}'s log diverges at offset {end - 1}: it is reset "
+                               f"once out of the ISR")
+        if self.coordinator.host.start_offset(self.partition) > 0:
+            raise rpc.RPCError(f"{node}'s log diverges at offset {end - 1}, and this log "
+                               f"no longer starts at 0 (retention): it cannot be copied whole")
+        self.coordinator.logf("warn", f"{self._name}: {node}'s log diverges at offset "
+                                      f"{end - 1}: it removes it and copies this one")
+        status, end, crc = client.append(rpc.encode_append(topic, index, self.epoch,
+                                                           rpc.RESET), b"")
+        if status == rpc.MISMATCH and self._diverged(end, crc):
+            raise rpc.RPCError(f"{node} did not reset its log (it ends at {end})")
+        return status, end, crc
 
     # -- the ISR ---------------------------------------------------------------------------
 

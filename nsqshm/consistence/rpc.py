@@ -17,7 +17,8 @@ Every frame:
       records: the leader's log as LogReader.read_into packs it, [u32 size][message]...
       (the size in the hosts' native order: the cluster's hosts share one byte order,
       HELLO checks it); one frame carries a whole batch, not one message.  A frame with
-      first offset PROBE and no records asks the follower where its log ends.
+      first offset PROBE and no records asks the follower where its log ends; RESET
+      (no records) has a follower out of the ISR whose log diverged remove it.
     ACK      (follower -> leader)
         | u8 status | u16 BE topic len | topic | u16 BE partition | u64 BE end offset |
         | u32 BE crc32 of the record at end - 1 (answer to a PROBE only) |
@@ -48,6 +49,7 @@ OK, MISMATCH, FENCED, UNKNOWN = 0, 1, 2, 3  # ACK
 NOT_LEADER, FAILED = 1, 2  # PUBLISHED (OK: 0)
 PUBLISH_FIXED = struct.Struct(">H")
 PROBE = (1 << 64) - 1
+RESET = (1 << 64) - 2
 MAX_FRAME = 64 << 20  # larger than any batch a leader sends (a batch is at most 4 MiB)
 HEADER = struct.Struct(">IB")
 APPEND_FIXED = struct.Struct(">HQQ")  # partition, write epoch, first offset

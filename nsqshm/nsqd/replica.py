@@ -13,8 +13,10 @@ A follower's log is written by append_at only: the leader's records, at the offs
 the leader gave them, so every replica holds the same message at the same offset.
 """
 
+import shutil
 import zlib
 
+from nsqshm._core.commitlog import PartitionLog
 from nsqshm.nsqd.partition import MAX_RECORD
 from nsqshm.nsqd.topic import TopicError
 
@@ -118,6 +120,24 @@ class ReplicaHost:
         buf = bytearray(MAX_RECORD + 4)
         _, nbytes, _ = partition.log.reader.read_into(end - 1, buf, 1)
         return zlib.crc32(memoryview(buf)[:nbytes])
+
+    def start_offset(self, partition):
+        return partition.log.start_offset
+
+    def reset_log(self, partition):
+        """A replica whose log diverged from the leader's (it led before and kept
+        records nobody acknowledged): its log is removed and made again, empty, to be
+        copied from the leader.  Only for a replica out of the ISR (the coordinator
+        checks): what it held is on every ISR member or was never acknowledged."""
+        old = partition.log
+        settings = {"segment_bytes": old.segment_bytes, "max_msg_size": old.max_msg_size,
+                    "sync_every": old.sync_every, "sync_timeout": old.sync_timeout}
+        partition._wait_sync()
+        old.close()
+        shutil.rmtree(partition.path)
+        partition.log = PartitionLog(partition.path, logf=self.nsqd.logf, **settings)
+        self.nsqd.logf("warn", f"{partition}: log removed, to be copied again from the "
+                               f"leader (it diverged)")
 
     def append_at(self, partition, offset, packed):
         """A follower: the leader's records, which start at msg offset `offset`.  The

@@ -143,7 +143,7 @@ print(kind, s.recv(size - 4).decode())
 """
 
 
-def test_a_cut_off_leader_acknowledges_nothing(make_cluster):
+def test_a_cut_off_leader_acknowledges_nothing_then_rejoins_with_the_new_log(make_cluster):
     cluster = make_cluster()
     assert cluster.create_topic("orders", 1, 3)[0] == 200
     leader = cluster.leader("orders")
@@ -162,11 +162,18 @@ def test_a_cut_off_leader_acknowledges_nothing(make_cluster):
     assert new.end_offset("orders") == 100  # "late" was acknowledged by nobody
 
     # back on the network, the old leader's log holds "late" at offset 100, where the
-    # new leader has "other": same length, another record: it must not rejoin the ISR
+    # new leader has "other": same length, another record.  Once out of the ISR it
+    # removes its log, copies the leader's and rejoins
     publish(new, "orders", [b"other"])
     wait_until(lambda: leader.id not in isr(cluster, "orders"), 10, "the old leader out")
     cluster.hosts.restore(leader.i)
     wait_until(lambda: any("diverges at offset 100" in line for line in new.server.lines),
                15, "the new leader sees the divergence")
-    assert leader.id not in isr(cluster, "orders")
+    wait_until(lambda: leader.id in isr(cluster, "orders"), 15, "the old leader rejoins")
     publish(new, "orders", [b"more"])
+    assert leader.end_offset("orders") == 102
+    # the old leader alone left: it is elected, with the others' records, not its own
+    new.kill()
+    next(n for n in cluster.nodes if n not in (leader, new)).kill()
+    assert cluster.leader("orders", not_in=(new.id,), timeout=20) is leader
+    assert consume_all(leader, "orders", 102) == [*bodies, b"other", b"more"]
