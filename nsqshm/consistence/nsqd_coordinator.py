@@ -41,6 +41,22 @@ LAG_TIMEOUT = 2.0  # an ISR follower behind this long leaves the ISR (PUBs wait 
 RETRY = 0.5
 
 
+def registered_peer(topology, node_id, ip):
+    """Whether a connection from `ip` saying it is `node_id` comes from a node
+    registered (live) in etcd for this cluster, at its NodeIP: the RPC port takes
+    nothing else.  False when etcd does not answer."""
+    try:
+        node = next((n for n in topology.nodes() if n.id == node_id), None)
+    except CoordinationError:
+        return False
+    if node is None:
+        return False
+    try:
+        return gevent.socket.gethostbyname(node.ip) == ip
+    except OSError:
+        return False
+
+
 def lease_ttl(opts):
     return max(2, round(opts.cluster_lease_ttl))  # etcd grants whole seconds
 
@@ -213,18 +229,7 @@ class NsqdCoordinator:
         return None
 
     def is_peer(self, node_id, ip):
-        """A connection is taken only from a node registered (live) in etcd for this
-        cluster, coming from its NodeIP."""
-        try:
-            node = self.node_info(node_id)
-        except CoordinationError:
-            return False
-        if node is None:
-            return False
-        try:
-            return gevent.socket.gethostbyname(node.ip) == ip
-        except OSError:
-            return False
+        return registered_peer(self.topology, node_id, ip)
 
     def connect(self, node_id, topic, partition):
         """An RPC connection to the worker of node_id that owns topic-partition."""

@@ -32,13 +32,20 @@ import time
 import gevent
 import gevent.event
 
+from nsqshm._core.commitlog import LogError
 from nsqshm.consistence import rpc
 from nsqshm.consistence.errors import CoordinationError, Fenced
+from nsqshm.nsqd.partition import MAX_RECORD
 from nsqshm.nsqd.replica import NotLeader
 
-BATCH_BYTES = 4 << 20
+BATCH_BYTES = MAX_RECORD + 4 + (2 << 20)  # the largest record fits, with room for more
 MONITOR_INTERVAL = 0.2
 RETRY = 0.3
+_BUFFERS = []  # batch buffers not on the wire, shared by the senders of this process
+
+
+def _take_buffer():
+    return _BUFFERS.pop() if _BUFFERS else bytearray(BATCH_BYTES)
 
 
 class PartitionLeader:
@@ -136,8 +143,6 @@ class PartitionLeader:
 
     def _send_loop(self, node, wake):
         topic, index = self.partition.topic.name, self.partition.index
-        buf = bytearray(BATCH_BYTES)
-        view = memoryview(buf)
         host = self.coordinator.host
         last_error = None
         while self.fenced is None:
@@ -165,10 +170,18 @@ class PartitionLeader:
                         if host.end_offset(self.partition) == end:
                             wake.wait(1.0)
                         continue
-                    _, nbytes, _ = host.read(self.partition, end, buf, BATCH_BYTES)
-                    status, end, _ = client.append(
-                        rpc.encode_append(topic, index, self.epoch, end, nbytes), view[:nbytes])
-            except (rpc.RPCError, OSError, CoordinationError, ValueError) as err:
+                    buf = _take_buffer()  # only while a batch is on the wire
+                    try:
+                        _, nbytes, _ = host.read(self.partition, end, buf, BATCH_BYTES)
+                        if not nbytes:  # (cannot happen: a batch holds the largest record)
+                            raise rpc.RPCError(f"record {end} larger than a batch")
+                        status, end, _ = client.append(
+                            rpc.encode_append(topic, index, self.epoch, end, nbytes),
+                            memoryview(buf)[:nbytes])
+                    finally:
+                        _BUFFERS.append(buf)
+            except (rpc.RPCError, OSError, CoordinationError, ValueError, LogError) as err:
+                # (LogError: its end is below this log's start, after retention)
                 if str(err) != last_error:  # once per kind of failure, not per retry
                     self.coordinator.logf("info", f"{self._name}: replica {node}: {err}")
                 last_error = str(err)
