@@ -39,6 +39,7 @@ from nsqshm.nsqd.topic import TopicError
 
 LAG_TIMEOUT = 2.0  # an ISR follower behind this long leaves the ISR (PUBs wait at most ~this)
 RETRY = 0.5
+ELECTION_DEFER = 0.5  # a candidate waits this long for a live designated leader to win
 
 
 def registered_peer(topology, node_id, ip):
@@ -174,8 +175,13 @@ class NsqdCoordinator:
                 if key in self.roles:
                     continue
                 part = self.host.partition(name, state.partition)
-                if part is None:
-                    continue  # another worker of this node owns its log
+                if part is None:  # another worker of this node owns its log: only
+                    # whether this node leads it (a PUB without a partition goes there)
+                    gate = self.host.forward_gate(name, state.partition)
+                    if gate is not None:
+                        self.roles[key] = self.leadership.watch_role(
+                            name, state.partition, functools.partial(self._owner_role, gate))
+                    continue
                 self.host.set_gate(part, NotLeaderGate("has no known leader here yet"))
                 self.roles[key] = self.leadership.watch_role(
                     name, state.partition, functools.partial(self._role, key, part))
@@ -203,8 +209,19 @@ class NsqdCoordinator:
             led_by = state.leader if state is not None and state.leader else "nobody"
             self.host.set_gate(part, NotLeaderGate(f"is led by {led_by}"))
 
+    def _owner_role(self, gate, role, state):
+        gate.writable = role == LEADER  # (the owner worker runs the election)
+
     def _elect(self, key):
         try:
+            # the partition's designated leader (the placement's at creation, the last
+            # one after) goes first while it is alive: leaders stay spread as placed
+            watch = self.roles.get(key)
+            preferred = watch.state.replicas.leader if watch and watch.state else ""
+            if preferred and preferred != self.node.id and self.node_info(preferred):
+                gevent.sleep(ELECTION_DEFER)
+                if watch.role != CANDIDATE or self.stopped:
+                    return
             self.leadership.elect(*key)
             # lead at once (the lookupd names this node from now on), not when the
             # role watch's stream brings the change
@@ -244,9 +261,9 @@ class NsqdCoordinator:
         """A leader's APPEND: taken only from the leader this node knows, at a write
         epoch no older than the one it knows.  -> (status, end, tail crc or None)."""
         key = (topic, partition)
-        watch = self.roles.get(key)
         part = self.host.partition(topic, partition)
-        if watch is None or part is None or watch.state is None:
+        watch = self.roles.get(key) if part is not None else None
+        if watch is None or watch.state is None:
             return rpc.UNKNOWN, 0, None
         end = self.host.end_offset(part)
         known = watch.state.replicas

@@ -183,8 +183,9 @@ class LogTopic(Topic):
         if partition is not None:
             target = self.partition(partition)
         else:
-            # (cluster mode: the partitions this node leads first)
-            pool = [p for p in self._owned if p.writable] or self._owned or self.partitions
+            # (cluster mode: the partitions this node leads, this worker's first)
+            led = [p for p in self.partitions if p.replica is not None and p.writable]
+            pool = [p for p in led if p.owned] or led or self._owned or self.partitions
             target = pool[self._turn % len(pool)]
             self._turn += 1
         if target.owned:

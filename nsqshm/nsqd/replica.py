@@ -51,6 +51,7 @@ class ForwardGate(NotLeaderGate):
     def __init__(self, host):
         super().__init__("is owned by another worker")
         self.host = host
+        self.writable = False  # this node leads it (the coordinator says): PUBs go there
 
     def forward(self, partition, packed):
         self.host.forward(partition.topic.name, partition.index, packed)
@@ -103,6 +104,19 @@ class ReplicaHost:
 
     def set_gate(self, partition, gate):
         partition.replica = gate
+
+    def forward_gate(self, name, index):
+        """The gate of a partition another worker of this node owns, its own (so that
+        the coordinator can say whether this node leads it), or None."""
+        topic = self.nsqd.topics.get(name)
+        if topic is None or not topic.is_log or not 0 <= index < len(topic.partitions):
+            return None
+        p = topic.partitions[index]
+        if p.owned:
+            return None
+        if not isinstance(p.replica, ForwardGate) or p.replica is self.nsqd.replica_gate:
+            p.replica = ForwardGate(self)
+        return p.replica
 
     def end_offset(self, partition):
         return partition.log.end_offset

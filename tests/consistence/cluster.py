@@ -13,6 +13,8 @@ import urllib.parse
 import urllib.request
 
 from nsqshm import protocol as p
+from nsqshm.consistence.session import EtcdSession
+from nsqshm.consistence.topology import Topology
 from tests.consistence.etcd_server import EtcdServer
 from tests.consistence.netns import Hosts
 from tests.nsqd.conftest import Lookupd, Server
@@ -101,8 +103,16 @@ class Cluster:
         return next(n for n in self.nodes if n.id == node_id)
 
     def create_topic(self, topic, partitions, replicator, timeout=15):
-        """POST /topic/create on the lookupd, once enough nodes are registered."""
+        """POST /topic/create on the lookupd, once every node is registered (the
+        placement spreads over the nodes registered at that moment)."""
         end = time.monotonic() + timeout
+        session = EtcdSession(self.etcd.endpoint, ttl=5).start()
+        try:
+            topology = Topology(session, "nsq-test-cluster")
+            while len(topology.nodes()) < len(self.nodes) and time.monotonic() < end:
+                time.sleep(0.1)
+        finally:
+            session.close()
         while True:
             status, body = self.lookupd.post(f"/topic/create?topic={topic}&partition_num="
                                              f"{partitions}&replicator={replicator}")

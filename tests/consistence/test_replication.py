@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from nsqshm import protocol as p
 from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import Topology
 from tests.consistence.cluster import Client, Cluster
@@ -35,21 +36,21 @@ def make_cluster(tmp_path):
         cluster.close()
 
 
-def publish(node, topic, bodies, settle=5.0):
-    """PUB each body to partition 0 of node; every one must be acknowledged.  The
+def publish(node, topic, bodies, settle=5.0, partition=0):
+    """PUB each body to a partition of node; every one must be acknowledged.  The
     first may be refused with E_FAILED_ON_NOT_LEADER for up to `settle` seconds, as a
     client that follows /lookup sees it: the node is named once elected, and takes
     writes once it has read its new role."""
     client = Client(node)
     end = time.monotonic() + settle
     try:
-        answer = client.pub(topic, bodies[0])
+        answer = client.pub(topic, bodies[0], partition)
         while answer[1].startswith(b"E_FAILED_ON_NOT_LEADER") and time.monotonic() < end:
             time.sleep(0.05)
-            answer = client.pub(topic, bodies[0])
+            answer = client.pub(topic, bodies[0], partition)
         assert answer == (0, b"OK"), bodies[0]
         for body in bodies[1:]:
-            assert client.pub(topic, body) == (0, b"OK"), body
+            assert client.pub(topic, body, partition) == (0, b"OK"), body
     finally:
         client.close()
 
@@ -218,3 +219,22 @@ def test_etcd_restarted_under_the_cluster(make_cluster):
     # may have been written too: retried, it is there twice)
     assert list(dict.fromkeys(b for b in got if b in set(first + second))) == first + second
     wait_until(lambda: len(isr(cluster, "orders")) == 3, 20, "every node back in the ISR")
+
+
+def test_a_pub_without_partition_goes_to_one_the_node_leads(make_cluster):
+    """What a client that knows no partitions (pynsq, gnsq) sends, on two workers:
+    whichever worker takes it, it lands in a partition this node leads."""
+    cluster = make_cluster(workers=2)
+    assert cluster.create_topic("plain", 3, 2)[0] == 200
+    leaders = [cluster.leader("plain", partition) for partition in range(3)]
+    assert len({n.id for n in leaders}) == 3  # one partition led by each node
+    for node in cluster.nodes:
+        # (waits until the node has read its role)
+        publish(node, "plain", [b"warm-up"], partition=leaders.index(node))
+        for i in range(20):
+            client = Client(node)  # a new connection: any worker of the node
+            client.send(p.pub("plain", b"%d" % i))
+            assert client.response() == (0, b"OK")
+            client.close()
+    for partition, leader in enumerate(leaders):
+        assert leader.end_offset("plain", partition) == 21
