@@ -28,6 +28,9 @@ import time
 import urllib.error
 import urllib.request
 
+from nsqshm.consistence.session import EtcdSession
+from nsqshm.consistence.topology import Topology
+
 from .server import LISTEN, start_nsqshm
 
 RPC_PORT = 4250
@@ -196,9 +199,16 @@ def main(argv=None):
         if status != 200:
             raise RuntimeError(f"standalone log topic: {status} {body!r}")
         results = {"standalone": load(standalone.tcp, "solo", args)}
+        isr_sizes = {}
+        session = EtcdSession(endpoint, ttl=10).start()
+        topology = Topology(session, "nsq-test-cluster")
         for r in (1, 2, 3):
             leader = create_replicated(lookupd_http, f"rep{r}", r)
             results[f"replicator {r}"] = load(leader, f"rep{r}", args)
+            # a follower that lagged past the ISR timeout was dropped: then the figure
+            # is not replicated publishing any more
+            isr_sizes[f"replicator {r}"] = len(topology.partition(f"rep{r}", 0).replicas.isr)
+        session.close()
     finally:
         for t in targets:
             t.close()
@@ -209,7 +219,7 @@ def main(argv=None):
     base, one = results["standalone"][0], results["replicator 1"][0]
     rows = {name: {"msgs_per_s": rate, "p50_ms": pct(lat, 0.5) * 1e3,
                    "p99_ms": pct(lat, 0.99) * 1e3, "ratio_to_replicator_1": rate / one,
-                   "ratio_to_standalone": rate / base}
+                   "ratio_to_standalone": rate / base, "isr_at_end": isr_sizes.get(name, 1)}
             for name, (rate, lat) in results.items()}
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
@@ -218,11 +228,11 @@ def main(argv=None):
     print(f"MPUB of {args.batch} x {args.size} B, {args.connections} connections, "
           f"{args.seconds:g} s each, {args.workers} worker(s) per nsqd, one partition")
     print(f"  {'':14s} {'msg/s':>10s} {'p50 batch':>10s} {'p99 batch':>10s} "
-          f"{'/ repl. 1':>9s} {'/ standalone':>12s}")
+          f"{'/ repl. 1':>9s} {'/ standalone':>12s} {'ISR at end':>10s}")
     for name, row in rows.items():
         print(f"  {name:14s} {row['msgs_per_s']:10.0f} {row['p50_ms']:8.2f}ms "
               f"{row['p99_ms']:8.2f}ms {row['ratio_to_replicator_1']:9.2f} "
-              f"{row['ratio_to_standalone']:12.2f}")
+              f"{row['ratio_to_standalone']:12.2f} {row['isr_at_end']:10d}")
     return 0
 
 
