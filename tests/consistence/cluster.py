@@ -39,7 +39,8 @@ class Node:
         hosts, a = self.cluster.hosts, self.address
         args = [f"--tcp-address={a}:0", f"--http-address={a}:0", f"--broadcast-address={a}",
                 f"--cluster-leadership-addresses={self.cluster.etcd.endpoint}",
-                f"--rpc-port={RPC_PORT}", f"--cluster-lease-ttl={TTL}", "--log-level=info"]
+                f"--rpc-port={RPC_PORT}", f"--cluster-lease-ttl={self.cluster.ttl}",
+                "--log-level=info"]
         # a restart takes the same shared memory back, as a restarted host's nsqd does
         self.server = Server(args, self.data_path, workers=self.cluster.workers,
                              wrap=hosts.command(self.i, []),
@@ -70,9 +71,10 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, tmp, workers=1, count=3):
+    def __init__(self, tmp, workers=1, count=3, ttl=TTL):
         self.tmp = str(tmp)
         self.workers = workers
+        self.ttl = ttl
         self.hosts = Hosts(count).create()
         self.etcd = None
         self.lookupd = None
@@ -82,7 +84,7 @@ class Cluster:
             os.makedirs(etcd_dir)
             self.etcd = EtcdServer(etcd_dir, host=self.hosts.host_address).start()
             self.lookupd = Lookupd([f"--cluster-leadership-addresses={self.etcd.endpoint}",
-                                    f"--cluster-lease-ttl={TTL}"])
+                                    f"--cluster-lease-ttl={ttl}"])
             self.nodes = [Node(self, i) for i in range(count)]
             for node in self.nodes:
                 node.start()

@@ -26,8 +26,8 @@ pytestmark = [
 def make_cluster(tmp_path):
     made = []
 
-    def make(workers=1):
-        cluster = Cluster(tmp_path, workers=workers)
+    def make(workers=1, ttl="2s"):
+        cluster = Cluster(tmp_path, workers=workers, ttl=ttl)
         made.append(cluster)
         return cluster
 
@@ -251,3 +251,20 @@ def test_a_pub_without_partition_goes_to_one_the_node_leads(make_cluster):
         acked[node.id] += 20
     for partition, leader in enumerate(leaders):
         assert leader.end_offset("plain", partition) == acked[leader.id]
+
+
+@pytest.mark.soak
+def test_a_leader_stopped_gracefully_hands_off_before_its_lease_runs_out(make_cluster):
+    """SIGTERM: the worker resigns its leaderships and revokes its lease before closing
+    its clients, so a follower is elected at once, not a TTL (here 10 s) later."""
+    cluster = make_cluster(ttl="10s")
+    assert cluster.create_topic("orders", 1, 3)[0] == 200
+    leader = cluster.leader("orders")
+    bodies = [b"m%03d" % i for i in range(50)]
+    publish(leader, "orders", bodies)
+    stopped_at = time.monotonic()
+    assert leader.server.stop() == 0
+    new = cluster.leader("orders", not_in=(leader.id,), timeout=20)
+    assert time.monotonic() - stopped_at < 5  # the TTL is 10 s
+    publish(new, "orders", [b"after"])
+    assert consume_all(new, "orders", 51) == [*bodies, b"after"]
