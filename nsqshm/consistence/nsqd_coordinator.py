@@ -39,7 +39,8 @@ from nsqshm.nsqd.topic import TopicError
 
 LAG_TIMEOUT = 2.0  # an ISR follower behind this long leaves the ISR (PUBs wait at most ~this)
 RETRY = 0.5
-ELECTION_DEFER = 0.5  # a candidate waits this long for a live designated leader to win
+ELECTION_DEFER = 0.5  # a candidate waits this long for a better one to win
+PROBE_TIMEOUT = 0.5  # asking another candidate how long its log is
 
 
 def registered_peer(topology, node_id, ip):
@@ -209,6 +210,37 @@ class NsqdCoordinator:
             led_by = state.leader if state is not None and state.leader else "nobody"
             self.host.set_gate(part, NotLeaderGate(f"is led by {led_by}"))
 
+    def _longer_log_elsewhere(self, key, watch, ties):
+        """Whether another live ISR member's log is longer than ours (or, with ties, as
+        long with a smaller node ID): it goes first.  The longest log holds every acknowledged
+        message and the most unacknowledged ones; electing it spares the others a
+        reset (they hold no record it lacks).  Asked with a PROBE each (a short timeout:
+        a cut-off member must not delay the election much)."""
+        part = self.host.partition(*key)
+        if part is None or watch is None or watch.state is None:
+            return False
+        mine = self.host.end_offset(part)
+        for node in watch.state.replicas.isr:
+            if node == self.node.id:
+                continue
+            try:
+                info = self.node_info(node)
+                if info is None:
+                    continue
+                port = info.rpc_port + partition_owner(key[0], key[1], info.workers)
+                client = rpc.RPCClient(info.ip, port, self.cluster_id, self.node.id,
+                                       PROBE_TIMEOUT, source=self._source)
+                try:
+                    status, end, _ = client.append(rpc.encode_append(*key, 0, rpc.PROBE), b"")
+                finally:
+                    client.close()
+            except (rpc.RPCError, OSError, CoordinationError):
+                continue
+            if status != rpc.UNKNOWN and (end > mine or ties and end == mine
+                                          and node < self.node.id):
+                return True
+        return False
+
     def _owner_role(self, gate, role, state):
         gate.writable = role == LEADER  # (the owner worker runs the election)
 
@@ -218,7 +250,9 @@ class NsqdCoordinator:
             # one after) goes first while it is alive: leaders stay spread as placed
             watch = self.roles.get(key)
             preferred = watch.state.replicas.leader if watch and watch.state else ""
-            if preferred and preferred != self.node.id and self.node_info(preferred):
+            designated = preferred == self.node.id
+            if not designated and preferred and self.node_info(preferred) \
+                    or self._longer_log_elsewhere(key, watch, ties=not designated):
                 gevent.sleep(ELECTION_DEFER)
                 if watch.role != CANDIDATE or self.stopped:
                     return
