@@ -245,9 +245,9 @@ class Channel:
         were left (0 with keep_rest).  The topic pump counts message_count;
         requeues, timeouts and deferred messages coming due do not count,
         as in nsqd."""
-        if self.policy is not None and self.policy.max_depth \
-                and self.policy.overflow == "drop-oldest":
-            bounds.trim_channel(self, count_packed(packed, len(packed)))  # oldest out first
+        if self.policy is not None and bounds.drops(self.policy):
+            count = count_packed(packed, len(packed))  # oldest out first
+            bounds.trim_channel(self, count, len(packed) - bounds.RECORD_SIZE * count)
         _, view = memory_first(self.ring, self.backend, packed, self.mem_limit)
         if view and self.owned:
             if self.ephemeral:

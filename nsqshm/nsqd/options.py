@@ -217,6 +217,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max-queue-depth", INT, 0,
          _EXT + "max depth, in messages, of each new topic and channel (0 = unbounded; "
          "/topic/policy and /channel/policy set each)", extension=True),
+    Flag("max-queue-bytes", INT, 0,
+         _EXT + "max bytes of messages (26 + body each) of each new topic and channel "
+         "(0 = unbounded; /topic/policy and /channel/policy set each)", extension=True),
     Flag("queue-overflow", STRING, "reject",
          _EXT + "what a full bounded queue does: reject (the publish fails) or drop-oldest",
          extension=True),
@@ -269,6 +272,8 @@ def validate(opts: Options) -> None:
         raise OptionsError("--lookupd-ping-interval must be > 0")
     if opts.max_queue_depth < 0:
         raise OptionsError("--max-queue-depth must be >= 0")
+    if opts.max_queue_bytes < 0:
+        raise OptionsError("--max-queue-bytes must be >= 0")
     if opts.queue_overflow not in ("reject", "drop-oldest"):
         raise OptionsError("--queue-overflow must be reject or drop-oldest")
     cluster_options.validate(opts, workers=opts.workers or os.cpu_count() or 1)

@@ -24,6 +24,7 @@ NSQD_FLAGS = {
 }
 EXTENSIONS = {"workers", "graceful-timeout", "shm-prefix", "client-timeout", "queue-scan-interval",
               "queue-scan-dirty-percent", "lookupd-ping-interval", "max-queue-depth",
+              "max-queue-bytes",
               "queue-overflow", "cluster-lease-ttl"}
 YOUZAN_FLAGS = {"cluster-id", "cluster-leadership-addresses", "rpc-port"}  # cluster mode
 
@@ -117,6 +118,7 @@ DEFAULTS = [
     ("graceful_timeout", 30.0),
     ("shm_prefix", ""),
     ("max_queue_depth", 0),
+    ("max_queue_bytes", 0),
     ("queue_overflow", "reject"),
     # youzan/nsq's cluster mode (standalone by default)
     ("cluster_id", "nsq-test-cluster"),
@@ -388,6 +390,7 @@ ERRORS = [
      "--statsd-interval must be > 0"),
     (["--lookupd-ping-interval=-1s"], "--lookupd-ping-interval must be > 0"),
     (["--max-queue-depth=-1"], "--max-queue-depth must be >= 0"),
+    (["--max-queue-bytes=-1"], "--max-queue-bytes must be >= 0"),
     (["--queue-overflow=block"], "--queue-overflow must be reject or drop-oldest"),
 ]
 
