@@ -44,6 +44,7 @@ from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
 from nsqshm.nsqd.partition import MAX_SECONDS
 from nsqshm.nsqd.policy_api import PolicyRoutes
+from nsqshm.nsqd.replica import NotLeader
 from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
 from nsqshm.nsqd.topic import TopicError, TopicFull
 from nsqshm.youzan import http as youzan_http
@@ -57,6 +58,8 @@ def put_error(err):
     QUEUE_FULL when a bounded queue refused it (bounds.py)."""
     if isinstance(err, TopicFull):
         return Err(503, "QUEUE_FULL")
+    if isinstance(err, NotLeader):  # cluster mode (nsqd/replica.py)
+        return Err(400, "E_FAILED_ON_NOT_LEADER")
     return Err(503, "EXITING") if str(err) == "exiting" else Err(500, "INTERNAL_ERROR")
 
 RECORD_OVERHEAD = 4 + 26  # packed record: native size + message header

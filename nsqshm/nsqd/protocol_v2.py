@@ -29,11 +29,12 @@ from nsqshm.nsqd.client_v2 import (
     frame,
 )
 from nsqshm.nsqd.compression import CorruptStream, DeflateCodec, SnappyCodec
-from nsqshm.nsqd.errors import BAD_PARTITION, ClientErr, FatalClientErr
+from nsqshm.nsqd.errors import BAD_PARTITION, E_FAILED_ON_NOT_LEADER, ClientErr, FatalClientErr
 from nsqshm.nsqd.logtopic import PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import TLS_NOT_REQUIRED
 from nsqshm.nsqd.reader import Disconnect, LineTooLong, Reader
+from nsqshm.nsqd.replica import NotLeader
 from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqd.topic import TopicError
 from nsqshm.youzan.commands import NO_PARTITION, parse_sub
@@ -551,6 +552,8 @@ class ProtocolV2:
             self._publish(topic_name.decode(), lambda topic: topic.put_message(body, partition))
         except PartitionError as err:
             raise FatalClientErr(*BAD_PARTITION(err)) from None
+        except NotLeader as err:  # cluster mode (nsqd/replica.py): Youzan's, not fatal
+            raise ClientErr(E_FAILED_ON_NOT_LEADER, str(err)) from None
         except TopicError as err:
             raise FatalClientErr("E_PUB_FAILED", f"PUB failed {err}") from None
         self._count_pub(client, topic_name.decode(), 1)
@@ -590,6 +593,8 @@ class ProtocolV2:
                                                              len(packed) - value * 30, partition))
         except PartitionError as err:
             raise FatalClientErr(*BAD_PARTITION(err)) from None
+        except NotLeader as err:
+            raise ClientErr(E_FAILED_ON_NOT_LEADER, str(err)) from None
         except TopicError as err:
             raise FatalClientErr("E_MPUB_FAILED", f"MPUB failed {err}") from None
         self._count_pub(client, topic.name, value)
