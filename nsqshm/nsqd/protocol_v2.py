@@ -12,6 +12,7 @@ are followed by [ 4-byte size ][ body ].
 """
 
 import json
+import os
 import socket
 import time
 
@@ -19,6 +20,7 @@ import gevent
 
 from nsqshm._core import wire
 from nsqshm._core.codec import FRAME_TYPE_ERROR
+from nsqshm._core.commands import NEED_MORE, CommandParser
 from nsqshm.nsqd.auth import AuthError
 from nsqshm.nsqd.channel import ChannelError
 from nsqshm.nsqd.client_v2 import (
@@ -33,7 +35,7 @@ from nsqshm.nsqd.errors import BAD_PARTITION, ClientErr, FatalClientErr
 from nsqshm.nsqd.logtopic import PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import TLS_NOT_REQUIRED
-from nsqshm.nsqd.reader import Disconnect, LineTooLong, Reader
+from nsqshm.nsqd.reader import MAX_LINE, Disconnect, LineTooLong, Reader
 from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqd.topic import TopicError
 from nsqshm.youzan.commands import NO_PARTITION, parse_sub
@@ -142,6 +144,9 @@ class ProtocolV2:
     def __init__(self, nsqd):
         self.nsqd = nsqd
         self.opts = nsqd.opts
+        # NSQSHM_PYTHON_COMMANDS=1: every command through the Python path, the
+        # reference the C parser is compared with (tests/nsqd/test_command_parser.py)
+        self.c_commands = os.environ.get("NSQSHM_PYTHON_COMMANDS") != "1"
         self.commands = {
             b"IDENTIFY": self.IDENTIFY, b"AUTH": self.AUTH, b"SUB": self.SUB, b"RDY": self.RDY,
             b"FIN": self.FIN, b"REQ": self.REQ, b"TOUCH": self.TOUCH, b"CLS": self.CLS,
@@ -180,21 +185,29 @@ class ProtocolV2:
         commands = self.commands
         sock_timeout = None
         tls_required = self.opts.tls_required != TLS_NOT_REQUIRED
+        parser = None
         while not client.closed:
-            channel = client.channel
-            if channel is not None and reader.buf.startswith(b"FIN ", reader.pos):
-                # a window of FINs: finished in one C loop (wire.fin_lines)
-                pos, n = wire.fin_lines(reader.buf, reader.pos, channel.inflight, client.id,
-                                        channel.cursors)
-                if n:
-                    reader.pos = pos
-                    channel.finished(client, n)
-                    continue
             hb = client.heartbeat_interval
             timeout = (client.sock, hb * 2 if hb > 0 else None)
             if timeout != sock_timeout:  # settimeout costs system calls: only on a change
                 client.sock.settimeout(timeout[1])
                 sock_timeout = timeout
+            channel = client.channel
+            if channel is not None and self.c_commands:
+                # a consumer's FIN, REQ, TOUCH and NOP, from the first unread byte, in C
+                # (_core/commands.pyx); it stops at a line for the path below
+                if parser is None:
+                    parser = self.command_parser(client, channel)
+                status = parser.parse(reader.buf, reader.pos, channel.requeues_in_c())
+                reader.pos = parser.pos
+                if parser.finished or parser.requeued or parser.touched:
+                    channel.commands_applied(client, parser)
+                if status == NEED_MORE and reader.pending() < MAX_LINE:
+                    try:
+                        reader.fill()
+                    except (Disconnect, OSError):
+                        return
+                    continue
             try:
                 line = reader.readline()
             except LineTooLong:
@@ -223,6 +236,12 @@ class ProtocolV2:
                 return
             if response is not None:
                 client.queue_response(response)  # sent before the reader next waits
+
+    def command_parser(self, client, channel):
+        opts = self.opts
+        return CommandParser(channel.inflight, channel.deferred, channel.cursors, client.id,
+                             client.msg_timeout_ns, int(opts.max_msg_timeout * 1e9),
+                             int(opts.max_req_timeout * 1e9))
 
     def close_after_flush(self, client):
         client.flush()

@@ -30,7 +30,8 @@ class Reader:
         self.pos = 0
         self.before_wait = before_wait  # called before each read from the socket
 
-    def _fill(self):
+    def fill(self):
+        """Read more from the connection (Disconnect at its end)."""
         if self.before_wait is not None:
             self.before_wait()
         if self.pos:
@@ -67,11 +68,11 @@ class Reader:
                 return line
             if len(self.buf) - self.pos >= MAX_LINE:
                 raise LineTooLong("bufio: buffer full")
-            self._fill()
+            self.fill()
 
     def read(self, n):
         while len(self.buf) - self.pos < n:
-            self._fill()
+            self.fill()
         data = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         return data
@@ -98,9 +99,9 @@ class Reader:
             if status not in wire.MPUB_INCOMPLETE:
                 return status, index, value, None
             if scan_pos:
-                scan_pos -= self.pos  # _fill moves what is pending to the front
+                scan_pos -= self.pos  # fill moves what is pending to the front
             try:
-                self._fill()
+                self.fill()
             except Disconnect:
                 return status, index, value, None
             if scan_pos:
