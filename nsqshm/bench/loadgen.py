@@ -21,7 +21,7 @@ import time
 import uuid
 
 from nsqshm import protocol as p
-from nsqshm._core.wire import scan_deliveries
+from nsqshm._core.wire import mix_commands, scan_deliveries, send_lines
 
 from . import baseline
 from .common import CTX, stop_all
@@ -158,8 +158,37 @@ def publisher(address, topic, spec, count, ready, go, out, idx, bodies=None):
     sock.close()
 
 
-def consumer(address, topic, channel, rdy, ready, go, stop, out, idx, opener=None):
-    """SUB, then RDY rdy once `go` is set, FIN everything until `stop`."""
+class Pattern:
+    """How a consumer answers, as the clients people run do.
+
+    fin_per_write: each FIN (REQ, TOUCH) in its own send(), as go-nsq,
+    pynsq and gnsq write and flush every command; else every answer to a
+    chunk in one send.  req_every / touch_every (0: never): every n-th
+    message delivered is REQ'd with no delay (it comes back: a run ends when
+    every message is finished), or TOUCHed before its FIN."""
+
+    def __init__(self, fin_per_write=False, req_every=0, touch_every=0):
+        self.fin_per_write = fin_per_write
+        self.req_every = req_every
+        self.touch_every = touch_every
+
+    @property
+    def name(self):
+        parts = ["FIN per write" if self.fin_per_write else "FINs per chunk"]
+        if self.req_every:
+            parts.append(f"REQ 1 in {self.req_every}")
+        if self.touch_every:
+            parts.append(f"TOUCH 1 in {self.touch_every}")
+        return ", ".join(parts)
+
+
+BATCHED = Pattern()
+
+
+def consumer(address, topic, channel, rdy, ready, go, stop, out, idx, opener=None,
+             pattern=BATCHED):
+    """SUB, then RDY rdy once `go` is set, answer every message as `pattern`
+    says until `stop`.  out.msgs counts the messages finished."""
     conn = (opener or open_plain)(address)
     conn.send(p.sub(topic, channel))
     conn.read_frames(1)
@@ -168,7 +197,11 @@ def consumer(address, topic, channel, rdy, ready, go, stop, out, idx, opener=Non
     t0 = os.times()
     conn.send(p.rdy(rdy))
     buf = bytearray(conn.pending)
-    fins = bytearray()
+    fins, answers = bytearray(), bytearray()
+    mixed = pattern.req_every or pattern.touch_every
+    per_write = pattern.fin_per_write and conn.encode is None
+    fd = conn.sock.fileno()
+    counter = 0
     conn.sock.settimeout(0.2)
     while not stop.is_set():
         try:
@@ -179,10 +212,19 @@ def consumer(address, topic, channel, rdy, ready, go, stop, out, idx, opener=Non
             break
         used, messages, _ = scan_deliveries(buf, fins)
         del buf[:used]
+        finished = messages
+        if mixed and fins:
+            counter, finished, _, _ = mix_commands(fins, answers, pattern.touch_every,
+                                                   pattern.req_every, counter)
+            fins, answers = answers, fins
+            del answers[:]
         if fins:
-            conn.send(fins)
+            if per_write:
+                send_lines(fd, fins)
+            else:
+                conn.send(fins)
             del fins[:]
-        out.msgs[idx] += messages
+        out.msgs[idx] += finished
     t1 = os.times()
     out.cpu[idx] = (t1.user - t0.user) + (t1.system - t0.system)
     out.wire[idx] = conn.wire
@@ -243,7 +285,8 @@ def add_load_arguments(ap, messages):
     ap.add_argument("--consumers", type=int, default=2)
 
 
-def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, topic=None):
+def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, topic=None,
+               pattern=BATCHED):
     """Publish spec.messages (spec.publishers processes), then consume them
     (spec.consumers processes per channel, RDY spec.rdy, FIN each), as
     bench_writer then bench_reader.  The channels exist before publishing,
@@ -251,7 +294,9 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, to
     channels every one gets every message (fan-out).  raw=True runs the same
     processes against the raw-socket baseline instead (one channel).  topic:
     one made beforehand (and channels ch0..., e.g. with policies set, or a log topic:
-    bench/logtopic.py), else a new name."""
+    bench/logtopic.py), else a new name.  pattern: how consumers answer
+    (Pattern; the raw-socket baseline counts FIN lines, so no REQ or TOUCH
+    there)."""
     per = spec.messages // spec.publishers // spec.batch * spec.batch
     total = per * spec.publishers
     ncons = spec.consumers * channels
@@ -264,7 +309,7 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, to
     ready, go, pub_go, stop = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Event()
     cout, pout = Shared(ncons), Shared(spec.publishers)
     cons = [CTX.Process(target=consumer, args=(address, topic, f"ch{i % channels}", spec.rdy,
-                                               ready, go, stop, cout, i, opener))
+                                               ready, go, stop, cout, i, opener, pattern))
             for i in range(ncons)]
     pubs = [CTX.Process(target=publisher, args=(address, topic, spec, per, ready, pub_go, pout, i,
                                                 bodies))
