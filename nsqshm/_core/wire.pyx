@@ -25,6 +25,7 @@ from cpython.exc cimport PyErr_SetFromErrno
 from libc.errno cimport EAGAIN, EINTR, errno
 from libc.stdint cimport INT64_MAX, int32_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 
 cdef extern from "<poll.h>" nogil:
@@ -346,12 +347,15 @@ def mix_commands(const unsigned char[:] fins, bytearray out, Py_ssize_t touch_ev
     return counter, nfin, nreq, ntouch
 
 
-def send_lines(int fd, const unsigned char[:] data):
+def send_lines(int fd, const unsigned char[:] data, long long gap_ns=0):
     """Send each '\\n'-ended line of data with its own send() (waiting with
     poll() while a non-blocking socket is full), as a client that flushes
-    every command.  Returns the number of sends."""
+    every command; gap_ns: at least that long between two sends (spinning),
+    as a client's work per message spaces them.  Returns the number of sends."""
     cdef Py_ssize_t pos = 0, end, n = data.shape[0], sends = 0
     cdef Py_ssize_t k
+    cdef long long next_at = 0
+    cdef timespec ts
     cdef pollfd pfd
     pfd.fd = fd
     pfd.events = POLLOUT
@@ -361,6 +365,13 @@ def send_lines(int fd, const unsigned char[:] data):
             end += 1
         if end < n:
             end += 1
+        if gap_ns:
+            with nogil:
+                while True:
+                    clock_gettime(CLOCK_MONOTONIC, &ts)
+                    if ts.tv_sec * 1000000000LL + ts.tv_nsec >= next_at:
+                        break
+                next_at = ts.tv_sec * 1000000000LL + ts.tv_nsec + gap_ns
         while pos < end:
             with nogil:
                 k = send(fd, &data[pos], end - pos, MSG_NOSIGNAL)

@@ -46,13 +46,15 @@ def add_arguments(ap):
                     help="1 message in N REQ'd and 1 in N TOUCHed (mix)")
     ap.add_argument("--fair-seconds", type=float, default=3.0,
                     help="seconds of each fairness phase (alone, with publishers)")
+    ap.add_argument("--gap-us", type=float, default=2.0,
+                    help="FIN per write: at least this long between two sends of a consumer "
+                         "(a client's work per message; 0: back to back)")
     ap.add_argument("--parts", default=",".join(PARTS), help="which parts to run")
     ap.add_argument("--before", metavar="TREE",
                     help="also run the server of this source tree (built in place), each run "
                          "after the current one")
 
 
-FPW = loadgen.Pattern(fin_per_write=True)
 
 
 @contextlib.contextmanager
@@ -76,9 +78,14 @@ def _consume_line(label, r):
                f"{r['server_cpu_us_per_msg_in']:.2f} in" if cpu is not None else ""))
 
 
-def run_fin(ctx, a, pattern=FPW, label="fin"):
+def fpw(a, **more):
+    return loadgen.Pattern(fin_per_write=True, gap_us=a.gap_us, **more)
+
+
+def run_fin(ctx, a, label="fin"):
     """Per run: the raw socket, then each server; medians and ratios."""
     spec = spec_for(a)
+    pattern = fpw(a)
     rows = {name: [] for name, _ in servers(a)}
     raws = []
     for i in range(ctx.runs()):
@@ -115,12 +122,12 @@ def raw_baseline_with(spec, pattern):
 def run_mix(ctx, a):
     """FIN only against the REQ and TOUCH mix, alternately on each server."""
     spec = spec_for(a)
-    mix = loadgen.Pattern(fin_per_write=True, req_every=a.mix_every, touch_every=a.mix_every)
-    rows = {(name, p.name): [] for name, _ in servers(a) for p in (FPW, mix)}
+    only, mix = fpw(a), fpw(a, req_every=a.mix_every, touch_every=a.mix_every)
+    rows = {(name, p.name): [] for name, _ in servers(a) for p in (only, mix)}
     for i in range(ctx.runs()):
         ctx.settle()
         for name, tree in servers(a):
-            for pattern in (FPW, mix):
+            for pattern in (only, mix):
                 with broker((spec.messages, spec.size), tree) as target:
                     r = loadgen.run_phases(target, spec, pattern=pattern)
                 rows[(name, pattern.name)].append(r)
@@ -140,10 +147,10 @@ def run_sizes(ctx, a):
         raws, rows = [], {name: [] for name, _ in servers(a)}
         for _ in range(ctx.runs()):
             ctx.settle()
-            raws.append(raw_baseline_with(spec, FPW))
+            raws.append(raw_baseline_with(spec, fpw(a)))
             for name, tree in servers(a):
                 with broker((spec.messages, size), tree) as target:
-                    r = loadgen.run_phases(target, spec, pattern=FPW)
+                    r = loadgen.run_phases(target, spec, pattern=fpw(a))
                 r["ratio_out"] = r["out_msgs_per_s"] / raws[-1]["out_msgs_per_s"]
                 r["ratio_in"] = r["in_msgs_per_s"] / raws[-1]["in_msgs_per_s"]
                 rows[name].append(r)
@@ -164,7 +171,7 @@ def run_sizes(ctx, a):
     return out
 
 
-def fairness(target, spec, seconds, pattern=FPW):
+def fairness(target, spec, seconds, pattern):
     """Consumers drain a backlog for `seconds` alone, then for `seconds`
     while spec.publishers publish flat out into the same topic: their
     finished msg/s in each phase (the first 0.5 s of each left out)."""
@@ -214,7 +221,7 @@ def run_fair(ctx, a):
         ctx.settle()
         for name, tree in servers(a):
             with broker((spec.messages * 4, spec.size), tree) as target:
-                r = fairness(target, spec, a.fair_seconds)
+                r = fairness(target, spec, a.fair_seconds, fpw(a))
             r["ratio"] = r["with_publishers"] / r["alone"] if r["alone"] else None
             rows[name].append(r)
             ctx.say(f"fair {name}: consumers alone {r['alone'] / 1e3:8.1f} k msg/s, with "
@@ -267,7 +274,7 @@ def render(res):
            f"({p.get('before') or 'not run'}), run right after each \"after\" run."]
     if "fin" in res:
         f = res["fin"]
-        out += ["", f"FIN per write, {f['size']} B, {f['messages']:,} messages:", "",
+        out += ["", f"{f['pattern']}, {f['size']} B, {f['messages']:,} messages:", "",
                 "| server | consume msg/s | raw socket | ratio | server CPU us/msg out "
                 "| publish msg/s | CPU us/msg in |", "|---|---:|---:|---:|---:|---:|---:|"]
         for name in names:

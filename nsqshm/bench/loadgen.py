@@ -167,8 +167,9 @@ class Pattern:
     message delivered is REQ'd with no delay (it comes back: a run ends when
     every message is finished), or TOUCHed before its FIN."""
 
-    def __init__(self, fin_per_write=False, req_every=0, touch_every=0):
+    def __init__(self, fin_per_write=False, req_every=0, touch_every=0, gap_us=0.0):
         self.fin_per_write = fin_per_write
+        self.gap_us = gap_us
         self.req_every = req_every
         self.touch_every = touch_every
 
@@ -179,6 +180,8 @@ class Pattern:
             parts.append(f"REQ 1 in {self.req_every}")
         if self.touch_every:
             parts.append(f"TOUCH 1 in {self.touch_every}")
+        if self.fin_per_write and self.gap_us:
+            parts.append(f"{self.gap_us:g} us apart")
         return ", ".join(parts)
 
 
@@ -220,7 +223,7 @@ def consumer(address, topic, channel, rdy, ready, go, stop, out, idx, opener=Non
             del answers[:]
         if fins:
             if per_write:
-                send_lines(fd, fins)
+                send_lines(fd, fins, int(pattern.gap_us * 1000))
             else:
                 conn.send(fins)
             del fins[:]
