@@ -17,6 +17,7 @@ body: the body size is only checked against its limits, and the count and
 sizes alone say where the MPUB ends (scan_mpub finds that end).
 """
 
+import os
 import time
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -39,7 +40,9 @@ cdef extern from "<poll.h>" nogil:
 
 cdef extern from "<sys/socket.h>" nogil:
     Py_ssize_t send(int fd, const void *buf, size_t n, int flags)  # ssize_t
+    Py_ssize_t recv(int fd, void *buf, size_t n, int flags)
     enum: MSG_NOSIGNAL
+    enum: MSG_DONTWAIT
 
 from nsqshm._core.codec cimport IdGenerator, MSG_HEADER_SIZE, get_u32be, put_message_header, put_u32be
 from nsqshm._core.inflight cimport InFlight
@@ -384,3 +387,30 @@ def send_lines(int fd, const unsigned char[:] data, long long gap_ns=0):
             pos += k
         sends += 1
     return sends
+
+
+# -- reading a connection (server side) ----------------------------------------------------
+
+def recv_append(int fd, bytearray buf, Py_ssize_t most):
+    """recv() of at most `most` bytes straight onto the end of buf, without
+    the bytes object socket.recv makes and the copy of it into buf: the
+    kernel's copy is the only one.  Returns the bytes read, 0 at the end of
+    the stream, or -1 when none are there yet (a non-blocking socket: wait
+    until it is readable).  BufferError if buf is exported (a view of it
+    still alive)."""
+    cdef Py_ssize_t size = PyByteArray_GET_SIZE(buf)
+    cdef Py_ssize_t k
+    cdef char *dst
+    cdef int err = 0
+    PyByteArray_Resize(buf, size + most)
+    dst = PyByteArray_AS_STRING(buf) + size
+    with nogil:
+        k = recv(fd, dst, most, MSG_DONTWAIT)
+        if k < 0:
+            err = errno
+    PyByteArray_Resize(buf, size + (k if k > 0 else 0))
+    if k < 0:
+        if err == EAGAIN or err == EINTR:
+            return -1
+        raise OSError(err, os.strerror(err))
+    return k

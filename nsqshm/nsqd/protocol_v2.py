@@ -565,13 +565,15 @@ class ProtocolV2:
             raise FatalClientErr("E_BAD_TOPIC", f"PUB topic name {go_quote(topic_name)} is not valid")
         partition = partition_param(params)
         body = self._read_message(reader, "PUB")
-        self.check_auth(client, "PUB", topic_name.decode(), "")
-        try:
+        try:  # the body is a view of the read buffer: packed into the ring, never kept
+            self.check_auth(client, "PUB", topic_name.decode(), "")
             self._publish(topic_name.decode(), lambda topic: topic.put_message(body, partition))
         except PartitionError as err:
             raise FatalClientErr(*BAD_PARTITION(err)) from None
         except TopicError as err:
             raise FatalClientErr("E_PUB_FAILED", f"PUB failed {err}") from None
+        finally:
+            body.release()
         self._count_pub(client, topic_name.decode(), 1)
         return OK
 
@@ -598,8 +600,10 @@ class ProtocolV2:
         status, index, value, body = reader.read_mpub(opts.max_msg_size, opts.max_body_size)
         packed = bytearray()
         if status == wire.MPUB_OK:
-            status, index, value = wire.pack_mpub(body, self.nsqd.ids, time.time_ns(),
-                                                  opts.max_msg_size, opts.max_body_size, packed)
+            with body:  # a view of the read buffer: its one copy is into `packed`
+                status, index, value = wire.pack_mpub(body, self.nsqd.ids, time.time_ns(),
+                                                      opts.max_msg_size, opts.max_body_size,
+                                                      packed)
         if status != wire.MPUB_OK:
             code, template = MESSAGE_ERRORS[status]
             raise FatalClientErr(code, template.format(index=index, value=value,
@@ -628,17 +632,19 @@ class ProtocolV2:
         if not 0 <= timeout_ns <= max_ms * 1_000_000:
             raise FatalClientErr("E_INVALID", f"DPUB timeout {timeout_ms} out of range 0-{max_ms}")
         body = self._read_message(reader, "DPUB")
-        self.check_auth(client, "DPUB", topic_name.decode(), "")
         def put(topic):
             if timeout_ns:
                 topic.put_deferred(body, timeout_ns / 1e9)
             else:
                 topic.put_message(body)
 
-        try:
+        try:  # the body is a view of the read buffer: packed, never kept
+            self.check_auth(client, "DPUB", topic_name.decode(), "")
             self._publish(topic_name.decode(), put)
         except TopicError as err:
             raise FatalClientErr("E_DPUB_FAILED", f"DPUB failed {err}") from None
+        finally:
+            body.release()
         self._count_pub(client, topic_name.decode(), 1)
         return OK
 
@@ -689,7 +695,7 @@ class ProtocolV2:
         if size > max_size:
             raise FatalClientErr("E_BAD_MESSAGE", f"{verb} message too big {size} > {max_size}")
         try:
-            return reader.read(size)
+            return reader.read_view(size)  # released by the caller
         except Disconnect:
             raise FatalClientErr("E_BAD_MESSAGE", f"{verb} failed to read message body") from None
 
