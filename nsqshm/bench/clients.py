@@ -40,7 +40,7 @@ PARTS = ("fin", "mix", "sizes", "fair")
 
 
 def add_arguments(ap):
-    loadgen.add_load_arguments(ap, messages=300_000)
+    loadgen.add_load_arguments(ap, messages=1_000_000)
     ap.add_argument("--sizes", default="4096,16384,65536", help="large message sizes")
     ap.add_argument("--mix-every", type=int, default=10,
                     help="1 message in N REQ'd and 1 in N TOUCHed (mix)")
@@ -49,6 +49,10 @@ def add_arguments(ap):
     ap.add_argument("--gap-us", type=float, default=2.0,
                     help="FIN per write: at least this long between two sends of a consumer "
                          "(a client's work per message; 0: back to back)")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="the servers' --workers (0: nsqshm's default, one per core)")
+    ap.add_argument("--window-seconds", type=float, default=2.0,
+                    help="fin: seconds of steady-state consumption measured per run")
     ap.add_argument("--parts", default=",".join(PARTS), help="which parts to run")
     ap.add_argument("--before", metavar="TREE",
                     help="also run the server of this source tree (built in place), each run "
@@ -57,9 +61,12 @@ def add_arguments(ap):
 
 
 
+WORKERS = []  # --workers, when given
+
+
 @contextlib.contextmanager
 def broker(backlog, tree=None):
-    target = start_nsqshm([f"--mem-queue-size={mem_queue_size(*backlog)}"], tree=tree)
+    target = start_nsqshm([f"--mem-queue-size={mem_queue_size(*backlog)}", *WORKERS], tree=tree)
     try:
         yield target
     finally:
@@ -83,26 +90,28 @@ def fpw(a, **more):
 
 
 def run_fin(ctx, a, label="fin"):
-    """Per run: the raw socket, then each server; medians and ratios."""
+    """Per run: the raw socket, then each server, consuming a backlog at
+    steady state (loadgen.run_consume_window); medians and ratios."""
     spec = spec_for(a)
     pattern = fpw(a)
     rows = {name: [] for name, _ in servers(a)}
     raws = []
     for i in range(ctx.runs()):
         ctx.settle()
-        raws.append(raw_baseline_with(spec, pattern))
-        ctx.say(_consume_line(f"{label} run {i + 1} raw socket", raws[-1]))
+        raws.append(loadgen.run_consume_window(None, spec, pattern, a.window_seconds, raw=True))
+        ctx.say(f"{label} run {i + 1} raw socket: out {raws[-1]['out_msgs_per_s'] / 1e3:8.1f} k msg/s")
         for name, tree in servers(a):
             with broker((spec.messages, spec.size), tree) as target:
-                r = loadgen.run_phases(target, spec, pattern=pattern)
+                r = loadgen.run_consume_window(target, spec, pattern, a.window_seconds)
             r["ratio_out"] = r["out_msgs_per_s"] / raws[-1]["out_msgs_per_s"]
-            r["ratio_in"] = r["in_msgs_per_s"] / raws[-1]["in_msgs_per_s"]
             rows[name].append(r)
-            ctx.say(_consume_line(f"{label} run {i + 1} {name}", r)
-                    + f"; of raw socket {r['ratio_out']:.2f} out")
+            ctx.say(f"{label} run {i + 1} {name}: out {r['out_msgs_per_s'] / 1e3:8.1f} k msg/s; "
+                    f"server CPU {r.get('server_cpu_us_per_msg_out', 0):.2f} us/msg; of raw "
+                    f"socket {r['ratio_out']:.2f}")
     return {"pattern": pattern.name, "size": spec.size, "messages": spec.messages,
-            "raw": medians(raws), **{name: _summary(rs) for name, rs in rows.items()},
-            "runs": {name: rs for name, rs in rows.items()}, "raw_runs": raws}
+            "seconds": a.window_seconds, "raw": medians(raws),
+            **{name: medians(rs) for name, rs in rows.items()},
+            "runs": rows, "raw_runs": raws}
 
 
 def _summary(rows):
@@ -140,7 +149,7 @@ def run_mix(ctx, a):
 def run_sizes(ctx, a):
     out = []
     for size in [int(x) for x in a.sizes.split(",") if x.strip()]:
-        budget = (32 << 20) if ctx.quick else (96 << 20)
+        budget = (32 << 20) if ctx.quick else (128 << 20)
         messages = max(1_000, min(a.messages, budget // size))
         batch = max(1, min(a.batch, (4 << 20) // (size + 4)))
         spec = spec_for(a, size=size, batch=batch, messages=messages)
@@ -215,12 +224,13 @@ def fairness(target, spec, seconds, pattern):
 
 def run_fair(ctx, a):
     # a backlog the consumers cannot drain alone in a phase
-    spec = spec_for(a, messages=max(a.messages, 600_000))
+    spec = spec_for(a, messages=600_000)
     rows = {name: [] for name, _ in servers(a)}
     for _ in range(ctx.runs()):
         ctx.settle()
         for name, tree in servers(a):
-            with broker((spec.messages * 4, spec.size), tree) as target:
+            # memory for the backlog and a while of flat-out publishing; past it, the disk
+            with broker((1_000_000, spec.size), tree) as target:
                 r = fairness(target, spec, a.fair_seconds, fpw(a))
             r["ratio"] = r["with_publishers"] / r["alone"] if r["alone"] else None
             rows[name].append(r)
@@ -238,9 +248,11 @@ def run(ctx):
         a.messages = min(a.messages, 100_000)
         a.fair_seconds = min(a.fair_seconds, 1.5)
     parts = [x for x in a.parts.split(",") if x]
+    WORKERS[:] = [f"--workers={a.workers}"] if a.workers else []
     res = {"params": {"messages": a.messages, "size": a.size, "batch": a.batch, "rdy": a.rdy,
                       "publishers": a.publishers, "consumers": a.consumers,
-                      "before": a.before, "parts": parts}}
+                      "before": a.before, "parts": parts, "gap_us": a.gap_us,
+                      "workers": a.workers or "default"}}
     with ctx.progress.task("clients", len(parts)) as advance:
         if "fin" in parts:
             res["fin"] = run_fin(ctx, a)
@@ -274,14 +286,14 @@ def render(res):
            f"({p.get('before') or 'not run'}), run right after each \"after\" run."]
     if "fin" in res:
         f = res["fin"]
-        out += ["", f"{f['pattern']}, {f['size']} B, {f['messages']:,} messages:", "",
-                "| server | consume msg/s | raw socket | ratio | server CPU us/msg out "
-                "| publish msg/s | CPU us/msg in |", "|---|---:|---:|---:|---:|---:|---:|"]
+        out += ["", f"{f['pattern']}, {f['size']} B, a backlog of {f['messages']:,} consumed at "
+                f"steady state ({f['seconds']:g} s measured per run):", "",
+                "| server | consume msg/s | raw socket | ratio | server CPU us/msg |",
+                "|---|---:|---:|---:|---:|"]
         for name in names:
             m = f[name]
             out.append(f"| {name} | {_k(m['out_msgs_per_s'])} | {_k(f['raw']['out_msgs_per_s'])} "
-                       f"| {_f(m['ratio_out'])} | {_f(m['server_cpu_us_per_msg_out'])} | "
-                       f"{_k(m['in_msgs_per_s'])} | {_f(m['server_cpu_us_per_msg_in'])} |")
+                       f"| {_f(m['ratio_out'])} | {_f(m.get('server_cpu_us_per_msg_out'))} |")
     if "mix" in res:
         out += ["", f"REQ and TOUCH mix (1 in {res['mix']['mix_every']} each; FIN per write):", "",
                 "| server | answers | consume msg/s (finished) | server CPU us/msg out |",
@@ -315,7 +327,7 @@ def targets(res):
     rows = []
     if "fin" in res:
         m = res["fin"]["after"]
-        cpu, ratio = m["server_cpu_us_per_msg_out"], m["ratio_out"]
+        cpu, ratio = m.get("server_cpu_us_per_msg_out"), m["ratio_out"]
         rows += [("20", "FIN per write 200 B: server CPU per message out",
                   f"<= {TARGET_CPU_US} us", _f(cpu, " us"),
                   cpu is not None and cpu <= TARGET_CPU_US),

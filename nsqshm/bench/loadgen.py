@@ -408,3 +408,53 @@ def run_pubsub(target, spec, channels=1, warmup=0.5):
     if s0 is not None:
         res["server_cpu_us_per_msg_out"] = (s1 - s0) / max(1, out * (t1 - t0)) * 1e6
     return res
+
+
+def run_consume_window(target, spec, pattern, seconds, warmup=0.3, raw=False):
+    """Consume at steady state: spec.messages published first (not measured),
+    then spec.consumers consumers (RDY spec.rdy, answering as `pattern`)
+    measured from `warmup` s after they start for `seconds`, or until 90 %
+    of the backlog is finished, whichever comes first: no start-up, no
+    tail.  raw=True: the same consumers against the raw-socket baseline
+    (which streams the backlog itself).  Returns finished msg/s, and the
+    server's CPU per message when it is known."""
+    per = spec.messages // spec.publishers // spec.batch * spec.batch
+    total = per * spec.publishers
+    raw_proc = None
+    if raw:
+        raw_proc, address = baseline.start_throughput(spec.size, spec.rdy, total // spec.consumers)
+    else:
+        address = target.tcp
+    topic = f"bench{uuid.uuid4().hex[:8]}"
+    ready, go, stop = CTX.Event(), CTX.Event(), CTX.Event()
+    cout = Shared(spec.consumers)
+    cons = [CTX.Process(target=consumer, args=(address, topic, "ch0", spec.rdy, ready, go, stop,
+                                               cout, i, None, pattern))
+            for i in range(spec.consumers)]
+    cpu = None if raw else target.cpu_seconds
+    try:
+        launch(cons, [], ready)
+        if not raw:
+            publish(target, topic, spec)
+        go.set()
+        time.sleep(warmup)
+        t0, m0, s0 = time.perf_counter(), sum(cout.msgs), cpu() if cpu else None
+        end = t0 + seconds
+        while time.perf_counter() < end and sum(cout.msgs) < 0.9 * total:
+            if not any(x.is_alive() for x in cons):
+                raise RuntimeError("every consumer exited")
+            time.sleep(0.005)
+        t1, m1, s1 = time.perf_counter(), sum(cout.msgs), cpu() if cpu else None
+    finally:
+        stop_all(cons, stop)
+        if raw_proc is not None:
+            raw_proc.kill()
+            raw_proc.join()
+    if not raw:
+        target.delete_topic(topic)
+    res = {"messages": m1 - m0, "seconds": t1 - t0, "out_msgs_per_s": (m1 - m0) / (t1 - t0),
+           "out_MB_per_s": (m1 - m0) * spec.size / (t1 - t0) / 1e6,
+           "client_cpu_out_s": sum(cout.cpu)}
+    if s0 is not None and m1 > m0:
+        res["server_cpu_us_per_msg_out"] = (s1 - s0) / (m1 - m0) * 1e6
+    return res

@@ -29,6 +29,7 @@ class Reader:
         self.recv = sock.recv
         self.plain_sock = sock  # while it is the transport, bytes go straight into buf
         self.decoding = False
+        self.drained = False  # the last recv emptied the socket
         self.buf = bytearray()
         self.pos = 0
         self.before_wait = before_wait  # called before each read from the socket
@@ -43,10 +44,15 @@ class Reader:
         sock = self.sock
         if sock is self.plain_sock and not self.decoding:
             # the plain socket: recv() onto the end of buf (one copy, the kernel's);
-            # gevent's wait for readability, with the socket's timeout
+            # gevent's wait for readability, with the socket's timeout.  A recv that
+            # took less than it could emptied the socket: wait first, rather than
+            # spend a recv on EAGAIN (a consumer's FINs come a few per segment)
+            if self.drained:
+                sock._wait(sock._read_event)
             while True:
                 n = wire.recv_append(sock.fileno(), self.buf, READ_SIZE)
                 if n > 0:
+                    self.drained = n < READ_SIZE
                     return
                 if n == 0:
                     raise Disconnect("EOF")
