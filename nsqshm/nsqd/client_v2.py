@@ -202,7 +202,8 @@ class ClientV2:
         while self.out:
             # the buffer itself is sent, and a spare takes its place for the frames
             # appended meanwhile (a send may wait): no copy of the whole output
-            data, self.out = self.out, self._spare
+            spare, self._spare = self._spare, None  # (a send that fails leaves none)
+            data, self.out = self.out, spare if spare is not None else bytearray()
             self._urgent = False
             if self._flush_timer is not None:
                 self._stop_flush_timer()
