@@ -727,6 +727,32 @@ cdef class InFlight(MessageStore):
         _heap_rekey(&self.heap, e.heap_index, new_deadline_ns)
         return STATUS_OK
 
+    cdef int64_t first_deadline_raw(self, const char *msg_id) noexcept:
+        """The deadline msg_id (16 bytes) was given at delivery, or -1."""
+        cdef MsgEntry *e = self.ids.slots[_ids_probe(&self.ids, _hash_id(msg_id), msg_id)].entry
+        return e.first_deadline if e != NULL else -1
+
+    cdef int requeue_raw(self, const char *msg_id, uint64_t client_id,
+                         bytearray out) except -9:
+        """requeue() without Python objects: take msg_id (16 bytes) held by
+        client_id out of the table, appending it to `out` as a packed record
+        ([u32 native size][message]); with an arena its block stays until
+        release() (the caller stores the copy first).  STATUS_OK,
+        STATUS_NOT_IN_FLIGHT or STATUS_NOT_OWNER (nothing changed)."""
+        cdef size_t slot = _ids_probe(&self.ids, _hash_id(msg_id), msg_id)
+        cdef MsgEntry *e = self.ids.slots[slot].entry
+        cdef uint32_t size
+        if e == NULL:
+            return STATUS_NOT_IN_FLIGHT
+        if e.client_id != client_id:
+            return STATUS_NOT_OWNER
+        size = e.size
+        _append(out, <const char *>&size, RECORD_HEADER_SIZE)
+        _append(out, _msg(e), size)
+        self._remove(e, slot)
+        self._hand_out(e)
+        return STATUS_OK
+
     cdef MsgEntry *_find(self, bytes msg_id) noexcept:
         cdef const char *p = PyBytes_AS_STRING(msg_id)
         return self.ids.slots[_ids_probe(&self.ids, _hash_id(p), p)].entry
