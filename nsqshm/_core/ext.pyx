@@ -27,9 +27,11 @@ Header values are read from the JSON in place (json_get_string: the
 top-level key, unescaped): no Python object per message.
 """
 
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memcpy
 
 from nsqshm._core.logcursor cimport CursorSet
 
@@ -453,3 +455,75 @@ def strip_frames_ext(data):
     cdef bytes d = bytes(data)
     cdef Py_ssize_t p = ext_prefix(<const unsigned char *>PyBytes_AS_STRING(d), len(d))
     return d[:EXT_OFFSET] + d[EXT_OFFSET + p:]
+
+
+# -- publishing to an ext topic ---------------------------------------------------------------
+
+class ExtRecords(bytearray):
+    """Packed records whose messages already carry the ext part (PUB_EXT):
+    Topic.put_packed stores them as they are."""
+
+
+def plain_to_ext(packed, Py_ssize_t count, long long max_msg_size, bytes prefix=b"\0"):
+    """Packed records ([u32 native size][message])* of plain messages (PUB,
+    MPUB, /pub) as ExtRecords of an ext topic's: `prefix`, the ext part
+    (ext_body(headers, b""); [0]: no headers), after each header.
+    ValueError when a message with it is over max_msg_size."""
+    cdef Py_buffer view
+    cdef const char *src
+    cdef char *dst
+    cdef Py_ssize_t pos = 0, k, extra = len(prefix)
+    cdef const char *pre = PyBytes_AS_STRING(prefix)
+    cdef uint32_t size, grown
+    out = ExtRecords()
+    PyObject_GetBuffer(packed, &view, PyBUF_SIMPLE)
+    try:
+        src = <const char *>view.buf
+        for k in range(count):  # check first: nothing is converted unless all fit
+            if view.len - pos < 4:
+                raise ValueError("records end early")
+            memcpy(&size, src + pos, 4)
+            if size < EXT_OFFSET or view.len - pos - 4 < size:
+                raise ValueError("records end early")
+            if <long long>size - EXT_OFFSET + extra > max_msg_size:
+                raise ValueError(f"message too big for an ext topic "
+                                 f"{size - EXT_OFFSET} + {extra} > {max_msg_size}")
+            pos += 4 + size
+        PyByteArray_Resize(out, pos + count * extra)
+        dst = PyByteArray_AS_STRING(out)
+        pos = 0
+        for k in range(count):
+            memcpy(&size, src + pos, 4)
+            grown = size + <uint32_t>extra
+            memcpy(dst, &grown, 4)
+            memcpy(dst + 4, src + pos + 4, EXT_OFFSET)
+            memcpy(dst + 4 + EXT_OFFSET, pre, extra)
+            memcpy(dst + 4 + EXT_OFFSET + extra, src + pos + 4 + EXT_OFFSET, size - EXT_OFFSET)
+            dst += 4 + grown
+            pos += 4 + size
+    finally:
+        PyBuffer_Release(&view)
+    return out
+
+
+def ext_body(headers, body):
+    """A PUB_EXT message as an ext topic stores it after the header: version 4,
+    the JSON's length and the JSON, then the body (version 0 when headers is None)."""
+    if headers is None:
+        return b"\0" + bytes(body)
+    n = len(headers)
+    if n > MAX_HEADER_LENGTH:
+        raise ValueError(f"ext json header too long {n} > {MAX_HEADER_LENGTH}")
+    return bytes((JSON_HEADER_EXT_VER, n >> 8, n & 0xFF)) + bytes(headers) + bytes(body)
+
+
+def split_ext(msg):
+    """(headers JSON or None, body) of a stored ext message's part after the
+    26-byte header (tests, /message/get)."""
+    cdef bytes m = bytes(msg)
+    if not m:
+        return None, m
+    if m[0] == NO_EXT_VER:
+        return None, m[1:]
+    n = (m[1] << 8) | m[2]
+    return m[3:3 + n], m[3 + n:]

@@ -319,6 +319,8 @@ class Channel:
                 continue
             now = time.monotonic_ns()
             earliest = None
+            left_for_tag = False  # a client left the head message for another's tag (ext.py)
+            taken_any = False
             with self.scratch.borrow() as scratch:
                 for client in ready:
                     room = client.ready_count - client.in_flight
@@ -327,9 +329,13 @@ class Channel:
                     deadline = now + client.msg_timeout_ns
                     taken, n = self.inflight.deliver_from_ring(
                         ring, min(room, DELIVER_BATCH), scratch, client.out, client.id, deadline,
-                        client.sample_rate)  # sampled-out: dropped, as nsqd
+                        client.sample_rate, client.ext_view)  # sampled-out: dropped, as nsqd
                     if not taken:
+                        if client.ext_view is not None and ring.depth:
+                            left_for_tag = True
+                            continue
                         break
+                    taken_any = True
                     client.in_flight += n
                     client.message_count += n
                     client.kick()
@@ -339,6 +345,15 @@ class Channel:
                 self.nsqd.schedule_scan(earliest)
             if self.policy is not None and self.policy.dead_letter_expired:
                 policy.flush_expired(self)  # what expired in this round's C calls
+            if left_for_tag and not taken_any:
+                # the head waits for a consumer of its tag: until a client comes, goes or
+                # is ready again here, or any process pops (another worker's consumer)
+                self._ready.clear()
+                self._waker.arm(for_space=True)
+                if ring.depth and not self.exiting:
+                    self._ready.wait()
+                ring.disarm(for_space=True)
+                continue
             if ring.depth:
                 gevent.idle()  # let writers and readers run between rounds
 

@@ -37,6 +37,7 @@ from nsqshm._core import wire
 from nsqshm._core.commitlog import LogError
 from nsqshm._core.logcursor import ID_OFFSET_BITS
 from nsqshm.httpserver import HTTPServer
+from nsqshm.nsqd import ext
 from nsqshm.nsqd.listeners import listen
 from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
@@ -59,6 +60,7 @@ def put_error(err):
     return Err(503, "EXITING") if str(err) == "exiting" else Err(500, "INTERNAL_ERROR")
 
 RECORD_OVERHEAD = 4 + 26  # packed record: native size + message header
+EXT_PREFIX = "nsqshm.ext_prefix"  # a /pub_ext's ext part, for /pub's code (request environ)
 BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 X_NSQ = ("X-Nsq-Content-Type", "nsq; version=1.0")
 JSON_TYPE = "application/json; charset=utf-8"
@@ -297,6 +299,8 @@ class HTTPAPI:
         add(Route("GET", "/info", self.info))
         add(Route("POST", "/pub", self.pub, log=False))
         add(Route("POST", "/mpub", self.mpub, log=False))
+        add(Route("POST", "/pub_ext", self.pub_ext, log=False))
+        add(Route("POST", "/mpub_ext", self.mpub_ext, log=False))
         add(Route("GET", "/stats", self.stats))
         for action in ("create", "delete", "empty", "pause", "unpause"):
             add(Route("POST", f"/topic/{action}", getattr(self, f"topic_{action}")))
@@ -548,6 +552,11 @@ class HTTPAPI:
         try:
             if deferred_ns:
                 topic.put_deferred(body, deferred_ns / 1e9)
+            elif req.environ.get(EXT_PREFIX) is not None:  # /pub_ext
+                out = bytearray()
+                wire.pack_message(body, self.nsqd.ids, time.time_ns(), out)
+                topic.put_packed(self._ext(req, topic, out, 1), 1, len(body),
+                                 self._partition(values, topic))
             else:
                 topic.put_message(body, self._partition(values, topic))
         except PartitionError:
@@ -598,7 +607,8 @@ class HTTPAPI:
                 raise Err(413, "MSG_TOO_BIG")
         try:
             if count:
-                topic.put_packed(out, count, len(out) - count * RECORD_OVERHEAD,
+                topic.put_packed(self._ext(req, topic, out, count), count,
+                                 len(out) - count * RECORD_OVERHEAD,
                                  self._partition(values, topic))
             elif topic.exiting:
                 raise TopicError("exiting")
@@ -607,6 +617,45 @@ class HTTPAPI:
         except TopicError as err:
             raise put_error(err) from None
         return "OK"
+
+    def pub_ext(self, req):
+        """Youzan's /pub_ext (nsqd/ext.py): /pub with the `ext` JSON and
+        X-NSQEXT-* headers; the topic must exist."""
+        return self._ext_publish(req, self.pub)
+
+    def mpub_ext(self, req):
+        """/mpub with the same headers on every message (nsqshm's)."""
+        return self._ext_publish(req, self.mpub)
+
+    def _ext_publish(self, req, publish):
+        values, err = parse_query(req.query_string)
+        if err is not None:
+            raise Err(400, "INVALID_REQUEST")
+        name = values.get("topic", [""])[0]
+        if not name:
+            raise Err(400, "MISSING_ARG_TOPIC")
+        topic = self.nsqd.get_existing_topic(name) if is_valid_name(name) else None
+        if topic is None:
+            raise Err(*youzan_http.TOPIC_NOT_FOUND)
+        try:
+            info, prefix = ext.http_prefix(self.nsqd, topic, values, list(req.headers.items()))
+        except ext.ExtError as e:
+            raise Err(e.status, e.text) from None
+        req.environ[EXT_PREFIX] = prefix
+        answer = publish(req)
+        if info.traced:
+            return JSONBody(youzan_http.traced_pub_json(0, str(info.trace_id), 0, 0))
+        return answer
+
+    def _ext(self, req, topic, packed, count):
+        """/pub and /mpub records, with the ext part /pub_ext or /mpub_ext gave."""
+        prefix = req.environ.get(EXT_PREFIX)
+        if prefix is None or not topic.ext:
+            return packed
+        try:
+            return ext.http_records(self.nsqd, topic, packed, count, prefix)
+        except ext.ExtError as e:
+            raise Err(e.status, e.text) from None
 
     def _binary_mpub(self, req, out):
         """nsqd's readMPUB on the body stream: the count, then each size and
@@ -670,9 +719,19 @@ class HTTPAPI:
         """nsqd's, and with `partition_num` (Youzan's) a log topic
         (logtopic.py): `retention_days`, `retention_bytes` (-1: none)."""
         values, err = parse_query(req.query_string)
+        want_ext = err is None and ext.wants_ext(values)
+        if want_ext:  # Youzan's ext=true / extend=true: a new topic, or one already ext
+            name = values.get("topic", [""])[0]
+            try:
+                ext.check_new(self.nsqd.get_existing_topic(name) if is_valid_name(name) else None)
+            except ext.ExtError as e:
+                raise Err(e.status, e.text) from None
         if err is None and "partition_num" in values:
-            return self._log_topic_create(values)
-        self._topic_from_query(req)
+            self._log_topic_create(values)
+        else:
+            self._topic_from_query(req)
+        if want_ext:
+            ext.make_ext(self.nsqd, self.nsqd.get_existing_topic(values["topic"][0]))
         return None
 
     def _log_topic_create(self, values):

@@ -180,6 +180,7 @@ class LogTopic(Topic):
     def put_packed(self, packed, count, body_bytes, partition=None):
         if self.exiting:
             raise TopicError("exiting")
+        packed = self.ext_records(packed, count)
         if partition is not None:
             target = self.partition(partition)
         else:

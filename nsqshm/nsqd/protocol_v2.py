@@ -19,6 +19,7 @@ import gevent
 
 from nsqshm._core import wire
 from nsqshm._core.codec import FRAME_TYPE_ERROR
+from nsqshm.nsqd import ext
 from nsqshm.nsqd.auth import AuthError
 from nsqshm.nsqd.channel import ChannelError
 from nsqshm.nsqd.client_v2 import (
@@ -147,6 +148,7 @@ class ProtocolV2:
             b"FIN": self.FIN, b"REQ": self.REQ, b"TOUCH": self.TOUCH, b"CLS": self.CLS,
             b"NOP": self.NOP, b"PUB": self.PUB, b"MPUB": self.MPUB, b"DPUB": self.DPUB,
             b"SUB_ADVANCED": self.SUB_ADVANCED,
+            b"PUB_EXT": self.PUB_EXT, b"MPUB_EXT": self.MPUB_EXT,
         }
 
     # -- the connection loop ------------------------------------------------------------
@@ -236,6 +238,7 @@ class ProtocolV2:
         self.nsqd.clients.pop(client.id, None)
         if client.channel is not None:
             client.channel.remove_client(client)
+            ext.left(self.nsqd, client, client.channel)
 
     # -- commands -----------------------------------------------------------------------
 
@@ -246,7 +249,8 @@ class ProtocolV2:
                                bad_size="IDENTIFY invalid body size {n}")
         try:
             data = {}
-            for key, value in go_json_object(body):
+            pairs = go_json_object(body)
+            for key, value in pairs:
                 field = key.casefold()  # Go matches a struct field's name case-insensitively
                 kind = IDENTIFY_FIELDS.get(field)
                 if kind is None or value is None:
@@ -267,6 +271,7 @@ class ProtocolV2:
         error = self._apply_identify(client, data)
         if error:
             raise FatalClientErr("E_BAD_BODY", "IDENTIFY " + error)
+        extra = ext.identify_client(self.nsqd, client, pairs)  # Youzan's fields (ext.py)
         client.reset_heartbeat()
         client.ticks_from = time.monotonic()  # nsqd's messagePump starts a new ticker
         if not data.get("feature_negotiation"):
@@ -297,6 +302,7 @@ class ProtocolV2:
             "auth_required": bool(opts.auth_http_address),
             "output_buffer_size": client.output_buffer_size,
             "output_buffer_timeout": int(client.output_buffer_timeout * 1000),
+            **extra,
         }, separators=(",", ":")).encode()
         if not (tls_v1 or snappy or deflate):
             return response
@@ -441,6 +447,7 @@ class ProtocolV2:
                 topic.partition(partition)
             except PartitionError as err:
                 raise FatalClientErr(*BAD_PARTITION(err)) from None
+        ext.check_sub(client, topic)
         if start is not None:
             if not is_log:
                 raise FatalClientErr("E_INVALID", NOT_SUPPORTED)
@@ -448,6 +455,7 @@ class ProtocolV2:
         channel = self._subscribe(client, topic_name, channel_name)
         client.state = STATE_SUBSCRIBED
         client.channel = channel
+        ext.subscribed(self.nsqd, client, channel)
         return OK
 
     def _subscribers(self, topic, channel):
@@ -622,6 +630,12 @@ class ProtocolV2:
             raise FatalClientErr("E_DPUB_FAILED", f"DPUB failed {err}") from None
         self._count_pub(client, topic_name.decode(), 1)
         return OK
+
+    def PUB_EXT(self, client, params, reader):
+        return ext.pub_ext(self, client, params, reader)
+
+    def MPUB_EXT(self, client, params, reader):
+        return ext.mpub_ext(self, client, params, reader)
 
     # -- helpers ------------------------------------------------------------------------
 
