@@ -25,6 +25,7 @@ SUITES = {
     "local": "nsqshm.bench.local",
     "spark": "nsqshm.bench.spark",
     "policies": "nsqshm.bench.policies",
+    "headers": "nsqshm.bench.headers",
 }
 
 # the load generator's modes, after NSQ's bench_writer / bench_reader / pubsub
