@@ -54,6 +54,7 @@ cdef extern from "<fnmatch.h>" nogil:
 
 
 FILTER_EQUAL, FILTER_REGEXP, FILTER_GLOB, FILTER_MULTI = 1, 2, 3, 4
+SKIP, DELIVER, LEAVE = ACCEPT_SKIP, ACCEPT_DELIVER, ACCEPT_LEAVE  # accept()'s verdicts
 TAG_KEY = b"##client_dispatch_tag"     # internal/ext/ext.go CLIENT_DISPATCH_TAG_KEY
 MAX_HEADER_LENGTH = 0xFFFF             # the 2-byte n
 cdef Py_ssize_t SCRATCH = MAX_HEADER_LENGTH + 1
