@@ -26,6 +26,7 @@ consumers of a channel want are kept in the channel's TagSet (each worker
 tells the others its own: {"op": "ext_tags"}).
 """
 
+import struct
 import time
 
 from nsqshm._core.ext import (
@@ -38,6 +39,7 @@ from nsqshm._core.ext import (
     plain_to_ext,
 )
 from nsqshm._core.wire import pack_message
+from nsqshm.nsqd import trace
 from nsqshm.nsqd.errors import BAD_PARTITION, FatalClientErr
 from nsqshm.nsqd.logtopic import PartitionError
 from nsqshm.nsqd.reader import Disconnect
@@ -133,13 +135,24 @@ def _partition(topic, pub):
     return pub.partition if topic.is_log and pub.partition != commands.NO_PARTITION else None
 
 
-def _put(topic, packed, count, nbytes, partition, code):
+def _put(topic, packed, count, nbytes, partition, code, client=None, trace_ids=None):
+    trace.publisher.client = client.remote_address if client is not None else None
+    trace.publisher.trace_ids = trace_ids if trace_ids and any(trace_ids) else None
     try:
         topic.put_packed(packed, count, nbytes, partition)
     except PartitionError as err:
         raise FatalClientErr(*BAD_PARTITION(err)) from None
     except TopicError as err:
         raise FatalClientErr(code, str(err)) from None
+    finally:
+        trace.publisher.client = trace.publisher.trace_ids = None
+
+
+def _traced_reply(packed, trace_id):
+    """Youzan's 30-byte answer: the first message's 64-bit ID (its 16 hex digits),
+    the trace ID, a queue offset of 0 (not known at publish), the stored size."""
+    size = struct.unpack_from("=I", packed)[0]
+    return bodies.traced_reply(int(bytes(packed[14:30]), 16), trace_id, 0, size)
 
 
 def pub_ext(protocol, client, params, reader):
@@ -154,11 +167,11 @@ def pub_ext(protocol, client, params, reader):
     protocol.check_auth(client, "PUB", topic.name, "")
     published = bodies.parse_pub_ext(body, topic.name, topic.ext)
     packed = _stored(topic, published)
-    _put(topic, packed, 1, len(published.body), _partition(topic, pub), "E_PUB_FAILED")
+    _put(topic, packed, 1, len(published.body), _partition(topic, pub), "E_PUB_FAILED", client,
+         [published.trace_id])
     protocol._count_pub(client, topic.name, 1)
     if published.traced:
-        return bodies.traced_reply(int(bytes(packed[14:30]), 16), published.trace_id, 0,
-                                   len(packed) - 4)
+        return _traced_reply(packed, published.trace_id)
     return b"OK"
 
 
@@ -176,9 +189,48 @@ def mpub_ext(protocol, client, params, reader):
     for published in messages:
         packed += _stored(topic, published)
     _put(topic, packed, len(messages), sum(len(m.body) for m in messages),
-         _partition(topic, pub), "E_MPUB_FAILED")
+         _partition(topic, pub), "E_MPUB_FAILED", client, [m.trace_id for m in messages])
     protocol._count_pub(client, topic.name, len(messages))
     return b"OK"
+
+
+def pub_trace(protocol, client, params, reader):
+    """PUB_TRACE <topic> [<partition>]\\n[4 BE size][8 BE trace id][body]: the
+    message (an ext topic's with an empty ext part), recorded in the trace
+    log with its trace ID; Youzan's 30-byte answer."""
+    opts = protocol.opts
+    pub = commands.parse_pub(params)
+    size = _read_size(reader)
+    commands.check_body_size(size, opts.max_msg_size, mpub=False)
+    body = _read(reader, size)
+    topic = _existing(protocol.nsqd, pub)
+    protocol.check_auth(client, "PUB", topic.name, "")
+    published = bodies.parse_pub_trace(body)
+    packed = _stored(topic, published)
+    _put(topic, packed, 1, len(published.body), _partition(topic, pub), "E_PUB_FAILED", client,
+         [published.trace_id])
+    protocol._count_pub(client, topic.name, 1)
+    return _traced_reply(packed, published.trace_id)
+
+
+def mpub_trace(protocol, client, params, reader):
+    """MPUB_TRACE: each message [8 BE trace id][body]; the answer's trace ID is
+    0 and its ID, offset and size the first message's."""
+    opts = protocol.opts
+    pub = commands.parse_pub(params)
+    size = _read_size(reader)
+    commands.check_body_size(size, opts.max_body_size, mpub=True)
+    body = _read(reader, size)
+    topic = _existing(protocol.nsqd, pub)
+    protocol.check_auth(client, "MPUB", topic.name, "")
+    messages = bodies.parse_mpub(body, opts.max_msg_size, opts.max_body_size, bodies.MPUB_TRACE)
+    packed = ExtRecords() if topic.ext else bytearray()
+    for published in messages:
+        packed += _stored(topic, published)
+    _put(topic, packed, len(messages), sum(len(m.body) for m in messages),
+         _partition(topic, pub), "E_MPUB_FAILED", client, [m.trace_id for m in messages])
+    protocol._count_pub(client, topic.name, len(messages))
+    return _traced_reply(packed, 0)
 
 
 def _read_size(reader):

@@ -37,7 +37,7 @@ from nsqshm._core import wire
 from nsqshm._core.commitlog import LogError
 from nsqshm._core.logcursor import ID_OFFSET_BITS
 from nsqshm.httpserver import HTTPServer
-from nsqshm.nsqd import ext
+from nsqshm.nsqd import ext, trace
 from nsqshm.nsqd.listeners import listen
 from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
@@ -301,6 +301,10 @@ class HTTPAPI:
         add(Route("POST", "/mpub", self.mpub, log=False))
         add(Route("POST", "/pub_ext", self.pub_ext, log=False))
         add(Route("POST", "/mpub_ext", self.mpub_ext, log=False))
+        add(Route("POST", "/pubtrace", self.pubtrace, log=False))
+        add(Route("POST", "/message/trace/enable", self.trace_enable))
+        add(Route("POST", "/message/trace/disable", self.trace_disable))
+        add(Route("GET", "/message/trace", self.message_trace))
         add(Route("GET", "/stats", self.stats))
         for action in ("create", "delete", "empty", "pause", "unpause"):
             add(Route("POST", f"/topic/{action}", getattr(self, f"topic_{action}")))
@@ -646,6 +650,79 @@ class HTTPAPI:
         if info.traced:
             return JSONBody(youzan_http.traced_pub_json(0, str(info.trace_id), 0, 0))
         return answer
+
+    def pubtrace(self, req):
+        """Youzan's /pubtrace?topic=&trace_id=: the message recorded in the trace
+        log with its trace ID; the traced JSON answer (queue offset 0)."""
+        values, err = parse_query(req.query_string)
+        if err is not None:
+            raise Err(400, "INVALID_REQUEST")
+        try:
+            trace_id = youzan_http.pubtrace_trace_id(values)
+        except youzan_http.HTTPError as e:
+            raise Err(e.status, e.text) from None
+        name = values.get("topic", [""])[0]
+        topic = self.nsqd.get_existing_topic(name) if is_valid_name(name) else None
+        if topic is None:
+            raise Err(*youzan_http.TOPIC_NOT_FOUND)
+        body = self._read_body(req, self.nsqd.opts.max_msg_size + 1)
+        if len(body) > self.nsqd.opts.max_msg_size:
+            raise Err(413, "MSG_TOO_BIG")
+        if not body:
+            raise Err(400, "MSG_EMPTY")
+        out = bytearray()
+        msg_id = wire.pack_message(body, self.nsqd.ids, time.time_ns(), out)
+        trace.publisher.client = req.remote_addr
+        trace.publisher.trace_ids = [trace_id]
+        try:
+            topic.put_packed(out, 1, len(body), self._partition(values, topic))
+        except PartitionError:
+            raise Err(400, "INVALID_PARTITION") from None
+        except TopicError as err:
+            raise put_error(err) from None
+        finally:
+            trace.publisher.client = trace.publisher.trace_ids = None
+        return JSONBody(youzan_http.traced_pub_json(int(msg_id, 16), values["trace_id"][0], 0,
+                                                    len(out) - 4))
+
+    def _trace_switch(self, req, enable):
+        values = self._params(req)
+        name = values.get("topic", [""])[0]
+        if not name:
+            raise Err(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(name) or self.nsqd.get_existing_topic(name) is None:
+            raise Err(404, "TOPIC_NOT_FOUND")
+        channel = values.get("channel", [""])[0]
+        if channel and not is_valid_name(channel):
+            raise Err(400, "INVALID_ARG_CHANNEL")
+        try:
+            trace.set_traced(self.nsqd, name, channel, enable)
+        except OSError as err:
+            raise Err(500, f"INTERNAL_ERROR {err}") from None
+
+    def trace_enable(self, req):
+        """Youzan's POST /message/trace/enable?topic=T[&channel=C]."""
+        self._trace_switch(req, True)
+
+    def trace_disable(self, req):
+        self._trace_switch(req, False)
+
+    def message_trace(self, req):
+        """GET /message/trace?topic=T&id=<16 hex>|trace_id=<n>: the events."""
+        values = self._params(req)
+        name = values.get("topic", [""])[0]
+        if not name:
+            raise Err(400, "MISSING_ARG_TOPIC")
+        msg_id, trace_id = values.get("id", [None])[0], values.get("trace_id", [None])[0]
+        if trace_id is not None:
+            try:
+                trace_id = youzan_http.pubtrace_trace_id(values)
+            except youzan_http.HTTPError as e:
+                raise Err(e.status, e.text) from None
+        elif msg_id is None or len(msg_id) != 16:
+            raise Err(400, "INVALID_MESSAGE_ID")
+        events = trace.search(self.nsqd, name, msg_id, trace_id)
+        return {"topic": name, "id": msg_id, "trace_id": trace_id, "events": events}
 
     def _ext(self, req, topic, packed, count):
         """/pub and /mpub records, with the ext part /pub_ext or /mpub_ext gave."""

@@ -36,6 +36,7 @@ import gevent
 import gevent.event
 
 from nsqshm._core.inflight import DeferredQueue
+from nsqshm.nsqd import trace
 from nsqshm.nsqd.backend import DummyBackend
 from nsqshm.nsqd.channel import LatencyStream
 from nsqshm.nsqd.logchannel import LogChannel
@@ -181,6 +182,7 @@ class LogTopic(Topic):
         if self.exiting:
             raise TopicError("exiting")
         packed = self.ext_records(packed, count)
+        trace.published(self.nsqd, self.name, packed, count)  # (IDs before the append)
         if partition is not None:
             target = self.partition(partition)
         else:

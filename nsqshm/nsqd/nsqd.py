@@ -36,7 +36,7 @@ from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm._core.arena import Arena
 from nsqshm._core.codec import LEASE_FILE as ID_LEASE_FILE
 from nsqshm._core.codec import IdGenerator
-from nsqshm.nsqd import ext, instance, listeners, peek, policy
+from nsqshm.nsqd import ext, instance, listeners, peek, policy, trace
 from nsqshm.nsqd.log import LEVELS, Logger
 from nsqshm.nsqd.logtopic import LogTopic, LogTopicError, load_specs, make_spec, write_specs
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -50,7 +50,7 @@ MESSAGE_OVERHEAD = 26 + 8  # message header, ring record header
 RUNTIME_OPTIONS = ("lookupd_tcp_address", "log_level")
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 # cluster.py ops of issue 18's modules: peek, policies, redrive
-PEER_OPS = {**peek.PEER_OPS, **policy.PEER_OPS, **ext.PEER_OPS}
+PEER_OPS = {**peek.PEER_OPS, **policy.PEER_OPS, **ext.PEER_OPS, **trace.PEER_OPS}
 
 
 split_address = listeners.split_address

@@ -149,6 +149,7 @@ class ProtocolV2:
             b"NOP": self.NOP, b"PUB": self.PUB, b"MPUB": self.MPUB, b"DPUB": self.DPUB,
             b"SUB_ADVANCED": self.SUB_ADVANCED,
             b"PUB_EXT": self.PUB_EXT, b"MPUB_EXT": self.MPUB_EXT,
+            b"PUB_TRACE": self.PUB_TRACE, b"MPUB_TRACE": self.MPUB_TRACE,
         }
 
     # -- the connection loop ------------------------------------------------------------
@@ -184,7 +185,8 @@ class ProtocolV2:
         tls_required = self.opts.tls_required != TLS_NOT_REQUIRED
         while not client.closed:
             channel = client.channel
-            if channel is not None and reader.buf.startswith(b"FIN ", reader.pos):
+            if channel is not None and reader.buf.startswith(b"FIN ", reader.pos) \
+                    and not channel.traced:  # (a traced channel's FINs go one by one)
                 # a window of FINs: finished in one C loop (wire.fin_lines)
                 pos, n = wire.fin_lines(reader.buf, reader.pos, channel.inflight, client.id,
                                         channel.cursors)
@@ -636,6 +638,12 @@ class ProtocolV2:
 
     def MPUB_EXT(self, client, params, reader):
         return ext.mpub_ext(self, client, params, reader)
+
+    def PUB_TRACE(self, client, params, reader):
+        return ext.pub_trace(self, client, params, reader)
+
+    def MPUB_TRACE(self, client, params, reader):
+        return ext.mpub_trace(self, client, params, reader)
 
     # -- helpers ------------------------------------------------------------------------
 

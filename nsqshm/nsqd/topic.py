@@ -30,7 +30,7 @@ import gevent.event
 from nsqshm._core.ext import ExtRecords, plain_to_ext
 from nsqshm._core.inflight import DeferredQueue
 from nsqshm._core.wire import pack_message
-from nsqshm.nsqd import bounds, policy
+from nsqshm.nsqd import bounds, policy, trace
 from nsqshm.nsqd.backend import RingOnly, memory_first, new_backend, skip_records, write_to_disk
 from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -97,6 +97,7 @@ class Topic:
         if self.exiting:
             raise TopicError("exiting")
         packed = self.ext_records(packed, count)
+        trace.published(self.nsqd, self.name, packed, count)
         if self.bounded:
             try:
                 bounds.admit(self, count)
