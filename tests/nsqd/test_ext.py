@@ -13,7 +13,8 @@ import psutil
 
 from nsqshm import protocol as p
 
-from .test_log_topics import nothing_more, take
+from .conftest import wait_for
+from .test_log_topics import confirmed, nothing_more, take
 from .test_workers import Client
 
 WORKER_COUNTS = (1, 2)
@@ -379,3 +380,18 @@ def test_trace_publish_deliver_timeout_req_touch_fin(nsqd_factory):
     answer = json.loads(body)
     assert status == 200 and answer["status"] == "OK" and answer["trace_id"] == "99"
     assert history(server, "topic=tr&trace_id=99")[0]["id"] == f"{answer['id']:016x}"
+
+
+def test_a_log_channel_confirms_what_its_filter_skips(nsqd_factory):
+    server = nsqd_factory()
+    create_ext(server, "lf", "&partition_num=2")
+    c = consumer(server, "lf", "c", ext_filter={"type": 1, "filter_ext_key": "k",
+                                                "filter_data": "yes"})
+    pc = Client(server)
+    for i in range(20):
+        pc.send(pub_ext("lf", b'{"k":"%s"}' % (b"yes" if i % 4 == 0 else b"no"), b"%d" % i,
+                        partition=i % 2))
+        assert pc.response() == OK
+    assert bodies(c, 5) == sorted(b"%d" % i for i in range(0, 20, 4))
+    # every offset of both partitions is finished: the skipped ones by the filter
+    assert wait_for(lambda: confirmed(server, "lf", "c") == [10, 10])
