@@ -28,11 +28,13 @@ top-level key, unescaped): no Python object per message.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from libc.stdint cimport int32_t
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy
 
+from nsqshm._core.codec cimport IdGenerator, put_message_header
 from nsqshm._core.logcursor cimport CursorSet
 
 
@@ -135,6 +137,8 @@ cdef Py_ssize_t _string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, char
         if c == 34:  # "
             olen[0] = o if o <= cap else -1
             return i + 1
+        if c < 0x20:  # a control character: not JSON (Go refuses it)
+            return -1
         if c != 92:  # not a backslash
             o = _put(out, o, cap, c)
             i += 1
@@ -204,8 +208,9 @@ cdef int json_get_string(const unsigned char *p, Py_ssize_t n, const char *key,
                          Py_ssize_t klen, char *out, Py_ssize_t cap,
                          Py_ssize_t *olen) noexcept nogil:
     """The top-level key's value: 1 when it is a string (unescaped into out,
-    *olen its length or -1 if over cap), 0 when absent or not a string, -1
-    when the JSON is not an object we can read.  The first of duplicate keys."""
+    *olen its length or -1 if over cap), 2 when it is another value, 0 when
+    absent, -1 when the JSON is not an object we can read.  The first of
+    duplicate keys."""
     cdef char kbuf[256]
     cdef Py_ssize_t i = _ws(p, 0, n), kl
     if i >= n or p[i] != 123:
@@ -227,7 +232,7 @@ cdef int json_get_string(const unsigned char *p, Py_ssize_t n, const char *key,
             return -1
         if kl == klen and memcmp(kbuf, key, klen) == 0:
             if p[i] != 34:
-                return 0
+                return 2  # there, not a string
             return 1 if _string(p, i, n, out, cap, olen) >= 0 else -1
         i = _skip(p, i, n)
         if i < 0:
@@ -528,3 +533,215 @@ def split_ext(msg):
         return None, m[1:]
     n = (m[1] << 8) | m[2]
     return m[3:3 + n], m[3 + n:]
+
+
+# -- PUB_EXT and MPUB_EXT in C: the path of valid commands -----------------------------------
+
+cdef Py_ssize_t _literal(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
+                         const char *word, Py_ssize_t k) noexcept nogil:
+    if n - i < k or memcmp(p + i, word, k) != 0:
+        return -1
+    return i + k
+
+
+cdef Py_ssize_t _number(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    """-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?"""
+    cdef Py_ssize_t start
+    if i < n and p[i] == 45:
+        i += 1
+    if i >= n:
+        return -1
+    if p[i] == 48:
+        i += 1
+    elif 49 <= p[i] <= 57:
+        while i < n and 48 <= p[i] <= 57:
+            i += 1
+    else:
+        return -1
+    if i < n and p[i] == 46:
+        i += 1
+        start = i
+        while i < n and 48 <= p[i] <= 57:
+            i += 1
+        if i == start:
+            return -1
+    if i < n and (p[i] == 101 or p[i] == 69):
+        i += 1
+        if i < n and (p[i] == 43 or p[i] == 45):
+            i += 1
+        start = i
+        while i < n and 48 <= p[i] <= 57:
+            i += 1
+        if i == start:
+            return -1
+    return i
+
+
+cdef Py_ssize_t _value(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
+                       int depth) noexcept nogil:
+    """Past one JSON value at p[i] (whitespace before it skipped), or -1."""
+    cdef Py_ssize_t unused
+    cdef unsigned char c
+    i = _ws(p, i, n)
+    if i >= n or depth > 1000:
+        return -1
+    c = p[i]
+    if c == 34:
+        return _string(p, i, n, NULL, 0, &unused)
+    if c == 123 or c == 91:  # { [
+        i = _ws(p, i + 1, n)
+        if i < n and p[i] == c + 2:  # } or ]
+            return i + 1
+        while True:
+            if c == 123:
+                if i >= n or p[i] != 34:
+                    return -1
+                i = _string(p, i, n, NULL, 0, &unused)
+                if i < 0:
+                    return -1
+                i = _ws(p, i, n)
+                if i >= n or p[i] != 58:
+                    return -1
+                i += 1
+            i = _value(p, i, n, depth + 1)
+            if i < 0:
+                return -1
+            i = _ws(p, i, n)
+            if i >= n:
+                return -1
+            if p[i] == c + 2:
+                return i + 1
+            if p[i] != 44:
+                return -1
+            i = _ws(p, i + 1, n)
+    if c == 116:
+        return _literal(p, i, n, "true", 4)
+    if c == 102:
+        return _literal(p, i, n, "false", 5)
+    if c == 110:
+        return _literal(p, i, n, "null", 4)
+    return _number(p, i, n)
+
+
+cdef bint json_object(const unsigned char *p, Py_ssize_t n) noexcept nogil:
+    """Whether p is one JSON object and nothing else (what Youzan's parse takes)."""
+    cdef Py_ssize_t i = _ws(p, 0, n)
+    if i >= n or p[i] != 123:
+        return False
+    i = _value(p, i, n, 0)
+    return i >= 0 and _ws(p, i, n) == n
+
+
+cdef int _trace_id(const unsigned char *json, Py_ssize_t n, char *scratch,
+                   uint64_t *trace_id) noexcept nogil:
+    """The ##trace_id header: 0 absent, 1 a valid one (Go's ParseUint), -1 anything else."""
+    cdef Py_ssize_t olen = 0, k
+    cdef uint64_t v = 0, d
+    cdef int r = json_get_string(json, n, "##trace_id", 10, scratch, 32, &olen)
+    if r == 0:
+        return 0
+    if r != 1 or olen <= 0 or olen > 20:
+        return -1
+    for k in range(olen):
+        if not 48 <= scratch[k] <= 57:
+            return -1
+        d = <uint64_t>(scratch[k] - 48)
+        if v > (0xFFFFFFFFFFFFFFFFULL - d) // 10:
+            return -1
+        v = v * 10 + d
+    trace_id[0] = v
+    return 1
+
+
+def pack_pub_ext(body, IdGenerator ids, uint64_t timestamp, bint mpub, long long max_msg_size,
+                 long long max_body_size, Py_ssize_t max_header, bytearray out):
+    """PUB_EXT's ([2 BE n][n JSON][body]) or MPUB_EXT's ([4 BE count]([4 BE size]
+    [2 BE n][JSON][body])*) body to an ext topic, as packed ext records
+    appended to out, when every message is valid: (count, trace IDs or None, the
+    first message's trace ID was given).  None when anything is not (nothing is
+    appended): the caller then runs Youzan's parser (youzan/bodies.py) for its
+    exact error.  Headers are checked as one JSON object, ##trace_id as Go's
+    ParseUint of a string, in C: no Python object per message."""
+    cdef Py_buffer view
+    cdef const unsigned char *p
+    cdef Py_ssize_t size, pos = 0, count = 1, k, hn, block, total = 0, base
+    cdef long long max_messages = (max_body_size - 4) // 5
+    cdef uint64_t tid = 0
+    cdef int r
+    cdef char msg_id[16]
+    cdef char scratch[32]
+    cdef char *dst
+    cdef bint first_traced = False
+    cdef list trace_ids = None
+    PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
+    try:
+        p = <const unsigned char *>view.buf
+        size = view.len
+        if mpub:
+            if size < 4:
+                return None
+            count = <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) |
+                              (<uint32_t>p[2] << 8) | p[3])
+            if count <= 0 or count > max_messages:
+                return None
+            pos = 4
+        # pass 1: check every message, size the output
+        for k in range(count):
+            if mpub:
+                if size - pos < 4:
+                    return None
+                block = <int32_t>((<uint32_t>p[pos] << 24) | (<uint32_t>p[pos + 1] << 16) |
+                                  (<uint32_t>p[pos + 2] << 8) | p[pos + 3])
+                pos += 4
+                if block <= 0 or block > max_msg_size or size - pos < block:
+                    return None
+            else:
+                block = size
+            if block <= 2:
+                return None
+            hn = (<Py_ssize_t>p[pos] << 8) | p[pos + 1]
+            if block <= 2 + hn or hn > max_header or block + 1 > max_msg_size:
+                return None
+            if hn > 0 or not mpub:
+                if not json_object(p + pos + 2, hn):
+                    return None
+                r = _trace_id(p + pos + 2, hn, scratch, &tid)
+                if r < 0:
+                    return None
+                if r == 1:
+                    if trace_ids is None:
+                        trace_ids = [0] * count
+                    trace_ids[k] = tid
+                    if k == 0:
+                        first_traced = True
+            total += 4 + EXT_OFFSET + 1 + block - (2 if hn == 0 else 0)
+            pos += block
+        # pass 2: the records
+        base = PyByteArray_GET_SIZE(out)
+        PyByteArray_Resize(out, base + total)
+        dst = PyByteArray_AS_STRING(out) + base
+        pos = 4 if mpub else 0
+        for k in range(count):
+            block = size
+            if mpub:
+                block = <int32_t>((<uint32_t>p[pos] << 24) | (<uint32_t>p[pos + 1] << 16) |
+                                  (<uint32_t>p[pos + 2] << 8) | p[pos + 3])
+                pos += 4
+            hn = (<Py_ssize_t>p[pos] << 8) | p[pos + 1]
+            ids.next_raw(msg_id)
+            if hn == 0:  # MPUB_EXT's message without headers: version 0, the body
+                (<uint32_t *>dst)[0] = <uint32_t>(EXT_OFFSET + 1 + block - 2)
+                put_message_header(dst + 4, timestamp, 0, msg_id)
+                dst[4 + EXT_OFFSET] = NO_EXT_VER
+                memcpy(dst + 5 + EXT_OFFSET, p + pos + 2, block - 2)
+                dst += 4 + EXT_OFFSET + 1 + block - 2
+            else:  # version 4, then [2 BE n][JSON][body] as sent
+                (<uint32_t *>dst)[0] = <uint32_t>(EXT_OFFSET + 1 + block)
+                put_message_header(dst + 4, timestamp, 0, msg_id)
+                dst[4 + EXT_OFFSET] = JSON_HEADER_EXT_VER
+                memcpy(dst + 5 + EXT_OFFSET, p + pos, block)
+                dst += 4 + EXT_OFFSET + 1 + block
+            pos += block
+    finally:
+        PyBuffer_Release(&view)
+    return count, trace_ids, first_traced

@@ -847,12 +847,6 @@ cdef class InFlight(MessageStore):
             pos = 0
             for k in range(count):
                 memcpy(&size, src + pos, RECORD_HEADER_SIZE)
-                if expires_before and <int64_t>nsqshm_be64(src + pos + RECORD_HEADER_SIZE) <= expires_before:
-                    self.expired += 1  # never delivered: dropped (the ring pop commits it)
-                    if type(self.expired_out) is bytearray:  # or kept for the dead-letter topic
-                        _append(<bytearray>self.expired_out, src + pos, RECORD_HEADER_SIZE + size)
-                    pos += RECORD_HEADER_SIZE + size
-                    continue
                 if ext is not None:
                     verdict = ext.accept(src + pos + RECORD_HEADER_SIZE, size)
                     if verdict == ACCEPT_LEAVE:
@@ -862,7 +856,13 @@ cdef class InFlight(MessageStore):
                         self.consumed = k + 1
                         pos += RECORD_HEADER_SIZE + size
                         continue
-                self.consumed = k + 1
+                self.consumed = k + 1  # taken from the records, whatever happens to it next
+                if expires_before and <int64_t>nsqshm_be64(src + pos + RECORD_HEADER_SIZE) <= expires_before:
+                    self.expired += 1  # never delivered: dropped (the ring pop commits it)
+                    if type(self.expired_out) is bytearray:  # or kept for the dead-letter topic
+                        _append(<bytearray>self.expired_out, src + pos, RECORD_HEADER_SIZE + size)
+                    pos += RECORD_HEADER_SIZE + size
+                    continue
                 if sampling and <int>self._draw100() > sample_rate:
                     self.sampled_out += 1
                     pos += RECORD_HEADER_SIZE + size

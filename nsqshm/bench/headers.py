@@ -8,6 +8,8 @@ one server, cases taking turns (which goes first alternates):
               extend_support (the headers cut out of each frame, in C)
     filter    the ext topic, a consumer whose ext_filter matches 1 message
               in 10 (the other 9 confirmed for the channel in C)
+    traced    a classic topic with tracing on (POST /message/trace/enable):
+              every PUB, delivery and FIN appended to the trace log
 
 The load is this module's own (one connection publishing MPUB batches, then
 one consuming at RDY 1000 with a FIN per message: Python on the client
@@ -29,8 +31,10 @@ from .common import medians
 from .server import mem_queue_size, start_nsqshm
 
 TITLE, ISSUE = "Message headers: 100 B of headers against none; a filter (issue 16)", "16"
-HELP = "throughput with 100 B of Youzan ext headers, stripped, filtered, against plain (issue 16)"
-CASES = ("plain", "headers", "stripped", "filter")
+HELP = ("throughput with 100 B of Youzan ext headers, stripped, filtered, traced, against plain "
+        "(issue 16)")
+CASES = ("plain", "headers", "stripped", "filter", "traced")
+PLAIN = ("plain", "traced")  # MPUB to a classic topic
 BATCH = 100
 BODY = 100
 HEADERS = 100
@@ -55,7 +59,7 @@ def _headers(i):
 
 def _batch(topic, case, first):
     bodies = [b"%0*d" % (BODY, first + k) for k in range(BATCH)]
-    if case == "plain":
+    if case in PLAIN:
         return p.mpub(topic, bodies)
     parts = [struct.pack(">I", BATCH)]
     for k, body in enumerate(bodies):
@@ -139,9 +143,11 @@ def _consume(target, topic, case, n):
 
 def _round(target, case, n):
     topic = f"hb{uuid.uuid4().hex[:8]}"
-    ext = "" if case == "plain" else "&ext=true"
+    ext = "" if case in PLAIN else "&ext=true"
     _post(target, f"/topic/create?topic={topic}{ext}")
     _post(target, f"/channel/create?topic={topic}&channel=ch0")
+    if case == "traced":
+        _post(target, f"/message/trace/enable?topic={topic}")
     try:
         return {"in_msgs_per_s": _publish(target, topic, case, n),
                 "out_msgs_per_s": _consume(target, topic, case, n)}

@@ -36,6 +36,7 @@ from nsqshm._core.ext import (
     FilterError,
     TagSet,
     ext_body,
+    pack_pub_ext,
     plain_to_ext,
 )
 from nsqshm._core.wire import pack_message
@@ -155,6 +156,22 @@ def _traced_reply(packed, trace_id):
     return bodies.traced_reply(int(bytes(packed[14:30]), 16), trace_id, 0, size)
 
 
+def _fast(protocol, topic, body, mpub):
+    """The C path of a valid PUB_EXT / MPUB_EXT to an ext topic (pack_pub_ext):
+    (records, count, trace IDs or None, traced), or None for Youzan's parser
+    (an error to answer, or a topic without ext)."""
+    if not topic.ext:
+        return None
+    opts = protocol.opts
+    out = bytearray()
+    done = pack_pub_ext(body, protocol.nsqd.ids, time.time_ns(), mpub, opts.max_msg_size,
+                        opts.max_body_size, MAX_HEADER_BYTES, out)
+    if done is None:
+        return None
+    count, trace_ids, traced = done
+    return ExtRecords(out), count, trace_ids, traced
+
+
 def pub_ext(protocol, client, params, reader):
     """PUB_EXT: OK, or Youzan's 30-byte traced answer with a ##trace_id header
     (ID: the message's 64-bit value; queue offset 0: not known at publish)."""
@@ -165,6 +182,12 @@ def pub_ext(protocol, client, params, reader):
     body = _read(reader, size)
     topic = _existing(protocol.nsqd, pub)
     protocol.check_auth(client, "PUB", topic.name, "")
+    fast = _fast(protocol, topic, body, mpub=False)
+    if fast is not None:
+        packed, count, trace_ids, traced = fast
+        _put(topic, packed, 1, size, _partition(topic, pub), "E_PUB_FAILED", client, trace_ids)
+        protocol._count_pub(client, topic.name, 1)
+        return _traced_reply(packed, trace_ids[0]) if traced else b"OK"
     published = bodies.parse_pub_ext(body, topic.name, topic.ext)
     packed = _stored(topic, published)
     _put(topic, packed, 1, len(published.body), _partition(topic, pub), "E_PUB_FAILED", client,
@@ -183,6 +206,13 @@ def mpub_ext(protocol, client, params, reader):
     body = _read(reader, size)
     topic = _existing(protocol.nsqd, pub)
     protocol.check_auth(client, "MPUB", topic.name, "")
+    fast = _fast(protocol, topic, body, mpub=True)
+    if fast is not None:
+        packed, count, trace_ids, _ = fast
+        _put(topic, packed, count, size, _partition(topic, pub), "E_MPUB_FAILED", client,
+             trace_ids)
+        protocol._count_pub(client, topic.name, count)
+        return b"OK"
     messages = bodies.parse_mpub(body, opts.max_msg_size, opts.max_body_size, bodies.MPUB_EXT,
                                  topic.name, topic.ext)
     packed = ExtRecords() if topic.ext else bytearray()

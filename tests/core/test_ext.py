@@ -174,3 +174,52 @@ def test_deliver_filter_and_tag_stop():
     assert inflight.deliver(_records(*msgs), 4, out, 7, 1 << 62, 0, view) == 1
     assert inflight.consumed == 2 and view.filtered == 1
     assert len(inflight) == 1
+
+
+def _pub_ext_body(headers, body):
+    return struct.pack(">H", len(headers)) + headers + body
+
+
+@pytest.mark.parametrize("headers, trace", [
+    (b'{"k":"v"}', None),
+    (b' {"a": [1, -2.5e3, true, false, null, {"b": "\\u00e9"}], "k": ""} ', None),
+    (b'{"##trace_id":"18446744073709551615"}', 18446744073709551615),
+    (b'{"##trace_id":"0"}', 0),
+])
+def test_pack_pub_ext_valid(headers, trace):
+    out = bytearray()
+    done = ext.pack_pub_ext(_pub_ext_body(headers, b"body"), _ids(), 5, False, 1 << 20, 1 << 20,
+                            16384, out)
+    assert done == (1, None if trace is None else [trace], trace is not None)
+    size = struct.unpack_from("=I", out)[0]
+    assert size == len(out) - 4
+    assert bytes(out[4 + 26:]) == ext.ext_body(headers, b"body")
+
+
+@pytest.mark.parametrize("headers", [
+    b"", b"{", b"[]", b'"s"', b'{"k":"v"} x', b'{"k":"v",}', b'{"k":01}', b'{"k":"a\x01"}',
+    b'{"k":tru}', b'{"##trace_id":1}', b'{"##trace_id":"-1"}', b'{"##trace_id":"1x"}',
+    b'{"##trace_id":"18446744073709551616"}', b'{"##trace_id":""}',
+])
+def test_pack_pub_ext_leaves_youzans_errors_to_its_parser(headers):
+    out = bytearray()
+    assert ext.pack_pub_ext(_pub_ext_body(headers, b"b"), _ids(), 5, False, 1 << 20, 1 << 20,
+                            16384, out) is None
+    assert out == b""
+
+
+def test_pack_pub_ext_limits_and_mpub():
+    out = bytearray()
+    body = _pub_ext_body(b'{"k":"v"}', b"b")
+    assert ext.pack_pub_ext(body, _ids(), 5, False, 1 << 20, 1 << 20, 8, out) is None  # header
+    assert ext.pack_pub_ext(body, _ids(), 5, False, len(body), 1 << 20, 100, out) is None  # size
+    assert ext.pack_pub_ext(_pub_ext_body(b"{}", b""), _ids(), 5, False, 99, 99, 99, out) is None
+    blocks = [_pub_ext_body(b'{"##trace_id":"9"}', b"one"), _pub_ext_body(b"", b"two")]
+    mpub = struct.pack(">I", 2) + b"".join(struct.pack(">I", len(b)) + b for b in blocks)
+    assert ext.pack_pub_ext(mpub, _ids(), 5, True, 1 << 20, 1 << 20, 100, out) == (2, [9, 0],
+                                                                                  True)
+    first = struct.unpack_from("=I", out)[0]
+    assert bytes(out[4 + 26:4 + first]) == ext.ext_body(b'{"##trace_id":"9"}', b"one")
+    assert bytes(out[4 + first + 4 + 26:]) == b"\x00two"
+    for bad in (struct.pack(">I", 0), struct.pack(">I", 3) + mpub[4:], mpub[:-1]):
+        assert ext.pack_pub_ext(bad, _ids(), 5, True, 1 << 20, 1 << 20, 100, bytearray()) is None
