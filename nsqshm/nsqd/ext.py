@@ -373,7 +373,10 @@ def subscribed(nsqd, client, channel):
 
 
 def left(nsqd, client, channel):
-    if getattr(client, "ext_view", None) is not None and getattr(client, "desired_tag", ""):
+    view = getattr(client, "ext_view", None)
+    if view is not None:  # its count stays the channel's (/stats ext_filtered_count)
+        channel.ext_filtered = getattr(channel, "ext_filtered", 0) + view.filtered
+    if view is not None and getattr(client, "desired_tag", ""):
         _tell_tags(nsqd, channel)
         channel.wake()
 

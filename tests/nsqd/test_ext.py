@@ -267,6 +267,11 @@ def test_ext_filter_confirms_what_does_not_match(nsqd_factory):
     # the others were confirmed for the channel: nothing waits, nothing is in flight
     for channel, state in channel_depths(server, "xf").items():
         assert state == (0, 0), (channel, state)
+    _, body = server.get("/stats?format=json&topic=xf")
+    topic = json.loads(body)["topics"][0]
+    assert topic["is_ext"] is True
+    assert {c["channel_name"]: c["ext_filtered_count"] for c in topic["channels"]} == {
+        channel: len(FILTER_ROWS) - len(wanted) for channel, _, wanted in FILTERS}
 
 
 def test_tag_dispatch(nsqd_factory):
