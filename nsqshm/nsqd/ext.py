@@ -102,8 +102,12 @@ def _peer_ext(nsqd, msg):
     topic = nsqd.topics.get(msg.get("topic", ""))
     if topic is None and msg.get("topic"):
         topic = nsqd.get_existing_topic(msg["topic"])
-    if topic is not None:
+    if topic is not None and not topic.ext:
         topic.ext = True
+        try:
+            nsqd.persist_metadata()  # worker 0 writes nsqd.dat, whoever took the request
+        except OSError as err:
+            nsqd.set_health(err)
     return None
 
 

@@ -13,7 +13,7 @@ import psutil
 
 from nsqshm import protocol as p
 
-from .conftest import wait_for
+from .conftest import http_call, http_on_each_worker, wait_for
 from .test_log_topics import confirmed, nothing_more, take
 from .test_workers import Client
 
@@ -400,3 +400,17 @@ def test_a_log_channel_confirms_what_its_filter_skips(nsqd_factory):
     assert bodies(c, 5) == sorted(b"%d" % i for i in range(0, 20, 4))
     # every offset of both partitions is finished: the skipped ones by the filter
     assert wait_for(lambda: confirmed(server, "lf", "c") == [10, 10])
+
+
+def test_the_flag_survives_a_kill_whichever_worker_made_it(nsqd_factory, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    for index, conn in http_on_each_worker(server).items():
+        assert http_call(conn, "POST", f"/topic/create?topic=x{index}&ext=true")[0] == 200
+    _kill_all(server)  # (nothing written at a graceful stop)
+    again = nsqd_factory(data_path=data, prefix=server.prefix)
+    pc = Client(again)
+    for index in range(server.workers):
+        pc.send(pub_ext(f"x{index}", b'{"k":"v"}', b"b"))
+        assert pc.response() == OK
