@@ -223,3 +223,16 @@ def test_pack_pub_ext_limits_and_mpub():
     assert bytes(out[4 + first + 4 + 26:]) == b"\x00two"
     for bad in (struct.pack(">I", 0), struct.pack(">I", 3) + mpub[4:], mpub[:-1]):
         assert ext.pack_pub_ext(bad, _ids(), 5, True, 1 << 20, 1 << 20, 100, bytearray()) is None
+
+
+def test_deliver_counts_expired_and_sampled_records_as_taken():
+    # consumed tells deliver_from_ring how many records to pop: a record dropped for its
+    # age is taken too (else the ring keeps it at its head forever)
+    inflight = InFlight()
+    inflight.ttl_ns = 1
+    msgs = [_msg(1, None), _msg(2, None)]  # published at 1 and 2 ns past the epoch: expired
+    assert inflight.deliver(_records(*msgs), 2, bytearray(), 7, 1 << 62) == 0
+    assert (inflight.consumed, inflight.expired) == (2, 2)
+    assert inflight.deliver(_records(*msgs), 2, bytearray(), 7, 1 << 62, 0,
+                            ext.ExtView(strip=True)) == 0
+    assert inflight.consumed == 2
