@@ -41,7 +41,7 @@ from nsqshm._core.ext import (
 )
 from nsqshm._core.wire import pack_message
 from nsqshm.nsqd import trace
-from nsqshm.nsqd.errors import BAD_PARTITION, FatalClientErr
+from nsqshm.nsqd.errors import BAD_PARTITION, ClientErr, FatalClientErr
 from nsqshm.nsqd.logtopic import PartitionError
 from nsqshm.nsqd.reader import Disconnect
 from nsqshm.nsqd.topic import TopicError
@@ -147,8 +147,8 @@ def _put(topic, packed, count, nbytes, partition, code, client=None, trace_ids=N
         topic.put_packed(packed, count, nbytes, partition)
     except PartitionError as err:
         raise FatalClientErr(*BAD_PARTITION(err)) from None
-    except TopicError as err:
-        raise FatalClientErr(code, str(err)) from None
+    except TopicError as err:  # (Youzan's E_PUB_FAILED / E_MPUB_FAILED are not fatal)
+        raise ClientErr(code, str(err)) from None
     finally:
         trace.publisher.client = trace.publisher.trace_ids = None
 

@@ -132,7 +132,7 @@ def test_frames_with_and_without_extend_support(nsqd_factory):
 
 
 def test_errors_are_youzans(nsqd_factory):
-    server = nsqd_factory()
+    server = nsqd_factory("--max-msg-size=20000")
     create_ext(server, "xt")
     assert server.post("/topic/create?topic=plain")[0] == 200
     c = Client(server)
@@ -161,6 +161,15 @@ def test_errors_are_youzans(nsqd_factory):
     c.send(pub_ext("xt", big, b"x"))
     assert c.response() == (p.FRAME_TYPE_ERROR,
                             b"E_BAD_BODY ext json header too long %d > 16384" % len(big))
+    # a message whose stored form (its ext part too) is over --max-msg-size
+    c = Client(server)
+    c.send(p.pub("xt", b"x" * 20000))
+    assert c.response() == (p.FRAME_TYPE_ERROR, b"E_PUB_FAILED PUB failed message too big for "
+                                                b"an ext topic 20000 + 1 > 20000")
+    c = Client(server)
+    c.send(pub_ext("xt", b'{"k":"v"}', b"x" * (20000 - 11)))
+    assert c.response() == (p.FRAME_TYPE_ERROR,
+                            b"E_BAD_MESSAGE message too big for an ext topic 20001 > 20000")
     # extend_support on a topic without ext
     c = Client(server)
     c.send(p.identify({"extend_support": True}))
