@@ -558,9 +558,10 @@ class HTTPAPI:
                 topic.put_deferred(body, deferred_ns / 1e9)
             elif req.environ.get(EXT_PREFIX) is not None:  # /pub_ext
                 out = bytearray()
-                wire.pack_message(body, self.nsqd.ids, time.time_ns(), out)
-                topic.put_packed(self._ext(req, topic, out, 1), 1, len(body),
-                                 self._partition(values, topic))
+                msg_id = wire.pack_message(body, self.nsqd.ids, time.time_ns(), out)
+                out = self._ext(req, topic, out, 1)
+                req.environ[EXT_PREFIX] = (msg_id, len(out) - 4)  # for a traced answer
+                topic.put_packed(out, 1, len(body), self._partition(values, topic))
             else:
                 topic.put_message(body, self._partition(values, topic))
         except PartitionError:
@@ -646,9 +647,17 @@ class HTTPAPI:
         except ext.ExtError as e:
             raise Err(e.status, e.text) from None
         req.environ[EXT_PREFIX] = prefix
-        answer = publish(req)
-        if info.traced:
-            return JSONBody(youzan_http.traced_pub_json(0, str(info.trace_id), 0, 0))
+        trace.publisher.client = req.remote_addr
+        trace.publisher.trace_ids = [info.trace_id] if info.traced else None
+        try:
+            answer = publish(req)
+        finally:
+            trace.publisher.client = trace.publisher.trace_ids = None
+        stored = req.environ[EXT_PREFIX]
+        if info.traced and isinstance(stored, tuple):  # /pub_ext's ID and stored size
+            msg_id, size = stored
+            return JSONBody(youzan_http.traced_pub_json(int(msg_id, 16), str(info.trace_id), 0,
+                                                        size))
         return answer
 
     def pubtrace(self, req):

@@ -189,6 +189,13 @@ def test_errors_are_youzans(nsqd_factory):
     assert server.post(f"/pub_ext?topic=plain&ext={ext}", b"x") == (400, b'{"message":"E_EXT_NOT_SUPPORT"}')
     assert server.post("/pub_ext?topic=xt&ext=%7Bbad", b"x") == (400, b'{"message":"E_INVALID_JSON_HEADER"}')
     assert server.post(f"/pub_ext?topic=nosuch&ext={ext}", b"x")[0] == 404
+    # a traced /pub_ext answers Youzan's JSON with the message's ID, found in the trace log
+    traced = urllib.parse.quote('{"##trace_id":"5"}')
+    status, body = server.post(f"/pub_ext?topic=xt&ext={traced}", b"x")
+    answer = json.loads(body)
+    assert (status, answer["status"], answer["trace_id"]) == (200, "OK", "5")
+    assert answer["rawsize"] == 26 + 3 + len(b'{"##trace_id":"5"}') + 1
+    assert history(server, "topic=xt&trace_id=5")[0]["id"] == f"{answer['id']:016x}"
 
 
 def _kill_all(server):
