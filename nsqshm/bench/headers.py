@@ -149,8 +149,15 @@ def _round(target, case, n):
     if case == "traced":
         _post(target, f"/message/trace/enable?topic={topic}")
     try:
-        return {"in_msgs_per_s": _publish(target, topic, case, n),
-                "out_msgs_per_s": _consume(target, topic, case, n)}
+        s0 = target.cpu_seconds()
+        res = {"in_msgs_per_s": _publish(target, topic, case, n)}
+        s1 = target.cpu_seconds()
+        res["out_msgs_per_s"] = _consume(target, topic, case, n)
+        s2 = target.cpu_seconds()
+        if s0 is not None:  # the server's CPU per message: what a busy machine disturbs less
+            res["server_cpu_us_per_msg_in"] = (s1 - s0) / n * 1e6
+            res["server_cpu_us_per_msg_out"] = (s2 - s1) / n * 1e6
+        return res
     finally:
         _post(target, f"/topic/delete?topic={topic}")
 
@@ -176,12 +183,20 @@ def run(ctx):
         m = medians(runs[case])
         rows.append({"case": case, "runs": runs[case], "median": m})
         ctx.say(f"{case:>9}: in {m['in_msgs_per_s'] / 1e3:8.1f} k msg/s, "
-                f"out {m['out_msgs_per_s'] / 1e3:8.1f} k msg/s")
+                f"out {m['out_msgs_per_s'] / 1e3:8.1f} k msg/s; server CPU "
+                f"{m.get('server_cpu_us_per_msg_in', 0):.2f} us/msg in, "
+                f"{m.get('server_cpu_us_per_msg_out', 0):.2f} out")
     base = rows[0]["median"]
     ratio = {r["case"]: {way: r["median"][f"{way}_msgs_per_s"] / base[f"{way}_msgs_per_s"]
                          for way in ("in", "out")} for r in rows[1:]}
-    for case, r in ratio.items():
-        ctx.say(f"{case} / plain: in {r['in']:.3f}, out {r['out']:.3f}")
+    for r in rows[1:]:
+        case, q, m = r["case"], ratio[r["case"]], r["median"]
+        cpu = {way: base[key] / m[key] for way in ("in", "out")
+               if (key := f"server_cpu_us_per_msg_{way}") in base and m.get(key)}
+        r["cpu_ratio"] = cpu  # plain's CPU per message / this case's: 1 = costs nothing more
+        ctx.say(f"{case} / plain: throughput in {q['in']:.3f}, out {q['out']:.3f}; "
+                + (f"server CPU per message (plain / {case}) in {cpu['in']:.3f}, "
+                   f"out {cpu['out']:.3f}" if cpu else ""))
     return {"params": {"messages": n, "body": BODY, "headers": HEADERS, "batch": BATCH},
             "cases": rows, "ratio": ratio}
 
