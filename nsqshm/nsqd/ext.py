@@ -38,6 +38,7 @@ from nsqshm._core.ext import (
     ext_body,
     pack_pub_ext,
     plain_to_ext,
+    split_ext,
 )
 from nsqshm._core.wire import pack_message
 from nsqshm.nsqd import trace
@@ -292,6 +293,12 @@ def http_prefix(nsqd, topic, values, header_items):
     if ext.headers is not None and len(ext.headers) > MAX_HEADER_BYTES:
         raise ExtError(413, "HEADER_TOO_BIG")
     return ext, ext_body(ext.headers, b"")
+
+
+def split_headers(stored):
+    """(JSON headers or b"", body) of an ext topic's message after its header."""
+    headers, body = split_ext(stored)
+    return headers or b"", body
 
 
 def http_records(nsqd, topic, packed, count, prefix):

@@ -974,9 +974,13 @@ class HTTPAPI:
         msg_id = bytes(msg[10:26])
         if q.mode == "id" and int(msg_id, 16) != q.pos:
             raise Err(404, f"message {q.pos} not found")
+        body, headers = bytes(msg[26:]), b""
+        if topic.ext:  # the ext part apart; its JSON in "ext" when asked (needext=true)
+            headers, body = ext.split_headers(body)
         return JSONBody(youzan_http.message_get_json(
-            int(msg_id, 16), 0, bytes(msg[26:]), int.from_bytes(msg[0:8], "big"),
-            int.from_bytes(msg[8:10], "big"), virtual, offset))
+            int(msg_id, 16), 0, body, int.from_bytes(msg[0:8], "big"),
+            int.from_bytes(msg[8:10], "big"), virtual, offset,
+            ext=headers if q.need_ext else b""))
 
     @staticmethod
     def _search(reader, mode, pos):

@@ -342,6 +342,12 @@ def test_a_log_channel_confirms_what_its_filter_skips(nsqd_factory):
     assert bodies(c, 5) == sorted(b"%d" % i for i in range(0, 20, 4))
     # every offset of both partitions is finished: the skipped ones by the filter
     assert wait_for(lambda: confirmed(server, "lf", "c") == [10, 10])
+    # Youzan's /message/get: the body without the ext part, the headers with needext=true
+    query = "/message/get?topic=lf&partition=0&search_mode=count&search_pos=2"
+    for extra, headers in (("", ""), ("&needext=true", '{"k":"yes"}')):
+        status, body = server.get(query + extra)
+        got = json.loads(body)
+        assert (status, got["body"], got["ext"]) == (200, "4", headers)
 
 
 def test_the_flag_survives_a_kill_whichever_worker_made_it(nsqd_factory, tmp_path):
