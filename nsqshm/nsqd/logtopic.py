@@ -182,7 +182,6 @@ class LogTopic(Topic):
         if self.exiting:
             raise TopicError("exiting")
         packed = self.ext_records(packed, count)
-        trace.published(self.nsqd, self.name, packed, count)  # (IDs before the append)
         if partition is not None:
             target = self.partition(partition)
         else:
@@ -190,6 +189,7 @@ class LogTopic(Topic):
             target = pool[self._turn % len(pool)]
             self._turn += 1
         if target.owned:
+            first = target.log.end_offset if target.log is not None else 0
             try:
                 target.append(packed)
             except ValueError as err:  # a message larger than a segment takes
@@ -197,10 +197,13 @@ class LogTopic(Topic):
             except OSError as err:
                 self.nsqd.set_health(err)
                 raise TopicError(str(err)) from None
+            if trace.wanted(self.nsqd, self.name) and isinstance(packed, bytearray):
+                trace.stamp_log_ids(packed, count, target.index, first)  # (as appended)
         elif not target.push_inbound(packed):
             raise TopicError(f"partition {target.index} inbound ring is full")
         self.message_count += count
         self.message_bytes += body_bytes
+        trace.published(self.nsqd, self.name, packed, count)  # stored (appended: its log IDs)
 
     def put_deferred(self, body, delay_s):
         raise TopicError("deferred publish is not supported on a log topic")

@@ -97,7 +97,6 @@ class Topic:
         if self.exiting:
             raise TopicError("exiting")
         packed = self.ext_records(packed, count)
-        trace.published(self.nsqd, self.name, packed, count)
         if self.bounded:
             try:
                 bounds.admit(self, count)
@@ -117,6 +116,7 @@ class Topic:
                     raise TopicError(str(err)) from None
         self.message_count += count
         self.message_bytes += body_bytes
+        trace.published(self.nsqd, self.name, packed, count)  # acknowledged ones only
 
     def store(self, packed):
         """The owner: memory up to --mem-queue-size, then the disk queue."""

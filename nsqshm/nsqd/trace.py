@@ -36,6 +36,8 @@ import time
 
 import gevent.local
 
+from nsqshm._core.logcursor import log_message_id
+
 MAX_LOG_BYTES = 64 << 20
 TRACE_DIR = "nsqshm.trace"
 SWITCHES = "switches.json"
@@ -154,6 +156,21 @@ def _records(packed, count):
 
 # who publishes, set around a put by the commands that know (PUB_TRACE, PUB_EXT, ...)
 publisher = gevent.local.local()
+
+
+def wanted(nsqd, topic):
+    """A publish now is recorded: the topic is traced or the messages carry trace IDs."""
+    return bool(getattr(publisher, "trace_ids", None)) or traced(nsqd, topic)
+
+
+def stamp_log_ids(packed, count, partition, first):
+    """Write into packed the IDs a log's append gave its records (the log keeps
+    its own copy): the trace and a traced answer then name what consumers see."""
+    pos = 0
+    for k in range(count):
+        size = struct.unpack_from("=I", packed, pos)[0]
+        packed[pos + 14:pos + 30] = log_message_id(partition, first + k)
+        pos += 4 + size
 
 
 def published(nsqd, topic, packed, count):

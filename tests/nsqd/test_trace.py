@@ -7,6 +7,8 @@ import json
 import struct
 import time
 
+import pytest
+
 from nsqshm import protocol as p
 
 from .test_ext import OK, consumer, history
@@ -85,3 +87,25 @@ def test_trace_publish_deliver_timeout_req_touch_fin(nsqd_factory):
     answer = json.loads(body)
     assert status == 200 and answer["status"] == "OK" and answer["trace_id"] == "99"
     assert history(server, "topic=tr&trace_id=99")[0]["id"] == f"{answer['id']:016x}"
+
+
+@pytest.mark.workers(1)  # (a publish on a worker that does not own the partition is
+# recorded with the ID it had before the owner's append: docs/headers.md)
+def test_a_log_topic_message_is_traced_by_its_log_id(nsqd_factory):
+    server = nsqd_factory()
+    assert server.post("/topic/create?topic=lt&partition_num=1")[0] == 200
+    c = consumer(server, "lt", "c", rdy=1)
+    assert server.post("/message/trace/enable?topic=lt")[0] == 200
+    pc = Client(server)
+    pc.send(pub_trace("lt", 5, b"logged"))
+    msg_id = traced_reply(pc.response()[1])[0]
+    m = c.message()
+    assert int(m.id, 16) == msg_id  # the traced answer gives the log's ID
+    c.send(p.fin(m.id))
+    events = []
+    for _ in range(100):
+        events = history(server, f"topic=lt&id={m.id.decode()}")
+        if [e["event"] for e in events][-1:] == ["FIN"]:
+            break
+        time.sleep(0.05)
+    assert [e["event"] for e in events] == ["PUB", "DELIVERED", "FIN"]
