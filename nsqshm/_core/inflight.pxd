@@ -99,6 +99,8 @@ cdef class InFlight(MessageStore):
     cdef size_t lat_next
     cdef size_t lat_len
     cdef public int64_t lat_now
+    # records deliver() took (ext tag dispatch may stop it before the count)
+    cdef readonly Py_ssize_t consumed
 
     cdef int _insert(self, const char *msg, uint32_t size, uint64_t client_id,
                      int64_t deadline_ns) noexcept

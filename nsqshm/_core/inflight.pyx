@@ -49,6 +49,7 @@ from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 from nsqshm._core.arena cimport Arena, block_alloc, block_free
 from nsqshm._core.codec cimport MSG_HEADER_SIZE, MSG_ID_SIZE
+from nsqshm._core.ext cimport ACCEPT_LEAVE, ACCEPT_SKIP, EXT_OFFSET, ExtView, ext_prefix
 from nsqshm._core.includes.system cimport (
     NSQSHM_EXPIRY_BIT,
     NSQSHM_EXPIRY_SIZE,
@@ -820,7 +821,8 @@ cdef class InFlight(MessageStore):
         return self._pop_into(INT64_MAX, buffer)
 
     def deliver(self, records, Py_ssize_t count, bytearray out not None,
-                uint64_t client_id, int64_t deadline_ns, int sample_rate=0):
+                uint64_t client_id, int64_t deadline_ns, int sample_rate=0,
+                ExtView ext=None):
         """Send `count` messages to one client.
 
         `records` holds packed [u32 native size][message] records, as from
@@ -845,6 +847,13 @@ cdef class InFlight(MessageStore):
         being framed or put in flight, and counted in `expired`; with a
         bytearray in expired_out it is appended there (packed record).
 
+        With ext (a client of an ext topic, nsqshm._core.ext): a message its
+        filter refuses is consumed without being framed (confirmed for the
+        channel, counted in ext.filtered); one its tag dispatch leaves for
+        another consumer stops the call there (`consumed` tells how many
+        records were taken); with ext.strip the frame leaves out the ext part
+        while the in-flight copy keeps it.
+
         Records are checked before anything changes; on MemoryError part
         way, `out` ends after the last message added.
         """
@@ -859,6 +868,9 @@ cdef class InFlight(MessageStore):
         cdef int64_t now_ns = 0           # read at the first message with its own deadline
         cdef bint own_ttl, shrunk = False  # out ends before base + grow
         cdef const char *msg
+        cdef int verdict
+        cdef Py_ssize_t cut
+        self.consumed = 0
         if count < 0:
             raise ValueError(f"count {count} is negative")
         self._clock()
@@ -891,6 +903,16 @@ cdef class InFlight(MessageStore):
             for k in range(count):
                 memcpy(&size, src + pos, RECORD_HEADER_SIZE)
                 msg = src + pos + RECORD_HEADER_SIZE
+                if ext is not None:
+                    verdict = ext.accept(msg, size)
+                    if verdict == ACCEPT_LEAVE:
+                        break  # left in the ring for a consumer of its tag
+                    if verdict == ACCEPT_SKIP:
+                        ext.confirm(msg + MSG_ID_OFFSET)
+                        self.consumed = k + 1
+                        pos += RECORD_HEADER_SIZE + size
+                        continue
+                self.consumed = k + 1  # taken from the records, whatever happens to it next
                 own_ttl = nsqshm_has_expiry(msg, size)
                 if own_ttl and now_ns == 0:
                     now_ns = _wall_ns()
@@ -920,15 +942,23 @@ cdef class InFlight(MessageStore):
                 else:
                     PyByteArray_Resize(out, dst - PyByteArray_AS_STRING(out))
                     raise MemoryError()
-                if own_ttl:
-                    _put_u32be(dst, 4 + size - NSQSHM_EXPIRY_SIZE)
-                    nsqshm_clear_expiry(dst + FRAME_HEADER_SIZE)
-                    dst += FRAME_HEADER_SIZE + size - NSQSHM_EXPIRY_SIZE
-                    shrunk = True
-                else:
-                    dst += FRAME_HEADER_SIZE + size
                 pos += RECORD_HEADER_SIZE + size
-            if sampling or expires_before or shrunk:
+                if own_ttl:  # (the deadline ends the message, after any ext part)
+                    size -= NSQSHM_EXPIRY_SIZE
+                    _put_u32be(dst, 4 + size)
+                    nsqshm_clear_expiry(dst + FRAME_HEADER_SIZE)
+                    shrunk = True
+                if ext is not None and ext.strip:
+                    # the in-flight copy (taken above) keeps the headers; the frame not
+                    cut = ext_prefix(<const unsigned char *>dst + FRAME_HEADER_SIZE, size)
+                    if cut:
+                        memmove(dst + FRAME_HEADER_SIZE + EXT_OFFSET,
+                                dst + FRAME_HEADER_SIZE + EXT_OFFSET + cut,
+                                size - EXT_OFFSET - cut)
+                        size -= <uint32_t>cut
+                        _put_u32be(dst, 4 + size)
+                dst += FRAME_HEADER_SIZE + size
+            if sampling or expires_before or shrunk or ext is not None:
                 PyByteArray_Resize(out, dst - PyByteArray_AS_STRING(out))
         finally:
             PyBuffer_Release(&view)
@@ -936,7 +966,7 @@ cdef class InFlight(MessageStore):
 
     def deliver_from_ring(self, Ring ring not None, Py_ssize_t max_records, scratch,
                           bytearray out not None, uint64_t client_id, int64_t deadline_ns,
-                          int sample_rate=0):
+                          int sample_rate=0, ExtView ext=None):
         """Take up to max_records messages from `ring` and deliver() them, as one
         step under the ring's consumer lock: they leave the ring only once
         they are in this table (its arena), so a death at any instant repeats
@@ -956,8 +986,12 @@ cdef class InFlight(MessageStore):
                                      &nbytes)
                 if count:
                     added = self.deliver(scratch, count, out, client_id, deadline_ns,
-                                         sample_rate)
-                    ring._commit_pop(head, count, nbytes)
+                                         sample_rate, ext)
+                    if self.consumed < count:  # tag dispatch left the rest in the ring
+                        count = ring._gather(<char *>view.buf, view.len, self.consumed, &pos,
+                                             &head, &nbytes)
+                    if count:
+                        ring._commit_pop(head, count, nbytes)
             finally:
                 ring._unlock_cons()
         finally:

@@ -26,6 +26,7 @@ SUITES = {
     "spark": "nsqshm.bench.spark",
     "policies": "nsqshm.bench.policies",
     "clients": "nsqshm.bench.clients",
+    "headers": "nsqshm.bench.headers",
 }
 
 # the load generator's modes, after NSQ's bench_writer / bench_reader / pubsub

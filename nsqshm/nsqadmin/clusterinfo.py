@@ -222,6 +222,25 @@ class ClusterInfo:
             return self.get_lookupd_producers(lookupd)
         return self.get_nsqd_producers(nsqd)
 
+    def get_message_trace(self, producers, topic, msg_id="", trace_id=""):
+        """A message's trace events from every node (nsqd's GET /message/trace,
+        docs/headers.md), in time order: (events, errors)."""
+        query = _qs(topic=topic, **({"trace_id": trace_id} if trace_id else {"id": msg_id}))
+
+        def ask(producer):
+            endpoint = f"http://{producer.http_address()}/message/trace?{query}"
+            return self._get("nsqd", endpoint).get("events") or []
+
+        results, errs = self._each(producers, ask, "nsqd")
+        seen, events = set(), []
+        for producer, found in results:
+            for e in found:
+                key = (e.get("ts"), e.get("event"), e.get("id"), e.get("worker"))
+                if key not in seen:  # (two addresses of one broker answer the same)
+                    seen.add(key)
+                    events.append(dict(e, node=producer.http_address()))
+        return sorted(events, key=lambda e: e.get("ts") or 0), errs
+
     def get_topic_producers(self, topic, lookupd, nsqd):
         if lookupd:
             return self.get_lookupd_topic_producers(topic, lookupd)

@@ -142,6 +142,7 @@ class AdminHTTPAPI(HTTPAPI):
         add("GET", "/nodes/:node", self.pages.node, raw=True)
         add("GET", "/counter", self.pages.counter, raw=True)
         add("GET", "/lookup", self.pages.lookup, raw=True)
+        add("GET", "/trace", self.pages.trace, raw=True)
         add("GET", "/static/:asset", self.static_asset, raw=True)
         add("GET", "/fonts/:asset", self.static_asset, raw=True)
         if admin.opts.proxy_graphite:

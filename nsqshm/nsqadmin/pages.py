@@ -161,6 +161,30 @@ class Pages:
         return self._page(req, "counter.html", build, total=0, per_channel=[], section="counter",
                           chart_api="/api/counter", chart_kind="counter")
 
+    def trace(self, req):
+        """A message's history (nsqd's /message/trace): search by topic and
+        message ID or trace ID; the timeline from every node of the topic."""
+        args = {k: req.args.get(k, "").strip() for k in ("topic", "id", "trace_id")}
+
+        def build(messages):
+            if not args["topic"]:
+                return {"events": None}
+            check_topic(args["topic"])
+            if not (args["id"] or args["trace_id"]):
+                raise Err(400, "a message ID or a trace ID is needed")
+            producers = self.view.gather("get topic producers", messages,
+                                         self.view.ci.get_topic_producers, args["topic"],
+                                         *self.view.lists())
+            events = self.view.gather("get the message trace", messages,
+                                      self.view.ci.get_message_trace, producers,
+                                      args["topic"], args["id"], args["trace_id"])
+            start = events[0]["ts"] if events else 0
+            for e in events:
+                e["after_ms"] = (e["ts"] - start) / 1e6
+            return {"events": events}
+
+        return self._page(req, "trace.html", build, events=None, section="trace", **args)
+
     def lookup(self, req):
         def build(messages):
             if not self.api.opts.lookupd_http_address:

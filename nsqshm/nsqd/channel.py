@@ -37,7 +37,7 @@ from nsqshm._core.inflight import (
     latency_percentiles,
 )
 from nsqshm._core.inflight import count_records as count_packed
-from nsqshm.nsqd import bounds, policy
+from nsqshm.nsqd import bounds, policy, trace
 from nsqshm.nsqd.backend import (
     RingOnly,
     count_records,
@@ -188,10 +188,17 @@ class Channel:
             status = NOT_OWNER
         return ChannelError(STATUS_TEXT[status])
 
+    @property
+    def traced(self):
+        """Tracing is on for this channel or its topic (trace.py)."""
+        return trace.traced(self.nsqd, self.topic.name, self.name)
+
     def finish(self, client, msg_id):
         status = self.inflight.finish(msg_id, client.id)
         if status:
             raise self._failed(status, msg_id)
+        if self.traced:
+            trace.message_event(self, "FIN", msg_id, client)
         client.in_flight -= 1
         client.finish_count += 1
         self._ready.set()
@@ -227,6 +234,8 @@ class Channel:
         client.in_flight -= 1
         client.requeue_count += 1
         self.requeue_count += 1
+        if self.traced:
+            trace.message_event(self, "REQ", msg_id, client, delay_ms=int(delay * 1000))
         if self.policy is not None and self.policy.max_attempts and not policy.dead_letter(
                 self, bytearray(len(msg).to_bytes(4, "little") + msg), "requeued"):
             pass  # at max attempts: gone to the dead-letter topic
@@ -249,6 +258,8 @@ class Channel:
         status = self.inflight.touch(msg_id, client.id, new_deadline)
         if status:
             raise self._failed(status, msg_id)
+        if self.traced:
+            trace.message_event(self, "TOUCH", msg_id, client)
         self.nsqd.schedule_scan(new_deadline)
 
     # -- putting messages in -------------------------------------------------------------
@@ -337,17 +348,27 @@ class Channel:
                 continue
             now = time.monotonic_ns()
             earliest = None
+            left_for_tag = False  # a client left the head message for another's tag (ext.py)
+            taken_any = False
+            traced = self.traced
             with self.scratch.borrow() as scratch:
                 for client in ready:
                     room = client.ready_count - client.in_flight
                     if room <= 0 or client.closed:
                         continue
                     deadline = now + client.msg_timeout_ns
+                    base = len(client.out)
                     taken, n = self.inflight.deliver_from_ring(
                         ring, min(room, DELIVER_BATCH), scratch, client.out, client.id, deadline,
-                        client.sample_rate)  # sampled-out: dropped, as nsqd
+                        client.sample_rate, client.ext_view)  # sampled-out: dropped, as nsqd
                     if not taken:
+                        if client.ext_view is not None and ring.depth:
+                            left_for_tag = True
+                            continue
                         break
+                    taken_any = True
+                    if traced:
+                        trace.delivered(self, client, client.out, base)
                     client.in_flight += n
                     client.message_count += n
                     client.kick()
@@ -357,6 +378,15 @@ class Channel:
                 self.nsqd.schedule_scan(earliest)
             if self.policy is not None and self.policy.dead_letter_expired:
                 policy.flush_expired(self)  # what expired in this round's C calls
+            if left_for_tag and not taken_any:
+                # the head waits for a consumer of its tag: until a client comes, goes or
+                # is ready again here, or any process pops (another worker's consumer)
+                self._ready.clear()
+                self._waker.arm(for_space=True)
+                if ring.depth and not self.exiting:
+                    self._ready.wait()
+                ring.disarm(for_space=True)
+                continue
             if ring.depth:
                 gevent.idle()  # let writers and readers run between rounds
 
@@ -415,6 +445,8 @@ class Channel:
                     break
                 total += n
                 view = memoryview(scratch)[:nbytes]
+                if self.traced:
+                    trace.timed_out(self, view, n)
                 if self.policy is not None and self.policy.max_attempts:
                     view = policy.dead_letter(self, view, "timed_out")  # per batch, in C
                 if len(view):

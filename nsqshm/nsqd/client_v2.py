@@ -79,6 +79,11 @@ class ClientV2:
         self.requeue_count = 0
         self.pub_counts = {}
         self.channel = None
+        # Youzan's IDENTIFY fields and the ExtView of an ext topic (nsqd/ext.py)
+        self.extend_support = False
+        self.desired_tag = ""
+        self.ext_filter = None
+        self.ext_view = None
         self.closed = False
         self.unwritable = False  # a failed TLS handshake: the socket takes no more writes
         self.out = bytearray()

@@ -37,7 +37,7 @@ from nsqshm._core import wire
 from nsqshm._core.commitlog import LogError
 from nsqshm._core.logcursor import ID_OFFSET_BITS
 from nsqshm.httpserver import HTTPServer
-from nsqshm.nsqd import message_ttl
+from nsqshm.nsqd import ext, message_ttl, trace
 from nsqshm.nsqd.listeners import listen
 from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
@@ -63,6 +63,7 @@ def put_error(err):
     return Err(503, "EXITING") if str(err) == "exiting" else Err(500, "INTERNAL_ERROR")
 
 RECORD_OVERHEAD = 4 + 26  # packed record: native size + message header
+EXT_PREFIX = "nsqshm.ext_prefix"  # a /pub_ext's ext part, for /pub's code (request environ)
 BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 X_NSQ = ("X-Nsq-Content-Type", "nsq; version=1.0")
 JSON_TYPE = "application/json; charset=utf-8"
@@ -301,6 +302,12 @@ class HTTPAPI:
         add(Route("GET", "/info", self.info))
         add(Route("POST", "/pub", self.pub, log=False))
         add(Route("POST", "/mpub", self.mpub, log=False))
+        add(Route("POST", "/pub_ext", self.pub_ext, log=False))
+        add(Route("POST", "/mpub_ext", self.mpub_ext, log=False))
+        add(Route("POST", "/pubtrace", self.pubtrace, log=False))
+        add(Route("POST", "/message/trace/enable", self.trace_enable))
+        add(Route("POST", "/message/trace/disable", self.trace_disable))
+        add(Route("GET", "/message/trace", self.message_trace))
         add(Route("GET", "/stats", self.stats))
         for action in ("create", "delete", "empty", "pause", "unpause"):
             add(Route("POST", f"/topic/{action}", getattr(self, f"topic_{action}")))
@@ -553,14 +560,18 @@ class HTTPAPI:
             if deferred_ns < 0 or deferred_ns > round(opts.max_req_timeout * 1e9):
                 raise Err(400, "INVALID_DEFER")
         try:
-            if expires_at and deferred_ns:
+            if deferred_ns:  # (an ext topic's deferred message: an empty ext part)
                 topic.put_deferred(body, deferred_ns / 1e9, expires_at)
-            elif expires_at:
-                topic.put_message(body, self._partition(values, topic), expires_at)
-            elif deferred_ns:
-                topic.put_deferred(body, deferred_ns / 1e9)
+            elif req.environ.get(EXT_PREFIX) is not None:  # /pub_ext
+                out = bytearray()
+                msg_id = wire.pack_message(body, self.nsqd.ids, time.time_ns(), out)
+                if expires_at:  # the deadline after the body, the ext part before it
+                    out = message_ttl.add(out, expires_at)
+                out = self._ext(req, topic, out, 1)
+                req.environ[EXT_PREFIX] = (msg_id, len(out) - 4)  # for a traced answer
+                topic.put_packed(out, 1, len(body), self._partition(values, topic))
             else:
-                topic.put_message(body, self._partition(values, topic))
+                topic.put_message(body, self._partition(values, topic), expires_at)
         except PartitionError:
             raise Err(400, "INVALID_PARTITION") from None
         except TopicError as err:
@@ -622,7 +633,8 @@ class HTTPAPI:
                 body_bytes = len(out) - count * RECORD_OVERHEAD
                 if expires_at:
                     out = message_ttl.add(out, expires_at)
-                topic.put_packed(out, count, body_bytes, self._partition(values, topic))
+                topic.put_packed(self._ext(req, topic, out, count), count, body_bytes,
+                                 self._partition(values, topic))
             elif topic.exiting:
                 raise TopicError("exiting")
         except PartitionError:
@@ -630,6 +642,126 @@ class HTTPAPI:
         except TopicError as err:
             raise put_error(err) from None
         return "OK"
+
+    def pub_ext(self, req):
+        """Youzan's /pub_ext (nsqd/ext.py): /pub with the `ext` JSON and
+        X-NSQEXT-* headers; the topic must exist."""
+        return self._ext_publish(req, self.pub)
+
+    def mpub_ext(self, req):
+        """/mpub with the same headers on every message (nsqshm's)."""
+        return self._ext_publish(req, self.mpub)
+
+    def _ext_publish(self, req, publish):
+        values, err = parse_query(req.query_string)
+        if err is not None:
+            raise Err(400, "INVALID_REQUEST")
+        name = values.get("topic", [""])[0]
+        if not name:
+            raise Err(400, "MISSING_ARG_TOPIC")
+        topic = self.nsqd.get_existing_topic(name) if is_valid_name(name) else None
+        if topic is None:
+            raise Err(*youzan_http.TOPIC_NOT_FOUND)
+        try:
+            info, prefix = ext.http_prefix(self.nsqd, topic, values, list(req.headers.items()))
+        except ext.ExtError as e:
+            raise Err(e.status, e.text) from None
+        req.environ[EXT_PREFIX] = prefix
+        trace.publisher.client = req.remote_addr
+        trace.publisher.trace_ids = [info.trace_id] if info.traced else None
+        try:
+            answer = publish(req)
+        finally:
+            trace.publisher.client = trace.publisher.trace_ids = None
+        stored = req.environ[EXT_PREFIX]
+        if info.traced and isinstance(stored, tuple):  # /pub_ext's ID and stored size
+            msg_id, size = stored
+            return JSONBody(youzan_http.traced_pub_json(int(msg_id, 16), str(info.trace_id), 0,
+                                                        size))
+        return answer
+
+    def pubtrace(self, req):
+        """Youzan's /pubtrace?topic=&trace_id=: the message recorded in the trace
+        log with its trace ID; the traced JSON answer (queue offset 0)."""
+        values, err = parse_query(req.query_string)
+        if err is not None:
+            raise Err(400, "INVALID_REQUEST")
+        try:
+            trace_id = youzan_http.pubtrace_trace_id(values)
+        except youzan_http.HTTPError as e:
+            raise Err(e.status, e.text) from None
+        name = values.get("topic", [""])[0]
+        topic = self.nsqd.get_existing_topic(name) if is_valid_name(name) else None
+        if topic is None:
+            raise Err(*youzan_http.TOPIC_NOT_FOUND)
+        body = self._read_body(req, self.nsqd.opts.max_msg_size + 1)
+        if len(body) > self.nsqd.opts.max_msg_size:
+            raise Err(413, "MSG_TOO_BIG")
+        if not body:
+            raise Err(400, "MSG_EMPTY")
+        out = bytearray()
+        msg_id = wire.pack_message(body, self.nsqd.ids, time.time_ns(), out)
+        trace.publisher.client = req.remote_addr
+        trace.publisher.trace_ids = [trace_id]
+        try:
+            topic.put_packed(out, 1, len(body), self._partition(values, topic))
+        except PartitionError:
+            raise Err(400, "INVALID_PARTITION") from None
+        except TopicError as err:
+            raise put_error(err) from None
+        finally:
+            trace.publisher.client = trace.publisher.trace_ids = None
+        return JSONBody(youzan_http.traced_pub_json(int(msg_id, 16), values["trace_id"][0], 0,
+                                                    len(out) - 4))
+
+    def _trace_switch(self, req, enable):
+        values = self._params(req)
+        name = values.get("topic", [""])[0]
+        if not name:
+            raise Err(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(name) or self.nsqd.get_existing_topic(name) is None:
+            raise Err(404, "TOPIC_NOT_FOUND")
+        channel = values.get("channel", [""])[0]
+        if channel and not is_valid_name(channel):
+            raise Err(400, "INVALID_ARG_CHANNEL")
+        try:
+            trace.set_traced(self.nsqd, name, channel, enable)
+        except OSError as err:
+            raise Err(500, f"INTERNAL_ERROR {err}") from None
+
+    def trace_enable(self, req):
+        """Youzan's POST /message/trace/enable?topic=T[&channel=C]."""
+        self._trace_switch(req, True)
+
+    def trace_disable(self, req):
+        self._trace_switch(req, False)
+
+    def message_trace(self, req):
+        """GET /message/trace?topic=T&id=<16 hex>|trace_id=<n>: the events."""
+        values = self._params(req)
+        name = values.get("topic", [""])[0]
+        if not name:
+            raise Err(400, "MISSING_ARG_TOPIC")
+        msg_id, trace_id = values.get("id", [None])[0], values.get("trace_id", [None])[0]
+        if trace_id is not None:
+            try:
+                trace_id = youzan_http.pubtrace_trace_id(values)
+            except youzan_http.HTTPError as e:
+                raise Err(e.status, e.text) from None
+        elif msg_id is None or len(msg_id) != 16:
+            raise Err(400, "INVALID_MESSAGE_ID")
+        events = trace.search(self.nsqd, name, msg_id, trace_id)
+        return {"topic": name, "id": msg_id, "trace_id": trace_id, "events": events}
+
+    def _ext(self, req, topic, packed, count):
+        """/pub and /mpub records, with the ext part /pub_ext or /mpub_ext gave."""
+        prefix = req.environ.get(EXT_PREFIX)
+        if prefix is None or not topic.ext:
+            return packed
+        try:
+            return ext.http_records(self.nsqd, topic, packed, count, prefix)
+        except ext.ExtError as e:
+            raise Err(e.status, e.text) from None
 
     def _binary_mpub(self, req, out, max_msg_size):
         """nsqd's readMPUB on the body stream: the count, then each size and
@@ -693,9 +825,19 @@ class HTTPAPI:
         """nsqd's, and with `partition_num` (Youzan's) a log topic
         (logtopic.py): `retention_days`, `retention_bytes` (-1: none)."""
         values, err = parse_query(req.query_string)
+        want_ext = err is None and ext.wants_ext(values)
+        if want_ext:  # Youzan's ext=true / extend=true: a new topic, or one already ext
+            name = values.get("topic", [""])[0]
+            try:
+                ext.check_new(self.nsqd.get_existing_topic(name) if is_valid_name(name) else None)
+            except ext.ExtError as e:
+                raise Err(e.status, e.text) from None
         if err is None and "partition_num" in values:
-            return self._log_topic_create(values)
-        self._topic_from_query(req)
+            self._log_topic_create(values)
+        else:
+            self._topic_from_query(req)
+        if want_ext:
+            ext.make_ext(self.nsqd, self.nsqd.get_existing_topic(values["topic"][0]))
         return None
 
     def _log_topic_create(self, values):
@@ -852,9 +994,13 @@ class HTTPAPI:
         msg_id = bytes(msg[10:26])
         if q.mode == "id" and int(msg_id, 16) != q.pos:
             raise Err(404, f"message {q.pos} not found")
+        body, headers = bytes(msg[26:]), b""
+        if topic.ext:  # the ext part apart; its JSON in "ext" when asked (needext=true)
+            headers, body = ext.split_headers(body)
         return JSONBody(youzan_http.message_get_json(
-            int(msg_id, 16), 0, bytes(msg[26:]), int.from_bytes(msg[0:8], "big"),
-            int.from_bytes(msg[8:10], "big"), virtual, offset))
+            int(msg_id, 16), 0, body, int.from_bytes(msg[0:8], "big"),
+            int.from_bytes(msg[8:10], "big"), virtual, offset,
+            ext=headers if q.need_ext else b""))
 
     @staticmethod
     def _search(reader, mode, pos):

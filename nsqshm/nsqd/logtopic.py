@@ -36,6 +36,7 @@ import gevent
 import gevent.event
 
 from nsqshm._core.inflight import DeferredQueue
+from nsqshm.nsqd import trace
 from nsqshm.nsqd.backend import DummyBackend
 from nsqshm.nsqd.channel import LatencyStream
 from nsqshm.nsqd.logchannel import LogChannel
@@ -180,6 +181,7 @@ class LogTopic(Topic):
     def put_packed(self, packed, count, body_bytes, partition=None):
         if self.exiting:
             raise TopicError("exiting")
+        packed = self.ext_records(packed, count)
         if partition is not None:
             target = self.partition(partition)
         else:
@@ -189,6 +191,7 @@ class LogTopic(Topic):
             target = pool[self._turn % len(pool)]
             self._turn += 1
         if target.owned:
+            first = target.log.end_offset if target.log is not None else 0
             try:
                 target.append(packed)
             except ValueError as err:  # a message larger than a segment takes
@@ -196,14 +199,17 @@ class LogTopic(Topic):
             except OSError as err:
                 self.nsqd.set_health(err)
                 raise TopicError(str(err)) from None
+            if trace.wanted(self.nsqd, self.name) and isinstance(packed, bytearray):
+                trace.stamp_log_ids(packed, count, target.index, first)  # (as appended)
         elif target.replica is not None:  # cluster mode: the owner replicates (replica.py)
             target.replica.forward(target, packed)
         elif not target.push_inbound(packed):
             raise TopicError(f"partition {target.index} inbound ring is full")
         self.message_count += count
         self.message_bytes += body_bytes
+        trace.published(self.nsqd, self.name, packed, count)  # stored (appended: its log IDs)
 
-    def put_deferred(self, body, delay_s):
+    def put_deferred(self, body, delay_s, expires_at=0):
         raise TopicError("deferred publish is not supported on a log topic")
 
     def appended(self, partition):

@@ -36,7 +36,7 @@ from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm._core.arena import Arena
 from nsqshm._core.codec import LEASE_FILE as ID_LEASE_FILE
 from nsqshm._core.codec import IdGenerator
-from nsqshm.nsqd import instance, listeners, peek, policy
+from nsqshm.nsqd import ext, instance, listeners, peek, policy, trace
 from nsqshm.nsqd.log import LEVELS, Logger
 from nsqshm.nsqd.logtopic import LogTopic, LogTopicError, load_specs, make_spec, write_specs
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -50,7 +50,7 @@ MESSAGE_OVERHEAD = 26 + 8  # message header, ring record header
 RUNTIME_OPTIONS = ("lookupd_tcp_address", "log_level")
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 # cluster.py ops of issue 18's modules: peek, policies, redrive
-PEER_OPS = {**peek.PEER_OPS, **policy.PEER_OPS}
+PEER_OPS = {**peek.PEER_OPS, **policy.PEER_OPS, **ext.PEER_OPS, **trace.PEER_OPS}
 
 
 split_address = listeners.split_address
@@ -346,7 +346,7 @@ class NSQD:
     def topology(self):
         """Every topic and channel, ephemeral ones too, in nsqd.dat's shape."""
         return {"topics": [
-            {"name": t.name, "paused": t.paused, **policy.meta(t),
+            {"name": t.name, "paused": t.paused, **policy.meta(t), **ext.meta(t),
              "channels": [{"name": c.name, "paused": c.paused, **policy.meta(c)}
                           for c in t.channels.values()]}
             for t in self.topics.values()], "log_topics": self.log_topic_specs()}
@@ -462,7 +462,8 @@ class NSQD:
             channels = [{"name": c.name, "paused": c.paused, **policy.meta(c)}
                         for c in topic.channels.values() if not c.ephemeral]
             topics.append({"name": topic.name, "paused": topic.paused,
-                           "channels": channels or None, **policy.meta(topic)})
+                           "channels": channels or None, **policy.meta(topic),
+                           **ext.meta(topic)})
         data = json.dumps({"topics": topics or None, "version": self.version},
                           separators=(",", ":"))
         tmp = f"{self.metadata_path}.{random.getrandbits(31)}.tmp"
@@ -504,6 +505,7 @@ class NSQD:
                     self.logf("warn", f"skipping creation of invalid topic {name}")
                     continue
                 topic = self.get_topic(name)
+                ext.load(topic, t)
                 policy.load(self, topic, t, channel_level=False)
                 if t.get("paused"):
                     topic.pause()

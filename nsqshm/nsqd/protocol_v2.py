@@ -21,6 +21,7 @@ import gevent
 from nsqshm._core import wire
 from nsqshm._core.codec import FRAME_TYPE_ERROR
 from nsqshm._core.commands import NEED_MORE, CommandParser
+from nsqshm.nsqd import ext
 from nsqshm.nsqd.auth import AuthError
 from nsqshm.nsqd.channel import ChannelError
 from nsqshm.nsqd.client_v2 import (
@@ -153,6 +154,8 @@ class ProtocolV2:
             b"FIN": self.FIN, b"REQ": self.REQ, b"TOUCH": self.TOUCH, b"CLS": self.CLS,
             b"NOP": self.NOP, b"PUB": self.PUB, b"MPUB": self.MPUB, b"DPUB": self.DPUB,
             b"SUB_ADVANCED": self.SUB_ADVANCED,
+            b"PUB_EXT": self.PUB_EXT, b"MPUB_EXT": self.MPUB_EXT,
+            b"PUB_TRACE": self.PUB_TRACE, b"MPUB_TRACE": self.MPUB_TRACE,
         }
 
     # -- the connection loop ------------------------------------------------------------
@@ -194,7 +197,8 @@ class ProtocolV2:
                 client.sock.settimeout(timeout[1])
                 sock_timeout = timeout
             channel = client.channel
-            if channel is not None and self.c_commands:
+            if channel is not None and self.c_commands and not channel.traced:
+                # (a traced channel's FIN, REQ and TOUCH go one by one, through its trace hooks)
                 # a consumer's FIN, REQ, TOUCH and NOP, from the first unread byte, in C
                 # (_core/commands.pyx); it stops at a line for the path below
                 if parser is None:
@@ -256,6 +260,7 @@ class ProtocolV2:
         self.nsqd.clients.pop(client.id, None)
         if client.channel is not None:
             client.channel.remove_client(client)
+            ext.left(self.nsqd, client, client.channel)
 
     # -- commands -----------------------------------------------------------------------
 
@@ -266,7 +271,8 @@ class ProtocolV2:
                                bad_size="IDENTIFY invalid body size {n}")
         try:
             data = {}
-            for key, value in go_json_object(body):
+            pairs = go_json_object(body)
+            for key, value in pairs:
                 field = key.casefold()  # Go matches a struct field's name case-insensitively
                 kind = IDENTIFY_FIELDS.get(field)
                 if kind is None or value is None:
@@ -287,6 +293,7 @@ class ProtocolV2:
         error = self._apply_identify(client, data)
         if error:
             raise FatalClientErr("E_BAD_BODY", "IDENTIFY " + error)
+        extra = ext.identify_client(self.nsqd, client, pairs)  # Youzan's fields (ext.py)
         client.reset_heartbeat()
         client.ticks_from = time.monotonic()  # nsqd's messagePump starts a new ticker
         if not data.get("feature_negotiation"):
@@ -317,6 +324,7 @@ class ProtocolV2:
             "auth_required": bool(opts.auth_http_address),
             "output_buffer_size": client.output_buffer_size,
             "output_buffer_timeout": int(client.output_buffer_timeout * 1000),
+            **extra,
         }, separators=(",", ":")).encode()
         if not (tls_v1 or snappy or deflate):
             return response
@@ -461,6 +469,7 @@ class ProtocolV2:
                 topic.partition(partition)
             except PartitionError as err:
                 raise FatalClientErr(*BAD_PARTITION(err)) from None
+        ext.check_sub(client, topic)
         if start is not None:
             if not is_log:
                 raise FatalClientErr("E_INVALID", NOT_SUPPORTED)
@@ -468,6 +477,7 @@ class ProtocolV2:
         channel = self._subscribe(client, topic_name, channel_name)
         client.state = STATE_SUBSCRIBED
         client.channel = channel
+        ext.subscribed(self.nsqd, client, channel)
         return OK
 
     def _subscribers(self, topic, channel):
@@ -652,6 +662,18 @@ class ProtocolV2:
             body.release()
         self._count_pub(client, topic_name.decode(), 1)
         return OK
+
+    def PUB_EXT(self, client, params, reader):
+        return ext.pub_ext(self, client, params, reader)
+
+    def MPUB_EXT(self, client, params, reader):
+        return ext.mpub_ext(self, client, params, reader)
+
+    def PUB_TRACE(self, client, params, reader):
+        return ext.pub_trace(self, client, params, reader)
+
+    def MPUB_TRACE(self, client, params, reader):
+        return ext.mpub_trace(self, client, params, reader)
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -276,10 +276,21 @@ def channel_stats(channel, clients, percentiles=(), sketch=False):
                                              sketch),
         **_log_channel_stats(channel),
         **policy.channel_stats(channel),  # only with a policy: nsqd's keys otherwise
+        **_ext_channel_stats(channel),
     }
     if sketch:  # a part to merge: the ring is everyone's, the disk queue the owner's
         out["ring_depth"] = channel.ring.depth
     return out
+
+
+def _ext_channel_stats(channel):
+    """An ext topic's channel (nsqd/ext.py): the messages its consumers'
+    ext_filter confirmed without sending them."""
+    if not getattr(getattr(channel, "topic", None), "ext", False):
+        return {}
+    views = (getattr(c, "ext_view", None) for c in channel.clients.values())
+    return {"ext_filtered_count": getattr(channel, "ext_filtered", 0)
+            + sum(v.filtered for v in views if v is not None)}
 
 
 def _log_channel_stats(channel):
@@ -308,6 +319,7 @@ def topic_stats(topic, channels, percentiles=(), sketch=False):
         "e2e_processing_latency": e2e_result(getattr(topic, "e2e", None),
                                              percentiles if topic.channels else (), sketch),
         **policy.topic_stats(topic),
+        **({"is_ext": True} if getattr(topic, "ext", False) else {}),  # Youzan's key (nsqd/stats.go)
     }
     if getattr(topic, "is_log", False):  # a log topic: its partitions' logs (logtopic.py)
         out["partitions"] = topic.partition_stats()
@@ -376,7 +388,7 @@ def broker_stats(nsqd, topic_name="", channel_name="", include_clients=True, inc
 # shared: the largest reading); a depth is then ring + backend (+ waiting)
 _SUMMED = ("message_count", "message_bytes", "in_flight_count", "deferred_count",
            "requeue_count", "timeout_count", "client_count", "deferred_waiting",
-           "backend_depth", "retention_moves", *policy.SUMMED_STATS)
+           "backend_depth", "retention_moves", "ext_filtered_count", *policy.SUMMED_STATS)
 _SHARED = ("ring_depth",)
 
 

@@ -27,9 +27,10 @@ import time
 import gevent
 import gevent.event
 
+from nsqshm._core.ext import ExtRecords, plain_to_ext
 from nsqshm._core.inflight import DeferredQueue
 from nsqshm._core.wire import pack_message
-from nsqshm.nsqd import bounds, message_ttl, policy
+from nsqshm.nsqd import bounds, message_ttl, policy, trace
 from nsqshm.nsqd.backend import RingOnly, memory_first, new_backend, skip_records, write_to_disk
 from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -49,6 +50,7 @@ class TopicFull(TopicError):
 class Topic:
     channel_class = Channel
     is_log = False
+    ext = False  # Youzan's ext topic: each message carries its ext part (ext.py)
 
     def __init__(self, nsqd, name):
         self.nsqd = nsqd
@@ -94,6 +96,7 @@ class Topic:
         stored (a full disk): nothing is acknowledged that is not stored."""
         if self.exiting:
             raise TopicError("exiting")
+        packed = self.ext_records(packed, count)
         if self.bounded:
             try:
                 bounds.admit(self, count, len(packed) - bounds.RECORD_SIZE * count)
@@ -113,6 +116,7 @@ class Topic:
                     raise TopicError(str(err)) from None
         self.message_count += count
         self.message_bytes += body_bytes
+        trace.published(self.nsqd, self.name, packed, count)  # acknowledged ones only
 
     def store(self, packed):
         """The owner: memory up to --mem-queue-size, then the disk queue."""
@@ -137,6 +141,15 @@ class Topic:
         finally:
             self.ring.disarm(for_space=True)
 
+    def ext_records(self, packed, count):
+        """An ext topic stores plain messages with an empty ext part."""
+        if not self.ext or type(packed) is ExtRecords:
+            return packed
+        try:
+            return plain_to_ext(packed, count, self.nsqd.opts.max_msg_size)
+        except ValueError as err:
+            raise TopicError(str(err)) from None
+
     def put_message(self, body, partition=None, expires_at=0):
         """PUB (partition: a log topic's; a classic topic ignores it, as
         nsqd ignores a PUB's extra parameters; expires_at: the message's own
@@ -155,7 +168,7 @@ class Topic:
         pack_message(body, self.nsqd.ids, time.time_ns(), out)
         if expires_at:
             out = message_ttl.add(out, expires_at)
-        msg = bytes(out[4:])
+        msg = bytes(self.ext_records(out, 1)[4:])
         due = time.monotonic_ns() + int(delay_s * 1e9)
         self.message_count += 1
         self.message_bytes += len(body)

@@ -85,7 +85,7 @@ def test_workers_flag_ignored_is_not_available(monkeypatch):
     assert "runs as 1 process" in workers.available(wait=0)
 
 
-@pytest.mark.parametrize("suite", ["workers", "local", "spark", "clients"])
+@pytest.mark.parametrize("suite", ["workers", "local", "spark", "clients", "headers"])
 def test_suites_that_start_nsqshm_skip_for_an_external_server(suite, capsys):
     rc, res = _run([suite, "--nsqd-tcp-address=127.0.0.1:1"], capsys)
     assert rc == 0 and "starts nsqshm itself" in res["skipped"]

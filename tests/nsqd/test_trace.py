@@ -1,0 +1,111 @@
+"""Message tracing (nsqd/trace.py) on real servers of one and two workers:
+PUB_TRACE, MPUB_TRACE and /pubtrace with Youzan's answers, the per-channel
+switch, and a message's history through publish, delivery, timeout, REQ,
+TOUCH and FIN from GET /message/trace."""
+
+import json
+import struct
+import time
+
+import pytest
+
+from nsqshm import protocol as p
+
+from .test_ext import OK, consumer, history
+from .test_workers import Client
+
+WORKER_COUNTS = (1, 2)
+
+
+def pub_trace(topic, trace_id, body):
+    """PUB_TRACE <topic>\\n[4 BE size][8 BE trace id][body]"""
+    data = struct.pack(">Q", trace_id) + body
+    return b"PUB_TRACE %s\n" % topic.encode() + struct.pack(">I", len(data)) + data
+
+
+def mpub_trace(topic, messages):
+    parts = [struct.pack(">I", len(messages))]
+    for trace_id, body in messages:
+        block = struct.pack(">Q", trace_id) + body
+        parts.append(struct.pack(">I", len(block)) + block)
+    data = b"".join(parts)
+    return b"MPUB_TRACE %s\n" % topic.encode() + struct.pack(">I", len(data)) + data
+
+
+def traced_reply(answer):
+    """getTracedReponse: "OK" [8 BE id][8 BE trace id][8 BE queue offset][4 BE raw size]"""
+    assert len(answer) == 30 and answer[:2] == b"OK", answer
+    return struct.unpack(">QQQI", answer[2:])
+
+
+def test_trace_publish_deliver_timeout_req_touch_fin(nsqd_factory):
+    server = nsqd_factory("--msg-timeout=1s")
+    assert server.post("/topic/create?topic=tr")[0] == 200
+    c = consumer(server, "tr", "c", rdy=1)
+    assert server.post("/message/trace/enable?topic=tr&channel=c")[0] == 200
+    pc = Client(server)
+    pc.send(pub_trace("tr", 42, b"traced"))
+    kind, answer = pc.response()
+    msg_id, trace_id, offset, size = traced_reply(answer)
+    assert (trace_id, offset, size) == (42, 0, 26 + len(b"traced"))
+    hex_id = b"%016x" % msg_id
+    m = c.message()
+    assert (m.id, m.body) == (hex_id, b"traced")
+    # left to time out, then REQ with a delay, TOUCH, FIN
+    m = c.message()
+    assert m.attempts == 2
+    c.send(p.req(m.id, 10))
+    m = c.message()
+    c.send(p.touch(m.id))
+    c.send(p.fin(m.id))
+    c.send(p.nop())
+    events = None
+    for _ in range(100):
+        events = history(server, "topic=tr&trace_id=42")
+        if [e["event"] for e in events][-1:] == ["FIN"]:
+            break
+        time.sleep(0.05)
+    names = [e["event"] for e in events]
+    assert names == ["PUB", "DELIVERED", "TIMEOUT", "DELIVERED", "REQ", "DELIVERED", "TOUCH",
+                     "FIN"], events
+    assert events[0]["trace_id"] == 42 and events[0]["client"]
+    assert [e["attempt"] for e in events if e["event"] == "DELIVERED"] == [1, 2, 3]
+    assert events[4]["delay_ms"] == 10
+    assert history(server, f"topic=tr&id={hex_id.decode()}") == events
+    # MPUB_TRACE: the answer's trace ID is 0; each message is found by its own
+    pc.send(mpub_trace("tr", [(7, b"a"), (8, b"b")]))
+    _, answer = pc.response()
+    assert traced_reply(answer)[1] == 0
+    assert [e["event"] for e in history(server, "topic=tr&trace_id=8")][:1] == ["PUB"]
+    # off: nothing more is recorded for the channel
+    assert server.post("/message/trace/disable?topic=tr&channel=c")[0] == 200
+    pc.send(p.pub("tr", b"quiet"))
+    assert pc.response() == OK
+    assert c.message().body in (b"a", b"b", b"quiet")
+    assert server.post("/message/trace/enable?topic=nosuch")[0] == 404
+    status, body = server.post("/pubtrace?topic=tr&trace_id=99", b"h")
+    answer = json.loads(body)
+    assert status == 200 and answer["status"] == "OK" and answer["trace_id"] == "99"
+    assert history(server, "topic=tr&trace_id=99")[0]["id"] == f"{answer['id']:016x}"
+
+
+@pytest.mark.workers(1)  # (a publish on a worker that does not own the partition is
+# recorded with the ID it had before the owner's append: docs/headers.md)
+def test_a_log_topic_message_is_traced_by_its_log_id(nsqd_factory):
+    server = nsqd_factory()
+    assert server.post("/topic/create?topic=lt&partition_num=1")[0] == 200
+    c = consumer(server, "lt", "c", rdy=1)
+    assert server.post("/message/trace/enable?topic=lt")[0] == 200
+    pc = Client(server)
+    pc.send(pub_trace("lt", 5, b"logged"))
+    msg_id = traced_reply(pc.response()[1])[0]
+    m = c.message()
+    assert int(m.id, 16) == msg_id  # the traced answer gives the log's ID
+    c.send(p.fin(m.id))
+    events = []
+    for _ in range(100):
+        events = history(server, f"topic=lt&id={m.id.decode()}")
+        if [e["event"] for e in events][-1:] == ["FIN"]:
+            break
+        time.sleep(0.05)
+    assert [e["event"] for e in events] == ["PUB", "DELIVERED", "FIN"]
