@@ -182,8 +182,13 @@ def published(nsqd, topic, packed, count):
         return
     extra = {"client": client} if client else {}
     events = []
+    pos = 0
     for k, (msg_id, _) in enumerate(_records(packed, count)):
         e = _event(nsqd, "PUB", topic, "", msg_id, **extra)
+        # the message's own timestamp (taken as it was packed, before it was stored): another
+        # worker may deliver it before this line runs, and a history is sorted by time
+        e["ts"] = min(e["ts"], struct.unpack_from(">q", packed, pos + 4)[0])
+        pos += 4 + struct.unpack_from("=I", packed, pos)[0]
         if trace_ids and trace_ids[k]:
             e["trace_id"] = trace_ids[k]
         events.append(e)
