@@ -435,6 +435,15 @@ cdef class Cursor:
         """A seek holds the cursor (set(hold=True)) until release()."""
         return __atomic_load_n(&self.h.read_pos, 2) == _READ_HELD
 
+    def hold(self):
+        """Hold read_pos (as set(hold=True)) but keep confirmed and the
+        finished set: a rewind to the confirmed offset (a partition's
+        delivery moving to another ring) then pushes again only what is
+        unfinished, once release(confirmed) ends the hold."""
+        self._lock()
+        __atomic_store_n(&self.h.read_pos, _READ_HELD, 3)
+        self._unlock()
+
     def release(self, unsigned long long offset):
         """End a seek's hold: the feeder reads on from `offset`."""
         self._lock()

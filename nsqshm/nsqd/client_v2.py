@@ -79,6 +79,7 @@ class ClientV2:
         self.requeue_count = 0
         self.pub_counts = {}
         self.channel = None
+        self.partition = None      # a log topic's partition the client SUBscribed to (None: all)
         self.closed = False
         self.unwritable = False  # a failed TLS handshake: the socket takes no more writes
         self.out = bytearray()
