@@ -246,6 +246,16 @@ class LogChannel(Channel):
             with self.scratch.borrow() as scratch:
                 for client in ready:
                     deadline = now + client.msg_timeout_ns
+                    for partition in self._direct(client):
+                        room = client.ready_count - client.in_flight
+                        if room <= 0 or client.closed:
+                            break
+                        n = self._deliver_direct(partition, client, room, scratch, deadline)
+                        if n:
+                            delivered = True
+                        if n > 0:
+                            if earliest is None or deadline < earliest:
+                                earliest = deadline
                     for ring in self._sources(client):
                         room = client.ready_count - client.in_flight
                         if room <= 0 or client.closed:
@@ -272,9 +282,80 @@ class LogChannel(Channel):
                 continue
             self._wait_for_data(ready)
 
+    def _direct(self, client):
+        """The partitions this worker owns that the client takes straight
+        from their logs (no ring): all but ordered lanes', for a client
+        without a sample rate on a channel without delivery policies (both
+        consume messages without a FIN, which the cursor would wait for)."""
+        if not self._owned or client.sample_rate or self.policy is not None:
+            return ()
+        if client.partition is None:
+            return [p for p in self._owned
+                    if p.index not in self.lanes or not self.lanes[p.index].ordered]
+        lane = self.lanes.get(client.partition)
+        if lane is not None and lane.ordered:
+            return ()
+        return [p for p in self._owned if p.index == client.partition]
+
+    def _deliver_direct(self, partition, client, room, scratch, deadline):
+        """Deliver up to `room` unread, unfinished messages of an owned
+        partition to a client straight from the log: read (LogReader.read_into,
+        from the mmap'd segment) and framed and put in flight
+        (InFlight.deliver) in two C calls, never copied into a ring.  As the
+        feeder, this worker alone moves the partition's read_pos, with no
+        yield between the read and the store.  Returns how many went out
+        (-1: read_pos moved on without any)."""
+        cursor = self.cursors[partition.index]
+        log = partition.log
+        if log is None or cursor.held:
+            return 0
+        end = log.end_offset
+        pos = cursor.read_pos
+        if pos >= end:
+            return 0
+        if pos < log.start_offset:
+            self.move_to_start(partition, log.start_offset)
+            return -1
+        first, run = cursor.unfinished_run(pos, end)
+        if first < 0:
+            to = min(end, cursor.window_end)
+            if to > pos:
+                cursor.read_pos = to
+                return -1
+            return 0
+        try:
+            n, nbytes, _ = log.reader.read_into(first, scratch, max_records=min(run, room))
+        except OffsetOutOfRange as err:
+            self.move_to_start(partition, err.start_offset)
+            return -1
+        if not n:
+            return 0
+        added = self.inflight.deliver(memoryview(scratch)[:nbytes], n, client.out, client.id,
+                                      deadline)
+        cursor.read_pos = first + n
+        self.message_count += n
+        client.in_flight += added
+        client.message_count += n
+        client.kick()
+        return n
+
+    def _direct_unread(self, ready):
+        """Whether a ready client could take something straight from a log."""
+        for client in ready:
+            for partition in self._direct(client):
+                log = partition.log
+                cursor = self.cursors[partition.index]
+                if log is None or cursor.held:
+                    continue
+                pos = cursor.read_pos
+                if pos < log.end_offset and pos < cursor.window_end:
+                    return True
+        return False
+
     def _wait_for_data(self, ready):
         """Nothing to deliver to the ready clients: wait for a push into one
-        of their rings (armed before the last look, so none is missed)."""
+        of their rings or an append to a log they take straight from (armed
+        before the last look, so none is missed)."""
         rings = {}
         for client in ready:
             for ring in self._sources(client):
@@ -284,8 +365,10 @@ class LogChannel(Channel):
         self._ready.clear()
         for waker in wakers:
             waker.arm()
+        if id(self.ring) in rings and len(self._owned) < len(self.topic.partitions):
+            self.ring.nudge()  # the owners' feeders: a consumer here waits (see _room)
         try:
-            if not any(ring.depth for ring in rings.values()):
+            if not any(ring.depth for ring in rings.values()) and not self._direct_unread(ready):
                 self._ready.wait()
         finally:
             for waker in wakers:
@@ -294,8 +377,10 @@ class LogChannel(Channel):
     # -- the feeder -----------------------------------------------------------------------
 
     def feed_wake(self):
-        """The log grew, the topic was unpaused: the feeder looks again."""
+        """The log grew, the topic was unpaused: the feeder looks again, and
+        the dispatcher (its clients take owned partitions straight from the log)."""
         self._refill_wake.set()
+        self._ready.set()
 
     def _room(self, partition):
         """How many records the feeder may push of a partition now: into an
@@ -306,6 +391,11 @@ class LogChannel(Channel):
         if lane is not None and lane.ordered:
             cursor = self.cursors[partition.index]
             return 1 if not lane.ring.depth and cursor.read_pos <= cursor.confirmed else 0
+        if lane is None and self.ring.subscribers <= len(self.clients) and self._all_direct():
+            # every client of the channel is here and takes the partition
+            # straight from the log (_direct): a ring would only add copies
+            self._filling.discard(-1)
+            return 0
         key = partition.index if lane is not None else -1
         depth = (lane.ring if lane is not None else self.ring).depth
         if depth < self.feed_low:
@@ -313,6 +403,9 @@ class LogChannel(Channel):
         elif depth >= self.feed_target:
             self._filling.discard(key)
         return min(self.feed_target - depth, FEED_BATCH) if key in self._filling else 0
+
+    def _all_direct(self):
+        return self.policy is None and not any(c.sample_rate for c in self.clients.values())
 
     def _feed_once(self, partition, room, scratch):
         """Push up to `room` unread, unfinished messages of a partition into
