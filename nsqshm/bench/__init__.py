@@ -25,6 +25,7 @@ SUITES = {
     "local": "nsqshm.bench.local",
     "spark": "nsqshm.bench.spark",
     "policies": "nsqshm.bench.policies",
+    "logtopic": "nsqshm.bench.logtopic",
 }
 
 # the load generator's modes, after NSQ's bench_writer / bench_reader / pubsub
