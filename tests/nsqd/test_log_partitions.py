@@ -3,14 +3,19 @@ on real servers of one and two workers: `SUB T C p` gets partition p only,
 SUB_ORDERED gets one message of a partition at a time, in log order (Youzan's
 wire)."""
 
+import json
+import os
+import signal
 import time
 
+import psutil
 import pytest
 
 from nsqshm import protocol as p
 from nsqshm._core.logcursor import decode_message_id
 
-from .test_log_topics import create, nothing_more, pub, take
+from .conftest import http_on_worker, wait_for
+from .test_log_topics import _answers, confirmed, create, nothing_more, pub, stats, take
 from .test_workers import Client
 
 WORKER_COUNTS = (1, 2)
@@ -205,3 +210,44 @@ def test_sub_ordered_errors(nsqd_factory, line, answer):
     assert pub(classic, "classic", b"x") == (p.FRAME_TYPE_RESPONSE, b"OK")
     classic.send(b"SUB_ORDERED classic ch 0\n")
     assert classic.response() == (p.FRAME_TYPE_ERROR, b"E_TOPIC_NOT_EXIST ")
+
+
+@pytest.mark.workers(2)
+def test_sub_ordered_resumes_in_order_after_the_owner_is_killed(nsqd_factory):
+    """SIGKILL of partition 0's owner with a message in flight to an ordered
+    consumer: the lane (shared memory) and the cursor survive; the consumer
+    (reconnected if its connection died) gets that message again, then the
+    rest, in log order, each once."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    _publish(server, "lt", 0, 10)
+    c = _sub(server, b"SUB_ORDERED lt ch 0\n", identify={"msg_timeout": 1000})
+    m = c.message()
+    assert decode_message_id(m.id) == (0, 0)
+    c.send(p.fin(m.id))
+    m = c.message()
+    assert decode_message_id(m.id) == (0, 1)
+    owner = stats(server, "lt")["partitions"][0]["owner"]
+    conn = http_on_worker(server, owner)
+    conn.request("GET", "/debug/nsqshm/worker")
+    victim = json.loads(conn.getresponse().read())["pid"]
+    conn.close()
+    before = {proc.pid for proc in psutil.Process(server.proc.pid).children()}
+    os.kill(victim, signal.SIGKILL)
+    assert wait_for(lambda: len({proc.pid for proc in psutil.Process(server.proc.pid).children()}
+                                - before) == 1, timeout=15)
+    assert wait_for(lambda: _answers(server), timeout=15)
+    try:
+        m = c.message()  # the connection survived: m1 times out and comes back
+    except (OSError, ConnectionError):
+        c = _sub(server, b"SUB_ORDERED lt ch 0\n", identify={"msg_timeout": 1000})
+        m = c.message()
+    got = [decode_message_id(m.id)]
+    c.send(p.fin(m.id))
+    for _ in range(8):
+        m = c.message()
+        got.append(decode_message_id(m.id))
+        c.send(p.fin(m.id))
+    assert got == [(0, o) for o in range(1, 10)]
+    assert nothing_more(c)
+    assert wait_for(lambda: confirmed(server, "lt", "ch")[0] == 10)
