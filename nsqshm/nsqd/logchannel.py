@@ -316,7 +316,7 @@ class LogChannel(Channel):
         if pos < log.start_offset:
             self.move_to_start(partition, log.start_offset)
             return -1
-        first, run = cursor.unfinished_run(pos, end)
+        first, run = cursor.unfinished_run(pos, end, room)
         if first < 0:
             to = min(end, cursor.window_end)
             if to > pos:
@@ -426,7 +426,7 @@ class LogChannel(Channel):
         if pos < log.start_offset:
             self.move_to_start(partition, log.start_offset)
             return -1
-        first, run = cursor.unfinished_run(pos, end)
+        first, run = cursor.unfinished_run(pos, end, room)
         if first < 0:  # all finished up to the window's end (or the log's)
             to = min(end, cursor.window_end)
             if to > pos:
