@@ -566,9 +566,15 @@ class LogChannel(Channel):
         for partition in self.topic.partitions:
             cursor = self.cursors[partition.index]
             end = partition.offsets()[1]
+            lane = self.lanes.get(partition.index)
             out.append({"partition": partition.index, "confirmed_offset": cursor.confirmed,
                         "read_offset": cursor.read_pos, "finished_above": cursor.finished_above,
-                        "lag": max(0, end - cursor.confirmed)})
+                        "lag": max(0, end - cursor.confirmed),
+                        # its own ring (loglane.py): "partition" (SUB T C p) or
+                        # "ordered" (SUB_ORDERED), and what waits there
+                        "lane": None if lane is None else ("ordered" if lane.ordered
+                                                           else "partition"),
+                        "lane_depth": 0 if lane is None else lane.ring.depth})
         return out
 
     def empty(self):

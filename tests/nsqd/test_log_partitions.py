@@ -15,7 +15,16 @@ from nsqshm import protocol as p
 from nsqshm._core.logcursor import decode_message_id
 
 from .conftest import http_on_worker, wait_for
-from .test_log_topics import _answers, confirmed, create, nothing_more, pub, stats, take
+from .test_log_topics import (
+    _answers,
+    channel_stats,
+    confirmed,
+    create,
+    nothing_more,
+    pub,
+    stats,
+    take,
+)
 from .test_workers import Client
 
 WORKER_COUNTS = (1, 2)
@@ -167,6 +176,9 @@ def test_sub_ordered_one_in_flight_in_order(nsqd_factory):
                                             (0, 2), (0, 3), (0, 4), (0, 5), (0, 6), (0, 7)]
     assert [attempts for _, attempts in seen[:5]] == [1, 1, 2, 3, 1]
     assert nothing_more(rest[0])
+    lanes = channel_stats(server, "lt", "ch")["partitions"]
+    assert [(x["lane"], x["lane_depth"], x["confirmed_offset"]) for x in lanes] == \
+        [("ordered", 0, 8), (None, 0, 0)]
     # partition 1 was not touched: a plain SUB still gets it
     plain = _sub(server, b"SUB lt ch 1\n")
     assert _where(take(plain, 4)) == [(1, o) for o in range(4)]
