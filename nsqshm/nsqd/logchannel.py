@@ -287,7 +287,8 @@ class LogChannel(Channel):
         from their logs (no ring): all but ordered lanes', for a client
         without a sample rate on a channel without delivery policies (both
         consume messages without a FIN, which the cursor would wait for)."""
-        if not self._owned or client.sample_rate or self.policy is not None:
+        if not self._owned or client.sample_rate or self.policy is not None \
+                or self.topic.paused:  # (a paused topic passes nothing on to its channels)
             return ()
         if client.partition is None:
             return [p for p in self._owned

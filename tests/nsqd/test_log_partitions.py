@@ -265,3 +265,18 @@ def test_sub_ordered_resumes_in_order_after_the_owner_is_killed(nsqd_factory):
     assert [where for where, _ in got] == [(0, o) for o in range(1, 10)], (got, server.lines[-30:])
     assert nothing_more(c)
     assert wait_for(lambda: confirmed(server, "lt", "ch")[0] == 10)
+
+
+def test_a_paused_log_topic_passes_nothing_on(nsqd_factory):
+    """As nsqd's topic pause: its channels' clients get nothing published
+    meanwhile (also straight from the log) until the topic is unpaused."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    c = _sub(server, b"SUB lt ch\n")
+    assert server.post("/topic/pause?topic=lt")[0] == 200
+    _publish(server, "lt", 0, 3)
+    _publish(server, "lt", 1, 3)
+    assert nothing_more(c)
+    assert server.post("/topic/unpause?topic=lt")[0] == 200
+    assert sorted(_where(take(c, 6))) == [(0, o) for o in range(3)] + [(1, o) for o in range(3)]
+    assert nothing_more(c)
