@@ -550,17 +550,25 @@ class LogChannel(Channel):
 
     @property
     def backend_depth(self):
-        """Messages of the log not pushed into the ring yet."""
+        """Messages of the logs this worker owns not yet taken from them (into
+        a ring or straight to a client).  Only the owned partitions: the
+        broker's /stats sums the workers' backend_depth (as the owner's disk
+        queue of a classic channel), so each partition counts once."""
         total = 0
-        for partition in self.topic.partitions:
+        for partition in self._owned:
             cursor = self.cursors[partition.index]
             total += max(0, partition.offsets()[1] - cursor.read_pos)
         return total
 
     @property
+    def shared_depth(self):
+        """What waits in the rings, the channel's and its lanes' (shared
+        memory: any worker tells the broker's)."""
+        return self.ring.depth + sum(lane.ring.depth for lane in self.lanes.values())
+
+    @property
     def depth(self):
-        return (self.ring.depth + sum(lane.ring.depth for lane in self.lanes.values())
-                + self.backend_depth)
+        return self.shared_depth + self.backend_depth
 
     def partition_stats(self):
         out = []

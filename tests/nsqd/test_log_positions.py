@@ -86,7 +86,7 @@ def test_sub_advanced_moves_only_a_channel_without_clients(nsqd_factory):
     _publish(server)
     first, answer = _sub_advanced(server, "ch", b"msgcount:25")
     assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
-    wait_for(lambda: channel_stats(server, "lt", "ch")["client_count"] == 1)
+    assert wait_for(lambda: channel_stats(server, "lt", "ch")["client_count"] == 1)
     # a second client, on whichever worker: its position is ignored (Youzan's)
     second, answer = _sub_advanced(server, "ch", b"special:-2")
     assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
@@ -149,7 +149,7 @@ def test_setoffset_on_each_worker(nsqd_factory):
     c, answer = _sub_advanced(server, "ch", b"special:-2")
     assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
     _receives_from(c, 0)
-    wait_for(lambda: channel_stats(server, "lt", "ch")["partitions"][0]["confirmed_offset"] == N)
+    assert wait_for(lambda: channel_stats(server, "lt", "ch")["partitions"][0]["confirmed_offset"] == N)
     for index, first in zip(range(server.workers), (20, 5), strict=False):
         conn = http_on_worker(server, index)
         status, body = http_call(conn, "POST", "/channel/setoffset?topic=lt&channel=ch&partition=0",
@@ -226,7 +226,7 @@ def test_setoffset_keeps_what_the_channel_holds_of_other_partitions(nsqd_factory
     pc = Client(server)
     for i in range(8):
         assert pub(pc, "lt", b"q%d" % i, partition=1) == (p.FRAME_TYPE_RESPONSE, b"OK")
-    wait_for(lambda: channel_stats(server, "lt", "ch")["depth"] == 8)
+    assert wait_for(lambda: channel_stats(server, "lt", "ch")["depth"] == 8)
     assert server.post("/channel/setoffset?topic=lt&channel=ch&partition=0",
                        b"msgcount:%d" % (N - 4))[0] == 200
     c.send(p.rdy(100))
