@@ -40,6 +40,7 @@ delivered again before anything later.
 """
 
 import os
+import random
 import time
 
 import gevent
@@ -262,9 +263,13 @@ class LogChannel(Channel):
                             break
                         if not ring.depth:
                             continue
-                        taken, n = self.inflight.deliver_from_ring(
-                            ring, min(room, DELIVER_BATCH), scratch, client.out, client.id,
-                            deadline, client.sample_rate)
+                        if client.sample_rate:
+                            taken, n = self._deliver_sampled(ring, client, room, scratch,
+                                                             deadline)
+                        else:
+                            taken, n = self.inflight.deliver_from_ring(
+                                ring, min(room, DELIVER_BATCH), scratch, client.out,
+                                client.id, deadline)
                         if not taken:
                             continue
                         delivered = True
@@ -281,6 +286,33 @@ class LogChannel(Channel):
                 gevent.idle()  # let writers and readers run between rounds
                 continue
             self._wait_for_data(ready)
+
+    def _deliver_sampled(self, ring, client, room, scratch, deadline):
+        """A client with a sample rate (IDENTIFY's): nsqd's messagePump skips
+        a message with odds rand.Int31n(100) > sample_rate, and the channel
+        forgets it.  A log channel must mark it finished in its cursor, or
+        the confirmed offset stays below it (the window then fills and the
+        partition stalls; a restart delivers it again): so the draw is made
+        here, a Python step per message, for sampling clients only.
+        Returns (taken, delivered) as InFlight.deliver_from_ring."""
+        taken, nbytes = ring.pop_many_into(scratch, min(room, DELIVER_BATCH))
+        if not taken:
+            return 0, 0
+        view = memoryview(scratch)[:nbytes]
+        kept = bytearray()
+        count = 0
+        pos = 0
+        while pos < nbytes:
+            size = int.from_bytes(view[pos:pos + 4], "little")
+            if random.randrange(100) <= client.sample_rate:
+                kept += view[pos:pos + 4 + size]
+                count += 1
+            else:  # consumed for this client without being sent: finished
+                self.cursors.finish(view[pos + 14:pos + 30])
+            pos += 4 + size
+        if not count:
+            return taken, 0
+        return taken, self.inflight.deliver(kept, count, client.out, client.id, deadline)
 
     def _direct(self, client):
         """The partitions this worker owns that the client takes straight

@@ -280,3 +280,23 @@ def test_a_paused_log_topic_passes_nothing_on(nsqd_factory):
     assert server.post("/topic/unpause?topic=lt")[0] == 200
     assert sorted(_where(take(c, 6))) == [(0, o) for o in range(3)] + [(1, o) for o in range(3)]
     assert nothing_more(c)
+
+
+def test_messages_sampled_out_are_finished_in_the_cursor(nsqd_factory):
+    """A client with a sample rate skips messages (nsqd's messagePump);
+    the log channel marks them finished, so the cursor reaches the end once
+    the ones delivered are finished (it stayed at the first one skipped)."""
+    server = nsqd_factory()
+    create(server, "lt", 1)
+    c = _sub(server, b"SUB lt ch\n", identify={"sample_rate": 10})
+    _publish(server, "lt", 0, 50)
+    c.sock.settimeout(1)
+    got = []
+    try:
+        while True:
+            got.append(c.message())
+            c.send(p.fin(got[-1].id))
+    except TimeoutError:
+        pass
+    assert len(got) < 50
+    assert wait_for(lambda: confirmed(server, "lt", "ch") == [50])
