@@ -102,7 +102,7 @@ def test_a_partition_sub_takes_its_partition_from_the_shared_ring(nsqd_factory):
     assert nothing_more(plain) and nothing_more(c0, wait=0.1)
 
 
-def test_sub_to_a_partition_the_broker_does_not_have(nsqd_factory):
+def test_sub_errors(nsqd_factory):
     server = nsqd_factory()
     create(server, "lt", 2)
     for line, answer in [(b"SUB lt ch 2\n", b"E_TOPIC_NOT_EXIST "),
@@ -113,6 +113,17 @@ def test_sub_to_a_partition_the_broker_does_not_have(nsqd_factory):
         c.send(line)
         assert c.response() == (p.FRAME_TYPE_ERROR, answer), line
         c.close()
+    # SUB_ORDERED: not with a sample rate; not on a classic topic (no order kept)
+    c = Client(server)
+    c.send(p.identify({"sample_rate": 50}))
+    assert c.response()[0] == p.FRAME_TYPE_RESPONSE
+    c.send(b"SUB_ORDERED lt ch 0\n")
+    assert c.response() == (p.FRAME_TYPE_ERROR,
+                            b"E_INVALID order consume is not allowed while sample rate is not 0")
+    classic = Client(server)
+    assert pub(classic, "classic", b"x") == (p.FRAME_TYPE_RESPONSE, b"OK")
+    classic.send(b"SUB_ORDERED classic ch 0\n")
+    assert classic.response() == (p.FRAME_TYPE_ERROR, b"E_TOPIC_NOT_EXIST ")
 
 
 # -- SUB_ORDERED ---------------------------------------------------------------------------
@@ -153,7 +164,7 @@ def test_sub_ordered_one_in_flight_in_order(nsqd_factory):
     def next_one():
         c, m = _one_of([a, b])
         for other in (a, b):  # nothing else of the partition goes out meanwhile
-            assert nothing_more(other, wait=0.2)
+            assert nothing_more(other, wait=0.15)
         seen.append((decode_message_id(m.id), m.attempts))
         return c, m
 
@@ -209,23 +220,6 @@ def test_sub_ordered_without_a_partition_orders_each_partition(nsqd_factory):
     assert [o for part, o in got if part == 1] == list(range(5))
 
 
-@pytest.mark.parametrize("line,answer", [
-    (b"SUB_ORDERED lt ch 0\n", b"E_INVALID order consume is not allowed while sample rate is not 0"),
-])
-def test_sub_ordered_errors(nsqd_factory, line, answer):
-    server = nsqd_factory()
-    create(server, "lt", 2)
-    c = Client(server)
-    c.send(p.identify({"sample_rate": 50}))
-    assert c.response()[0] == p.FRAME_TYPE_RESPONSE
-    c.send(line)
-    assert c.response() == (p.FRAME_TYPE_ERROR, answer)
-    classic = Client(server)
-    assert pub(classic, "classic", b"x") == (p.FRAME_TYPE_RESPONSE, b"OK")
-    classic.send(b"SUB_ORDERED classic ch 0\n")
-    assert classic.response() == (p.FRAME_TYPE_ERROR, b"E_TOPIC_NOT_EXIST ")
-
-
 @pytest.mark.workers(2)
 def test_sub_ordered_resumes_in_order_after_the_owner_is_killed(nsqd_factory):
     """SIGKILL of partition 0's owner with a message in flight to an ordered
@@ -267,9 +261,12 @@ def test_sub_ordered_resumes_in_order_after_the_owner_is_killed(nsqd_factory):
     assert wait_for(lambda: confirmed(server, "lt", "ch")[0] == 10)
 
 
-def test_a_paused_log_topic_passes_nothing_on(nsqd_factory):
-    """As nsqd's topic pause: its channels' clients get nothing published
-    meanwhile (also straight from the log) until the topic is unpaused."""
+def test_a_paused_topic_and_a_sample_rate(nsqd_factory):
+    """A paused log topic passes nothing on (as nsqd's topic pause), also not
+    straight from the log, until unpaused.  A client with a sample rate skips
+    messages (nsqd's messagePump); the log channel marks them finished, so the
+    cursor reaches the end once the delivered ones are finished (it stayed at
+    the first one skipped)."""
     server = nsqd_factory()
     create(server, "lt", 2)
     c = _sub(server, b"SUB lt ch\n")
@@ -281,15 +278,9 @@ def test_a_paused_log_topic_passes_nothing_on(nsqd_factory):
     assert sorted(_where(take(c, 6))) == [(0, o) for o in range(3)] + [(1, o) for o in range(3)]
     assert nothing_more(c)
 
-
-def test_messages_sampled_out_are_finished_in_the_cursor(nsqd_factory):
-    """A client with a sample rate skips messages (nsqd's messagePump);
-    the log channel marks them finished, so the cursor reaches the end once
-    the ones delivered are finished (it stayed at the first one skipped)."""
-    server = nsqd_factory()
-    create(server, "lt", 1)
-    c = _sub(server, b"SUB lt ch\n", identify={"sample_rate": 10})
-    _publish(server, "lt", 0, 50)
+    create(server, "ls", 1)
+    c = _sub(server, b"SUB ls ch\n", identify={"sample_rate": 10})
+    _publish(server, "ls", 0, 50)
     c.sock.settimeout(1)
     got = []
     try:
@@ -299,4 +290,39 @@ def test_messages_sampled_out_are_finished_in_the_cursor(nsqd_factory):
     except TimeoutError:
         pass
     assert len(got) < 50
-    assert wait_for(lambda: confirmed(server, "lt", "ch") == [50])
+    assert wait_for(lambda: confirmed(server, "ls", "ch") == [50])
+
+
+@pytest.mark.soak
+def test_lanes_go_at_a_graceful_stop_and_consumption_goes_on(nsqd_factory, tmp_path):
+    """A graceful stop leaves no lane in shared memory; after the restart
+    the partition consumers go on from the cursors, in order for the ordered
+    one (what was in flight at the stop is delivered again)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    create(server, "lt", 2)
+    c = _sub(server, b"SUB_ORDERED lt ch 0\n")
+    c1 = _sub(server, b"SUB lt ch 1\n")
+    _publish(server, "lt", 0, 5)
+    _publish(server, "lt", 1, 5)
+    m = c.message()
+    c.send(p.fin(m.id))
+    c.message()  # m0-1: in flight at the stop
+    take(c1, 2)
+    c.close()
+    c1.close()
+    assert server.stop() == 0
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(server.prefix + ".")
+                and not n.endswith(".ids")]
+    again = nsqd_factory(data_path=data, prefix=server.prefix)
+    c = _sub(again, b"SUB_ORDERED lt ch 0\n")
+    got = []
+    for _ in range(4):
+        m = c.message()
+        got.append(m.body)
+        c.send(p.fin(m.id))
+    assert got == [b"m0-%d" % i for i in range(1, 5)]
+    c1 = _sub(again, b"SUB lt ch 1\n")
+    assert sorted(m.body for m in take(c1, 3)) == [b"m1-%d" % i for i in range(2, 5)]
+    assert nothing_more(c1)
