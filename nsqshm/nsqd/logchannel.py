@@ -244,6 +244,8 @@ class LogChannel(Channel):
             now = time.monotonic_ns()
             earliest = None
             delivered = False
+            if self.inflight.ttl_ns and self.inflight.expired_out is None:
+                self.inflight.expired_out = bytearray()  # kept, to finish them (_expired)
             with self.scratch.borrow() as scratch:
                 for client in ready:
                     deadline = now + client.msg_timeout_ns
@@ -280,12 +282,35 @@ class LogChannel(Channel):
                             earliest = deadline
             if earliest is not None:
                 self.nsqd.schedule_scan(earliest)
-            if self.policy is not None and self.policy.dead_letter_expired:
-                policy.flush_expired(self)
+            if self.inflight.expired_out:
+                self._expired()
             if delivered:
                 gevent.idle()  # let writers and readers run between rounds
                 continue
             self._wait_for_data(ready)
+
+    def _expired(self):
+        """Messages a time to live dropped in this round's C calls: consumed
+        from the channel without a FIN, so finished in the cursor (or its
+        confirmed offset would stay below them); then to the dead-letter
+        topic if the policy says so (policy.flush_expired), else dropped."""
+        buf = self.inflight.expired_out
+        self.records_gone(buf)
+        if self.policy is not None and self.policy.dead_letter_expired:
+            policy.flush_expired(self)
+        else:
+            del buf[:]
+
+    def records_gone(self, packed):
+        """Packed records that left the channel without a FIN (expired, or
+        moved to the dead-letter topic at max attempts: policy.dead_letter):
+        finished in their cursors.  Not a delivery path: a step per record."""
+        view = memoryview(packed)
+        pos = 0
+        while pos < len(view):
+            size = int.from_bytes(view[pos:pos + 4], "little")
+            self.cursors.finish(view[pos + 14:pos + 30])
+            pos += 4 + size
 
     def _deliver_sampled(self, ring, client, room, scratch, deadline):
         """A client with a sample rate (IDENTIFY's): nsqd's messagePump skips

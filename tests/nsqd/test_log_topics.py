@@ -510,3 +510,27 @@ def test_delivery_policies_on_a_log_topic(nsqd_factory):
     status, body = server.get("/channel/peek?topic=lt&channel=ch&n=10")
     assert status == 200, body
     assert len(json.loads(body)["messages"]) == 3
+
+
+def test_expired_and_dead_lettered_messages_are_finished_in_the_cursor(nsqd_factory):
+    """Messages that leave a log channel without a FIN (a time to live, max
+    attempts with its dead-letter topic) are finished in its cursor: its
+    confirmed offset reaches the end (it stayed below them)."""
+    server = nsqd_factory()
+    create(server, "lt", 1)
+    for ch, policy in (("ttl", "ttl=100"), ("dead", "max_attempts=2")):
+        assert server.post(f"/channel/create?topic=lt&channel={ch}")[0] == 200
+        assert server.post(f"/channel/policy?topic=lt&channel={ch}&{policy}")[0] == 200
+    pc = Client(server)
+    for i in range(3):
+        assert pub(pc, "lt", b"m%d" % i) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    time.sleep(0.3)  # past the time to live
+    c = consumer(server, "lt", "ttl")
+    assert nothing_more(c)
+    assert wait_for(lambda: confirmed(server, "lt", "ttl") == [3])
+    d = consumer(server, "lt", "dead")
+    for _ in range(2):  # attempts 1 and 2, each REQ'd; the second REQ dead-letters them
+        for m in take(d, 3, fin=False):
+            d.send(p.req(m.id, 0))
+    assert nothing_more(d)
+    assert wait_for(lambda: confirmed(server, "lt", "dead") == [3])
