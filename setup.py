@@ -12,7 +12,8 @@ from setuptools import Extension, setup
 DEBUG = os.environ.get("NSQSHM_DEBUG") == "1"
 CFLAGS = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3", "-DNDEBUG"]
 CORE = "nsqshm/_core"
-MODULES = ["ring", "codec", "arena", "inflight", "wire", "diskqueue", "snappy", "localbatch", "commitlog", "logcursor"]
+MODULES = ["ring", "codec", "arena", "inflight", "wire", "diskqueue", "snappy", "localbatch", "commitlog", "logcursor", "keyhash",
+           "commands"]
 
 extensions = [
     Extension(

@@ -10,6 +10,9 @@ A frame on the TCP protocol:
 
 frame type 0 is a response, 1 an error, 2 a message.
 
+A message published with a time to live of its own carries its deadline
+after its body (includes/message_expiry.h; with_expiry() adds it).
+
 A message ID is 16 ASCII hex digits (lowercase) of a 64-bit value, as nsqd's
 guid.Hex(): milliseconds since nsqd's epoch, the node ID (--node-id) and a
 sequence number.  IdGenerator hands them out from a clock in a shared memory
@@ -24,6 +27,7 @@ import time
 import posix_ipc
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
 
@@ -34,6 +38,9 @@ from nsqshm._core.includes.system cimport (
     nsqshm_store_release, snprintf, timespec,
 )
 from nsqshm._core.includes.system cimport open as c_open
+from nsqshm._core.includes.system cimport (
+    NSQSHM_EXPIRY_BIT, NSQSHM_EXPIRY_SIZE, nsqshm_put_be64,
+)
 
 from nsqshm._core import segment
 
@@ -125,6 +132,50 @@ def encode_message(bytes msg_id, uint64_t timestamp, uint16_t attempts, body):
     finally:
         PyBuffer_Release(&view)
     return out
+
+
+def with_expiry(records, Py_ssize_t nbytes, int64_t expires_at, bytearray out not None):
+    """Append the packed records ([u32 native size][message]) of
+    records[:nbytes] to out, each message with `expires_at` (ns since the
+    epoch) as its own deadline (includes/message_expiry.h: the bit in its
+    attempts field, 8 bytes after its body).  Returns how many records."""
+    cdef Py_buffer view
+    cdef const char *src
+    cdef char *dst
+    cdef Py_ssize_t pos = 0, n = 0, base, grow = 0
+    cdef uint32_t size, longer
+    PyObject_GetBuffer(records, &view, PyBUF_SIMPLE)
+    try:
+        if nbytes < 0 or nbytes > view.len:
+            raise ValueError(f"nbytes {nbytes} is outside the {view.len}-byte buffer")
+        src = <const char *>view.buf
+        while pos < nbytes:  # check and size first
+            if nbytes - pos < 4:
+                raise ValueError(f"a record header runs past byte {nbytes}")
+            memcpy(&size, src + pos, 4)
+            if size < MSG_HEADER_SIZE or nbytes - pos - 4 < <Py_ssize_t>size:
+                raise ValueError(f"bad record of {size} bytes at byte {pos}")
+            if (<const unsigned char *>src)[pos + 4 + 8] & NSQSHM_EXPIRY_BIT:
+                raise ValueError(f"the record at byte {pos} has a deadline already")
+            pos += 4 + size
+            grow += 4 + size + NSQSHM_EXPIRY_SIZE
+        base = PyByteArray_GET_SIZE(out)
+        PyByteArray_Resize(out, base + grow)
+        dst = PyByteArray_AS_STRING(out) + base
+        pos = 0
+        while pos < nbytes:
+            memcpy(&size, src + pos, 4)
+            longer = size + NSQSHM_EXPIRY_SIZE
+            memcpy(dst, &longer, 4)
+            memcpy(dst + 4, src + pos + 4, size)
+            dst[4 + 8] = <char>((<unsigned char>dst[4 + 8]) | NSQSHM_EXPIRY_BIT)
+            nsqshm_put_be64(dst + 4 + size, <uint64_t>expires_at)
+            dst += 4 + longer
+            pos += 4 + size
+            n += 1
+    finally:
+        PyBuffer_Release(&view)
+    return n
 
 
 def decode_message(data):

@@ -109,6 +109,9 @@ cdef class InFlight(MessageStore):
     cdef void _record_latency(self, const char *msg) noexcept
     cdef int touch_raw(self, const char *msg_id, uint64_t client_id,
                        int64_t new_deadline_ns) noexcept
+    cdef int64_t first_deadline_raw(self, const char *msg_id) noexcept
+    cdef int requeue_raw(self, const char *msg_id, uint64_t client_id,
+                         bytearray out) except -9
     cdef MsgEntry *_find(self, bytes msg_id) noexcept
     cdef uint32_t _draw100(self) noexcept
 

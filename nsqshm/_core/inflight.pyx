@@ -50,7 +50,13 @@ from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from nsqshm._core.arena cimport Arena, block_alloc, block_free
 from nsqshm._core.codec cimport MSG_HEADER_SIZE, MSG_ID_SIZE
 from nsqshm._core.includes.system cimport (
+    NSQSHM_EXPIRY_BIT,
+    NSQSHM_EXPIRY_SIZE,
+    nsqshm_attempts,
     nsqshm_be64,
+    nsqshm_clear_expiry,
+    nsqshm_expires_at,
+    nsqshm_has_expiry,
     NSQSHM_BLOCK_DEFERRED,
     NSQSHM_BLOCK_LIVE,
     memcpy,
@@ -97,15 +103,17 @@ cdef inline void _put_u32be(char *dst, uint32_t v) noexcept nogil:
 
 
 cdef inline uint32_t _get_attempts(const char *msg) noexcept nogil:
-    cdef const unsigned char *p = <const unsigned char *>msg + MSG_ATTEMPTS_OFFSET
-    return (<uint32_t>p[0] << 8) | p[1]
+    # (without the bit of a message's own time to live: message_expiry.h)
+    return nsqshm_attempts(msg)
 
 
 cdef inline void _bump_attempts(char *msg) noexcept nogil:
-    # attempts: big-endian u16 at offset 8, saturating at 65535
+    # attempts: big-endian u16 at offset 8, its count saturating at 32767 so
+    # that it never reaches bit 15 (a message's own time to live,
+    # message_expiry.h), which it keeps
     cdef unsigned char *p = <unsigned char *>msg + MSG_ATTEMPTS_OFFSET
     cdef uint32_t attempts = (<uint32_t>p[0] << 8) | p[1]
-    if attempts < 0xFFFF:
+    if (attempts & 0x7FFF) < 0x7FFF:
         attempts += 1
         p[0] = <unsigned char>(attempts >> 8)
         p[1] = <unsigned char>attempts
@@ -115,6 +123,24 @@ cdef int _append(bytearray buf, const char *p, Py_ssize_t n) except -1:
     cdef Py_ssize_t base = PyByteArray_GET_SIZE(buf)
     PyByteArray_Resize(buf, base + n)
     memcpy(PyByteArray_AS_STRING(buf) + base, p, n)
+    return 0
+
+
+cdef int _append_plain(bytearray buf, const char *rec, uint32_t size) except -1:
+    """Append the packed record rec ([u32 native size][message of size])
+    without a time to live of its own, if it has one (a dead letter is the
+    message as nsqd encodes it: its dead-letter topic must not expire it)."""
+    cdef Py_ssize_t base = PyByteArray_GET_SIZE(buf)
+    cdef uint32_t plain = size
+    cdef char *dst
+    if nsqshm_has_expiry(rec + RECORD_HEADER_SIZE, size):
+        plain = size - NSQSHM_EXPIRY_SIZE
+    PyByteArray_Resize(buf, base + RECORD_HEADER_SIZE + plain)
+    dst = PyByteArray_AS_STRING(buf) + base
+    memcpy(dst, &plain, RECORD_HEADER_SIZE)
+    memcpy(dst + RECORD_HEADER_SIZE, rec + RECORD_HEADER_SIZE, plain)
+    if plain != size:
+        nsqshm_clear_expiry(dst + RECORD_HEADER_SIZE)
     return 0
 
 
@@ -701,6 +727,32 @@ cdef class InFlight(MessageStore):
         _heap_rekey(&self.heap, e.heap_index, new_deadline_ns)
         return STATUS_OK
 
+    cdef int64_t first_deadline_raw(self, const char *msg_id) noexcept:
+        """The deadline msg_id (16 bytes) was given at delivery, or -1."""
+        cdef MsgEntry *e = self.ids.slots[_ids_probe(&self.ids, _hash_id(msg_id), msg_id)].entry
+        return e.first_deadline if e != NULL else -1
+
+    cdef int requeue_raw(self, const char *msg_id, uint64_t client_id,
+                         bytearray out) except -9:
+        """requeue() without Python objects: take msg_id (16 bytes) held by
+        client_id out of the table, appending it to `out` as a packed record
+        ([u32 native size][message]); with an arena its block stays until
+        release() (the caller stores the copy first).  STATUS_OK,
+        STATUS_NOT_IN_FLIGHT or STATUS_NOT_OWNER (nothing changed)."""
+        cdef size_t slot = _ids_probe(&self.ids, _hash_id(msg_id), msg_id)
+        cdef MsgEntry *e = self.ids.slots[slot].entry
+        cdef uint32_t size
+        if e == NULL:
+            return STATUS_NOT_IN_FLIGHT
+        if e.client_id != client_id:
+            return STATUS_NOT_OWNER
+        size = e.size
+        _append(out, <const char *>&size, RECORD_HEADER_SIZE)
+        _append(out, _msg(e), size)
+        self._remove(e, slot)
+        self._hand_out(e)
+        return STATUS_OK
+
     cdef MsgEntry *_find(self, bytes msg_id) noexcept:
         cdef const char *p = PyBytes_AS_STRING(msg_id)
         return self.ids.slots[_ids_probe(&self.ids, _hash_id(p), p)].entry
@@ -804,6 +856,9 @@ cdef class InFlight(MessageStore):
         cdef int r
         cdef bint sampling = 0 < sample_rate < 100
         cdef int64_t expires_before = 0   # publish timestamps before this: expired
+        cdef int64_t now_ns = 0           # read at the first message with its own deadline
+        cdef bint own_ttl, shrunk = False  # out ends before base + grow
+        cdef const char *msg
         if count < 0:
             raise ValueError(f"count {count} is negative")
         self._clock()
@@ -835,10 +890,16 @@ cdef class InFlight(MessageStore):
             pos = 0
             for k in range(count):
                 memcpy(&size, src + pos, RECORD_HEADER_SIZE)
-                if expires_before and <int64_t>nsqshm_be64(src + pos + RECORD_HEADER_SIZE) <= expires_before:
+                msg = src + pos + RECORD_HEADER_SIZE
+                own_ttl = nsqshm_has_expiry(msg, size)
+                if own_ttl and now_ns == 0:
+                    now_ns = _wall_ns()
+                if (expires_before and <int64_t>nsqshm_be64(msg) <= expires_before) or \
+                        (own_ttl and nsqshm_expires_at(msg, size) <= now_ns):
                     self.expired += 1  # never delivered: dropped (the ring pop commits it)
+                    shrunk = True  # (out ends short of what pass 1 sized)
                     if type(self.expired_out) is bytearray:  # or kept for the dead-letter topic
-                        _append(<bytearray>self.expired_out, src + pos, RECORD_HEADER_SIZE + size)
+                        _append_plain(<bytearray>self.expired_out, src + pos, size)
                     pos += RECORD_HEADER_SIZE + size
                     continue
                 if sampling and <int>self._draw100() > sample_rate:
@@ -847,8 +908,10 @@ cdef class InFlight(MessageStore):
                     continue
                 _put_u32be(dst, 4 + size)
                 _put_u32be(dst + 4, FRAME_TYPE_MESSAGE)
-                memcpy(dst + FRAME_HEADER_SIZE, src + pos + RECORD_HEADER_SIZE, size)
+                memcpy(dst + FRAME_HEADER_SIZE, msg, size)
                 _bump_attempts(dst + FRAME_HEADER_SIZE)
+                # the table keeps the message whole (its deadline goes back
+                # with a REQ or timeout); the client gets it without
                 r = self._insert(dst + FRAME_HEADER_SIZE, size, client_id, deadline_ns)
                 if r == 0:
                     added += 1
@@ -857,9 +920,15 @@ cdef class InFlight(MessageStore):
                 else:
                     PyByteArray_Resize(out, dst - PyByteArray_AS_STRING(out))
                     raise MemoryError()
-                dst += FRAME_HEADER_SIZE + size
+                if own_ttl:
+                    _put_u32be(dst, 4 + size - NSQSHM_EXPIRY_SIZE)
+                    nsqshm_clear_expiry(dst + FRAME_HEADER_SIZE)
+                    dst += FRAME_HEADER_SIZE + size - NSQSHM_EXPIRY_SIZE
+                    shrunk = True
+                else:
+                    dst += FRAME_HEADER_SIZE + size
                 pos += RECORD_HEADER_SIZE + size
-            if sampling or expires_before:
+            if sampling or expires_before or shrunk:
                 PyByteArray_Resize(out, dst - PyByteArray_AS_STRING(out))
         finally:
             PyBuffer_Release(&view)
@@ -1032,7 +1101,7 @@ def take_dead(buffer, Py_ssize_t nbytes, uint32_t max_attempts, bytearray dead n
     bytes kept, records taken).  No Python object per message."""
     cdef Py_buffer view
     cdef char *p
-    cdef Py_ssize_t pos = 0, kept = 0, n_kept = 0, n_dead = 0, base
+    cdef Py_ssize_t pos = 0, kept = 0, n_kept = 0, n_dead = 0
     cdef uint32_t size
     PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
     try:
@@ -1046,9 +1115,7 @@ def take_dead(buffer, Py_ssize_t nbytes, uint32_t max_attempts, bytearray dead n
             if size < MSG_HEADER_SIZE or nbytes - pos - RECORD_HEADER_SIZE < <Py_ssize_t>size:
                 raise ValueError(f"bad record of {size} bytes at byte {pos}")
             if max_attempts and _get_attempts(p + pos + RECORD_HEADER_SIZE) >= max_attempts:
-                base = PyByteArray_GET_SIZE(dead)
-                PyByteArray_Resize(dead, base + RECORD_HEADER_SIZE + size)
-                memcpy(PyByteArray_AS_STRING(dead) + base, p + pos, RECORD_HEADER_SIZE + size)
+                _append_plain(dead, p + pos, size)
                 n_dead += 1
             else:
                 if kept != pos:
@@ -1098,7 +1165,11 @@ def reset_attempts(buffer, Py_ssize_t nbytes):
             memcpy(&size, p + pos, RECORD_HEADER_SIZE)
             if size < MSG_HEADER_SIZE or nbytes - pos - RECORD_HEADER_SIZE < <Py_ssize_t>size:
                 raise ValueError(f"bad record of {size} bytes at byte {pos}")
-            p[pos + RECORD_HEADER_SIZE + MSG_ATTEMPTS_OFFSET] = 0
+            # (a message's own time to live stays: message_expiry.h)
+            if nsqshm_has_expiry(p + pos + RECORD_HEADER_SIZE, size):
+                p[pos + RECORD_HEADER_SIZE + MSG_ATTEMPTS_OFFSET] = <char>NSQSHM_EXPIRY_BIT
+            else:
+                p[pos + RECORD_HEADER_SIZE + MSG_ATTEMPTS_OFFSET] = 0
             p[pos + RECORD_HEADER_SIZE + MSG_ATTEMPTS_OFFSET + 1] = 0
             pos += RECORD_HEADER_SIZE + size
             n += 1

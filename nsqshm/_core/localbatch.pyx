@@ -31,6 +31,9 @@ from libc.stdlib cimport free, malloc, realloc
 from nsqshm._core.arena cimport Arena
 from nsqshm._core.codec cimport IdGenerator, MSG_HEADER_SIZE, get_u32be, put_message_header, put_u32be
 from nsqshm._core.includes.system cimport (
+    NSQSHM_EXPIRY_SIZE,
+    nsqshm_attempts,
+    nsqshm_has_expiry,
     nsqshm_be64,
     NSQSHM_BLOCK_LIVE,
     NSQSHM_RECORD_HEADER,
@@ -58,10 +61,11 @@ cdef inline uint64_t _align8(uint64_t n) noexcept nogil:
 
 
 cdef inline void _bump_attempts(char *msg) noexcept nogil:
-    # big-endian u16 at offset 8, saturating, as InFlight.deliver counts
+    # big-endian u16 at offset 8, saturating at 32767 and keeping bit 15, as
+    # InFlight.deliver counts (message_expiry.h)
     cdef unsigned char *p = <unsigned char *>msg + ATTEMPTS_OFFSET
     cdef uint32_t a = (<uint32_t>p[0] << 8) | p[1]
-    if a < 0xFFFF:
+    if (a & 0x7FFF) < 0x7FFF:
         a += 1
         p[0] = <unsigned char>(a >> 8)
         p[1] = <unsigned char>a
@@ -355,6 +359,9 @@ cdef class Columns:
         cdef int64_t ts = <int64_t>nsqshm_be64(msg)
         cdef const unsigned char *a = <const unsigned char *>msg + ATTEMPTS_OFFSET
         cdef int32_t attempts = (<int32_t>a[0] << 8) | a[1]
+        if nsqshm_has_expiry(msg, size):  # the message as nsqd's (message_expiry.h)
+            body -= NSQSHM_EXPIRY_SIZE
+            attempts = <int32_t>nsqshm_attempts(msg)
         if ts < self.since_ns:
             self.skipped += 1
             return 0
@@ -362,7 +369,7 @@ cdef class Columns:
             self._grow_rows(1)
         if self.vlen + body > self.vcap:
             self._grow_values(body)
-        if bump and attempts < 0xFFFF:
+        if bump and (attempts & 0x7FFF) < 0x7FFF:
             attempts += 1
         memcpy(self.values + self.vlen, msg + MSG_HEADER_SIZE, body)
         self.vlen += body

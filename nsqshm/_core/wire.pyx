@@ -17,12 +17,32 @@ body: the body size is only checked against its limits, and the count and
 sizes alone say where the MPUB ends (scan_mpub finds that end).
 """
 
+import os
 import time
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.exc cimport PyErr_SetFromErrno
+from libc.errno cimport EAGAIN, EINTR, errno
 from libc.stdint cimport INT64_MAX, int32_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+
+cdef extern from "<poll.h>" nogil:
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd *fds, unsigned long nfds, int timeout)
+    enum: POLLOUT
+
+
+cdef extern from "<sys/socket.h>" nogil:
+    Py_ssize_t send(int fd, const void *buf, size_t n, int flags)  # ssize_t
+    Py_ssize_t recv(int fd, void *buf, size_t n, int flags)
+    enum: MSG_NOSIGNAL
+    enum: MSG_DONTWAIT
 
 from nsqshm._core.codec cimport IdGenerator, MSG_HEADER_SIZE, get_u32be, put_message_header, put_u32be
 from nsqshm._core.inflight cimport InFlight
@@ -287,3 +307,110 @@ def scan_deliveries(data, bytearray fins):
     finally:
         PyBuffer_Release(&view)
     return pos, messages, others
+
+
+# -- how clients answer (for the load generator) ---------------------------------------
+#
+# go-nsq, pynsq and gnsq write and flush each FIN, REQ and TOUCH as its own
+# command: one send() each, which arrive a few per segment.
+
+def mix_commands(const unsigned char[:] fins, bytearray out, Py_ssize_t touch_every,
+                 Py_ssize_t req_every, Py_ssize_t counter):
+    """Turn scan_deliveries' `FIN <id>\\n` lines (and `NOP\\n`) into a client's
+    answers, appended to out: every req_every-th message (by the running
+    `counter`) `REQ <id> 0\\n` instead, every touch_every-th `TOUCH <id>\\n`
+    then its FIN (0: never).  Returns (counter, fins, reqs, touches)."""
+    cdef Py_ssize_t pos = 0, n = fins.shape[0], nfin = 0, nreq = 0, ntouch = 0
+    cdef const unsigned char *p
+    cdef char *dst
+    while pos < n:
+        p = &fins[pos]
+        if n - pos >= 21 and p[0] == 70 and p[20] == 10:
+            counter += 1
+            if req_every and counter % req_every == 0:
+                dst = _grow(out, 23)
+                memcpy(dst, b"REQ ", 4)
+                memcpy(dst + 4, p + 4, 16)
+                memcpy(dst + 20, b" 0\n", 3)
+                nreq += 1
+            else:
+                if touch_every and counter % touch_every == 0:
+                    dst = _grow(out, 23)
+                    memcpy(dst, b"TOUCH ", 6)
+                    memcpy(dst + 6, p + 4, 17)
+                    ntouch += 1
+                dst = _grow(out, 21)
+                memcpy(dst, p, 21)
+                nfin += 1
+            pos += 21
+        else:  # NOP\n
+            dst = _grow(out, 4)
+            memcpy(dst, p, 4)
+            pos += 4
+    return counter, nfin, nreq, ntouch
+
+
+def send_lines(int fd, const unsigned char[:] data, long long gap_ns=0):
+    """Send each '\\n'-ended line of data with its own send() (waiting with
+    poll() while a non-blocking socket is full), as a client that flushes
+    every command; gap_ns: at least that long between two sends (spinning),
+    as a client's work per message spaces them.  Returns the number of sends."""
+    cdef Py_ssize_t pos = 0, end, n = data.shape[0], sends = 0
+    cdef Py_ssize_t k
+    cdef long long next_at = 0
+    cdef timespec ts
+    cdef pollfd pfd
+    pfd.fd = fd
+    pfd.events = POLLOUT
+    while pos < n:
+        end = pos
+        while end < n and data[end] != 10:
+            end += 1
+        if end < n:
+            end += 1
+        if gap_ns:
+            with nogil:
+                while True:
+                    clock_gettime(CLOCK_MONOTONIC, &ts)
+                    if ts.tv_sec * 1000000000LL + ts.tv_nsec >= next_at:
+                        break
+                next_at = ts.tv_sec * 1000000000LL + ts.tv_nsec + gap_ns
+        while pos < end:
+            with nogil:
+                k = send(fd, &data[pos], end - pos, MSG_NOSIGNAL)
+            if k < 0:
+                if errno == EAGAIN or errno == EINTR:
+                    with nogil:
+                        poll(&pfd, 1, 1000)
+                    continue
+                PyErr_SetFromErrno(OSError)
+            pos += k
+        sends += 1
+    return sends
+
+
+# -- reading a connection (server side) ----------------------------------------------------
+
+def recv_append(int fd, bytearray buf, Py_ssize_t most):
+    """recv() of at most `most` bytes straight onto the end of buf, without
+    the bytes object socket.recv makes and the copy of it into buf: the
+    kernel's copy is the only one.  Returns the bytes read, 0 at the end of
+    the stream, or -1 when none are there yet (a non-blocking socket: wait
+    until it is readable).  BufferError if buf is exported (a view of it
+    still alive)."""
+    cdef Py_ssize_t size = PyByteArray_GET_SIZE(buf)
+    cdef Py_ssize_t k
+    cdef char *dst
+    cdef int err = 0
+    PyByteArray_Resize(buf, size + most)
+    dst = PyByteArray_AS_STRING(buf) + size
+    with nogil:
+        k = recv(fd, dst, most, MSG_DONTWAIT)
+        if k < 0:
+            err = errno
+    PyByteArray_Resize(buf, size + (k if k > 0 else 0))
+    if k < 0:
+        if err == EAGAIN or err == EINTR:
+            return -1
+        raise OSError(err, os.strerror(err))
+    return k

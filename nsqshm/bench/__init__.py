@@ -25,6 +25,7 @@ SUITES = {
     "local": "nsqshm.bench.local",
     "spark": "nsqshm.bench.spark",
     "policies": "nsqshm.bench.policies",
+    "clients": "nsqshm.bench.clients",
     "logtopic": "nsqshm.bench.logtopic",
 }
 

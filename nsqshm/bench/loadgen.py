@@ -21,7 +21,7 @@ import time
 import uuid
 
 from nsqshm import protocol as p
-from nsqshm._core.wire import scan_deliveries
+from nsqshm._core.wire import mix_commands, scan_deliveries, send_lines
 
 from . import baseline
 from .common import CTX, stop_all
@@ -158,8 +158,40 @@ def publisher(address, topic, spec, count, ready, go, out, idx, bodies=None):
     sock.close()
 
 
-def consumer(address, topic, channel, rdy, ready, go, stop, out, idx, opener=None):
-    """SUB, then RDY rdy once `go` is set, FIN everything until `stop`."""
+class Pattern:
+    """How a consumer answers, as the clients people run do.
+
+    fin_per_write: each FIN (REQ, TOUCH) in its own send(), as go-nsq,
+    pynsq and gnsq write and flush every command; else every answer to a
+    chunk in one send.  req_every / touch_every (0: never): every n-th
+    message delivered is REQ'd with no delay (it comes back: a run ends when
+    every message is finished), or TOUCHed before its FIN."""
+
+    def __init__(self, fin_per_write=False, req_every=0, touch_every=0, gap_us=0.0):
+        self.fin_per_write = fin_per_write
+        self.gap_us = gap_us
+        self.req_every = req_every
+        self.touch_every = touch_every
+
+    @property
+    def name(self):
+        parts = ["FIN per write" if self.fin_per_write else "FINs per chunk"]
+        if self.req_every:
+            parts.append(f"REQ 1 in {self.req_every}")
+        if self.touch_every:
+            parts.append(f"TOUCH 1 in {self.touch_every}")
+        if self.fin_per_write and self.gap_us:
+            parts.append(f"{self.gap_us:g} us apart")
+        return ", ".join(parts)
+
+
+BATCHED = Pattern()
+
+
+def consumer(address, topic, channel, rdy, ready, go, stop, out, idx, opener=None,
+             pattern=BATCHED):
+    """SUB, then RDY rdy once `go` is set, answer every message as `pattern`
+    says until `stop`.  out.msgs counts the messages finished."""
     conn = (opener or open_plain)(address)
     conn.send(p.sub(topic, channel))
     conn.read_frames(1)
@@ -168,7 +200,11 @@ def consumer(address, topic, channel, rdy, ready, go, stop, out, idx, opener=Non
     t0 = os.times()
     conn.send(p.rdy(rdy))
     buf = bytearray(conn.pending)
-    fins = bytearray()
+    fins, answers = bytearray(), bytearray()
+    mixed = pattern.req_every or pattern.touch_every
+    per_write = pattern.fin_per_write and conn.encode is None
+    fd = conn.sock.fileno()
+    counter = 0
     conn.sock.settimeout(0.2)
     while not stop.is_set():
         try:
@@ -179,10 +215,19 @@ def consumer(address, topic, channel, rdy, ready, go, stop, out, idx, opener=Non
             break
         used, messages, _ = scan_deliveries(buf, fins)
         del buf[:used]
+        finished = messages
+        if mixed and fins:
+            counter, finished, _, _ = mix_commands(fins, answers, pattern.touch_every,
+                                                   pattern.req_every, counter)
+            fins, answers = answers, fins
+            del answers[:]
         if fins:
-            conn.send(fins)
+            if per_write:
+                send_lines(fd, fins, int(pattern.gap_us * 1000))
+            else:
+                conn.send(fins)
             del fins[:]
-        out.msgs[idx] += messages
+        out.msgs[idx] += finished
     t1 = os.times()
     out.cpu[idx] = (t1.user - t0.user) + (t1.system - t0.system)
     out.wire[idx] = conn.wire
@@ -243,7 +288,8 @@ def add_load_arguments(ap, messages):
     ap.add_argument("--consumers", type=int, default=2)
 
 
-def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, topic=None):
+def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, topic=None,
+               pattern=BATCHED):
     """Publish spec.messages (spec.publishers processes), then consume them
     (spec.consumers processes per channel, RDY spec.rdy, FIN each), as
     bench_writer then bench_reader.  The channels exist before publishing,
@@ -251,7 +297,9 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, to
     channels every one gets every message (fan-out).  raw=True runs the same
     processes against the raw-socket baseline instead (one channel).  topic:
     one made beforehand (and channels ch0..., e.g. with policies set, or a log topic:
-    bench/logtopic.py), else a new name."""
+    bench/logtopic.py), else a new name.  pattern: how consumers answer
+    (Pattern; the raw-socket baseline counts FIN lines, so no REQ or TOUCH
+    there)."""
     per = spec.messages // spec.publishers // spec.batch * spec.batch
     total = per * spec.publishers
     ncons = spec.consumers * channels
@@ -264,7 +312,7 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, to
     ready, go, pub_go, stop = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Event()
     cout, pout = Shared(ncons), Shared(spec.publishers)
     cons = [CTX.Process(target=consumer, args=(address, topic, f"ch{i % channels}", spec.rdy,
-                                               ready, go, stop, cout, i, opener))
+                                               ready, go, stop, cout, i, opener, pattern))
             for i in range(ncons)]
     pubs = [CTX.Process(target=publisher, args=(address, topic, spec, per, ready, pub_go, pout, i,
                                                 bodies))
@@ -359,4 +407,54 @@ def run_pubsub(target, spec, channels=1, warmup=0.5):
            "client_cpu_s": sum(pout.cpu) + sum(cout.cpu)}
     if s0 is not None:
         res["server_cpu_us_per_msg_out"] = (s1 - s0) / max(1, out * (t1 - t0)) * 1e6
+    return res
+
+
+def run_consume_window(target, spec, pattern, seconds, warmup=0.3, raw=False):
+    """Consume at steady state: spec.messages published first (not measured),
+    then spec.consumers consumers (RDY spec.rdy, answering as `pattern`)
+    measured from `warmup` s after they start for `seconds`, or until 90 %
+    of the backlog is finished, whichever comes first: no start-up, no
+    tail.  raw=True: the same consumers against the raw-socket baseline
+    (which streams the backlog itself).  Returns finished msg/s, and the
+    server's CPU per message when it is known."""
+    per = spec.messages // spec.publishers // spec.batch * spec.batch
+    total = per * spec.publishers
+    raw_proc = None
+    if raw:
+        raw_proc, address = baseline.start_throughput(spec.size, spec.rdy, total // spec.consumers)
+    else:
+        address = target.tcp
+    topic = f"bench{uuid.uuid4().hex[:8]}"
+    ready, go, stop = CTX.Event(), CTX.Event(), CTX.Event()
+    cout = Shared(spec.consumers)
+    cons = [CTX.Process(target=consumer, args=(address, topic, "ch0", spec.rdy, ready, go, stop,
+                                               cout, i, None, pattern))
+            for i in range(spec.consumers)]
+    cpu = None if raw else target.cpu_seconds
+    try:
+        launch(cons, [], ready)
+        if not raw:
+            publish(target, topic, spec)
+        go.set()
+        time.sleep(warmup)
+        t0, m0, s0 = time.perf_counter(), sum(cout.msgs), cpu() if cpu else None
+        end = t0 + seconds
+        while time.perf_counter() < end and sum(cout.msgs) < 0.9 * total:
+            if not any(x.is_alive() for x in cons):
+                raise RuntimeError("every consumer exited")
+            time.sleep(0.005)
+        t1, m1, s1 = time.perf_counter(), sum(cout.msgs), cpu() if cpu else None
+    finally:
+        stop_all(cons, stop)
+        if raw_proc is not None:
+            raw_proc.kill()
+            raw_proc.join()
+    if not raw:
+        target.delete_topic(topic)
+    res = {"messages": m1 - m0, "seconds": t1 - t0, "out_msgs_per_s": (m1 - m0) / (t1 - t0),
+           "out_MB_per_s": (m1 - m0) * spec.size / (t1 - t0) / 1e6,
+           "client_cpu_out_s": sum(cout.cpu)}
+    if s0 is not None and m1 > m0:
+        res["server_cpu_us_per_msg_out"] = (s1 - s0) / (m1 - m0) * 1e6
     return res

@@ -175,25 +175,28 @@ class Target:
 RETRIED = []  # what failed and was run again during a suite: its JSON and RESULTS.md say so
 
 
-def start_nsqshm(extra=(), timeout=30, retries=1):
+def start_nsqshm(extra=(), timeout=30, retries=1, tree=None):
     """`nsqshm start` on 127.0.0.1 ephemeral ports in a fresh temp dir; a
     start that fails other than on its flags (exit 2) is retried, and noted
-    in RETRIED."""
+    in RETRIED.  tree: run the nsqshm of that source tree (its PYTHONPATH;
+    built in place), e.g. the previous build for before/after figures."""
     for attempt in range(retries + 1):
         try:
-            return _start(extra, timeout)
+            return _start(extra, timeout, tree)
         except (ServerRejected, RuntimeError) as err:
             if getattr(err, "returncode", None) == 2 or attempt == retries:
                 raise
             RETRIED.append(f"a server start: {err}")
 
 
-def _start(extra, timeout):
+def _start(extra, timeout, tree=None):
     prefix = f"nsqshm-bench-{uuid.uuid4().hex[:8]}"
     data = tempfile.mkdtemp(prefix="nsqshm-bench-")
     cmd = [sys.executable, "-m", "nsqshm.cli", "start", "--tcp-address=127.0.0.1:0",
            "--http-address=127.0.0.1:0", f"--data-path={data}", f"--shm-prefix={prefix}", *extra]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    env = None if tree is None else {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env=env, cwd=tree)
     target = Target(None, proc=proc, pid=proc.pid, prefix=prefix, data=data)
     ports, ready = {}, threading.Event()
 

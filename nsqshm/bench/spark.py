@@ -1,5 +1,8 @@
 """Rows/s into Spark (issue 9), local[2], 100 B messages, in one run:
 
+  log      the "nsqshm" source on a log topic (issue 19): offset ranges read
+           from the partition logs' mmap'd segments (nothing consumed, so the
+           same N messages are read every run)
   shm      the "nsqshm" source reading a channel through shared memory
   tcp      the same source over TCP (transport=tcp, nsqd's max_rdy_count window)
   ceiling  a Python data source yielding ready-made Arrow batches of the same
@@ -62,6 +65,35 @@ def publish(target, topic, n):
     ring.close()
     if depth < base + n:
         raise RuntimeError(f"only {depth - base} of {n} messages reached the channel ring")
+
+
+def publish_log(target, topic, n, partitions):
+    """n messages of SIZE bytes into a new log topic, spread evenly over its
+    partitions (MPUB T p over TCP: local clients do not publish to logs)."""
+    import urllib.request
+
+    import numpy as np
+
+    from nsqshm.spark.tcp import Publisher
+
+    host, port = target.http
+    req = urllib.request.Request(f"http://{host}:{port}/topic/create?topic={topic}"
+                                 f"&partition_num={partitions}", data=b"", method="POST")
+    urllib.request.urlopen(req, timeout=10).close()
+    body = (os.urandom(SIZE // 2).hex().encode() * 2)[:SIZE]
+    chunk = 100_000
+    data = body * chunk
+    offsets = np.arange(chunk + 1, dtype=np.int32) * SIZE
+    pub = Publisher("{}:{}".format(*target.tcp))
+    try:
+        for p in range(partitions):
+            left = n // partitions + (p < n % partitions)
+            while left:
+                k = min(chunk, left)
+                pub.publish_spans(topic, data, offsets, 4, 0, k, partition=p)
+                left -= k
+    finally:
+        pub.close()
 
 
 def ceiling_source():
@@ -135,14 +167,16 @@ def run(ctx):
     if ctx.quick:
         a.messages = min(a.messages, 200_000)
     n, runs = a.messages, ctx.runs(default=5)
-    results = {"shm": [], "tcp": [], "ceiling": []}
+    results = {"log": [], "shm": [], "tcp": [], "ceiling": []}
     spark = _session()
     try:
         with server(a, backlog=(n + 100_000, SIZE)) as target, \
-                ctx.progress.task("spark", 3 * (runs + 1)) as advance:
+                ctx.progress.task("spark", 4 * (runs + 1)) as advance:
             wait_local(target)
+            publish_log(target, "benchlog", n, a.partitions)  # once: a log read consumes nothing
             common = {"numPartitions": a.partitions, "batchSize": a.batch}
             options = {
+                "log": {"shmPrefix": target.prefix, "batchSize": a.batch},
                 "shm": {"shmPrefix": target.prefix, **common},
                 "tcp": {"nsqdTcpAddress": "{}:{}".format(*target.tcp), "transport": "tcp",
                         "nsqdHttpAddress": "{}:{}".format(*target.http), **common}}
@@ -151,6 +185,9 @@ def run(ctx):
                 if name == "ceiling":
                     df = spark.read.format("nsqshm_ceiling").options(
                         n=n, parts=a.partitions, batch=a.batch)
+                elif name == "log":
+                    df = spark.read.format("nsqshm").option("topic", "benchlog").options(
+                        **options[name])
                 else:
                     publish(target, "bench", n)  # not timed
                     df = spark.read.format("nsqshm").option("topic", "bench").options(
@@ -159,11 +196,11 @@ def run(ctx):
                 rows = df.load().count()
                 return rows, time.perf_counter() - t0
 
-            names = ["ceiling", "shm", "tcp"]
+            names = ["ceiling", "log", "shm", "tcp"]
             for i in range(runs + 1):  # run 0 warms the JVM and the Python workers up
                 if i:
                     ctx.settle()
-                for name in names[i % 3:] + names[:i % 3]:  # no source always follows another
+                for name in names[i % 4:] + names[:i % 4]:  # no source always follows another
                     rows, secs = read(name)
                     if rows != n:
                         raise RuntimeError(f"{name}: {rows} rows, expected {n}")
@@ -178,7 +215,9 @@ def run(ctx):
     return {"params": {"messages": n, "size": SIZE, "partitions": a.partitions,
                        "batch": a.batch, "master": "local[2]"},
             "runs": results, "median": med,
-            "ratios": {"shm_to_ceiling": med["shm"] / med["ceiling"],
+            "ratios": {"log_to_ceiling": med["log"] / med["ceiling"],
+                       "log_to_shm": med["log"] / med["shm"],
+                       "shm_to_ceiling": med["shm"] / med["ceiling"],
                        "tcp_to_ceiling": med["tcp"] / med["ceiling"],
                        "shm_to_tcp": med["shm"] / med["tcp"]}}
 
@@ -189,20 +228,24 @@ def render(res):
     out = [f"Rows/s into Spark on `local[2]`: a batch read of {p['messages']:,} messages of "
            f"{p['size']} B ending in `count()`, so every row and every column crosses from the "
            f"Python worker into the JVM; {p['partitions']} partitions, Arrow batches of "
-           f"{p['batch']:,} rows. One warm-up run, then {n}; the order of the three sources "
+           f"{p['batch']:,} rows. One warm-up run, then {n}; the order of the four sources "
            "rotates each run.", "",
            "| source | median | runs | of ceiling |", "|---|---:|---|---:|"]
-    for key, name in (("shm", "`nsqshm`, shared memory"), ("tcp", "`nsqshm`, TCP"),
+    for key, name in (("log", "`nsqshm`, log topic (mmap'd segments)"),
+                      ("shm", "`nsqshm`, shared memory"), ("tcp", "`nsqshm`, TCP"),
                       ("ceiling", "ceiling: Python data source over an in-memory list of "
                                   "Arrow batches")):
         runs = ", ".join(f"{v / 1e6:.2f}" for v in res["runs"][key])
         out.append(f"| {name} | {m[key] / 1e6:.2f} M rows/s | {runs} | "
                    f"{m[key] / m['ceiling']:.2f} |")
-    out += ["", f"Shared memory / TCP: {r['shm_to_tcp']:.1f}x."]
+    out += ["", f"Shared memory / TCP: {r['shm_to_tcp']:.1f}x. "
+                f"Log topic / classic channel through shared memory: {r['log_to_shm']:.2f}x."]
     return out
 
 
 def targets(res):
     v = res["median"]["shm"]
     return [("9", "rows/s into Spark through shared memory, local[2]", ">= 2 M",
-             f"{v / 1e6:.2f} M", v >= TARGET_ROWS)]
+             f"{v / 1e6:.2f} M", v >= TARGET_ROWS),
+            ("19", "rows/s from a log topic, of the in-memory ceiling", ">= 0.9",
+             f"{res['ratios']['log_to_ceiling']:.2f}", res["ratios"]["log_to_ceiling"] >= 0.9)]

@@ -203,6 +203,10 @@ class RoleWatch:
         self._stopped = True
         self.leadership.session.unwatch(self._watch)
 
+    def recheck(self):
+        """Read the partition now (after a change this node made itself)."""
+        self._changed(())
+
     def _changed(self, events):
         # in the watch's greenlet: the next events wait in the stream meanwhile, and the
         # re-read that succeeds sees them all

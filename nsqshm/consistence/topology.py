@@ -61,17 +61,23 @@ class NodeInfo:
     http_port: int = 0
     rpc_port: int = 0
     version: str = ""
+    # nsqshm's: worker k of the node takes replication on rpc_port + k (the partition
+    # owner's); "Workers" is written only when more than one (Youzan's fields otherwise)
+    workers: int = 1
 
     def to_json(self):
-        return {"ID": self.id, "NodeIP": self.ip, "TcpPort": str(self.tcp_port),
-                "HttpPort": str(self.http_port), "RpcPort": str(self.rpc_port),
-                "Version": self.version}
+        d = {"ID": self.id, "NodeIP": self.ip, "TcpPort": str(self.tcp_port),
+             "HttpPort": str(self.http_port), "RpcPort": str(self.rpc_port),
+             "Version": self.version}
+        if self.workers != 1:
+            d["Workers"] = self.workers
+        return d
 
     @classmethod
     def from_json(cls, d):
         return cls(id=d["ID"], ip=d.get("NodeIP", ""), tcp_port=int(d.get("TcpPort") or 0),
                    http_port=int(d.get("HttpPort") or 0), rpc_port=int(d.get("RpcPort") or 0),
-                   version=d.get("Version", ""))
+                   version=d.get("Version", ""), workers=max(1, int(d.get("Workers") or 1)))
 
 
 @dataclass(frozen=True)

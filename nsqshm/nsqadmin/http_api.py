@@ -17,6 +17,8 @@
     DELETE /api/topics/:t[/:c]            deletes
     DELETE /api/nodes/:n                  {"topic":..} tombstones the node for the topic
     GET|PUT /config/:opt                  options (from --allow-config-from-cidr only)
+    GET    /topics/:t/:c/policy, /api/topics/:t/:c/{policy,peek,dead_letters,redrive}
+                                          delivery policies (nsqshm.nsqadmin.policies)
 
 Answers are nsqadmin's: V1 JSON with Go's field order, a "message" that
 carries "WARNING: ..." when some node failed, 502 "UPSTREAM_ERROR: ..." when
@@ -39,6 +41,7 @@ from nsqshm.flags import LOG_LEVELS, split_host_port
 from nsqshm.nsqadmin import graphite
 from nsqshm.nsqadmin.cluster_view import ClusterView, maybe_warn
 from nsqshm.nsqadmin.options import parse_cidr
+from nsqshm.nsqadmin.policies import PolicyRoutes
 from nsqshm.nsqadmin.router import PatternRoute, join_base
 from nsqshm.nsqd.http_api import (
     HTTPAPI,
@@ -158,6 +161,8 @@ class AdminHTTPAPI(HTTPAPI):
         add("GET", "/api/graphite", lambda req: self._json(graphite.rate(admin, req)))
         add("GET", "/config/:opt", self.config)
         add("PUT", "/config/:opt", self.config)
+        for method, path, handler, raw in PolicyRoutes(self).routes():  # issue 18
+            add(method, path, handler, raw=raw)
 
     @property
     def opts(self):

@@ -23,6 +23,7 @@ from nsqshm.flags import format_duration
 from nsqshm.nsqadmin.cluster_view import maybe_warn
 from nsqshm.nsqadmin.http_api import check_channel, check_topic
 from nsqshm.nsqadmin.nsqadmin import VERSION_STRING
+from nsqshm.nsqadmin.policies import body_text, ns_time
 from nsqshm.nsqadmin.stats import TopicStats
 from nsqshm.nsqd.http_api import Err
 from nsqshm.nsqd.stats import nanoseconds_to_human
@@ -55,7 +56,7 @@ class Pages:
         self.view = api.view
         env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
                           undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-        env.filters.update(commafy=commafy, nanotohuman=nanoseconds_to_human,
+        env.filters.update(body_text=body_text, nstime=ns_time, commafy=commafy, nanotohuman=nanoseconds_to_human,
                            percent=percent, connected=connected)
         env.globals.update(percentiles=percentiles)
         self.env = env

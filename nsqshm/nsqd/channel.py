@@ -196,11 +196,29 @@ class Channel:
         client.finish_count += 1
         self._ready.set()
 
-    def finished(self, client, n):
-        """n messages of client were finished in a batch (wire.fin_lines)."""
-        client.in_flight -= n
-        client.finish_count += n
-        self._ready.set()
+    def requeues_in_c(self):
+        """Whether a REQ can be applied by the C command parser: not when a
+        max-attempts policy may dead-letter it, nor on a log topic."""
+        return self.cursors is None and (self.policy is None or not self.policy.max_attempts)
+
+    def commands_applied(self, client, parser):
+        """Account what a CommandParser.parse applied for client (FIN, REQ,
+        TOUCH), once per call: REQs without a delay stored, then the in-flight
+        blocks of every REQ released."""
+        finished, requeued = parser.finished, parser.requeued
+        client.in_flight -= finished + requeued
+        client.finish_count += finished
+        if requeued:
+            client.requeue_count += requeued
+            self.requeue_count += requeued
+            records = parser.take_requeued()
+            if records:
+                self.put_records(records)
+            self.inflight.release()  # stored again: the in-flight blocks can go
+        if parser.scan_by >= 0:
+            self.nsqd.schedule_scan(parser.scan_by)
+        if finished or requeued:
+            self._ready.set()
 
     def requeue(self, client, msg_id, delay):
         msg = self.inflight.requeue(msg_id, client.id)
@@ -245,9 +263,9 @@ class Channel:
         were left (0 with keep_rest).  The topic pump counts message_count;
         requeues, timeouts and deferred messages coming due do not count,
         as in nsqd."""
-        if self.policy is not None and self.policy.max_depth \
-                and self.policy.overflow == "drop-oldest":
-            bounds.trim_channel(self, count_packed(packed, len(packed)))  # oldest out first
+        if self.policy is not None and bounds.drops(self.policy):
+            count = count_packed(packed, len(packed))  # oldest out first
+            bounds.trim_channel(self, count, len(packed) - bounds.RECORD_SIZE * count)
         _, view = memory_first(self.ring, self.backend, packed, self.mem_limit)
         if view and self.owned:
             if self.ephemeral:

@@ -83,6 +83,7 @@ class ClientV2:
         self.closed = False
         self.unwritable = False  # a failed TLS handshake: the socket takes no more writes
         self.out = bytearray()
+        self._spare = bytearray()  # the other output buffer, while one is being sent
         self._urgent = False      # out holds a frame that must go now (not a held message)
         self._flush_timer = None  # the output buffer's timer, while messages are held
         self._write_lock = gevent.lock.Semaphore()
@@ -200,17 +201,26 @@ class ClientV2:
             return
         send = self.sock.send  # not sendall: gevent's asks for SO_SNDBUF every call
         while self.out:
-            data = bytes(self.out)
-            del self.out[:]
+            # the buffer itself is sent, and a spare takes its place for the frames
+            # appended meanwhile (a send may wait): no copy of the whole output
+            spare, self._spare = self._spare, None  # (a send that fails leaves none)
+            data, self.out = self.out, spare if spare is not None else bytearray()
             self._urgent = False
             if self._flush_timer is not None:
                 self._stop_flush_timer()
             codec = self.codec
             if codec is not None:
-                data = codec.encode(data)
-            view = memoryview(data)
-            while view:
-                view = view[send(view):]
+                encoded = codec.encode(data)
+                del data[:]
+                self._spare, data = data, encoded
+            with memoryview(data) as whole:
+                view = whole
+                while view:
+                    view = view[send(view):]
+                view.release()
+            if codec is None:
+                del data[:]
+                self._spare = data
 
     def _send_what_fits(self):
         """Before a close from elsewhere (its channel deleted): the answers

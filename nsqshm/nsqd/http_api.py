@@ -37,12 +37,14 @@ from nsqshm._core import wire
 from nsqshm._core.commitlog import LogError
 from nsqshm._core.logcursor import ID_OFFSET_BITS
 from nsqshm.httpserver import HTTPServer
+from nsqshm.nsqd import message_ttl
 from nsqshm.nsqd.listeners import listen
 from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
 from nsqshm.nsqd.partition import MAX_SECONDS
 from nsqshm.nsqd.policy_api import PolicyRoutes
+from nsqshm.nsqd.replica import NotLeader
 from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
 from nsqshm.nsqd.topic import TopicError, TopicFull
 from nsqshm.youzan import http as youzan_http
@@ -56,6 +58,8 @@ def put_error(err):
     QUEUE_FULL when a bounded queue refused it (bounds.py)."""
     if isinstance(err, TopicFull):
         return Err(503, "QUEUE_FULL")
+    if isinstance(err, NotLeader):  # cluster mode (nsqd/replica.py)
+        return Err(400, "E_FAILED_ON_NOT_LEADER")
     return Err(503, "EXITING") if str(err) == "exiting" else Err(500, "INTERNAL_ERROR")
 
 RECORD_OVERHEAD = 4 + 26  # packed record: native size + message header
@@ -537,6 +541,9 @@ class HTTPAPI:
         if not body:
             raise Err(400, "MSG_EMPTY")
         values, topic = self._topic_from_query(req)
+        expires_at = self._message_ttl(values, topic)  # issue 18
+        if len(body) > message_ttl.max_body(opts.max_msg_size, expires_at):
+            raise Err(413, "MSG_TOO_BIG")
         deferred_ns = 0
         if "defer" in values:
             ms = parse_int64(values["defer"][0])
@@ -546,7 +553,11 @@ class HTTPAPI:
             if deferred_ns < 0 or deferred_ns > round(opts.max_req_timeout * 1e9):
                 raise Err(400, "INVALID_DEFER")
         try:
-            if deferred_ns:
+            if expires_at and deferred_ns:
+                topic.put_deferred(body, deferred_ns / 1e9, expires_at)
+            elif expires_at:
+                topic.put_message(body, self._partition(values, topic), expires_at)
+            elif deferred_ns:
                 topic.put_deferred(body, deferred_ns / 1e9)
             else:
                 topic.put_message(body, self._partition(values, topic))
@@ -555,6 +566,14 @@ class HTTPAPI:
         except TopicError as err:
             raise put_error(err) from None
         return "OK"
+
+    @staticmethod
+    def _message_ttl(values, topic):
+        """The deadline of a ttl= (message_ttl.py), 0 without one."""
+        try:
+            return message_ttl.from_query(values, topic.is_log)
+        except message_ttl.MessageTTLError as err:
+            raise Err(400, str(err)) from None
 
     @staticmethod
     def _partition(values, topic):
@@ -572,6 +591,8 @@ class HTTPAPI:
         if (req.content_length or 0) > opts.max_body_size:
             raise Err(413, "BODY_TOO_BIG")
         values, topic = self._topic_from_query(req)
+        expires_at = self._message_ttl(values, topic)  # issue 18
+        max_msg_size = message_ttl.max_body(opts.max_msg_size, expires_at)
         binary = False
         if "binary" in values:
             value = values["binary"][0]
@@ -582,24 +603,26 @@ class HTTPAPI:
         read_max = opts.max_body_size + 1
         out = bytearray()
         if binary:
-            count = self._binary_mpub(req, out)
+            count = self._binary_mpub(req, out, max_msg_size)
         else:
             body = self._read_body(req, read_max)
             if len(body) == read_max:
                 # nsqd reads line by line: a too long line before the line that
                 # reaches the limit is reported first
                 cut = body.rfind(b"\n", 0, read_max - 1)
-                if cut >= 0 and max(map(len, body[:cut].split(b"\n"))) > opts.max_msg_size:
+                if cut >= 0 and max(map(len, body[:cut].split(b"\n"))) > max_msg_size:
                     raise Err(413, "MSG_TOO_BIG")
                 raise Err(413, "BODY_TOO_BIG")
             count, too_big = wire.pack_lines(body, nsqd.ids, time.time_ns(),
-                                             opts.max_msg_size, out)
+                                             max_msg_size, out)
             if too_big >= 0:
                 raise Err(413, "MSG_TOO_BIG")
         try:
             if count:
-                topic.put_packed(out, count, len(out) - count * RECORD_OVERHEAD,
-                                 self._partition(values, topic))
+                body_bytes = len(out) - count * RECORD_OVERHEAD
+                if expires_at:
+                    out = message_ttl.add(out, expires_at)
+                topic.put_packed(out, count, body_bytes, self._partition(values, topic))
             elif topic.exiting:
                 raise TopicError("exiting")
         except PartitionError:
@@ -608,7 +631,7 @@ class HTTPAPI:
             raise put_error(err) from None
         return "OK"
 
-    def _binary_mpub(self, req, out):
+    def _binary_mpub(self, req, out, max_msg_size):
         """nsqd's readMPUB on the body stream: the count, then each size and
         message, and no further.  A body cut short (or chunked wrongly) ends
         the stream where it breaks: BAD_BODY if the count was not there,
@@ -634,7 +657,7 @@ class HTTPAPI:
                 ended = True
             body = b"".join(chunks)
             status, _index, count = wire.pack_mpub(body, self.nsqd.ids, time.time_ns(),
-                                                   opts.max_msg_size, opts.max_body_size, out)
+                                                   max_msg_size, opts.max_body_size, out)
             if status == wire.MPUB_OK:
                 return count
             if status not in MPUB_NEEDS_MORE or ended:

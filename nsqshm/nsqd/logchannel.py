@@ -171,9 +171,12 @@ class LogChannel(Channel):
         super().finish(client, msg_id)
         self._next_ordered()
 
-    def finished(self, client, n):
-        super().finished(client, n)
-        self._next_ordered()
+    def commands_applied(self, client, parser):
+        """FINs the C command parser applied (protocol_v2, _core/commands.pyx):
+        an ordered lane's owner may push the next message."""
+        super().commands_applied(client, parser)
+        if parser.finished:
+            self._next_ordered()
 
     def _next_ordered(self):
         """A FIN may let an ordered lane's owner push the next message: wake

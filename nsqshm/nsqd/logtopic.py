@@ -183,7 +183,9 @@ class LogTopic(Topic):
         if partition is not None:
             target = self.partition(partition)
         else:
-            pool = self._owned or self.partitions
+            # (cluster mode: the partitions this node leads, this worker's first)
+            led = [p for p in self.partitions if p.replica is not None and p.writable]
+            pool = [p for p in led if p.owned] or led or self._owned or self.partitions
             target = pool[self._turn % len(pool)]
             self._turn += 1
         if target.owned:
@@ -194,6 +196,8 @@ class LogTopic(Topic):
             except OSError as err:
                 self.nsqd.set_health(err)
                 raise TopicError(str(err)) from None
+        elif target.replica is not None:  # cluster mode: the owner replicates (replica.py)
+            target.replica.forward(target, packed)
         elif not target.push_inbound(packed):
             raise TopicError(f"partition {target.index} inbound ring is full")
         self.message_count += count

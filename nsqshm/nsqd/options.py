@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import zlib
 
 from nsqshm import flags
+from nsqshm.consistence import options as cluster_options
 from nsqshm.flags import (
     BOOL,
     DURATION,
@@ -215,10 +217,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max-queue-depth", INT, 0,
          _EXT + "max depth, in messages, of each new topic and channel (0 = unbounded; "
          "/topic/policy and /channel/policy set each)", extension=True),
+    Flag("max-queue-bytes", INT, 0,
+         _EXT + "max bytes of messages (26 + body each) of each new topic and channel "
+         "(0 = unbounded; /topic/policy and /channel/policy set each)", extension=True),
     Flag("queue-overflow", STRING, "reject",
          _EXT + "what a full bounded queue does: reject (the publish fails) or drop-oldest",
          extension=True),
-)
+) + cluster_options.NSQD  # youzan/nsq's cluster mode (consistence/options.py)
 
 FLAGS_BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
 assert len(FLAGS_BY_NAME) == len(FLAGS), "duplicate flag"
@@ -267,8 +272,11 @@ def validate(opts: Options) -> None:
         raise OptionsError("--lookupd-ping-interval must be > 0")
     if opts.max_queue_depth < 0:
         raise OptionsError("--max-queue-depth must be >= 0")
+    if opts.max_queue_bytes < 0:
+        raise OptionsError("--max-queue-bytes must be >= 0")
     if opts.queue_overflow not in ("reject", "drop-oldest"):
         raise OptionsError("--queue-overflow must be reject or drop-oldest")
+    cluster_options.validate(opts, workers=opts.workers or os.cpu_count() or 1)
 
 
 FLAGSET = FlagSet("nsqd", FLAGS, validate=validate, options_class=Options)

@@ -28,6 +28,7 @@ import gevent
 import gevent.event
 
 from nsqshm._core.commitlog import LogError, LogReader, PartitionLog, partition_dir
+from nsqshm.nsqd.topic import TopicError
 from nsqshm.nsqd.waiting import RingWaker
 from nsqshm.youzan.offset import MSGCOUNT, NOT_SUPPORTED, TIMESTAMP, VIRTUAL_QUEUE
 
@@ -54,6 +55,8 @@ class Partition:
         self.path = partition_dir(nsqd.data_path, topic.name, index)
         self.log = None
         self._reader = None
+        # cluster mode: the gate the coordinator sets (nsqd/replica.py); None standalone
+        self.replica = getattr(nsqd, "replica_gate", None)
         self._syncing = None  # a sync running on a thread of the hub's pool
         if self.owned:
             opts = nsqd.opts
@@ -140,9 +143,29 @@ class Partition:
 
     # -- appending ------------------------------------------------------------------------
 
+    @property
+    def writable(self):
+        """Standalone, or this node leads the partition (nsqd/replica.py)."""
+        return self.replica is None or self.replica.writable
+
     def append(self, packed):
         """The owner: append packed records (IDs stamped with their
-        position); committed and in the page cache when it returns."""
+        position); committed and in the page cache when it returns, and in
+        cluster mode on every in-sync replica (the gate waits for them)."""
+        gate = self.replica
+        if gate is None:
+            return self._append(packed)
+        gate.check_writable(self)
+        count = self._append(packed)
+        gate.committed(self, self.log.end_offset)
+        return count
+
+    def append_replica(self, packed):
+        """A follower: the leader's records, at the offsets they get here
+        (ReplicaHost.append_at checked the log ends where the leader's began)."""
+        return self._append(packed)
+
+    def _append(self, packed):
         count, _, _ = self.log.append_packed(packed, self.index)
         if self.log.unsynced >= self.nsqd.opts.sync_every:
             self.sync()
@@ -182,6 +205,9 @@ class Partition:
                         self.append(memoryview(scratch)[:nbytes])
                     except OSError as err:  # a full disk: the batch stays in the ring
                         self.nsqd.set_health(err)
+                        gevent.sleep(0.25)
+                        continue
+                    except TopicError:  # cluster mode: not the leader (now); it stays
                         gevent.sleep(0.25)
                         continue
                     ring.discard(n)

@@ -26,6 +26,8 @@ clients see it.  In flight ones add "deadline" (ns since the epoch) and
 import base64
 import time
 
+from nsqshm.nsqd.message_ttl import EXPIRY_BIT, EXPIRY_SIZE
+
 PEEK_MAX = 1000       # n is 1..PEEK_MAX
 PEEK_DEFAULT = 10
 BUFFER_MAX = 64 << 20  # one answer copies at most this many bytes of messages
@@ -33,12 +35,23 @@ HELD_HEADER = 4 + 8 + 8  # snapshot(): u32 size, i64 deadline, u64 client ID
 
 
 def message_json(msg):
-    """A message (nsqd's encoding: timestamp, attempts, ID, body) as JSON."""
+    """A message (nsqd's encoding: timestamp, attempts, ID, body) as JSON;
+    one with a time to live of its own (message_ttl.py) adds "expires" (ns
+    since the epoch)."""
     msg = bytes(msg)
-    return {"id": msg[10:26].decode("ascii", "replace"),
-            "body": base64.b64encode(msg[26:]).decode("ascii"),
-            "timestamp": int.from_bytes(msg[:8], "big", signed=True),
-            "attempts": int.from_bytes(msg[8:10], "big")}
+    attempts = int.from_bytes(msg[8:10], "big")
+    end, expires = len(msg), None
+    if attempts & EXPIRY_BIT and end >= 26 + EXPIRY_SIZE:
+        attempts &= ~EXPIRY_BIT
+        end -= EXPIRY_SIZE
+        expires = int.from_bytes(msg[end:], "big", signed=True)
+    doc = {"id": msg[10:26].decode("ascii", "replace"),
+           "body": base64.b64encode(msg[26:end]).decode("ascii"),
+           "timestamp": int.from_bytes(msg[:8], "big", signed=True),
+           "attempts": attempts}
+    if expires is not None:
+        doc["expires"] = expires
+    return doc
 
 
 def _unpack(buf, nbytes):

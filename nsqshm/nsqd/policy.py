@@ -56,9 +56,10 @@ from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 MAX_ATTEMPTS_LIMIT = 0xFFFF  # the attempts field is a u16
 TTL_MS_LIMIT = 1 << 40       # about 34 years
 MAX_DEPTH_LIMIT = 1 << 40
+MAX_BYTES_LIMIT = 1 << 50
 KEYS = ("ttl_ms", "max_attempts", "dead_letter_topic", "dead_letter_expired", "max_depth",
-        "overflow")
-TOPIC_KEYS = ("ttl_ms", "max_depth", "overflow")
+        "max_bytes", "overflow")
+TOPIC_KEYS = ("ttl_ms", "max_depth", "max_bytes", "overflow")
 REASONS = ("requeued", "timed_out", "expired")
 REDRIVE_TIMEOUT = 60.0  # a redrive asked of the dead-letter topic's owner
 BOOLS = {"true": True, "1": True, "false": False, "0": False}
@@ -72,8 +73,8 @@ class Policy:
     """A topic's or channel's settings (0 / "" for unset) and counters."""
 
     __slots__ = ("ttl_ms", "max_attempts", "dead_letter_topic", "dead_letter_count",
-                 "reasons", "max_depth", "overflow", "rejected_count", "dropped_count",
-                 "dead_letter_expired")
+                 "reasons", "max_depth", "max_bytes", "overflow", "rejected_count",
+                 "dropped_count", "dead_letter_expired")
 
     def __init__(self):
         self.ttl_ms = 0
@@ -82,6 +83,7 @@ class Policy:
         self.dead_letter_count = 0
         self.reasons = dict.fromkeys(REASONS, 0)
         self.max_depth = 0
+        self.max_bytes = 0
         self.overflow = "reject"
         self.rejected_count = 0
         self.dropped_count = 0
@@ -110,6 +112,8 @@ def parse_values(raw, channel_level, topic_name="", channel_name=""):
         values["ttl_ms"] = _int(raw["ttl_ms"], 0, TTL_MS_LIMIT, "INVALID_TTL")
     if "max_depth" in raw:
         values["max_depth"] = _int(raw["max_depth"], 0, MAX_DEPTH_LIMIT, "INVALID_MAX_DEPTH")
+    if "max_bytes" in raw:
+        values["max_bytes"] = _int(raw["max_bytes"], 0, MAX_BYTES_LIMIT, "INVALID_MAX_BYTES")
     if "overflow" in raw:
         if raw["overflow"] not in bounds.OVERFLOWS:
             raise PolicyError("INVALID_OVERFLOW")
@@ -185,7 +189,8 @@ def update_channel(channel):
         channel.policy = Policy()
     ttls = [p.ttl_ms for p in (topic_policy, channel.policy) if p is not None and p.ttl_ms]
     channel.inflight.ttl_ns = min(ttls) * 1_000_000 if ttls else 0
-    keep = ttls and channel.policy is not None and channel.policy.dead_letter_expired
+    # (a message may have a time to live of its own: message_ttl.py)
+    keep = channel.policy is not None and channel.policy.dead_letter_expired
     if not keep:
         channel.inflight.expired_out = None
     elif channel.inflight.expired_out is None:
@@ -245,9 +250,13 @@ def meta(target):
         out["dead_letter_topic"] = policy.dead_letter_topic
     if policy.dead_letter_expired:
         out["dead_letter_expired"] = True
-    default = default_bound(target.nsqd)
-    if (policy.max_depth, policy.overflow) != default and (policy.max_depth or default[0]):
-        out["max_depth"] = policy.max_depth  # (0: a default bound taken off)
+    depth, nbytes, overflow = default_bound(target.nsqd)
+    if (policy.max_depth, policy.max_bytes, policy.overflow) != (depth, nbytes, overflow) \
+            and (policy.max_depth or policy.max_bytes or depth or nbytes):
+        if policy.max_depth or depth:
+            out["max_depth"] = policy.max_depth  # (0: a default bound taken off)
+        if policy.max_bytes or nbytes:
+            out["max_bytes"] = policy.max_bytes
         out["overflow"] = policy.overflow
     return out
 
@@ -266,17 +275,19 @@ def load(nsqd, target, entry, channel_level):
 
 
 def default_bound(nsqd):
-    """(max_depth, overflow) of --max-queue-depth and --queue-overflow."""
+    """(max_depth, max_bytes, overflow) of --max-queue-depth, --max-queue-bytes
+    and --queue-overflow."""
     opts = nsqd.opts
-    return getattr(opts, "max_queue_depth", 0), getattr(opts, "queue_overflow", "reject")
+    return (getattr(opts, "max_queue_depth", 0), getattr(opts, "max_queue_bytes", 0),
+            getattr(opts, "queue_overflow", "reject"))
 
 
 def _with_default_bound(nsqd):
-    depth, overflow = default_bound(nsqd)
-    if not depth:
+    depth, nbytes, overflow = default_bound(nsqd)
+    if not depth and not nbytes:
         return None
     policy = Policy()
-    policy.max_depth, policy.overflow = depth, overflow
+    policy.max_depth, policy.max_bytes, policy.overflow = depth, nbytes, overflow
     return policy
 
 
@@ -301,7 +312,9 @@ def inherit(channel):
 def channel_stats(channel):
     policy = getattr(channel, "policy", None)
     if policy is None:
-        return {}
+        if not getattr(channel.inflight, "expired", 0):
+            return {}
+        policy = Policy()  # messages with a time to live of their own expired (message_ttl.py)
     return {"ttl_ms": policy.ttl_ms, "max_attempts": policy.max_attempts,
             "dead_letter_topic": (dead_letter_topic(channel)
                                   if policy.max_attempts or policy.dead_letter_expired else ""),
@@ -315,7 +328,8 @@ def channel_stats(channel):
 
 
 def _bound_stats(policy):
-    return {"max_depth": policy.max_depth, "overflow": policy.overflow,
+    return {"max_depth": policy.max_depth, "max_bytes": policy.max_bytes,
+            "overflow": policy.overflow,
             "rejected_count": policy.rejected_count, "dropped_count": policy.dropped_count}
 
 
@@ -328,6 +342,7 @@ SUMMED_STATS = ("dead_letter_count", "dead_letter_requeued_count",
 def topic_stats(topic):
     policy = getattr(topic, "policy", None)
     if policy is None and not any(getattr(c, "policy", None) is not None
+                                  or getattr(c.inflight, "expired", 0)
                                   for c in topic.channels.values()):
         return {}
     return {"ttl_ms": policy.ttl_ms if policy is not None else 0,

@@ -5,9 +5,9 @@ TOPIC_NOT_FOUND, CHANNEL_NOT_FOUND...).
 
     GET  /topic/peek?topic=&n=                 peek.py
     GET  /channel/peek?topic=&channel=&n=      peek.py
-    POST /topic/policy?topic=[&ttl=][&max_depth=][&overflow=]   policy.py, bounds.py
+    POST /topic/policy?topic=[&ttl=][&max_depth=][&max_bytes=][&overflow=]   policy.py, bounds.py
     POST /channel/policy?topic=&channel=[&ttl=][&max_attempts=][&dead_letter_topic=]
-                        [&max_depth=][&overflow=]    (ttl in ms; 0 turns a setting off)
+                        [&max_depth=][&max_bytes=][&overflow=]  (ttl in ms; 0 turns a setting off)
     POST /channel/redrive?topic=&channel=[&n=] policy.redrive: n dead letters, or all
 
 A policy route answers the policy after the change (only the parameters
@@ -23,8 +23,10 @@ from nsqshm.nsqd.names import is_valid_name
 CHANNEL_PARAMS = {"ttl": "ttl_ms", "max_attempts": "max_attempts",
                   "dead_letter_topic": "dead_letter_topic",
                   "dead_letter_expired": "dead_letter_expired", "max_depth": "max_depth",
-                  "overflow": "overflow"}
-TOPIC_PARAMS = {"ttl": "ttl_ms", "max_depth": "max_depth", "overflow": "overflow"}
+                  "max_bytes": "max_bytes", "overflow": "overflow"}
+BOUND_PARAMS = ("max_depth", "max_bytes", "overflow")
+TOPIC_PARAMS = {"ttl": "ttl_ms", "max_depth": "max_depth", "max_bytes": "max_bytes",
+                "overflow": "overflow"}
 
 
 class PolicyRoutes:
@@ -95,7 +97,7 @@ class PolicyRoutes:
         return self._set(values, channel.topic, channel, CHANNEL_PARAMS)
 
     def _set(self, values, topic, channel, params):
-        if topic.is_log and (channel is None or "max_depth" in values or "overflow" in values):
+        if topic.is_log and (channel is None or any(k in values for k in BOUND_PARAMS)):
             # a log topic keeps everything until retention: no topic policy, no bound
             raise self.Err(400, "NOT_SUPPORTED_ON_LOG_TOPIC")
         raw = {key: values[param][0] for param, key in params.items() if param in values}
@@ -111,7 +113,7 @@ class PolicyRoutes:
             policy.set_policy(self.nsqd, topic, channel, parsed)
         current = target.policy or policy.Policy()
         out = {"ttl_ms": current.ttl_ms, "max_depth": current.max_depth,
-               "overflow": current.overflow}
+               "max_bytes": current.max_bytes, "overflow": current.overflow}
         if channel is not None:
             out["max_attempts"] = current.max_attempts
             out["dead_letter_topic"] = (

@@ -12,6 +12,7 @@ are followed by [ 4-byte size ][ body ].
 """
 
 import json
+import os
 import socket
 import time
 
@@ -19,6 +20,7 @@ import gevent
 
 from nsqshm._core import wire
 from nsqshm._core.codec import FRAME_TYPE_ERROR
+from nsqshm._core.commands import NEED_MORE, CommandParser
 from nsqshm.nsqd.auth import AuthError
 from nsqshm.nsqd.channel import ChannelError
 from nsqshm.nsqd.client_v2 import (
@@ -29,11 +31,18 @@ from nsqshm.nsqd.client_v2 import (
     frame,
 )
 from nsqshm.nsqd.compression import CorruptStream, DeflateCodec, SnappyCodec
-from nsqshm.nsqd.errors import BAD_PARTITION, E_TOPIC_NOT_EXIST, ClientErr, FatalClientErr
+from nsqshm.nsqd.errors import (
+    BAD_PARTITION,
+    E_FAILED_ON_NOT_LEADER,
+    E_TOPIC_NOT_EXIST,
+    ClientErr,
+    FatalClientErr,
+)
 from nsqshm.nsqd.logtopic import PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import TLS_NOT_REQUIRED
-from nsqshm.nsqd.reader import Disconnect, LineTooLong, Reader
+from nsqshm.nsqd.reader import MAX_LINE, Disconnect, LineTooLong, Reader
+from nsqshm.nsqd.replica import NotLeader
 from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqd.topic import TopicError
 from nsqshm.youzan.commands import NO_PARTITION, ORDERED_WITH_SAMPLE_RATE, parse_sub
@@ -142,6 +151,9 @@ class ProtocolV2:
     def __init__(self, nsqd):
         self.nsqd = nsqd
         self.opts = nsqd.opts
+        # NSQSHM_PYTHON_COMMANDS=1: every command through the Python path, the
+        # reference the C parser is compared with (tests/nsqd/test_command_parser.py)
+        self.c_commands = os.environ.get("NSQSHM_PYTHON_COMMANDS") != "1"
         self.commands = {
             b"IDENTIFY": self.IDENTIFY, b"AUTH": self.AUTH, b"SUB": self.SUB, b"RDY": self.RDY,
             b"FIN": self.FIN, b"REQ": self.REQ, b"TOUCH": self.TOUCH, b"CLS": self.CLS,
@@ -180,21 +192,29 @@ class ProtocolV2:
         commands = self.commands
         sock_timeout = None
         tls_required = self.opts.tls_required != TLS_NOT_REQUIRED
+        parser = None
         while not client.closed:
-            channel = client.channel
-            if channel is not None and reader.buf.startswith(b"FIN ", reader.pos):
-                # a window of FINs: finished in one C loop (wire.fin_lines)
-                pos, n = wire.fin_lines(reader.buf, reader.pos, channel.inflight, client.id,
-                                        channel.cursors)
-                if n:
-                    reader.pos = pos
-                    channel.finished(client, n)
-                    continue
             hb = client.heartbeat_interval
             timeout = (client.sock, hb * 2 if hb > 0 else None)
             if timeout != sock_timeout:  # settimeout costs system calls: only on a change
                 client.sock.settimeout(timeout[1])
                 sock_timeout = timeout
+            channel = client.channel
+            if channel is not None and self.c_commands:
+                # a consumer's FIN, REQ, TOUCH and NOP, from the first unread byte, in C
+                # (_core/commands.pyx); it stops at a line for the path below
+                if parser is None:
+                    parser = self.command_parser(client, channel)
+                status = parser.parse(reader.buf, reader.pos, channel.requeues_in_c())
+                reader.pos = parser.pos
+                if parser.finished or parser.requeued or parser.touched:
+                    channel.commands_applied(client, parser)
+                if status == NEED_MORE and reader.pending() < MAX_LINE:
+                    try:
+                        reader.fill()
+                    except (Disconnect, OSError):
+                        return
+                    continue
             try:
                 line = reader.readline()
             except LineTooLong:
@@ -223,6 +243,12 @@ class ProtocolV2:
                 return
             if response is not None:
                 client.queue_response(response)  # sent before the reader next waits
+
+    def command_parser(self, client, channel):
+        opts = self.opts
+        return CommandParser(channel.inflight, channel.deferred, channel.cursors, client.id,
+                             client.msg_timeout_ns, int(opts.max_msg_timeout * 1e9),
+                             int(opts.max_req_timeout * 1e9))
 
     def close_after_flush(self, client):
         client.flush()
@@ -572,13 +598,17 @@ class ProtocolV2:
             raise FatalClientErr("E_BAD_TOPIC", f"PUB topic name {go_quote(topic_name)} is not valid")
         partition = partition_param(params)
         body = self._read_message(reader, "PUB")
-        self.check_auth(client, "PUB", topic_name.decode(), "")
-        try:
+        try:  # the body is a view of the read buffer: packed into the ring, never kept
+            self.check_auth(client, "PUB", topic_name.decode(), "")
             self._publish(topic_name.decode(), lambda topic: topic.put_message(body, partition))
         except PartitionError as err:
             raise FatalClientErr(*BAD_PARTITION(err)) from None
+        except NotLeader as err:  # cluster mode (nsqd/replica.py): Youzan's, not fatal
+            raise ClientErr(E_FAILED_ON_NOT_LEADER, str(err)) from None
         except TopicError as err:
             raise FatalClientErr("E_PUB_FAILED", f"PUB failed {err}") from None
+        finally:
+            body.release()
         self._count_pub(client, topic_name.decode(), 1)
         return OK
 
@@ -605,8 +635,10 @@ class ProtocolV2:
         status, index, value, body = reader.read_mpub(opts.max_msg_size, opts.max_body_size)
         packed = bytearray()
         if status == wire.MPUB_OK:
-            status, index, value = wire.pack_mpub(body, self.nsqd.ids, time.time_ns(),
-                                                  opts.max_msg_size, opts.max_body_size, packed)
+            with body:  # a view of the read buffer: its one copy is into `packed`
+                status, index, value = wire.pack_mpub(body, self.nsqd.ids, time.time_ns(),
+                                                      opts.max_msg_size, opts.max_body_size,
+                                                      packed)
         if status != wire.MPUB_OK:
             code, template = MESSAGE_ERRORS[status]
             raise FatalClientErr(code, template.format(index=index, value=value,
@@ -616,6 +648,8 @@ class ProtocolV2:
                                                              len(packed) - value * 30, partition))
         except PartitionError as err:
             raise FatalClientErr(*BAD_PARTITION(err)) from None
+        except NotLeader as err:
+            raise ClientErr(E_FAILED_ON_NOT_LEADER, str(err)) from None
         except TopicError as err:
             raise FatalClientErr("E_MPUB_FAILED", f"MPUB failed {err}") from None
         self._count_pub(client, topic.name, value)
@@ -635,17 +669,19 @@ class ProtocolV2:
         if not 0 <= timeout_ns <= max_ms * 1_000_000:
             raise FatalClientErr("E_INVALID", f"DPUB timeout {timeout_ms} out of range 0-{max_ms}")
         body = self._read_message(reader, "DPUB")
-        self.check_auth(client, "DPUB", topic_name.decode(), "")
         def put(topic):
             if timeout_ns:
                 topic.put_deferred(body, timeout_ns / 1e9)
             else:
                 topic.put_message(body)
 
-        try:
+        try:  # the body is a view of the read buffer: packed, never kept
+            self.check_auth(client, "DPUB", topic_name.decode(), "")
             self._publish(topic_name.decode(), put)
         except TopicError as err:
             raise FatalClientErr("E_DPUB_FAILED", f"DPUB failed {err}") from None
+        finally:
+            body.release()
         self._count_pub(client, topic_name.decode(), 1)
         return OK
 
@@ -696,7 +732,7 @@ class ProtocolV2:
         if size > max_size:
             raise FatalClientErr("E_BAD_MESSAGE", f"{verb} message too big {size} > {max_size}")
         try:
-            return reader.read(size)
+            return reader.read_view(size)  # released by the caller
         except Disconnect:
             raise FatalClientErr("E_BAD_MESSAGE", f"{verb} failed to read message body") from None
 

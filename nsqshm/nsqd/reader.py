@@ -7,6 +7,7 @@ from nsqshm._core import wire
 from nsqshm.nsqd.compression import CorruptStream, decoding_recv
 
 MAX_LINE = 16 * 1024  # nsqd's bufio.Reader size: a longer line (with its '\n') ends the connection
+READ_SIZE = 256 * 1024  # at most this much per recv
 
 
 class Disconnect(Exception):
@@ -26,18 +27,38 @@ class Reader:
     def __init__(self, sock, before_wait=None):
         self.sock = sock
         self.recv = sock.recv
+        self.plain_sock = sock  # while it is the transport, bytes go straight into buf
+        self.decoding = False
+        self.drained = False  # the last recv emptied the socket
         self.buf = bytearray()
         self.pos = 0
         self.before_wait = before_wait  # called before each read from the socket
 
-    def _fill(self):
+    def fill(self):
+        """Read more from the connection (Disconnect at its end)."""
         if self.before_wait is not None:
             self.before_wait()
         if self.pos:
             del self.buf[:self.pos]
             self.pos = 0
+        sock = self.sock
+        if sock is self.plain_sock and not self.decoding:
+            # the plain socket: recv() onto the end of buf (one copy, the kernel's);
+            # gevent's wait for readability, with the socket's timeout.  A recv that
+            # took less than it could emptied the socket: wait first, rather than
+            # spend a recv on EAGAIN (a consumer's FINs come a few per segment)
+            if self.drained:
+                sock._wait(sock._read_event)
+            while True:
+                n = wire.recv_append(sock.fileno(), self.buf, READ_SIZE)
+                if n > 0:
+                    self.drained = n < READ_SIZE
+                    return
+                if n == 0:
+                    raise Disconnect("EOF")
+                sock._wait(sock._read_event)
         try:
-            data = self.recv(256 * 1024)
+            data = self.recv(READ_SIZE)
         except CorruptStream as err:
             raise Disconnect(str(err)) from None
         if not data:
@@ -54,6 +75,7 @@ class Reader:
         leftover = bytes(self.buf[self.pos:])
         del self.buf[:]
         self.pos = 0
+        self.decoding = True
         if leftover:
             self.buf += codec.decode(leftover)
         self.recv = decoding_recv(self.sock.recv, codec)
@@ -67,14 +89,24 @@ class Reader:
                 return line
             if len(self.buf) - self.pos >= MAX_LINE:
                 raise LineTooLong("bufio: buffer full")
-            self._fill()
+            self.fill()
 
     def read(self, n):
         while len(self.buf) - self.pos < n:
-            self._fill()
+            self.fill()
         data = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         return data
+
+    def read_view(self, n):
+        """The next n bytes as a view of the read buffer, not a copy: the
+        caller releases it before the next read (a live view makes the next
+        fill raise BufferError)."""
+        while len(self.buf) - self.pos < n:
+            self.fill()
+        view = memoryview(self.buf)[self.pos:self.pos + n]
+        self.pos += n
+        return view
 
     def read_len(self):
         """A 4-byte big-endian signed length (Go's int32 readLen)."""
@@ -85,22 +117,22 @@ class Reader:
         stream, as far as the count and sizes go (the announced body size
         does not bound them).  Returns (status, index, value, data): data
         is the count and the messages (for wire.pack_mpub) when status is
-        MPUB_OK; else status is the first error, and an MPUB_INCOMPLETE one
+        MPUB_OK, a view of the read buffer to release before the next read; else status is the first error, and an MPUB_INCOMPLETE one
         means the stream ended first."""
         scan_pos, index = 0, 0
         while True:
             status, index, value, scan_pos = wire.scan_mpub(
                 self.buf, self.pos, scan_pos, index, max_msg_size, max_body_size)
             if status == wire.MPUB_OK:
-                data = bytes(self.buf[self.pos:scan_pos])
+                data = memoryview(self.buf)[self.pos:scan_pos]  # released by the caller
                 self.pos = scan_pos
                 return status, index, value, data
             if status not in wire.MPUB_INCOMPLETE:
                 return status, index, value, None
             if scan_pos:
-                scan_pos -= self.pos  # _fill moves what is pending to the front
+                scan_pos -= self.pos  # fill moves what is pending to the front
             try:
-                self._fill()
+                self.fill()
             except Disconnect:
                 return status, index, value, None
             if scan_pos:

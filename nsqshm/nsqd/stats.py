@@ -382,6 +382,8 @@ _SHARED = ("ring_depth",)
 
 
 def _merge_into(into, part):
+    for key in part.keys() - into.keys():  # (a policy's keys: where messages expired)
+        into[key] = 0 if key in _SUMMED else part[key]
     for key in _SUMMED:
         if key in into:
             into[key] += part.get(key, 0)  # (a policy's counts: where it is set)

@@ -29,7 +29,7 @@ import gevent.event
 
 from nsqshm._core.inflight import DeferredQueue
 from nsqshm._core.wire import pack_message
-from nsqshm.nsqd import bounds, policy
+from nsqshm.nsqd import bounds, message_ttl, policy
 from nsqshm.nsqd.backend import RingOnly, memory_first, new_backend, skip_records, write_to_disk
 from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -96,7 +96,7 @@ class Topic:
             raise TopicError("exiting")
         if self.bounded:
             try:
-                bounds.admit(self, count)
+                bounds.admit(self, count, len(packed) - bounds.RECORD_SIZE * count)
             except bounds.QueueFull as err:
                 raise TopicFull(str(err)) from None
         if self.owned:
@@ -137,19 +137,24 @@ class Topic:
         finally:
             self.ring.disarm(for_space=True)
 
-    def put_message(self, body, partition=None):
+    def put_message(self, body, partition=None, expires_at=0):
         """PUB (partition: a log topic's; a classic topic ignores it, as
-        nsqd ignores a PUB's extra parameters)."""
+        nsqd ignores a PUB's extra parameters; expires_at: the message's own
+        deadline, message_ttl.py)."""
         out = bytearray()
         pack_message(body, self.nsqd.ids, time.time_ns(), out)
+        if expires_at:
+            out = message_ttl.add(out, expires_at)
         self.put_packed(out, 1, len(body), partition)
 
-    def put_deferred(self, body, delay_s):
+    def put_deferred(self, body, delay_s, expires_at=0):
         """DPUB: a message due in delay_s seconds, for every channel."""
         if self.exiting:
             raise TopicError("exiting")
         out = bytearray()
         pack_message(body, self.nsqd.ids, time.time_ns(), out)
+        if expires_at:
+            out = message_ttl.add(out, expires_at)
         msg = bytes(out[4:])
         due = time.monotonic_ns() + int(delay_s * 1e9)
         self.message_count += 1
@@ -229,8 +234,7 @@ class Topic:
         backend = self.backend
         while not self.exiting:
             if self.paused or not self.channels:
-                bound = self.policy
-                if bound is not None and bound.max_depth and bound.overflow == "drop-oldest":
+                if self.policy is not None and bounds.drops(self.policy):
                     bounds.trim_topic(self)  # here: no batch of the pump is in the air
                 # others' publishes land in the ring: past the limit, to disk
                 stuck = self._spill_excess() == 0 and ring.depth > self.mem_limit

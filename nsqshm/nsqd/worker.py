@@ -17,6 +17,8 @@ import ctypes
 import os
 import signal
 
+from nsqshm import NSQD_COMPAT_VERSION
+from nsqshm.consistence.options import cluster_mode
 from nsqshm.nsqd.arbiter import EXIT_FATAL, EXIT_OK, HEARTBEAT, set_proctitle
 
 PR_SET_PDEATHSIG = 1
@@ -46,6 +48,7 @@ def main(opts, index, nworkers, ctl, log):
 
     from nsqshm.nsqd.memdump import install as install_memory_dump
     from nsqshm.nsqd.nsqd import NSQD
+    from nsqshm.nsqd.replica import ReplicaHost
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C: the supervisor decides
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -62,12 +65,24 @@ def main(opts, index, nworkers, ctl, log):
 
     nsqd = NSQD(opts, log=log, index=index, workers=nworkers)
     nsqd.publish_instance = False  # the supervisor's
+    # cluster mode: every log partition refuses writes until its role is known
+    host = ReplicaHost(nsqd) if cluster_mode(opts) else None
     try:
         nsqd.start()
     except (OSError, RuntimeError) as err:
         log.fatal(f"failed to start nsqd - {err}")
         nsqd.close_arena()
         return EXIT_FATAL
+    coordinator = None
+    if host is not None:  # etcd, roles, replication: nsqshm/consistence/
+        from nsqshm.consistence.nsqd_coordinator import NsqdCoordinator
+
+        try:
+            coordinator = NsqdCoordinator(host, opts, nsqd.logf, NSQD_COMPAT_VERSION).start()
+        except OSError as err:
+            log.fatal(f"failed to listen on --rpc-port - {err}")
+            nsqd.stop(alone=True)
+            return EXIT_FATAL
     install_memory_dump(nsqd)  # NSQSHM_MEMORY_DUMP: SIGUSR2 dumps (memdump.py)
     send("ready")
 
@@ -81,6 +96,8 @@ def main(opts, index, nworkers, ctl, log):
         for raw in f:
             cmd = raw.decode(errors="replace").strip()
             if cmd == "stop":
+                if coordinator is not None:  # leaderships handed off first
+                    coordinator.close()
                 nsqd.stop_clients()
                 send("phase1")
             elif cmd == "phase2":
@@ -104,6 +121,8 @@ def main(opts, index, nworkers, ctl, log):
     gevent.wait([done, alone], count=1)
     if alone.is_set() and not done.is_set():
         log.info(f"worker {index}: stopping alone")
+        if coordinator is not None:
+            coordinator.close()
         nsqd.stop(alone=True)
     for g in workers:
         g.kill(block=False)

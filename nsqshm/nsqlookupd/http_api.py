@@ -13,9 +13,12 @@ Go's encoder writes them; structs keep their field order.
 """
 
 from nsqshm import NSQD_COMPAT_VERSION
+from nsqshm.consistence.errors import CoordinationError, InvalidName, TopicExists, TopicNotFound
+from nsqshm.consistence.lookupd_coordinator import MAX_REPLICATOR
+from nsqshm.consistence.topology import MAX_PARTITIONS
 from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
-from nsqshm.nsqd.names import is_valid_name
+from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqlookupd.registration_db import filter_by_active, filter_registrations, keys, subkeys
 
 GO_ZERO_TIME_UNIX_NANO = -6795364578871345152  # time.Time{}.UnixNano(), overflowed as in Go
@@ -80,7 +83,12 @@ class LookupHTTPAPI(HTTPAPI):
         return {"channels": subkeys(self.db.find_registrations("channel", topic, "*"))}
 
     def lookup(self, req):
-        topic = self._arg(self._req_params(req), "topic", "MISSING_ARG_TOPIC")
+        values = self._req_params(req)
+        topic = self._arg(values, "topic", "MISSING_ARG_TOPIC")
+        if self.lookupd.coordinator is not None:
+            layout = self._cluster_layout(topic)
+            if layout is not None:
+                return self._cluster_lookup(topic, *layout)
         if not self.db.find_registrations("topic", topic, ""):
             raise Err(404, "TOPIC_NOT_FOUND")
         channels = subkeys(self.db.find_registrations("channel", topic, "*"))
@@ -90,11 +98,62 @@ class LookupHTTPAPI(HTTPAPI):
         return {"channels": channels, "producers": [p.peer_info.to_json() for p in producers]}
 
     def topic_create(self, req):
-        topic = self._arg(self._req_params(req), "topic", "MISSING_ARG_TOPIC")
+        values = self._req_params(req)
+        topic = self._arg(values, "topic", "MISSING_ARG_TOPIC")
         if not is_valid_name(topic):
             raise Err(400, "INVALID_ARG_TOPIC")
+        if self.lookupd.coordinator is not None:
+            return self._cluster_topic_create(topic, values)
         self._log("info", f"DB: adding topic({topic})")
         self.db.add_registration(("topic", topic, ""))
+
+    # -- cluster mode (consistence/lookupd_coordinator.py) ----------------------------
+
+    def _cluster_topic_create(self, topic, values):
+        """Youzan's: partition_num and replicator; the layout goes to etcd and every
+        nsqd holding a replica makes its partitions from there."""
+        if is_ephemeral(topic):
+            raise Err(400, "INVALID_ARG_TOPIC")  # an ephemeral topic is not replicated
+        counts = []
+        for name, arg, top in (("partition_num", "TOPIC_PARTITION_NUM", MAX_PARTITIONS),
+                               ("replicator", "TOPIC_REPLICATOR", MAX_REPLICATOR)):
+            raw = self._arg(values, name, f"MISSING_ARG_{arg}")
+            if not raw.isdigit() or not 1 <= int(raw) <= top:
+                raise Err(400, f"INVALID_ARG_{arg}")
+            counts.append(int(raw))
+        sync = values.get("syncdisk", ["0"])[0]
+        if not sync.isdigit():
+            raise Err(400, "INVALID_ARG_TOPIC_SYNCDISK")
+        try:
+            self.lookupd.coordinator.create_topic(topic, *counts, sync_every=int(sync))
+        except TopicExists:
+            raise Err(400, "TOPIC_EXISTS") from None
+        except ValueError as err:  # fewer live nodes than replicas
+            raise Err(400, f"E_NOT_ENOUGH_NODES {err}") from None
+        except CoordinationError as err:
+            raise Err(500, f"E_CLUSTER {err}") from None
+
+    def _cluster_layout(self, topic):
+        try:
+            return self.lookupd.coordinator.topic_layout(topic)
+        except (TopicNotFound, InvalidName):
+            return None
+        except CoordinationError as err:
+            raise Err(500, f"E_CLUSTER {err}") from None
+
+    def _cluster_lookup(self, topic, meta, states):
+        """Youzan's lookup answer: per partition its live leader (what a writer
+        connects to), the producers the leaders, meta the partition count."""
+        partitions = {}
+        for state in states:
+            if state.leader_session is not None:
+                partitions[str(state.partition)] = _peer(state.leader_session.leader)
+        producers = {p["broadcast_address"] + ":" + str(p["tcp_port"]): p
+                     for p in partitions.values()}
+        channels = subkeys(self.db.find_registrations("channel", topic, "*"))
+        return {"channels": channels,
+                "meta": {"partition_num": meta.partition_num, "replica": meta.replica},
+                "partitions": partitions, "producers": list(producers.values())}
 
     def topic_delete(self, req):
         topic = self._arg(self._req_params(req), "topic", "MISSING_ARG_TOPIC")
@@ -181,6 +240,13 @@ class LookupHTTPAPI(HTTPAPI):
                     "version": peer.version,
                 })
         return {k: data[k] for k in sorted(data, key=lambda k: k.encode("utf-8", "surrogateescape"))}
+
+
+def _peer(node):
+    """A NodeInfo as a lookup producer entry."""
+    return {"remote_address": f"{node.ip}:{node.tcp_port}", "hostname": node.ip,
+            "broadcast_address": node.ip, "tcp_port": node.tcp_port,
+            "http_port": node.http_port, "version": node.version}
 
 
 def create_app(lookupd):

@@ -6,6 +6,9 @@ import socket
 
 from gevent.server import StreamServer
 
+from nsqshm import NSQD_COMPAT_VERSION
+from nsqshm.consistence.lookupd_coordinator import LookupdCoordinator
+from nsqshm.consistence.options import cluster_mode
 from nsqshm.flags import split_host_port
 from nsqshm.nsqd.log import Logger
 from nsqshm.nsqlookupd.lookup_protocol_v1 import LookupProtocolV1
@@ -31,6 +34,7 @@ class NSQLookupd:
         self.tcp_server = None
         self.http_server = None
         self.exiting = False
+        self.coordinator = None  # cluster mode: a LookupdCoordinator
 
     @property
     def tcp_port(self):
@@ -61,13 +65,21 @@ class NSQLookupd:
                 raise OSError(f"listen ({address}) failed - {err}") from None
         self.tcp_server.start()
         self.http_server.start()
+        if cluster_mode(self.opts):  # etcd: topics, partitions, leaders (consistence/)
+            self.coordinator = LookupdCoordinator(self.opts, self._logf, self.tcp_port,
+                                                  self.http_port, NSQD_COMPAT_VERSION).start()
         return self.tcp_server.address, self.http_server.address
+
+    def _logf(self, level, msg):
+        getattr(self.log, level)(msg)
 
     def stop(self):
         """Stop listening and close every nsqd connection (Exit)."""
         if self.exiting:
             return
         self.exiting = True
+        if self.coordinator is not None:
+            self.coordinator.close()
         servers = [s for s in (self.tcp_server, self.http_server) if s is not None]
         for server in servers:
             server.close()  # no new connections

@@ -9,6 +9,7 @@ config file > default).
 from __future__ import annotations
 
 from nsqshm import flags
+from nsqshm.consistence import options as cluster_options
 from nsqshm.flags import (
     BOOL,
     DURATION,
@@ -41,7 +42,7 @@ FLAGS: tuple[Flag, ...] = (
          "duration of time a producer will remain in the active list since its last ping"),
     Flag("tombstone-lifetime", DURATION, "45s",
          "duration of time a producer will remain tombstoned if registration remains"),
-)
+) + cluster_options.LOOKUPD  # youzan/nsq's cluster mode (consistence/options.py)
 
 
 class Options(flags.Options):
@@ -56,6 +57,7 @@ def validate(opts: Options) -> None:
             raise OptionsError(f"--{name} {flags.go_quote(addr)}: missing port in address")
         if addr:
             flags.check_listen_address(name, addr)
+    cluster_options.validate(opts, workers=0)
 
 
 FLAGSET = FlagSet("nsqlookupd", FLAGS, validate=validate, options_class=Options)

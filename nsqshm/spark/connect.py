@@ -30,10 +30,10 @@ def http_json(address, path):
         return json.loads(resp.read())
 
 
-def http_post(address, path):
+def http_post(address, path, body=b""):
     import urllib.request
 
-    req = urllib.request.Request(f"http://{address}{path}", data=b"", method="POST")
+    req = urllib.request.Request(f"http://{address}{path}", data=body, method="POST")
     with urllib.request.urlopen(req, timeout=10) as resp:
         return resp.read()
 

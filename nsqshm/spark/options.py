@@ -26,6 +26,26 @@ them), modelled on Kafka's source:
     idleTimeout            TCP batch read: stop after this many seconds without a
                            message (default 1.0)
 
+Log topics (docs/spark.md, "Log topics"), named as Kafka's source names them:
+
+    startingOffsets        earliest, latest or JSON {"topic":{"0":23,"1":-2}}
+                           (-2 earliest, -1 latest); default latest for a stream,
+                           earliest for a batch read
+    startingOffsetsByTimestamp / startingTimestamp
+                           JSON {"topic":{"0":ms}} / one ms for every partition:
+                           the first message published at or after it
+    endingOffsets          batch: latest (default) or JSON (-1 latest)
+    endingOffsetsByTimestamp / endingTimestamp   batch: as the starting ones
+    maxOffsetsPerTrigger   stream: at most this many offsets per micro-batch
+                           (maxMessagesPerTrigger is the same)
+    minOffsetsPerTrigger   stream: wait for at least this many (ReadMinRows)
+    minPartitions          split the partitions' ranges into at least this many
+                           Spark partitions
+    failOnDataLoss         true (default): fail when planned offsets were removed
+                           by retention; false: skip them, logging a warning
+    channel                given: the channel whose cursor follows the committed
+                           offsets (/channel/setoffset), so its lag shows in /stats
+
 Messages skipped by a starting position are consumed (finished) without
 being returned, as Kafka's offsets skip them.
 """
@@ -91,6 +111,18 @@ class Options:
     batch_size: int = 65536
     msg_timeout: float = 0.0
     idle_timeout: float = 1.0
+    raw: dict = field(default_factory=dict)   # the options as given (lower-case keys)
+    # log topics (raw forms, resolved against the logs by logoffsets)
+    channel_given: bool = False
+    starting_raw: str | None = None
+    starting_by_time: str | None = None
+    starting_ms: int | None = None
+    ending_raw: str | None = None
+    ending_by_time: str | None = None
+    ending_ms: int | None = None
+    min_per_trigger: int = 0
+    min_partitions: int = 0
+    fail_on_data_loss: bool = True
 
     @property
     def topic(self):
@@ -101,12 +133,14 @@ def parse(options, reading=True):
     """Options from Spark's option map; OptionError names what is wrong."""
     opts = {str(k).lower(): (None if v is None else str(v)) for k, v in dict(options).items()}
     o = Options()
+    o.raw = {k: v for k, v in opts.items() if v}
     topics = [t.strip() for t in (opts.get("topic") or opts.get("subscribe") or "").split(",")
               if t.strip()]
     o.topics = [_name("topic", t) for t in topics]
     if reading and not o.topics:
         raise OptionError('option "topic" is required to read')
     o.channel = _name("channel", opts.get("channel") or DEFAULT_CHANNEL)
+    o.channel_given = bool(opts.get("channel"))
     o.data_path = opts.get("datapath") or None
     o.shm_prefix = opts.get("shmprefix") or None
     o.tcp_address = opts.get("nsqdtcpaddress") or None
@@ -121,12 +155,28 @@ def parse(options, reading=True):
         raise OptionError(f"transport {o.transport!r} is not auto, shm or tcp")
     if o.transport == "tcp" and not o.tcp_address:
         raise OptionError("transport tcp needs nsqdTcpAddress")
-    o.max_per_trigger = _int(opts, "maxmessagespertrigger", 0, 1) if \
-        opts.get("maxmessagespertrigger") else 0
+    for key in ("maxoffsetspertrigger", "maxmessagespertrigger"):
+        if opts.get(key):
+            o.max_per_trigger = _int(opts, key, 0, 1)
+    if opts.get("minoffsetspertrigger"):
+        o.min_per_trigger = _int(opts, "minoffsetspertrigger", 0, 1)
+    o.min_partitions = _int(opts, "minpartitions", 0, 1) if opts.get("minpartitions") else 0
+    fail = (opts.get("failondataloss") or "true").lower()
+    if fail not in ("true", "false"):
+        raise OptionError(f"failOnDataLoss {fail!r} is not true or false")
+    o.fail_on_data_loss = fail == "true"
+    o.starting_raw = opts.get("startingoffsets") or None
+    o.starting_by_time = opts.get("startingoffsetsbytimestamp") or None
+    o.ending_raw = opts.get("endingoffsets") or None
+    o.ending_by_time = opts.get("endingoffsetsbytimestamp") or None
+    if opts.get("startingtimestamp"):
+        o.starting_ms = _int(opts, "startingtimestamp", 0)
+    if opts.get("endingtimestamp"):
+        o.ending_ms = _int(opts, "endingtimestamp", 0)
     o.max_messages = _int(opts, "maxmessages", 0, 1) if opts.get("maxmessages") else 0
-    starting = (opts.get("startingoffsets") or "earliest").lower()
-    if starting not in ("earliest", "latest"):
-        raise OptionError(f"startingOffsets {starting!r} is not earliest or latest")
+    starting = (opts.get("startingoffsets") or "earliest").strip().lower()
+    if starting not in ("earliest", "latest") and not starting.startswith("{"):
+        raise OptionError(f"startingOffsets {starting!r} is not earliest, latest or JSON")
     o.latest = starting == "latest"
     o.since_ns = _int(opts, "startingtimestamp", 0) * 1_000_000
     o.partitions = _int(opts, "numpartitions", 2, 1)

@@ -3,6 +3,7 @@
 from pyspark.sql.types import (
     BinaryType,
     IntegerType,
+    LongType,
     StringType,
     StructField,
     StructType,
@@ -17,3 +18,8 @@ SCHEMA = StructType([
     StructField("topic", StringType()),
     StructField("channel", StringType()),
 ])
+
+# a log topic's rows add where each message is in its log (Kafka's columns)
+LOG_SCHEMA = StructType([*SCHEMA.fields,
+                         StructField("partition", IntegerType()),
+                         StructField("offset", LongType())])

@@ -12,13 +12,40 @@
         .option("dataPath", "/var/lib/nsq").mode("append").save()
 
 Rows: body binary, id string, timestamp timestamp, attempts int, topic
-string, channel string.  Options: nsqshm.spark.options.
+string, channel string; a log topic's rows add partition int, offset long
+(and are read by offset ranges: logbatch, logstream).  Options:
+nsqshm.spark.options.
 """
 
 from pyspark.sql.datasource import DataSource
 
-from nsqshm.spark.options import parse
-from nsqshm.spark.schema import SCHEMA
+from nsqshm.spark.logtopic import LogTopic
+from nsqshm.spark.options import OptionError, parse
+from nsqshm.spark.schema import LOG_SCHEMA, SCHEMA
+
+LOG_ONLY = ("startingOffsetsByTimestamp", "endingOffsets", "endingOffsetsByTimestamp",
+            "endingTimestamp", "minOffsetsPerTrigger", "minPartitions", "failOnDataLoss")
+
+
+def log_topics(o):
+    """{topic: LogTopic} when every topic read is a log topic, {} when none
+    is; reading both kinds in one query is refused."""
+    found = {t: LogTopic.find(o, t) for t in o.topics}
+    logs = {t: lt for t, lt in found.items() if lt is not None}
+    if (o.raw.get("includeheaders") or "false").lower() != "false":
+        raise OptionError("includeHeaders: messages have no headers yet (nsqshm's log "
+                          "records carry none); leave it false")
+    if logs and len(logs) != len(found):
+        classic = sorted(t for t, lt in found.items() if lt is None)
+        raise OptionError(f"topics {sorted(logs)} are log topics and {classic} are not: "
+                          "read them in separate queries")
+    if not logs:
+        given = {k.lower() for k in o.raw}
+        used = [k for k in LOG_ONLY if k.lower() in given]
+        if used or (o.starting_raw or "").lstrip().startswith("{"):
+            raise OptionError(f"{used or ['startingOffsets JSON']} need a log topic "
+                              f"(topic/create?partition_num=N); {o.topics} are classic topics")
+    return logs
 
 
 class NsqshmDataSource(DataSource):
@@ -27,17 +54,30 @@ class NsqshmDataSource(DataSource):
         return "nsqshm"
 
     def schema(self):
-        return SCHEMA
+        o = parse(self.options)
+        return LOG_SCHEMA if log_topics(o) else SCHEMA
 
     def reader(self, schema):
+        o = parse(self.options)
+        logs = log_topics(o)
+        if logs:
+            from nsqshm.spark.logbatch import LogBatchReader
+
+            return LogBatchReader(o, logs)
         from nsqshm.spark.batch_read import BatchReader
 
-        return BatchReader(parse(self.options))
+        return BatchReader(o)
 
     def streamReader(self, schema):
+        o = parse(self.options)
+        logs = log_topics(o)
+        if logs:
+            from nsqshm.spark.logstream import LogStreamReader
+
+            return LogStreamReader(o, logs)
         from nsqshm.spark.stream import StreamReader
 
-        return StreamReader(parse(self.options))
+        return StreamReader(o)
 
     def writer(self, schema, overwrite):
         from nsqshm.spark.write import Writer

@@ -154,12 +154,16 @@ class Publisher:
         self.max_msg_size = max_msg_size
         self.published = 0
 
-    def publish_spans(self, topic, data, offsets, width, start, count):
+    def publish_spans(self, topic, data, offsets, width, start, count, partition=None):
+        """partition: a log topic's partition (Youzan's `MPUB T p`)."""
         done = 0
+        command = b"MPUB " + topic.encode()
+        if partition is not None:
+            command += b" %d" % partition
         while done < count:
             n = self._chunk(offsets, width, start + done, count - done)
             body = mpub_body(data, offsets, None, start + done, n, width, self.max_msg_size)
-            self.conn.sock.sendall(b"MPUB " + topic.encode() + b"\n" +
+            self.conn.sock.sendall(command + b"\n" +
                                    struct.pack(">I", len(body)) + body)
             ftype, data_ = self.conn.response()
             if data_ != b"OK":

@@ -2,8 +2,15 @@
 published to the `topic` option, or to the row's own `topic` column when
 the DataFrame has one.  Shared memory (Producer) when the broker is on
 this host, else MPUB over TCP.  Publishing cannot be undone: a retried task
-publishes again (at-least-once), so commit and abort have nothing to do."""
+publishes again (at-least-once), so commit and abort have nothing to do.
 
+A log topic takes `MPUB T p` over TCP (local clients do not publish to log
+topics yet): a `partition` column names each row's partition, or a `key`
+column is hashed to one (CRC-32C of the key's bytes modulo the partition
+count, keyhash.pyx: stable, so one key's messages stay in order in one
+partition); with neither the broker spreads the rows round-robin."""
+
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
@@ -11,7 +18,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, StringType
+from pyspark.sql.types import BinaryType, IntegerType, LongType, ShortType, StringType
 
 from nsqshm.spark.connect import local_broker
 from nsqshm.spark.options import OptionError
@@ -34,6 +41,14 @@ def check_schema(o, schema):
         raise OptionError('column "topic" must be a string')
     if not has_topic and not o.topic:
         raise OptionError('writing needs the "topic" option or a "topic" column')
+    if "partition" in names and not isinstance(names["partition"],
+                                               IntegerType | LongType | ShortType):
+        raise OptionError(f'column "partition" is {names["partition"].simpleString()}, '
+                          "not an integer")
+    if "key" in names and not isinstance(names["key"], BinaryType | StringType):
+        raise OptionError(f'column "key" is {names["key"].simpleString()}, not binary or string')
+    if "partition" in names and "key" in names:
+        raise OptionError('give a "partition" column or a "key" column, not both')
     return has_topic
 
 
@@ -42,7 +57,9 @@ class _Sink:
 
     def __init__(self, o):
         self.o = o
-        broker = local_broker(o)
+        self.log_topics = {}    # topic -> LogTopic or None (classic)
+        self.log_tcp = None
+        broker = self.broker = local_broker(o)
         if broker is not None:
             from nsqshm.local.producer import Producer
 
@@ -54,9 +71,19 @@ class _Sink:
             self.producer = None
             self.tcp = Publisher(o.tcp_address)
 
-    def publish(self, topic, bodies):
+    def _log_topic(self, topic):
+        if topic not in self.log_topics:
+            from nsqshm.spark.logtopic import LogTopic
+
+            self.log_topics[topic] = LogTopic.find(self.o, topic)
+        return self.log_topics[topic]
+
+    def publish(self, topic, bodies, rows=None):
         if not len(bodies):
             return 0
+        lt = self._log_topic(topic)
+        if lt is not None:
+            return self._publish_log(lt, bodies, rows)
         if self.producer is not None:
             return self.producer.publish_arrow(bodies, topic=topic)
         from nsqshm.local.arrow import body_spans
@@ -64,10 +91,57 @@ class _Sink:
         data, offsets, width, start, count = body_spans(bodies)
         return self.tcp.publish_spans(topic, data, offsets, width, start, count)
 
+    def _publish_log(self, lt, bodies, rows):
+        """MPUB T p per partition the rows go to (their order kept)."""
+        from nsqshm.local.arrow import body_spans
+
+        if self.log_tcp is None:
+            from nsqshm.spark.tcp import Publisher
+
+            address = lt.tcp_address or self.o.tcp_address
+            if not address:
+                raise OptionError(f"log topic {lt.name!r}: no TCP address to publish to")
+            self.log_tcp = Publisher(address)
+        parts = self._partitions_of(lt, rows) if rows is not None else None
+        if parts is None:
+            return self.log_tcp.publish_spans(lt.name, *body_spans(bodies))
+        count = 0
+        for p in np.unique(parts):
+            chosen = bodies.filter(pa.array(parts == p)) if len(np.unique(parts)) > 1 else bodies
+            count += self.log_tcp.publish_spans(lt.name, *body_spans(chosen), partition=int(p))
+        return count
+
+    @staticmethod
+    def _partitions_of(lt, rows):
+        """An int32 numpy array: each row's partition (None: no column)."""
+        names = rows.schema.names
+        if "partition" in names:
+            col = rows.column("partition")
+            if col.null_count:
+                raise OptionError('rows with a null "partition"')
+            parts = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64)
+            bad = parts[(parts < 0) | (parts >= lt.partitions)]
+            if len(bad):
+                raise OptionError(f"partition {int(bad[0])}: log topic {lt.name!r} has "
+                                  f"partitions 0..{lt.partitions - 1}")
+            return parts.astype(np.int32)
+        if "key" in names:
+            from nsqshm._core.keyhash import key_partitions
+            from nsqshm.local.arrow import body_spans
+
+            keys = rows.column("key")
+            if keys.null_count:
+                raise OptionError('rows with a null "key"')
+            data, offsets, width, start, count = body_spans(keys)
+            out = np.empty(count, dtype=np.int32)
+            key_partitions(data, offsets, width, start, count, lt.partitions, out)
+            return out
+        return None
+
     def batch(self, rb, has_topic):
         bodies = rb.column("body")
         if not has_topic:
-            return self.publish(self.o.topic, bodies)
+            return self.publish(self.o.topic, bodies, rb)
         topics = rb.column("topic")
         if topics.null_count:
             if not self.o.topic:
@@ -75,13 +149,16 @@ class _Sink:
             topics = pc.fill_null(topics, self.o.topic)
         distinct = pc.unique(topics).to_pylist()
         if len(distinct) == 1:
-            return self.publish(distinct[0], bodies)
+            return self.publish(distinct[0], bodies, rb)
         count = 0
         for topic in distinct:
-            count += self.publish(topic, pc.filter(bodies, pc.equal(topics, pa.scalar(topic))))
+            chosen = rb.filter(pc.equal(topics, pa.scalar(topic)))
+            count += self.publish(topic, chosen.column("body"), chosen)
         return count
 
     def close(self):
+        if self.log_tcp is not None:
+            self.log_tcp.close()
         if self.producer is not None:
             self.producer.close()
         if self.tcp is not None:

@@ -1,14 +1,15 @@
 """The harness itself, fast enough for the default run: the tcp suite
 against a running nsqshm, the CLI's skips, the workers-mode detection."""
 
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
 
+from nsqshm.bench import loadgen, server, tcp, workers
 from nsqshm.bench import main as bench_main
-from nsqshm.bench import server, workers
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,21 @@ def test_tcp_quick_json_against_a_running_server(nsqshm):
     assert fan["channels"] == 2 and fan["out_msgs_per_s"] > 0
 
 
+def test_consumers_answer_fin_per_write_with_req_and_touch(nsqshm):
+    """The load generator's client patterns (loadgen.Pattern): one send per
+    command, 1 in 5 messages REQ'd (they come back) and 1 in 5 TOUCHed:
+    every message is finished, and the broker counted the REQs."""
+    spec = tcp.spec_for(argparse.Namespace(messages=20_000, size=200, batch=200, window=4,
+                                           rdy=500, publishers=1, consumers=2))
+    mix = loadgen.Pattern(fin_per_write=True, req_every=5, touch_every=5)
+    res = loadgen.run_phases(nsqshm, spec, pattern=mix)
+    after = res["channel_after"]
+    assert after["message_count"] == 20_000 and after["depth"] == 0
+    assert after["in_flight_count"] == 0
+    # each delivery has a 1 in 5 chance of a REQ: about 5000 of them
+    assert 3_000 < after["requeue_count"] < 8_000
+
+
 def _run(argv, capsys):
     rc = bench_main.main([*argv, "--json", "--no-progress"])
     return rc, json.loads(capsys.readouterr().out)
@@ -69,7 +85,7 @@ def test_workers_flag_ignored_is_not_available(monkeypatch):
     assert "runs as 1 process" in workers.available(wait=0)
 
 
-@pytest.mark.parametrize("suite", ["workers", "local", "spark"])
+@pytest.mark.parametrize("suite", ["workers", "local", "spark", "clients"])
 def test_suites_that_start_nsqshm_skip_for_an_external_server(suite, capsys):
     rc, res = _run([suite, "--nsqd-tcp-address=127.0.0.1:1"], capsys)
     assert rc == 0 and "starts nsqshm itself" in res["skipped"]
@@ -81,7 +97,7 @@ def test_help_lists_every_suite(capsys):
     assert exc.value.code == 0
     text = capsys.readouterr().out
     for name in ("ring", "tcp", "latency", "disk", "transport", "workers", "local", "spark",
-                 "all", "writer", "reader", "fanout", "report"):
+                 "clients", "all", "writer", "reader", "fanout", "report"):
         assert name in text
 
 

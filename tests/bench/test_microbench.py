@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from nsqshm._core import codec, wire
+from nsqshm._core.commands import CommandParser
 from nsqshm._core.inflight import InFlight
 from nsqshm.ring import Ring
 
@@ -117,3 +118,21 @@ def test_inflight_fin_lines_2500(benchmark, ids):
 
     result = benchmark.pedantic(wire.fin_lines, setup=setup, rounds=200)
     assert result[1] == WINDOW
+
+
+def test_command_parser_2500_crlf(benchmark, ids):
+    """The consumer's command parser (commands.CommandParser) on a window of
+    2500 FINs ended by '\\r\\n' (the lines fin_lines left to Python)."""
+    batch = records(ids, WINDOW)
+    flight = InFlight(WINDOW)
+    deadline = time.monotonic_ns() + 10**12
+    parser = CommandParser(flight, None, None, 7, 60 * 10**9, 900 * 10**9, 3600 * 10**9)
+
+    def setup():
+        out, fins = bytearray(), bytearray()
+        flight.deliver(batch, WINDOW, out, 7, deadline)
+        wire.scan_deliveries(out, fins)
+        return (bytearray(fins.replace(b"\n", b"\r\n")), 0), {}
+
+    benchmark.pedantic(parser.parse, setup=setup, rounds=200)
+    assert parser.finished == WINDOW

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
+from nsqshm._core.codec import with_expiry
 from nsqshm._core.inflight import DeferredQueue, InFlight, reset_attempts, take_dead
 
-from .test_inflight import frame, msg, pack, unpack
+from .test_inflight import bumped, frame, mid, msg, pack, unpack
 
 
 def now_ns():
@@ -103,3 +104,69 @@ def test_expired_messages_are_kept_for_a_dead_letter_topic_when_asked():
     assert t.deliver(pack([old, fresh]), 2, out, 7, 10**18) == 1
     assert unpack(t.expired_out, len(t.expired_out)) == [old]  # as it was, attempts untouched
     assert t.expired == 1 and len(t) == 1
+
+
+# -- a message's own time to live (includes/message_expiry.h) -------------------------
+
+
+def with_deadline(m, expires_at):
+    """m as codec.with_expiry stores it: bit 15 of attempts, deadline after the body."""
+    out = bytearray()
+    assert with_expiry(pack([m]), len(pack([m])), expires_at, out) == 1
+    (got,) = unpack(out, len(out))
+    return got
+
+
+def test_with_expiry_layout_and_checks():
+    m = msg(1, attempts=3, body=b"hello")
+    stored = with_deadline(m, 0x0102030405060708)
+    assert stored == m[:8] + b"\x80\x03" + m[10:] + bytes(range(1, 9))
+    with pytest.raises(ValueError):  # one deadline per message
+        with_expiry(pack([stored]), len(pack([stored])), 5, bytearray())
+    with pytest.raises(ValueError):
+        with_expiry(pack([m]), len(pack([m])) + 1, 5, bytearray())
+
+
+def test_deliver_sends_the_plain_message_and_keeps_the_deadline_in_flight():
+    t = InFlight(16)
+    m = msg(1, attempts=2, body=b"hello")
+    stored = with_deadline(m, now_ns() + 60_000_000_000)
+    plain = msg(2, body=b"other")
+    out = bytearray()
+    assert t.deliver(pack([stored, plain]), 2, out, 7, 10**18) == 2
+    assert bytes(out) == frame(bumped(m)) + frame(bumped(plain))  # clients never see it
+    kept = t.requeue(mid(1), 7)
+    assert kept == stored[:8] + b"\x80\x03" + stored[10:]  # the deadline goes back with REQ
+
+
+def test_deliver_drops_messages_past_their_own_deadline():
+    t = InFlight(16)
+    t.expired_out = bytearray()
+    old = with_deadline(msg(1, body=b"late"), now_ns() - 1)
+    fresh = with_deadline(msg(2, body=b"fine"), now_ns() + 60_000_000_000)
+    out = bytearray()
+    assert t.deliver(pack([old, fresh]), 2, out, 7, 10**18) == 1
+    assert t.expired == 1 and len(t) == 1
+    assert bytes(out) == frame(bumped(msg(2, body=b"fine")))  # nothing more: out is trimmed
+    # the expired one as the dead-letter topic gets it: plain
+    assert unpack(t.expired_out, len(t.expired_out)) == [msg(1, body=b"late")]
+
+
+def test_take_dead_strips_the_deadline_and_reset_keeps_it():
+    stored = with_deadline(msg(1, attempts=5, body=b"hello"), now_ns() + 10**12)
+    keep = with_deadline(msg(2, attempts=1, body=b"hello"), now_ns() + 10**12)
+    buf = bytearray(pack([stored, keep]))
+    dead = bytearray()
+    assert take_dead(buf, len(buf), 5, dead)[::2] == (1, 1)  # attempts without the bit
+    assert unpack(dead, len(dead)) == [msg(1, attempts=5, body=b"hello")]
+    buf = bytearray(pack([keep]))
+    reset_attempts(buf, len(buf))
+    assert unpack(buf, len(buf)) == [keep[:8] + b"\x80\x00" + keep[10:]]
+
+
+def test_attempts_saturate_below_the_bit():
+    t = InFlight(16)
+    out = bytearray()
+    m = msg(1, attempts=32767, body=b"long enough body")
+    assert t.deliver(pack([m]), 1, out, 7, 10**18) == 1
+    assert bytes(out)[8 + 8:8 + 10] == b"\x7f\xff"

@@ -45,7 +45,7 @@ def queued(server, path):
 def test_topic_reject_keeps_exactly_what_was_accepted(nsqd):
     create(nsqd, "t")
     assert set_policy(nsqd, "/topic/policy?topic=t&max_depth=5") == \
-        {"ttl_ms": 0, "max_depth": 5, "overflow": "reject"}
+        {"ttl_ms": 0, "max_depth": 5, "max_bytes": 0, "overflow": "reject"}
     answers = flood(nsqd, "t", 40)
     assert answers[:5] == [(200, b"OK")] * 5
     assert answers[5:] == [(503, b'{"message":"QUEUE_FULL"}')] * 35
@@ -131,3 +131,85 @@ def test_flags_bound_every_new_queue_until_its_own_policy(nsqd_factory, tmp_path
     with open(tmp_path / "nsqd.dat") as f:  # the default is not written, taking it off is
         topic = json.load(f)["topics"][0]
     assert (topic["max_depth"], topic["overflow"]) == (0, "reject")
+
+
+# -- byte bounds: max_bytes counts each message as nsqd encodes it (26 + body) --------
+
+
+def body(i, size):
+    """A body of `size` bytes numbered i."""
+    return f"m{i}-".encode().ljust(size, b"x")
+
+
+def test_byte_bounds_reject_on_a_topic_drop_oldest_on_a_channel(nsqd):
+    create(nsqd, "t")
+    got = set_policy(nsqd, "/topic/policy?topic=t&max_bytes=500")
+    assert (got["max_bytes"], got["max_depth"], got["overflow"]) == (500, 0, "reject")
+    answers = [nsqd.post("/pub?topic=t", body(i, 74)) for i in range(12)]  # 100 bytes each
+    assert answers == [(200, b"OK")] * 5 + [(503, b'{"message":"QUEUE_FULL"}')] * 7
+    c = Conn(nsqd)
+    c.send(p.pub("t", b"x"))  # 27 bytes: 527 > 500
+    assert c.frame() == (1, b"E_PUB_FAILED PUB failed topic t is full (max_bytes 500)")
+    c = Conn(nsqd)  # (E_PUB_FAILED closes the connection, as in nsqd)
+    c.send(p.mpub("t", [b"a", b"b"]))
+    assert c.frame() == (1, b"E_MPUB_FAILED MPUB failed topic t is full (max_bytes 500)")
+    stats = topic_stats(nsqd, "t")
+    assert (stats["depth"], stats["rejected_count"], stats["dropped_count"]) == (5, 10, 0)
+    assert stats["max_bytes"] == 500
+    assert queued(nsqd, "/topic/peek?topic=t") == [body(i, 74).decode() for i in range(5)]
+    got = Conn(nsqd).subscribe("t", "c", rdy=10).messages(5)  # nothing accepted was lost
+    assert [m.body for m in got] == [body(i, 74) for i in range(5)]
+
+    # a channel's byte bound with drop-oldest: the newest that fit are kept
+    create(nsqd, "u", "c")
+    set_policy(nsqd, "/channel/policy?topic=u&channel=c&max_bytes=1000&overflow=drop-oldest")
+    # 40 messages of 126 bytes: 7 fit in 1000 (882), the 33 oldest are dropped
+    assert all(nsqd.post("/pub?topic=u", body(i, 100)) == (200, b"OK") for i in range(40))
+
+    def channel():
+        return topic_stats(nsqd, "u")["channels"][0]
+
+    assert wait_for(lambda: channel()["dropped_count"] == 33, 5), channel()
+    assert (channel()["depth"], channel()["rejected_count"]) == (7, 0)
+    assert queued(nsqd, "/channel/peek?topic=u&channel=c&n=20") == \
+        [body(i, 100).decode() for i in range(33, 40)]
+    sub = Conn(nsqd).subscribe("u", "c", rdy=10)
+    assert [m.body for m in sub.messages(7)] == [body(i, 100) for i in range(33, 40)]
+    assert sub.nothing_for(0.3)
+
+
+def test_channel_byte_bound_counts_the_disk_queue(nsqd_factory):
+    # --mem-queue-size=2: past two messages the channel's backlog is on disk
+    server = nsqd_factory("--mem-queue-size=2")
+    create(server, "t", "c")
+    set_policy(server, "/channel/policy?topic=t&channel=c&max_bytes=1000&overflow=drop-oldest")
+    assert all(server.post("/pub?topic=t", body(i, 100)) == (200, b"OK") for i in range(40))
+
+    def channel():
+        return topic_stats(server, "t")["channels"][0]
+
+    assert wait_for(lambda: channel()["dropped_count"] == 33, 5), channel()
+    assert channel()["depth"] == 7
+    assert queued(server, "/channel/peek?topic=t&channel=c&n=20") == \
+        [body(i, 100).decode() for i in range(33, 40)]
+    sub = Conn(server).subscribe("t", "c", rdy=10)
+    assert [m.body for m in sub.messages(7)] == [body(i, 100) for i in range(33, 40)]
+    assert sub.nothing_for(0.3)
+
+
+def test_byte_bound_flag_errors_and_nsqd_dat(nsqd_factory, tmp_path):
+    server = nsqd_factory("--max-queue-bytes=300")
+    answers = [server.post("/pub?topic=t", body(i, 74)) for i in range(4)]
+    assert [s for s, _ in answers] == [200, 200, 200, 503]
+    stats = topic_stats(server, "t")
+    assert (stats["max_bytes"], stats["rejected_count"]) == (300, 1)
+    for path, text in [("/topic/policy?topic=t&max_bytes=-1", "INVALID_MAX_BYTES"),
+                       ("/topic/policy?topic=t&max_bytes=1e3", "INVALID_MAX_BYTES")]:
+        assert server.post(path) == (400, json.dumps({"message": text}).encode()
+                                     .replace(b" ", b""))
+    assert set_policy(server, "/topic/policy?topic=t&max_bytes=0")["max_bytes"] == 0
+    assert server.post("/pub?topic=t", b"more") == (200, b"OK")
+    with open(tmp_path / "nsqd.dat") as f:  # the default is not written, taking it off is
+        topic = json.load(f)["topics"][0]
+    assert (topic["max_bytes"], topic["overflow"]) == (0, "reject")
+    assert "max_depth" not in topic

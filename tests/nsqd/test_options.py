@@ -24,7 +24,9 @@ NSQD_FLAGS = {
 }
 EXTENSIONS = {"workers", "graceful-timeout", "shm-prefix", "client-timeout", "queue-scan-interval",
               "queue-scan-dirty-percent", "lookupd-ping-interval", "max-queue-depth",
-              "queue-overflow"}
+              "max-queue-bytes",
+              "queue-overflow", "cluster-lease-ttl"}
+YOUZAN_FLAGS = {"cluster-id", "cluster-leadership-addresses", "rpc-port"}  # cluster mode
 
 
 def parse(*argv):
@@ -38,7 +40,7 @@ def parse(*argv):
 def test_table_covers_every_nsqd_flag_once():
     names = [f.name for f in o.FLAGS]
     assert len(names) == len(set(names))
-    assert set(names) == NSQD_FLAGS | EXTENSIONS
+    assert set(names) == NSQD_FLAGS | EXTENSIONS | YOUZAN_FLAGS
     assert {f.name for f in o.FLAGS if f.extension} == EXTENSIONS
     for f in o.FLAGS:
         assert f.attr == f.name.replace("-", "_")
@@ -116,7 +118,13 @@ DEFAULTS = [
     ("graceful_timeout", 30.0),
     ("shm_prefix", ""),
     ("max_queue_depth", 0),
+    ("max_queue_bytes", 0),
     ("queue_overflow", "reject"),
+    # youzan/nsq's cluster mode (standalone by default)
+    ("cluster_id", "nsq-test-cluster"),
+    ("cluster_leadership_addresses", ""),
+    ("rpc_port", ""),
+    ("cluster_lease_ttl", 6.0),
 ]
 
 
@@ -233,7 +241,8 @@ def test_percentiles_repeatable_comma_separated_sorted_descending():
     assert opts.e2e_processing_latency_percentile == [1.0, 0.99, 0.95, 0.5]
 
 
-DURATION_FLAGS = [f.attr for f in o.FLAGS if f.kind == o.DURATION]
+# (cluster_lease_ttl is checked in tests/consistence/test_options.py: cluster mode only)
+DURATION_FLAGS = [f.attr for f in o.FLAGS if f.kind == o.DURATION and f.attr != "cluster_lease_ttl"]
 
 
 @pytest.mark.parametrize("attr", DURATION_FLAGS)
@@ -381,6 +390,7 @@ ERRORS = [
      "--statsd-interval must be > 0"),
     (["--lookupd-ping-interval=-1s"], "--lookupd-ping-interval must be > 0"),
     (["--max-queue-depth=-1"], "--max-queue-depth must be >= 0"),
+    (["--max-queue-bytes=-1"], "--max-queue-bytes must be >= 0"),
     (["--queue-overflow=block"], "--queue-overflow must be reject or drop-oldest"),
 ]
 

@@ -52,7 +52,8 @@ def test_max_attempts_through_req_moves_to_the_dead_letter_topic(nsqd):
     create(nsqd, "t", "c")
     got = set_policy(nsqd, "/channel/policy?topic=t&channel=c&max_attempts=3")
     assert got == {"ttl_ms": 0, "max_attempts": 3, "dead_letter_topic": "t.c.dead",
-                   "dead_letter_expired": False, "max_depth": 0, "overflow": "reject"}
+                   "dead_letter_expired": False, "max_depth": 0, "max_bytes": 0,
+                   "overflow": "reject"}
     publish(nsqd, "t", b"a", b"b")
     c = Conn(nsqd).subscribe("t", "c", rdy=2)
     seen, pending = [], []
@@ -171,7 +172,7 @@ def test_policy_set_on_any_worker_applies_everywhere_and_persists(nsqd_factory, 
                                            "&ttl=60000")
     assert status == 200, body
     status, body = http_call(conn, "POST", "/topic/policy?topic=t&ttl=120000")
-    assert (status, json.loads(body)) == (200, {"ttl_ms": 120000, "max_depth": 0,
+    assert (status, json.loads(body)) == (200, {"ttl_ms": 120000, "max_depth": 0, "max_bytes": 0,
                                                 "overflow": "reject"})
     conn.close()
     for each in http_on_each_worker(server).values():
@@ -193,7 +194,7 @@ def test_policy_set_on_any_worker_applies_everywhere_and_persists(nsqd_factory, 
     # cleared: 0 turns a setting off
     assert set_policy(again, "/channel/policy?topic=t&channel=c&max_attempts=0&ttl=0") == \
         {"ttl_ms": 0, "max_attempts": 0, "dead_letter_topic": "", "dead_letter_expired": False,
-         "max_depth": 0, "overflow": "reject"}
+         "max_depth": 0, "max_bytes": 0, "overflow": "reject"}
 
 
 def test_channel_ttl_drops_expired_messages_and_counts_them(nsqd):

@@ -65,7 +65,10 @@ def test_usage_is_go_style():
     names = [line.split()[0][1:] for line in text.splitlines() if line.startswith("  -")]
     assert names == sorted(["config", "version", "log-level", "log-prefix", "verbose",
                             "tcp-address", "http-address", "broadcast-address",
-                            "inactive-producer-timeout", "tombstone-lifetime"])
+                            "inactive-producer-timeout", "tombstone-lifetime",
+                            # youzan/nsq's cluster mode
+                            "cluster-id", "cluster-leadership-addresses",
+                            "cluster-lease-ttl"])
     assert ("  -inactive-producer-timeout duration\n    \tduration of time a producer will "
             "remain in the active list since its last ping (default 5m0s)\n") in text
     assert ("  -tombstone-lifetime duration\n    \tduration of time a producer will remain "

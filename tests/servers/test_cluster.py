@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CLUSTER = os.path.join(ROOT, "servers", "cluster")
 READER = os.path.join(ROOT, "tests", "nsqd", "clients", "lookupd_client.py")
 BIN = os.path.dirname(sys.executable)  # the virtualenv's: supervisord and nsqshm
-PROGRAMS = ["nsqlookupd1", "nsqlookupd2", "nsqd1", "nsqd2", "nsqd3", "nsqadmin"]
+PROGRAMS = ["etcd", "nsqlookupd1", "nsqlookupd2", "nsqd1", "nsqd2", "nsqd3", "nsqadmin"]
 PORT = re.compile(r"127\.0\.0\.1:(\d+)")
 
 
@@ -72,13 +72,13 @@ def cluster(tmp_path):
     here = tmp_path / "cluster"
     here.mkdir()
     # what a fresh clone has: the config and the empty data and log directories
-    for sub in ("data/nsqd1", "data/nsqd2", "data/nsqd3", "logs"):
+    for sub in ("data/nsqd1", "data/nsqd2", "data/nsqd3", "data/etcd", "logs"):
         assert os.path.exists(os.path.join(CLUSTER, sub, ".gitignore")), sub
         (here / sub).mkdir(parents=True)
     text = open(os.path.join(CLUSTER, "supervisord.conf")).read()
     config = [line for line in text.splitlines() if not line.startswith(";")]
     ports = sorted({int(p) for p in PORT.findall("\n".join(config))})
-    assert len(ports) == 11  # 2 lookupds x 2, 3 nsqd x 2, 1 nsqadmin
+    assert len(ports) == 13  # 2 lookupds x 2, 3 nsqd x 2, 1 nsqadmin, etcd x 2
     moved = dict(zip(ports, free_ports(len(ports)), strict=True))
     text = PORT.sub(lambda m: f"127.0.0.1:{moved[int(m.group(1))]}", text)
     (here / "supervisord.conf").write_text(text)
@@ -135,17 +135,60 @@ def test_cluster_starts_serves_through_lookupd_and_stops_cleanly(cluster):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"received": ["across the cluster"], "nsqd": [f"127.0.0.1:{nsqd_tcp[1]}"]}
 
+    # cluster mode: a replicated log topic made through a lookupd, written to its
+    # leader, in every node's log once acknowledged
+    def create():
+        req = urllib.request.Request(f"http://127.0.0.1:{lookupd_http[0]}/topic/create?"
+                                     "topic=cluster_r&partition_num=1&replicator=3",
+                                     data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=5):
+                return True
+        except urllib.error.HTTPError:  # the nodes not all in etcd yet
+            return False
+
+    assert wait_for(create)
+
+    def leader():
+        doc = get(lookupd_http[1], "/lookup?topic=cluster_r&access=w")
+        return doc.get("partitions", {}).get("0")
+
+    assert wait_for(lambda: leader() is not None)
+
+    def publish():
+        req = urllib.request.Request(f"http://127.0.0.1:{leader()['http_port']}/pub?"
+                                     "topic=cluster_r&partition=0", data=b"replicated",
+                                     method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.read() == b"OK"
+        except urllib.error.HTTPError:  # E_FAILED_ON_NOT_LEADER until it knows its role
+            return False
+
+    assert wait_for(publish)
+
+    def end_offsets():
+        out = []
+        for port in nsqd_http:
+            topics = get(port, "/stats?format=json&topic=cluster_r")["topics"]
+            out += [t["partitions"][0]["end_offset"] for t in topics]
+        return out
+
+    assert end_offsets() == [1, 1, 1]
+
     # every process of the cluster, then the one command down
     pid = int(open(os.path.join(here, "supervisord.pid")).read())
     pids = [pid] + [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    assert len(pids) >= 1 + 6 + 3 * 2  # supervisord, its programs, two workers per nsqd
+    assert len(pids) >= 1 + 7 + 3 * 2  # supervisord, its programs, two workers per nsqd
     down = subprocess.run([*ctl, "shutdown"], capture_output=True, text=True, timeout=30)
     assert down.returncode == 0, down.stdout + down.stderr
     assert wait_for(lambda: not any(alive(p) for p in pids), timeout=60), \
         [p for p in pids if alive(p)]
     log = open(os.path.join(here, "logs", "supervisord.log")).read()
     for name in PROGRAMS:
-        assert f"stopped: {name} (exit status 0)" in log, log[-3000:]
+        # etcd ends by re-raising the signal it handled (after its clean shutdown)
+        end = "terminated by SIGTERM" if name == "etcd" else "exit status 0"
+        assert f"stopped: {name} ({end})" in log, log[-3000:]
     assert "not expected" not in log and "FATAL" not in log, log[-3000:]  # no crash, no restart
     # each nsqd said goodbye as nsqd does
     for n in (1, 2, 3):

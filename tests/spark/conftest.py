@@ -7,7 +7,12 @@ import sys
 import pytest
 
 from tests.local.conftest import started
-from tests.nsqd.conftest import nsqd_factory, nsqd_workers, wait_for  # noqa: F401
+from tests.nsqd.conftest import (  # noqa: F401
+    nsqd_factory,
+    nsqd_workers,
+    pytest_generate_tests,
+    wait_for,
+)
 
 
 @pytest.fixture(scope="session")

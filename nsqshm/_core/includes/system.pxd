@@ -218,3 +218,13 @@ cdef extern from "byteorder.h" nogil:
     uint64_t nsqshm_be64(const void *p)
     void nsqshm_put_be32(void *p, uint32_t v)
     void nsqshm_put_be64(void *p, uint64_t v)
+
+
+cdef extern from "message_expiry.h" nogil:
+    # a message's own time to live: see message_expiry.h for the layout
+    enum: NSQSHM_EXPIRY_BIT
+    enum: NSQSHM_EXPIRY_SIZE
+    bint nsqshm_has_expiry(const char *msg, uint32_t size)
+    int64_t nsqshm_expires_at(const char *msg, uint32_t size)
+    void nsqshm_clear_expiry(char *msg)
+    uint32_t nsqshm_attempts(const char *msg)

@@ -177,6 +177,41 @@
     });
   });
 
+  // the policy page (issue 18): redrive buttons and the policy forms
+  document.addEventListener("click", function (ev) {
+    var btn = ev.target.closest("[data-redrive]");
+    if (!btn) { return; }
+    ev.preventDefault();
+    var n = btn.getAttribute("data-redrive");
+    var path = "/api/topics/" + enc(btn.getAttribute("data-topic")) + "/" +
+               enc(btn.getAttribute("data-channel")) + "/redrive";
+    btn.disabled = true;
+    send("POST", path, n === "all" ? {} : { n: n }).then(function (result) {
+      btn.disabled = false;
+      afterAction(result, "");
+    }, function () {
+      btn.disabled = false;
+      showFlash("error", "nsqadmin did not answer");
+    });
+  });
+
+  document.addEventListener("submit", function (ev) {
+    var form = ev.target;
+    if (!form.classList.contains("policy-form")) { return; }
+    ev.preventDefault();
+    var doc = { of: form.getAttribute("data-of") };
+    Array.prototype.forEach.call(form.elements, function (el) {
+      if (el.name && el.value) { doc[el.name] = el.value; }
+    });
+    var path = doc.of === "topic" ? "/api/policies/" + enc(form.getAttribute("data-topic"))
+      : "/api/topics/" + enc(form.getAttribute("data-topic")) + "/" +
+        enc(form.getAttribute("data-channel")) + "/policy";
+    send("POST", path, doc).then(function (result) {
+      afterAction(result, "");
+      if (result.ok) { form.reset(); }
+    });
+  });
+
   document.addEventListener("submit", function (ev) {
     var form = ev.target;
     if (form.id !== "create-form") { return; }

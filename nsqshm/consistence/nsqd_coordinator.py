@@ -1,0 +1,364 @@
+"""An nsqd worker in cluster mode (Youzan's NsqdCoordinator, nsqd_coordinator.go):
+the etcd session, the node's registration, the partitions this worker holds and its
+role in each, the replication RPC.  It drives the broker only through ReplicaHost
+(nsqd/replica.py); the broker knows nothing of etcd.
+
+Per worker (each has its own session and lease):
+
+- worker 0 registers the node (NsqdNodes/Node-<id>, on its lease); the node ID is
+  "<broadcast address>:<rpc port>";
+- a watch on the cluster's Topics/ prefix: for every partition with this node among
+  its replicas (leader, ISR, catch-up) whose log this worker owns, the log topic is
+  made locally (every worker of the node), its gate set to "not leader", and a role
+  watch (leadership.py) started;
+- the role decides the gate: LEADER: a PartitionLeader (replicator.py) replicates
+  and acknowledges; CANDIDATE (in the ISR, no live leader): run the election (etcd
+  decides, exactly one ISR member wins); FOLLOWER, CATCHUP, NONE: writes refused
+  with E_FAILED_ON_NOT_LEADER and the leader's APPENDs taken on the RPC port;
+- a lost lease fences every partition this worker leads at once (the local
+  deadline comes before etcd's expiry, so before any successor is elected).
+"""
+
+import functools
+import ipaddress
+
+import gevent
+import gevent.event
+import gevent.socket
+
+from nsqshm.consistence import rpc
+from nsqshm.consistence.errors import CompareFailed, CoordinationError, LeaderAlive, NotInISR
+from nsqshm.consistence.leadership import CANDIDATE, LEADER, Leadership
+from nsqshm.consistence.options import endpoints
+from nsqshm.consistence.replicator import PartitionLeader
+from nsqshm.consistence.session import EtcdSession
+from nsqshm.consistence.topology import NodeInfo, Topology
+from nsqshm.nsqd.partition import partition_owner
+from nsqshm.nsqd.replica import NotLeader, NotLeaderGate, OffsetMismatch
+from nsqshm.nsqd.topic import TopicError
+
+LAG_TIMEOUT = 2.0  # an ISR follower behind this long leaves the ISR (PUBs wait at most ~this)
+RETRY = 0.5
+ELECTION_DEFER = 0.5  # a candidate waits this long for a better one to win
+PROBE_TIMEOUT = 0.5  # asking another candidate how long its log is
+
+
+def registered_peer(topology, node_id, ip):
+    """Whether a connection from `ip` saying it is `node_id` comes from a node
+    registered (live) in etcd for this cluster, at its NodeIP: the RPC port takes
+    nothing else.  False when etcd does not answer."""
+    try:
+        node = next((n for n in topology.nodes() if n.id == node_id), None)
+    except CoordinationError:
+        return False
+    if node is None:
+        return False
+    try:
+        return gevent.socket.gethostbyname(node.ip) == ip
+    except OSError:
+        return False
+
+
+def lease_ttl(opts):
+    return max(2, round(opts.cluster_lease_ttl))  # etcd grants whole seconds
+
+
+class NsqdCoordinator:
+    def __init__(self, host, opts, logf, version=""):
+        self.host = host
+        self.opts = opts
+        self.logf = logf
+        self.cluster_id = opts.cluster_id
+        rpc_port = int(opts.rpc_port)
+        ip = opts.broadcast_address
+        self.node = NodeInfo(id=f"{ip}:{rpc_port}", ip=ip, tcp_port=opts.broadcast_tcp_port,
+                             http_port=opts.broadcast_http_port, rpc_port=rpc_port,
+                             version=version, workers=host.workers)
+        self.lag_timeout = LAG_TIMEOUT
+        self.session = EtcdSession(endpoints(opts), ttl=lease_ttl(opts))
+        self.topology = Topology(self.session, opts.cluster_id)
+        self.leadership = Leadership(self.topology, self.node)
+        self.roles = {}  # (topic, partition) -> RoleWatch
+        self.leaders = {}  # (topic, partition) -> PartitionLeader
+        self._dirty = gevent.event.Event()
+        self._watch = None
+        self._loop = None
+        self.stopped = False
+        try:
+            bind = self._source = str(ipaddress.ip_address(ip))
+        except ValueError:  # a host name: any interface, connections from the route's
+            bind, self._source = "0.0.0.0", None
+        self.rpc = rpc.RPCServer((bind, rpc_port + host.worker), self.cluster_id, self.node.id,
+                                 self.is_peer, self.on_append, self.on_publish, logf)
+        self._idle = {}  # worker index -> [RPCClient]: connections to this node's workers
+        host.forwarder = self.forward
+
+    # -- life ------------------------------------------------------------------------
+
+    def start(self):
+        self.rpc.start()
+        self._loop = gevent.spawn(self._run)
+        return self
+
+    def close(self, resign=True):
+        """A graceful stop: hand the leaderships off at once (a follower is elected
+        without waiting for the TTL), give the lease up."""
+        self.stopped = True
+        for leader in list(self.leaders.values()):
+            leader.stop("stopping")
+            if resign:
+                try:
+                    self.leadership.resign(leader.state)
+                except CoordinationError:
+                    pass
+        for watch in list(self.roles.values()):
+            watch.stop()
+        if self._loop is not None:
+            self._loop.kill(block=False)
+        self.rpc.stop()
+        self.session.close(revoke=resign)
+
+    def lease_alive(self):
+        lease = self.session.lease
+        return lease is not None and lease.alive
+
+    def _run(self):
+        """Connect (retried while etcd does not answer), then follow the topics."""
+        while not self.stopped:
+            try:
+                self.session.start()
+                if self.host.worker == 0:
+                    self.topology.register_node(self.node)
+                revision = self.session.revision()
+                break
+            except CoordinationError as err:
+                self.logf("warn", f"cluster: etcd not reachable yet ({err}); retrying")
+                gevent.sleep(RETRY)
+        self.session.on_lease_lost(self._lease_lost)
+        self.session.on_new_lease(lambda session: self._dirty.set())
+        self._watch = self.session.watch(self.topology.keys.topics(), self._topics_changed,
+                                         prefix=True, start_revision=revision + 1)
+        self.logf("info", f"cluster: node {self.node.id} worker {self.host.worker} joined "
+                          f"cluster {self.cluster_id}")
+        self._dirty.set()
+        while not self.stopped:
+            self._dirty.wait()
+            self._dirty.clear()
+            try:
+                self._sync_topics()
+            except CoordinationError as err:
+                self.logf("warn", f"cluster: reading the topics failed ({err}); retrying")
+                gevent.sleep(RETRY)
+                self._dirty.set()
+
+    def _topics_changed(self, events):
+        if any(e.type == "COMPACTED" or e.kv.key.endswith(("/TopicMeta", "/ReplicaInfo"))
+               for e in events):
+            self._dirty.set()
+
+    def _lease_lost(self, session):
+        for leader in list(self.leaders.values()):
+            leader.fence("lost its etcd lease")
+
+    # -- partitions and roles ----------------------------------------------------------
+
+    def _sync_topics(self):
+        me = self.node.id
+        for name in self.topology.topics():
+            states = self.topology.partitions(name)
+            mine = [s for s in states
+                    if me == s.replicas.leader or me in s.replicas.isr or me in s.replicas.catchup]
+            if not mine:
+                continue
+            self.host.ensure_topic(name, len(states))
+            for state in mine:
+                key = (name, state.partition)
+                if key in self.roles:
+                    continue
+                part = self.host.partition(name, state.partition)
+                if part is None:  # another worker of this node owns its log: only
+                    # whether this node leads it (a PUB without a partition goes there)
+                    gate = self.host.forward_gate(name, state.partition)
+                    if gate is not None:
+                        self.roles[key] = self.leadership.watch_role(
+                            name, state.partition, functools.partial(self._owner_role, gate))
+                    continue
+                self.host.set_gate(part, NotLeaderGate("has no known leader here yet"))
+                self.roles[key] = self.leadership.watch_role(
+                    name, state.partition, functools.partial(self._role, key, part))
+
+    def _role(self, key, part, role, state):
+        """The role watch's callback (in its greenlet): set the partition's gate."""
+        if role == LEADER:
+            leader = self.leaders.get(key)
+            if leader is not None and leader.fenced is None:
+                leader.set_state(state)
+                return
+            leader = PartitionLeader(self, part, state)
+            self.leaders[key] = leader
+            self.host.set_gate(part, leader)
+            self.logf("info", f"cluster: {key[0]}-{key[1]}: leading, write epoch {leader.epoch}, "
+                              f"ISR {list(state.replicas.isr)}")
+            return
+        leader = self.leaders.pop(key, None)
+        if leader is not None:
+            leader.stop(f"is now {role}")
+        if role == CANDIDATE:
+            self.host.set_gate(part, NotLeaderGate("has no leader: an election runs"))
+            gevent.spawn(self._elect, key)
+        else:
+            led_by = state.leader if state is not None and state.leader else "nobody"
+            self.host.set_gate(part, NotLeaderGate(f"is led by {led_by}"))
+
+    def _longer_log_elsewhere(self, key, watch, ties):
+        """Whether another live ISR member's log is longer than ours (or, with ties, as
+        long with a smaller node ID): it goes first.  The longest log holds every acknowledged
+        message and the most unacknowledged ones; electing it spares the others a
+        reset (they hold no record it lacks).  Asked with a PROBE each (a short timeout:
+        a cut-off member must not delay the election much)."""
+        part = self.host.partition(*key)
+        if part is None or watch is None or watch.state is None:
+            return False
+        mine = self.host.end_offset(part)
+        for node in watch.state.replicas.isr:
+            if node == self.node.id:
+                continue
+            try:
+                info = self.node_info(node)
+                if info is None:
+                    continue
+                port = info.rpc_port + partition_owner(key[0], key[1], info.workers)
+                client = rpc.RPCClient(info.ip, port, self.cluster_id, self.node.id,
+                                       PROBE_TIMEOUT, source=self._source)
+                try:
+                    status, end, _ = client.append(rpc.encode_append(*key, 0, rpc.PROBE), b"")
+                finally:
+                    client.close()
+            except (rpc.RPCError, OSError, CoordinationError):
+                continue
+            if status != rpc.UNKNOWN and (end > mine or ties and end == mine
+                                          and node < self.node.id):
+                return True
+        return False
+
+    def _owner_role(self, gate, role, state):
+        gate.writable = role == LEADER  # (the owner worker runs the election)
+
+    def _elect(self, key):
+        try:
+            # the partition's designated leader (the placement's at creation, the last
+            # one after) goes first while it is alive: leaders stay spread as placed
+            watch = self.roles.get(key)
+            preferred = watch.state.replicas.leader if watch and watch.state else ""
+            designated = preferred == self.node.id
+            if not designated and preferred and self.node_info(preferred) \
+                    or self._longer_log_elsewhere(key, watch, ties=not designated):
+                gevent.sleep(ELECTION_DEFER)
+                if watch.role != CANDIDATE or self.stopped:
+                    return
+            self.leadership.elect(*key)
+            # lead at once (the lookupd names this node from now on), not when the
+            # role watch's stream brings the change
+            watch = self.roles.get(key)
+            if watch is not None:
+                watch.recheck()
+        except (LeaderAlive, NotInISR, CompareFailed) as err:
+            self.logf("info", f"cluster: {key[0]}-{key[1]}: not elected ({err})")
+        except CoordinationError as err:
+            self.logf("warn", f"cluster: {key[0]}-{key[1]}: election failed ({err}); retrying")
+            gevent.sleep(RETRY)
+            watch = self.roles.get(key)
+            if watch is not None and watch.role == CANDIDATE and not self.stopped:
+                gevent.spawn(self._elect, key)
+
+    # -- the RPC -------------------------------------------------------------------------
+
+    def node_info(self, node_id):
+        for node in self.topology.nodes():
+            if node.id == node_id:
+                return node
+        return None
+
+    def is_peer(self, node_id, ip):
+        return registered_peer(self.topology, node_id, ip)
+
+    def connect(self, node_id, topic, partition):
+        """An RPC connection to the worker of node_id that owns topic-partition."""
+        node = self.node_info(node_id)
+        if node is None:
+            raise rpc.RPCError(f"{node_id} is not registered (down?)")
+        port = node.rpc_port + partition_owner(topic, partition, node.workers)
+        return rpc.RPCClient(node.ip, port, self.cluster_id, self.node.id, self.lag_timeout,
+                             source=self._source)
+
+    def on_append(self, peer, topic, partition, epoch, first, records):
+        """A leader's APPEND: taken only from the leader this node knows, at a write
+        epoch no older than the one it knows.  -> (status, end, tail crc or None)."""
+        key = (topic, partition)
+        part = self.host.partition(topic, partition)
+        watch = self.roles.get(key) if part is not None else None
+        if watch is None or watch.state is None:
+            return rpc.UNKNOWN, 0, None
+        end = self.host.end_offset(part)
+        known = watch.state.replicas
+        if epoch < known.epoch_for_write or (epoch == known.epoch_for_write
+                                             and peer != known.leader):
+            return rpc.FENCED, end, None
+        mine = self.leaders.get(key)
+        if mine is not None and mine.fenced is None:
+            if epoch <= mine.epoch:
+                return rpc.FENCED, end, None
+            mine.fence(f"{peer} leads at write epoch {epoch}")
+        if first == rpc.PROBE:  # where the log ends, and what its last record is
+            return rpc.MISMATCH, end, self.host.tail_crc(part, end)
+        if first == rpc.RESET:  # our log diverged from the leader's: start again
+            if self.node.id in known.isr or mine is not None:
+                return rpc.MISMATCH, end, self.host.tail_crc(part, end)  # not while in the ISR
+            self.host.reset_log(part)
+            end = self.host.end_offset(part)
+            return rpc.MISMATCH, end, self.host.tail_crc(part, end)
+        try:
+            return rpc.OK, self.host.append_at(part, first, records), None
+        except OffsetMismatch as err:
+            return rpc.MISMATCH, err.end, None
+
+    # -- PUBs that landed on another worker of this node ---------------------------------
+
+    def forward(self, topic, partition, packed):
+        """Hand a PUB's records to the worker that owns the partition (PUBLISH on its
+        RPC port) and raise what it answers: the PUB is acknowledged only once the
+        owner has replicated it.  A connection per concurrent PUB, kept for reuse."""
+        owner = partition_owner(topic, partition, self.host.workers)
+        idle = self._idle.setdefault(owner, [])
+        try:
+            client = idle.pop() if idle else rpc.RPCClient(
+                self.node.ip, self.node.rpc_port + owner, self.cluster_id, self.node.id,
+                self.lag_timeout * 4, source=self._source)
+        except (rpc.RPCError, OSError) as err:
+            raise NotLeader(f"{topic}-{partition}: its owner worker {owner} is not "
+                            f"reachable ({err})") from None
+        try:
+            status, text = client.publish(topic, partition, packed)
+        except (rpc.RPCError, OSError) as err:
+            client.close()
+            raise TopicError(f"{topic}-{partition}: forwarding to worker {owner} failed "
+                             f"({err})") from None
+        idle.append(client)
+        if status == rpc.NOT_LEADER:
+            raise NotLeader(text)
+        if status != rpc.OK:
+            raise TopicError(text)
+
+    def on_publish(self, topic, partition, records):
+        """PUBLISH from another worker of this node: append as a PUB would (the gate
+        replicates and waits) -> (status, text)."""
+        part = self.host.partition(topic, partition)
+        if part is None:
+            return rpc.NOT_LEADER, f"{topic}-{partition} is not owned by this worker"
+        try:
+            part.append(records)
+        except NotLeader as err:
+            return rpc.NOT_LEADER, str(err)
+        except (TopicError, ValueError, OSError) as err:
+            return rpc.FAILED, str(err)
+        return rpc.OK, ""

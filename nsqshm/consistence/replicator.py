@@ -1,0 +1,258 @@
+"""The leader side of a replicated partition: the gate a leading partition holds
+(nsqd/replica.py) and one sender greenlet per other replica.
+
+    PUB -> Partition.append: gate.check_writable (fenced? lease alive?)
+                             log.append_packed (local log, the records get offsets)
+                             gate.committed(end): wait until every ISR member acked end
+    sender (one per follower or catch-up replica):
+        probe the follower's end; then loop: read_into(next) from the leader's log ->
+        one APPEND frame with the whole batch -> ACK(end); acked[node] = end
+    monitor (every MONITOR_INTERVAL):
+        an ISR follower behind the leader's end for longer than lag_timeout (dead,
+        cut off, slow) is moved out of the ISR in etcd (epoch bumped): the PUBs that
+        waited for it are answered; a catch-up replica that reached the end joins the
+        ISR (while it joins, PUBs wait for it too, so it has every message acked
+        after it is in).
+
+Batching: a sender reads as many records as the log holds past the follower's end
+(up to BATCH_BYTES) into one buffer, in C, and sends it as one frame; the follower
+appends it with one append_packed.  PUBs that arrive while a frame is on the wire
+go out together in the next one.  No Python object is made per message.
+
+Fencing: the gate refuses writes (E_FAILED_ON_NOT_LEADER) once the leader knows it
+is deposed: an ISR change refused by etcd (Fenced), a follower that answers FENCED
+(it saw a newer write epoch), or the node's lease past its local deadline (etcd may
+have expired it and elected another leader).  A PUB already appended to the local
+log but not acknowledged is answered with an error: the client retries (at least
+once); the record may stay in this log only.
+"""
+
+import time
+
+import gevent
+import gevent.event
+
+from nsqshm._core.commitlog import LogError
+from nsqshm.consistence import rpc
+from nsqshm.consistence.errors import CoordinationError, Fenced
+from nsqshm.nsqd.partition import MAX_RECORD
+from nsqshm.nsqd.replica import NotLeader
+
+BATCH_BYTES = MAX_RECORD + 4 + (2 << 20)  # the largest record fits, with room for more
+MONITOR_INTERVAL = 0.2
+RETRY = 0.3
+_BUFFERS = []  # batch buffers not on the wire, shared by the senders of this process
+
+
+def _take_buffer():
+    return _BUFFERS.pop() if _BUFFERS else bytearray(BATCH_BYTES)
+
+
+class PartitionLeader:
+    writable = True
+
+    def __init__(self, coordinator, partition, state):
+        self.coordinator = coordinator
+        self.partition = partition
+        self.state = state  # the PartitionState it holds: epoch for its ISR changes
+        self.epoch = state.replicas.epoch_for_write  # sent with every APPEND
+        self.me = coordinator.node.id
+        self.lag_timeout = coordinator.lag_timeout
+        self.acked = {}  # node ID -> end offset it acknowledged
+        self.behind_since = {}  # node ID -> monotonic time it was first seen behind
+        self.joining = None  # a catch-up node moving into the ISR: PUBs wait for it too
+        self.fenced = None  # why this leader may acknowledge nothing more
+        self._progress = gevent.event.Event()  # set (and replaced) at each ack or change
+        self._wakes = {}  # node ID -> Event: wakes its sender at an append
+        self._senders = {}
+        self._monitor = gevent.spawn(self._monitor_loop)
+        self._update_senders()
+
+    def __repr__(self):
+        return f"<PartitionLeader {self.partition.topic.name}-{self.partition.index} " \
+               f"epoch {self.epoch}>"
+
+    # -- the gate (nsqd/replica.py) ------------------------------------------------------
+
+    def check_writable(self, partition):
+        if self.fenced is not None:
+            raise NotLeader(f"{self._name} {self.fenced}")
+        if not self.coordinator.lease_alive():
+            raise NotLeader(f"{self._name} lost its etcd lease")
+
+    def committed(self, partition, end):
+        """Block the PUB until every ISR member (and a joining one) has `end`."""
+        for wake in self._wakes.values():
+            wake.set()
+        while True:
+            if self.fenced is not None:
+                raise NotLeader(f"{self._name} {self.fenced}")
+            if all(self.acked.get(n, 0) >= end for n in self._required()):
+                if not self.coordinator.lease_alive():
+                    raise NotLeader(f"{self._name} lost its etcd lease")
+                return
+            self._progress.wait(1.0)
+
+    @property
+    def _name(self):
+        return f"{self.partition.topic.name}-{self.partition.index}"
+
+    def _required(self):
+        isr = [n for n in self.state.replicas.isr if n != self.me]
+        return isr + [self.joining] if self.joining else isr
+
+    def _notify(self):
+        old, self._progress = self._progress, gevent.event.Event()
+        old.set()
+
+    # -- life ------------------------------------------------------------------------------
+
+    def fence(self, why):
+        if self.fenced is None:
+            self.fenced = why
+            self.coordinator.logf("warn", f"{self._name}: fenced, acknowledging nothing: {why}")
+        self._notify()
+
+    def stop(self, why="stopped leading"):
+        self.fence(why)
+        self._monitor.kill(block=False)
+        for g in self._senders.values():
+            g.kill(block=False)
+        self._senders.clear()
+
+    def set_state(self, state):
+        """A newer state of the partition (our own ISR change, or read by the watch)."""
+        if state.epoch >= self.state.epoch:
+            self.state = state
+            self._update_senders()
+            self._notify()
+
+    def _update_senders(self):
+        wanted = {n for n in (*self.state.replicas.isr, *self.state.replicas.catchup)
+                  if n != self.me}
+        for node in list(self._senders):
+            if node not in wanted:
+                self._senders.pop(node).kill(block=False)
+                self._wakes.pop(node, None)
+        for node in wanted:
+            if node not in self._senders:
+                self._wakes[node] = gevent.event.Event()
+                self._senders[node] = gevent.spawn(self._send_loop, node, self._wakes[node])
+
+    # -- senders ---------------------------------------------------------------------------
+
+    def _send_loop(self, node, wake):
+        topic, index = self.partition.topic.name, self.partition.index
+        host = self.coordinator.host
+        last_error = None
+        while self.fenced is None:
+            client = None
+            try:
+                client = self.coordinator.connect(node, topic, index)
+                status, end, crc = client.append(rpc.encode_append(topic, index, self.epoch,
+                                                                   rpc.PROBE), b"")
+                if status == rpc.MISMATCH and self._diverged(end, crc):
+                    status, end, crc = self._reset(client, node, end)
+                while self.fenced is None:
+                    if status == rpc.FENCED:
+                        self.fence(f"{node} knows a newer leader or epoch")
+                        return
+                    if status == rpc.UNKNOWN:
+                        raise rpc.RPCError(f"{node} has no {topic}-{index} yet")
+                    leader_end = host.end_offset(self.partition)
+                    if end > leader_end:  # (it grew since the probe: not from us)
+                        raise rpc.RPCError(f"{node}'s log ends at {end}, past {leader_end}")
+                    if self.acked.get(node) != end:
+                        self.acked[node] = end
+                        self._notify()
+                    if end == leader_end:  # up to date: wait for the next append
+                        wake.clear()
+                        if host.end_offset(self.partition) == end:
+                            wake.wait(1.0)
+                        continue
+                    buf = _take_buffer()  # only while a batch is on the wire
+                    try:
+                        _, nbytes, _ = host.read(self.partition, end, buf, BATCH_BYTES)
+                        if not nbytes:  # (cannot happen: a batch holds the largest record)
+                            raise rpc.RPCError(f"record {end} larger than a batch")
+                        status, end, _ = client.append(
+                            rpc.encode_append(topic, index, self.epoch, end, nbytes),
+                            memoryview(buf)[:nbytes])
+                    finally:
+                        _BUFFERS.append(buf)
+            except (rpc.RPCError, OSError, CoordinationError, ValueError, LogError) as err:
+                # (LogError: its end is below this log's start, after retention)
+                if str(err) != last_error:  # once per kind of failure, not per retry
+                    self.coordinator.logf("info", f"{self._name}: replica {node}: {err}")
+                last_error = str(err)
+            finally:
+                if client is not None:
+                    client.close()
+            gevent.sleep(RETRY)
+
+    def _diverged(self, end, crc):
+        """Whether a follower's log, ending at `end` with a last record of crc32 `crc`,
+        is not a prefix of ours: longer, or as long but another record at end - 1 (it
+        led before and kept records nobody acknowledged)."""
+        host = self.coordinator.host
+        ours = host.end_offset(self.partition)
+        return end > ours or (end > host.start_offset(self.partition)
+                              and crc != host.tail_crc(self.partition, end))
+
+    def _reset(self, client, node, end):
+        """Have a diverged follower remove its log (it is then copied from ours): only
+        once it is out of the ISR, where a member must hold every acknowledged message."""
+        topic, index = self.partition.topic.name, self.partition.index
+        if node in self.state.replicas.isr:
+            raise rpc.RPCError(f"{node}'s log diverges at offset {end - 1}: it is reset "
+                               f"once out of the ISR")
+        if self.coordinator.host.start_offset(self.partition) > 0:
+            raise rpc.RPCError(f"{node}'s log diverges at offset {end - 1}, and this log "
+                               f"no longer starts at 0 (retention): it cannot be copied whole")
+        self.coordinator.logf("warn", f"{self._name}: {node}'s log diverges at offset "
+                                      f"{end - 1}: it removes it and copies this one")
+        status, end, crc = client.append(rpc.encode_append(topic, index, self.epoch,
+                                                           rpc.RESET), b"")
+        if status == rpc.MISMATCH and self._diverged(end, crc):
+            raise rpc.RPCError(f"{node} did not reset its log (it ends at {end})")
+        return status, end, crc
+
+    # -- the ISR ---------------------------------------------------------------------------
+
+    def _monitor_loop(self):
+        leadership = self.coordinator.leadership
+        while self.fenced is None:
+            gevent.sleep(MONITOR_INTERVAL)
+            try:
+                self._check_isr(leadership)
+            except Fenced as err:
+                self.fence(f"etcd refused an ISR change: {err}")
+            except CoordinationError as err:
+                self.coordinator.logf("info", f"{self._name}: ISR check failed: {err}")
+
+    def _check_isr(self, leadership):
+        end = self.coordinator.host.end_offset(self.partition)
+        now = time.monotonic()
+        replicas = self.state.replicas
+        for node in replicas.isr:
+            if node == self.me:
+                continue
+            if self.acked.get(node, 0) >= end:
+                self.behind_since.pop(node, None)
+                continue
+            since = self.behind_since.setdefault(node, now)
+            if now - since > self.lag_timeout:
+                self.coordinator.logf("warn", f"{self._name}: {node} is {end - self.acked.get(node, 0)} "
+                                              f"behind for {now - since:.1f}s: out of the ISR")
+                self.set_state(leadership.shrink_isr(self.state, node))
+                self.behind_since.pop(node, None)
+                return
+        for node in replicas.catchup:
+            if self.acked.get(node, -1) >= end:
+                self.joining = node  # from here on PUBs wait for it too
+                try:
+                    self.set_state(leadership.expand_isr(self.state, node))
+                finally:
+                    self.joining = None
+                self.coordinator.logf("info", f"{self._name}: {node} caught up: in the ISR")
+                return

@@ -1,0 +1,262 @@
+"""The replication RPC between the nsqd of a cluster: a small length-prefixed binary
+protocol on --rpc-port (worker k of a node listens on rpc-port + k: the worker that
+owns a partition's log takes its replication, see nsqd/partition.py's owner rule).
+
+Every frame:
+
+    +----------------+--------+---------------------------+
+    | u32 BE  length | u8 kind|  body (length - 1 bytes)  |
+    +----------------+--------+---------------------------+
+
+    HELLO    (peer -> server)  JSON {"cluster": id, "node": node ID}
+    WELCOME  (server -> peer)  JSON {"node": node ID}          (or ERROR, then close)
+    ERROR                      JSON {"error": text}
+    APPEND   (leader -> follower)
+        | u16 BE topic len | topic | u16 BE partition | u64 BE write epoch |
+        | u64 BE first msg offset | records ...                          |
+      records: the leader's log as LogReader.read_into packs it, [u32 size][message]...
+      (the size in the hosts' native order: the cluster's hosts share one byte order,
+      HELLO checks it); one frame carries a whole batch, not one message.  A frame with
+      first offset PROBE and no records asks the follower where its log ends; RESET
+      (no records) has a follower out of the ISR whose log diverged remove it.
+    ACK      (follower -> leader)
+        | u8 status | u16 BE topic len | topic | u16 BE partition | u64 BE end offset |
+        | u32 BE crc32 of the record at end - 1 (answer to a PROBE only) |
+      status OK: the records are in the follower's log, which ends at `end`;
+      MISMATCH: nothing written, the log ends at `end` (send from there);
+      FENCED: the follower knows a newer write epoch or another leader: the sender is
+      deposed; UNKNOWN: no such partition on the follower's worker.
+    PUBLISH  (a worker -> the worker of the same node that owns the partition)
+        | u16 BE topic len | topic | u16 BE partition | records ... |
+      a PUB that landed on another worker of the node: the owner appends and
+      replicates it as its own, then answers
+    PUBLISHED | u8 status | text |   status OK, NOT_LEADER or FAILED (text: why)
+
+The server takes only peers registered in etcd for the cluster: the HELLO's node ID
+must be a live nsqd node whose NodeIP is the connection's source address.
+"""
+
+import json
+import struct
+import sys
+
+import gevent
+import gevent.socket
+from gevent.server import StreamServer
+
+HELLO, WELCOME, ERROR, APPEND, ACK, PUBLISH, PUBLISHED = 1, 2, 3, 4, 5, 6, 7
+OK, MISMATCH, FENCED, UNKNOWN = 0, 1, 2, 3  # ACK
+NOT_LEADER, FAILED = 1, 2  # PUBLISHED (OK: 0)
+PUBLISH_FIXED = struct.Struct(">H")
+PROBE = (1 << 64) - 1
+RESET = (1 << 64) - 2
+MAX_FRAME = 64 << 20  # larger than any batch a leader sends (replicator.BATCH_BYTES, ~4 MiB)
+HEADER = struct.Struct(">IB")
+APPEND_FIXED = struct.Struct(">HQQ")  # partition, write epoch, first offset
+ACK_END = struct.Struct(">HQ")  # partition, end offset
+BYTE_ORDER = sys.byteorder
+
+
+class RPCError(Exception):
+    """The peer broke the protocol, refused us, or the connection failed."""
+
+
+def frame(kind, body):
+    return HEADER.pack(len(body) + 1, kind) + body
+
+
+def _topic(topic):
+    raw = topic.encode()
+    return struct.pack(">H", len(raw)) + raw
+
+
+def encode_append(topic, partition, epoch, first, records_bytes=0):
+    """An APPEND frame's head; the records_bytes of records follow it on the wire
+    as they are (sent from the read buffer, not copied into the frame)."""
+    body = _topic(topic) + APPEND_FIXED.pack(partition, epoch, first)
+    return HEADER.pack(len(body) + 1 + records_bytes, APPEND) + body
+
+
+def decode_append(body):
+    """-> (topic, partition, epoch, first offset, records memoryview)."""
+    view = memoryview(body)
+    (n,) = struct.unpack_from(">H", view, 0)
+    if 2 + n + APPEND_FIXED.size > len(view):
+        raise RPCError("short APPEND")
+    topic = bytes(view[2:2 + n]).decode()
+    partition, epoch, first = APPEND_FIXED.unpack_from(view, 2 + n)
+    return topic, partition, epoch, first, view[2 + n + APPEND_FIXED.size:]
+
+
+def encode_publish(topic, partition, records_bytes):
+    body = _topic(topic) + PUBLISH_FIXED.pack(partition)
+    return HEADER.pack(len(body) + 1 + records_bytes, PUBLISH) + body
+
+
+def decode_publish(body):
+    """-> (topic, partition, records memoryview)."""
+    view = memoryview(body)
+    (n,) = struct.unpack_from(">H", view, 0)
+    if 2 + n + PUBLISH_FIXED.size > len(view):
+        raise RPCError("short PUBLISH")
+    topic = bytes(view[2:2 + n]).decode()
+    (partition,) = PUBLISH_FIXED.unpack_from(view, 2 + n)
+    return topic, partition, view[2 + n + PUBLISH_FIXED.size:]
+
+
+def encode_ack(status, topic, partition, end, tail_crc=None):
+    body = bytes((status,)) + _topic(topic) + ACK_END.pack(partition, end)
+    if tail_crc is not None:
+        body += struct.pack(">I", tail_crc)
+    return frame(ACK, body)
+
+
+def decode_ack(body):
+    """-> (status, topic, partition, end, tail crc or None)."""
+    status = body[0]
+    (n,) = struct.unpack_from(">H", body, 1)
+    topic = bytes(body[3:3 + n]).decode()
+    partition, end = ACK_END.unpack_from(body, 3 + n)
+    rest = 3 + n + ACK_END.size
+    crc = struct.unpack_from(">I", body, rest)[0] if len(body) >= rest + 4 else None
+    return status, topic, partition, end, crc
+
+
+def read_frame(sock):
+    """-> (kind, body bytearray); RPCError at EOF or a bad length."""
+    head = _read_exact(sock, HEADER.size)
+    length, kind = HEADER.unpack(head)
+    if not 1 <= length <= MAX_FRAME:
+        raise RPCError(f"bad frame length {length}")
+    return kind, _read_exact(sock, length - 1)
+
+
+def _read_exact(sock, n):
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        r = sock.recv_into(view[got:])
+        if not r:
+            raise RPCError("connection closed")
+        got += r
+    return buf
+
+
+def hello_body(cluster_id, node_id):
+    return json.dumps({"cluster": cluster_id, "node": node_id, "byteorder": BYTE_ORDER}).encode()
+
+
+class RPCServer:
+    """A follower worker's listener.  is_peer(node_id, ip) -> bool checks the peer
+    against etcd; on_append(peer, topic, partition, epoch, first, records) -> (status,
+    end) applies a batch."""
+
+    def __init__(self, address, cluster_id, node_id, is_peer, on_append, on_publish, logf):
+        self.cluster_id = cluster_id
+        self.node_id = node_id
+        self.is_peer = is_peer
+        self.on_append = on_append
+        self.on_publish = on_publish
+        self.logf = logf
+        self.server = StreamServer(address, self._handle)
+        self.server.init_socket()
+
+    @property
+    def address(self):
+        return self.server.address
+
+    def start(self):
+        self.server.start()
+
+    def stop(self):
+        self.server.stop(timeout=1)
+
+    def _handle(self, sock, address):
+        sock.setsockopt(gevent.socket.IPPROTO_TCP, gevent.socket.TCP_NODELAY, 1)
+        try:
+            kind, body = read_frame(sock)
+            peer = self._welcome(sock, kind, body, address[0])
+            if peer is None:
+                return
+            while True:
+                kind, body = read_frame(sock)
+                if kind == PUBLISH and peer == self.node_id:  # another worker of this node
+                    status, text = self.on_publish(*decode_publish(body))
+                    sock.sendall(frame(PUBLISHED, bytes((status,)) + text.encode()))
+                    continue
+                if kind != APPEND:
+                    raise RPCError(f"unexpected frame kind {kind}")
+                topic, partition, epoch, first, records = decode_append(body)
+                status, end, crc = self.on_append(peer, topic, partition, epoch, first, records)
+                sock.sendall(encode_ack(status, topic, partition, end, crc))
+        except (RPCError, OSError, ValueError, UnicodeDecodeError, struct.error) as err:
+            self.logf("debug", f"RPC: peer {address[0]}: {err}")
+        finally:
+            sock.close()
+
+    def _welcome(self, sock, kind, body, ip):
+        try:
+            hello = json.loads(body) if kind == HELLO else {}
+        except ValueError:
+            hello = {}
+        node = hello.get("node")
+        why = None
+        if kind != HELLO or not isinstance(node, str):
+            why = "expected HELLO"
+        elif hello.get("cluster") != self.cluster_id:
+            why = "another cluster"
+        elif hello.get("byteorder") != BYTE_ORDER:
+            why = f"byte order {hello.get('byteorder')!r}, this host is {BYTE_ORDER}"
+        elif not self.is_peer(node, ip):
+            why = f"{node} at {ip} is not a node registered in the cluster"
+        if why is not None:
+            self.logf("warn", f"RPC: refused {ip}: {why}")
+            sock.sendall(frame(ERROR, json.dumps({"error": why}).encode()))
+            return None
+        sock.sendall(frame(WELCOME, json.dumps({"node": self.node_id}).encode()))
+        return node
+
+
+class RPCClient:
+    """A leader's connection to one follower worker: request, then its ACK."""
+
+    def __init__(self, ip, port, cluster_id, node_id, timeout, source=None):
+        """source: the local address to connect from, this node's NodeIP (what the
+        server checks), whatever the route would pick (several addresses, loopback)."""
+        self.timeout = timeout
+        self.sock = gevent.socket.create_connection(
+            (ip, port), timeout, source_address=(source, 0) if source else None)
+        try:
+            self.sock.setsockopt(gevent.socket.IPPROTO_TCP, gevent.socket.TCP_NODELAY, 1)
+            self.sock.sendall(frame(HELLO, hello_body(cluster_id, node_id)))
+            kind, body = read_frame(self.sock)
+            if kind != WELCOME:
+                raise RPCError(f"refused by {ip}:{port}: {bytes(body).decode(errors='replace')}")
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def append(self, header, records):
+        """Send one APPEND (header: encode_append's for these records) and wait for
+        its ACK: (status, end, tail crc or None)."""
+        self.sock.sendall(header)
+        if records:
+            self.sock.sendall(records)
+        kind, body = read_frame(self.sock)
+        if kind != ACK:
+            raise RPCError(f"expected ACK, got kind {kind}")
+        status, _, _, end, crc = decode_ack(body)
+        return status, end, crc
+
+    def publish(self, topic, partition, records):
+        """PUBLISH to the owner worker: (status, text)."""
+        self.sock.sendall(encode_publish(topic, partition, len(records)))
+        self.sock.sendall(records)
+        kind, body = read_frame(self.sock)
+        if kind != PUBLISHED or not body:
+            raise RPCError(f"expected PUBLISHED, got kind {kind}")
+        return body[0], bytes(body[1:]).decode(errors="replace")
+
+    def close(self):
+        self.sock.close()

@@ -1,0 +1,165 @@
+"""A log topic's partition as a replica in a cluster (issue 17): what the broker
+offers the coordination layer (nsqshm/consistence/), which drives it.  The broker
+knows no etcd: it only holds, per partition it owns, a *gate* the coordinator sets,
+and lets the coordinator read and append its log.
+
+    gate None (standalone)      PUB appends, OK at once (as before)
+    NotLeaderGate               PUB answers E_FAILED_ON_NOT_LEADER (a follower, a
+                                catch-up replica, a deposed leader, or not known yet)
+    a leader's gate             PUB appends, then gate.committed(end) waits until every
+                                ISR member has the records (consistence/replicator.py)
+
+A follower's log is written by append_at only: the leader's records, at the offsets
+the leader gave them, so every replica holds the same message at the same offset.
+"""
+
+import shutil
+import zlib
+
+from nsqshm._core.commitlog import PartitionLog
+from nsqshm.nsqd.partition import MAX_RECORD
+from nsqshm.nsqd.topic import TopicError
+
+
+class NotLeader(TopicError):
+    """A write to a partition this node does not lead."""
+
+
+class NotLeaderGate:
+    """The gate of a partition this node does not lead: refuses every write."""
+    writable = False
+
+    def __init__(self, why="not the leader"):
+        self.why = why
+
+    def check_writable(self, partition):
+        raise NotLeader(f"{partition.topic.name}-{partition.index} {self.why}")
+
+    def committed(self, partition, end_offset):
+        raise NotLeader(f"{partition.topic.name}-{partition.index} {self.why}")
+
+
+UNKNOWN = NotLeaderGate("has no known leader here yet")
+
+
+class ForwardGate(NotLeaderGate):
+    """The gate of a partition another worker of this node owns: a PUB that lands
+    here is handed to the owner worker (ReplicaHost.forward, set by the coordinator),
+    which appends and replicates it and answers; the inbound ring would acknowledge
+    before the replicas have it."""
+
+    def __init__(self, host):
+        super().__init__("is owned by another worker")
+        self.host = host
+        self.writable = False  # this node leads it (the coordinator says): PUBs go there
+
+    def forward(self, partition, packed):
+        self.host.forward(partition.topic.name, partition.index, packed)
+
+
+class OffsetMismatch(Exception):
+    """append_at: the records do not start at the log's end.  .end is the log's end."""
+
+    def __init__(self, end):
+        super().__init__(f"log ends at {end}")
+        self.end = end
+
+
+class ReplicaHost:
+    """One worker's side of the cluster: the coordinator's only handle on the broker."""
+
+    def __init__(self, nsqd):
+        self.nsqd = nsqd
+        # what a partition made from now on starts with: the coordinator sets the
+        # owner's; the others forward to the owner
+        nsqd.replica_gate = ForwardGate(self)
+        self.forwarder = None  # (topic, partition, packed): the coordinator's
+
+    def forward(self, topic, partition, packed):
+        """A PUB's records to the worker that owns the partition; NotLeader or
+        TopicError as the owner answers."""
+        if self.forwarder is None:
+            raise NotLeader(f"{topic}-{partition} has no known leader here yet")
+        self.forwarder(topic, partition, packed)
+
+    @property
+    def worker(self):
+        return self.nsqd.index
+
+    @property
+    def workers(self):
+        return self.nsqd.nworkers
+
+    def ensure_topic(self, name, partition_num):
+        """The log topic on every worker of this node (as POST /topic/create would)."""
+        return self.nsqd.create_log_topic(name, partition_num)
+
+    def partition(self, name, index):
+        """The Partition if its log is owned by this worker, else None."""
+        topic = self.nsqd.topics.get(name)
+        if topic is None or not topic.is_log or not 0 <= index < len(topic.partitions):
+            return None
+        p = topic.partitions[index]
+        return p if p.owned and p.log is not None else None
+
+    def set_gate(self, partition, gate):
+        partition.replica = gate
+
+    def forward_gate(self, name, index):
+        """The gate of a partition another worker of this node owns, its own (so that
+        the coordinator can say whether this node leads it), or None."""
+        topic = self.nsqd.topics.get(name)
+        if topic is None or not topic.is_log or not 0 <= index < len(topic.partitions):
+            return None
+        p = topic.partitions[index]
+        if p.owned:
+            return None
+        if not isinstance(p.replica, ForwardGate) or p.replica is self.nsqd.replica_gate:
+            p.replica = ForwardGate(self)
+        return p.replica
+
+    def end_offset(self, partition):
+        return partition.log.end_offset
+
+    def read(self, partition, offset, buffer, max_bytes=-1):
+        """Records from msg offset `offset` packed [u32 native size][message]... into
+        buffer, as the log holds them (IDs already the positions): (count, bytes, next)."""
+        return partition.log.reader.read_into(offset, buffer, -1, max_bytes)
+
+    def tail_crc(self, partition, end):
+        """crc32 of the record at msg offset end - 1 (0 for an empty log): two replicas
+        whose logs end at the same offset hold the same tail only if these agree."""
+        if end <= 0:
+            return 0
+        buf = bytearray(MAX_RECORD + 4)
+        _, nbytes, _ = partition.log.reader.read_into(end - 1, buf, 1)
+        return zlib.crc32(memoryview(buf)[:nbytes])
+
+    def start_offset(self, partition):
+        return partition.log.start_offset
+
+    def reset_log(self, partition):
+        """A replica whose log diverged from the leader's (it led before and kept
+        records nobody acknowledged): its log is removed and made again, empty, to be
+        copied from the leader.  Only for a replica out of the ISR (the coordinator
+        checks): what it held is on every ISR member or was never acknowledged."""
+        old = partition.log
+        settings = {"segment_bytes": old.segment_bytes, "max_msg_size": old.max_msg_size,
+                    "sync_every": old.sync_every, "sync_timeout": old.sync_timeout}
+        partition._wait_sync()
+        old.close()
+        shutil.rmtree(partition.path)
+        partition.log = PartitionLog(partition.path, logf=self.nsqd.logf, **settings)
+        self.nsqd.logf("warn", f"{partition}: log removed, to be copied again from the "
+                               f"leader (it diverged)")
+
+    def append_at(self, partition, offset, packed):
+        """A follower: the leader's records, which start at msg offset `offset`.  The
+        log gives them the next offsets, so they land at the leader's only if the log
+        ends at `offset` (else OffsetMismatch, nothing written).  -> the new end."""
+        end = partition.log.end_offset
+        if offset != end:
+            raise OffsetMismatch(end)
+        if packed:
+            partition.append_replica(packed)
+        return partition.log.end_offset

@@ -1,0 +1,94 @@
+"""The replication RPC (consistence/rpc.py): frames both ways over real sockets, and
+the server taking only registered peers of its own cluster (registered_peer, checked
+against a real etcd)."""
+
+import gevent
+import gevent.socket
+import pytest
+
+from nsqshm.consistence import rpc
+from nsqshm.consistence.nsqd_coordinator import registered_peer
+from nsqshm.consistence.topology import NodeInfo, Topology
+
+RECORDS = b"\x05\x00\x00\x00hello"  # what a log batch looks like: opaque to the RPC
+
+
+@pytest.fixture
+def server():
+    """An RPC server on 127.0.0.1 whose peer check and append are the test's."""
+    seen = []
+    peers = {"leader:1"}
+    srv = rpc.RPCServer(("127.0.0.1", 0), "c1", "follower:1",
+                        lambda node, ip: node in peers and ip == "127.0.0.1",
+                        lambda *args: (seen.append((args[:5], bytes(args[5]))) or (rpc.OK, 42, None)),
+                        lambda topic, p, records: (rpc.NOT_LEADER, f"{topic}-{p} not mine"),
+                        lambda level, msg: None)
+    srv.start()
+    srv.seen = seen
+    yield srv
+    srv.stop()
+
+
+def test_append_reaches_the_follower_and_its_ack_comes_back(server):
+    client = rpc.RPCClient("127.0.0.1", server.address[1], "c1", "leader:1", timeout=5)
+    header = rpc.encode_append("orders", 3, 7, 41, len(RECORDS))
+    assert client.append(header, RECORDS) == (rpc.OK, 42, None)
+    assert server.seen == [(("leader:1", "orders", 3, 7, 41), RECORDS)]
+    client.close()
+
+
+def test_publish_is_only_for_the_nodes_own_workers(server):
+    client = rpc.RPCClient("127.0.0.1", server.address[1], "c1", "leader:1", timeout=5)
+    # another node's PUBLISH is a protocol error: the connection is closed
+    client.sock.sendall(rpc.encode_publish("orders", 0, len(RECORDS)) + RECORDS)
+    with pytest.raises(rpc.RPCError):
+        rpc.read_frame(client.sock)
+    client.close()
+
+
+@pytest.mark.parametrize("cluster, node", [("c2", "leader:1"), ("c1", "stranger:9")])
+def test_another_cluster_or_an_unregistered_node_is_refused(server, cluster, node):
+    with pytest.raises(rpc.RPCError, match="refused"):
+        rpc.RPCClient("127.0.0.1", server.address[1], cluster, node, timeout=5)
+    assert server.seen == []
+
+
+def test_a_bad_frame_length_closes_the_connection(server):
+    sock = gevent.socket.create_connection(server.address, timeout=5)
+    sock.sendall(b"\xff\xff\xff\xff\x01")  # 4 GiB
+    assert sock.recv(10) == b""
+    sock.close()
+
+
+def test_codec_round_trips():
+    frame = rpc.encode_append("t", 2, 9, rpc.PROBE, 0)
+    kind, body = rpc.read_frame(_Bytes(frame))
+    assert kind == rpc.APPEND
+    assert rpc.decode_append(body)[:4] == ("t", 2, 9, rpc.PROBE)
+    kind, body = rpc.read_frame(_Bytes(rpc.encode_ack(rpc.MISMATCH, "t", 2, 10, 0xDEADBEEF)))
+    assert rpc.decode_ack(body) == (rpc.MISMATCH, "t", 2, 10, 0xDEADBEEF)
+    kind, body = rpc.read_frame(_Bytes(rpc.encode_ack(rpc.OK, "t", 2, 10)))
+    assert rpc.decode_ack(body) == (rpc.OK, "t", 2, 10, None)
+
+
+class _Bytes:
+    """recv_into over bytes (read_frame's only need of a socket)."""
+
+    def __init__(self, data):
+        self.data = memoryview(data)
+
+    def recv_into(self, view):
+        n = min(len(view), len(self.data))
+        view[:n] = self.data[:n]
+        self.data = self.data[n:]
+        return n
+
+
+def test_registered_peer_checks_etcd(sessions):
+    topology = Topology(sessions(), "c1")
+    topology.register_node(NodeInfo(id="127.0.0.1:4250", ip="127.0.0.1", rpc_port=4250))
+    assert registered_peer(topology, "127.0.0.1:4250", "127.0.0.1")
+    assert not registered_peer(topology, "127.0.0.1:4250", "127.0.0.2")  # not its address
+    assert not registered_peer(topology, "10.0.0.9:4250", "127.0.0.1")  # not registered
+    assert not registered_peer(Topology(topology.session, "c2"), "127.0.0.1:4250",
+                               "127.0.0.1")  # another cluster

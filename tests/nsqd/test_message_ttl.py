@@ -1,0 +1,127 @@
+"""A message's own time to live (issue 18, nsqshm/nsqd/message_ttl.py and
+includes/message_expiry.h): ttl= on /pub and /mpub, kept with the message
+through memory, disk, REQ and a restart, never delivered once expired
+(dropped, or dead-lettered per the channel), counted in expired_count;
+clients and dead-letter topics get the message as nsqd encodes it."""
+
+import base64
+import json
+import time
+
+from nsqshm import protocol as p
+
+from .conftest import wait_for
+from .test_protocol_v2 import Conn
+
+WORKER_COUNTS = (1, 2)  # every test on one worker and on two (conftest.py)
+
+
+def create(server, topic, channel):
+    assert server.post(f"/topic/create?topic={topic}")[0] == 200
+    assert server.post(f"/channel/create?topic={topic}&channel={channel}")[0] == 200
+
+
+def channel_stats(server, topic, channel):
+    doc = json.loads(server.get(f"/stats?format=json&topic={topic}")[1])
+    return next(c for c in doc["topics"][0]["channels"] if c["channel_name"] == channel)
+
+
+def peeked(server, topic, channel):
+    doc = json.loads(server.get(f"/channel/peek?topic={topic}&channel={channel}&n=100")[1])
+    return [(base64.b64decode(m["body"]), "expires" in m) for m in doc["messages"]]
+
+
+def test_expired_messages_are_never_delivered_but_counted_or_dead_lettered(nsqd):
+    create(nsqd, "t", "c")
+    before = time.time_ns()
+    assert nsqd.post("/pub?topic=t&ttl=300", b"short") == (200, b"OK")
+    assert nsqd.post("/pub?topic=t&ttl=600000", b"long") == (200, b"OK")
+    assert nsqd.post("/pub?topic=t", b"none") == (200, b"OK")
+    assert nsqd.post("/mpub?topic=t&ttl=300", b"a\nb") == (200, b"OK")
+    assert nsqd.post("/mpub?topic=t&ttl=600000&binary=true",
+                     p.mpub("t", [b"bin"])[len(b"MPUB t\n") + 4:]) == (200, b"OK")
+    assert nsqd.post("/pub?topic=t&ttl=0", b"zero") == (200, b"OK")  # 0: none, as defer=0
+    doc = json.loads(nsqd.get("/channel/peek?topic=t&channel=c&n=10")[1])
+    expires = {base64.b64decode(m["body"]): m.get("expires") for m in doc["messages"]}
+    assert list(expires) == [b"short", b"long", b"none", b"a", b"b", b"bin", b"zero"]
+    assert before + 300_000_000 <= expires[b"short"] < time.time_ns() + 300_000_000
+    assert expires[b"none"] is None and expires[b"zero"] is None
+    assert [m["attempts"] for m in doc["messages"]] == [0] * 7
+    time.sleep(0.4)  # the 300 ms ones are past their deadline
+    c = Conn(nsqd).subscribe("t", "c", rdy=10)
+    got = c.messages(4)
+    assert [(m.body, m.attempts) for m in got] == [(b"long", 1), (b"none", 1), (b"bin", 1),
+                                                   (b"zero", 1)]
+    assert c.nothing_for(0.3)
+    # REQ: the deadline goes back with the message; the client still gets it plain
+    c.send(p.req(got[0].id))
+    again = c.messages(1)[0]
+    assert (again.body, again.attempts) == (b"long", 2)
+    # with defer=: a deadline before the message is due, and one after
+    assert nsqd.post("/pub?topic=t&defer=300&ttl=100", b"gone") == (200, b"OK")
+    assert nsqd.post("/pub?topic=t&defer=300&ttl=600000", b"later") == (200, b"OK")
+    late = c.messages(1, timeout=10)[0]
+    assert (late.body, late.attempts) == (b"later", 1)
+    assert c.nothing_for(0.3)
+    stats = channel_stats(nsqd, "t", "c")
+    assert (stats["expired_count"], stats["depth"], stats["in_flight_count"]) == (4, 0, 5)
+    doc = json.loads(nsqd.get("/stats?format=json&topic=t")[1])["topics"][0]
+    assert doc["expired_count"] == 4
+
+    # with the channel's dead_letter_expired, to its dead-letter topic instead
+    create(nsqd, "u", "c")
+    status, _ = nsqd.post("/channel/policy?topic=u&channel=c&dead_letter_expired=true")
+    assert status == 200
+    assert nsqd.post("/mpub?topic=u&ttl=200", b"x\ny") == (200, b"OK")
+    time.sleep(0.3)
+    c = Conn(nsqd).subscribe("u", "c", rdy=10)
+    assert c.nothing_for(0.3)
+    stats = channel_stats(nsqd, "u", "c")
+    assert (stats["expired_count"], stats["dead_letter_expired_count"]) == (2, 2)
+    # the dead letters are plain messages: their topic's consumers get them, never expired
+    dead = Conn(nsqd).subscribe("u.c.dead", "inspect", rdy=10)
+    got = dead.messages(2)
+    assert sorted((m.body, m.attempts) for m in got) == [(b"x", 1), (b"y", 1)]
+    assert channel_stats(nsqd, "u.c.dead", "inspect").get("expired_count", 0) == 0
+
+
+def test_deadline_survives_the_disk_queue_and_a_restart(nsqd_factory, tmp_path):
+    server = nsqd_factory("--mem-queue-size=1")
+    create(server, "t", "c")
+    for i in range(5):
+        assert server.post("/pub?topic=t&ttl=1000", f"d{i}".encode()) == (200, b"OK")
+    deadline = time.monotonic() + 1.0  # (past every one of theirs)
+    assert server.post("/pub?topic=t", b"kept") == (200, b"OK")
+    assert wait_for(lambda: channel_stats(server, "t", "c")["backend_depth"] == 5, 5)
+    assert server.stop() == 0
+    again = nsqd_factory("--mem-queue-size=1")
+    # (in the order the restart put them back: the ring's one after the disk queue's)
+    assert sorted(peeked(again, "t", "c")) == [(f"d{i}".encode(), True) for i in range(5)] + \
+        [(b"kept", False)]
+    time.sleep(max(0.0, deadline - time.monotonic()) + 0.1)
+    c = Conn(again).subscribe("t", "c", rdy=10)
+    assert c.messages(1)[0].body == b"kept"
+    assert c.nothing_for(0.3)
+    assert channel_stats(again, "t", "c")["expired_count"] == 5
+
+
+def test_bad_ttl_and_the_size_it_takes(nsqd_factory):
+    server = nsqd_factory("--max-msg-size=100")
+    create(server, "t", "c")
+    for query in ("ttl=x", "ttl=-1", "ttl=1.5", "ttl=" + "9" * 16, "ttl=1099511627777"):
+        assert server.post(f"/pub?topic=t&{query}", b"m") == \
+            (400, b'{"message":"INVALID_TTL"}'), query
+        assert server.post(f"/mpub?topic=t&{query}", b"m") == \
+            (400, b'{"message":"INVALID_TTL"}'), query
+    assert server.post("/pub?topic=t&ttl=1000", b"x" * 93) == \
+        (413, b'{"message":"MSG_TOO_BIG"}')  # the deadline takes 8 of the 100 bytes
+    assert server.post("/mpub?topic=t&ttl=1000", b"x\n" + b"x" * 93) == \
+        (413, b'{"message":"MSG_TOO_BIG"}')
+    assert server.post("/pub?topic=t&ttl=60000", b"x" * 92) == (200, b"OK")
+    assert server.post("/pub?topic=t", b"x" * 100) == (200, b"OK")
+    assert channel_stats(server, "t", "c")["depth"] == 2  # nothing refused was kept
+    # a log topic keeps its messages in its own log: refused, clearly
+    assert server.post("/topic/create?topic=lt&partition_num=1")[0] == 200
+    refused = (400, b'{"message":"NOT_SUPPORTED_ON_LOG_TOPIC"}')
+    assert server.post("/pub?topic=lt&ttl=1000", b"m") == refused
+    assert server.post("/mpub?topic=lt&ttl=1000", b"m") == refused
