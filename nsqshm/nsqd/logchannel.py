@@ -20,7 +20,8 @@ checkpointed to <partition dir>/<channel>.cursor):
 
 A FIN marks the message's offset in the cursor, then frees it in flight:
 the message ID is its position ((partition << 48) | offset, stamped at
-append), so wire.fin_lines does it in C for a window of FINs.  A worker's
+append), so the C command parser (_core/commands.pyx) does it for a window
+of FINs.  A worker's
 death keeps ring, arena and cursor (all shared memory): nothing is read
 twice or skipped.  A graceful stop of the broker drops the ring (what it
 held is in the log, unfinished) and the cursor segment after a checkpoint;
@@ -159,7 +160,7 @@ class LogChannel(Channel):
     # -- FIN, REQ, putting back ----------------------------------------------------------
 
     def finish(self, client, msg_id):
-        # The cursor first, then the in-flight block (as wire.fin_lines): a
+        # The cursor first, then the in-flight block (as the C parser): a
         # death in between delivers an already-finished message again, never
         # leaves an offset that nothing finishes.  touch checks that the client
         # holds the message, so a stray FIN marks nothing; its deadline only
