@@ -21,9 +21,8 @@ checkpointed to <partition dir>/<channel>.cursor):
 A FIN marks the message's offset in the cursor, then frees it in flight:
 the message ID is its position ((partition << 48) | offset, stamped at
 append), so the C command parser (_core/commands.pyx) does it for a window
-of FINs.  A worker's
-death keeps ring, arena and cursor (all shared memory): nothing is read
-twice or skipped.  A graceful stop of the broker drops the ring (what it
+of FINs.  A worker's death keeps ring, arena and cursor (all shared
+memory): nothing is read twice or skipped.  A graceful stop of the broker drops the ring (what it
 held is in the log, unfinished) and the cursor segment after a checkpoint;
 the next start reads from confirmed again, stepping over what was finished
 (Cursor.unfinished_run): at least once, and only what was not finished.
