@@ -435,18 +435,30 @@ cdef class Cursor:
         """A seek holds the cursor (set(hold=True)) until release()."""
         return __atomic_load_n(&self.h.read_pos, 2) == _READ_HELD
 
+    def hold(self):
+        """Hold read_pos (as set(hold=True)) but keep confirmed and the
+        finished set: a rewind to the confirmed offset (a partition's
+        delivery moving to another ring) then pushes again only what is
+        unfinished, once release(confirmed) ends the hold."""
+        self._lock()
+        __atomic_store_n(&self.h.read_pos, _READ_HELD, 3)
+        self._unlock()
+
     def release(self, unsigned long long offset):
         """End a seek's hold: the feeder reads on from `offset`."""
         self._lock()
         __atomic_store_n(&self.h.read_pos, offset, 3)
         self._unlock()
 
-    def unfinished_run(self, unsigned long long start, unsigned long long end):
+    def unfinished_run(self, unsigned long long start, unsigned long long end,
+                       long long max_run=-1):
         """(o, n): the first unfinished msg offset o in [max(start,
         confirmed), min(end, window_end)) and how many unfinished ones
-        follow it without a gap (o included); (-1, 0) when there is none.
-        The reader reads a run in one call and steps over what was
-        finished before a restart."""
+        follow it without a gap (o included), at most max_run (> 0) of
+        them; (-1, 0) when there is none.  The reader reads a run in one
+        call and steps over what was finished before a restart; max_run
+        keeps the scan to what it can take (a run is counted bit by bit:
+        without it a reader taking 200 scanned up to the window's 64 Ki)."""
         cdef long long o
         cdef uint64_t c, lim, e
         self._lock()
@@ -457,6 +469,8 @@ cdef class Cursor:
             lim = c + self.bits
             if end > lim:
                 end = lim
+            if max_run > 0 and end > <uint64_t>o + <uint64_t>max_run:
+                end = <uint64_t>o + <uint64_t>max_run
             e = o + 1
             while e < end and not _bit(self.h.window, e & self.mask):
                 e += 1

@@ -27,6 +27,7 @@ SUITES = {
     "policies": "nsqshm.bench.policies",
     "clients": "nsqshm.bench.clients",
     "headers": "nsqshm.bench.headers",
+    "logtopic": "nsqshm.bench.logtopic",
 }
 
 # the load generator's modes, after NSQ's bench_writer / bench_reader / pubsub

@@ -1,14 +1,19 @@
 """Log topic against classic topic on one server, in the same run (issue 15):
 
-    python -m nsqshm.bench.logtopic [--messages 200000] [--size 200] [--batch 200]
-                                    [--workers 2] [--partitions 2] [--fanout 4]
+    nsqshm bench logtopic [--messages 200000] [--size 200] [--batch 200]
+                          [--workers 2] [--partitions 2] [--fanout 4]
+    python -m nsqshm.bench.logtopic ...   (the same, printed)
 
 Each case runs loadgen.run_phases (publish with MPUB, then consume with FIN)
 on a classic topic and on a log topic of --partitions partitions: one
-channel, then --fanout channels (every channel gets every message).  The
+channel, then --fanout channels (every channel gets every message), the two
+kinds taking turns (which goes first alternates) for ctx.runs() rounds.  The
 classic topic's memory holds the whole backlog (no disk queue); the log
-topic writes its log (page cache).  Prints msg/s in and out and the ratios
-log / classic.  Short runs only: a few seconds per case.
+topic writes its log (page cache).  Figures: msg/s in and out and their
+ratios log / classic (medians); and the server's CPU time per delivered
+message (publish and delivery), classic / log, which a busy shared machine
+disturbs far less than wall-clock rates (>1: the log topic costs less).
+Short runs only: a few seconds per case.
 """
 
 import argparse
@@ -18,7 +23,24 @@ import urllib.request
 import uuid
 
 from . import loadgen
+from .common import medians
 from .server import mem_queue_size, start_nsqshm
+
+TITLE, ISSUE = "Log topics against classic topics (issue 15)", "15"
+HELP = "log topic vs classic topic: publish, deliver, fan-out (issue 15)"
+KINDS = ("classic", "log")
+TARGET_PUBLISH = 1.0    # log / classic, publish with one channel
+TARGET_FANOUT = 3.0     # log / classic, msg/s delivered with --fanout channels
+
+
+def add_arguments(ap):
+    loadgen.add_load_arguments(ap, messages=200_000)
+    ap.set_defaults(rdy=200, publishers=1, consumers=1)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--fanout", type=int, default=4)
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="a flag for the server (repeatable), e.g. --server-arg=--sync-every=100000")
 
 
 def create_log_topic(target, partitions):
@@ -32,53 +54,120 @@ def create_log_topic(target, partitions):
     return name
 
 
-def case(target, spec, channels, partitions):
-    classic = loadgen.run_phases(target, spec, channels=channels)
-    log = loadgen.run_phases(target, spec, channels=channels,
-                             topic=create_log_topic(target, partitions))
-    return {"channels": channels, "classic": classic, "log": log,
-            "ratio_in": log["in_msgs_per_s"] / classic["in_msgs_per_s"],
-            "ratio_out": log["out_msgs_per_s"] / classic["out_msgs_per_s"]}
+def _cpu_per_delivered(r):
+    """Server CPU seconds of both phases per message delivered (µs)."""
+    if "server_cpu_in_s" not in r:
+        return None
+    out = r["messages"] * r["channels"]
+    return (r["server_cpu_in_s"] + r["server_cpu_out_s"]) / out * 1e6
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--messages", type=int, default=200_000)
-    ap.add_argument("--size", type=int, default=200)
-    ap.add_argument("--batch", type=int, default=200)
-    ap.add_argument("--window", type=int, default=4)
-    ap.add_argument("--rdy", type=int, default=200)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--partitions", type=int, default=2)
-    ap.add_argument("--fanout", type=int, default=4)
-    ap.add_argument("--server-arg", action="append", default=[],
-                    help="a flag for the server (repeatable), e.g. --server-arg=--sync-every=100000")
-    ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = ap.parse_args(argv)
+def case(target, spec, channels, partitions, rounds, settle=lambda: None):
+    runs = {kind: [] for kind in KINDS}
+    for k in range(rounds):
+        for kind in KINDS if k % 2 == 0 else KINDS[::-1]:
+            settle()
+            topic = create_log_topic(target, partitions) if kind == "log" else None
+            r = loadgen.run_phases(target, spec, channels=channels, topic=topic)
+            per = _cpu_per_delivered(r)
+            if per is not None:
+                r["server_cpu_us_per_delivered"] = per
+            runs[kind].append(r)
+    classic, log = medians(runs["classic"]), medians(runs["log"])
+    res = {"channels": channels, "classic": classic, "log": log, "runs": runs,
+           "ratio_in": log["in_msgs_per_s"] / classic["in_msgs_per_s"],
+           "ratio_out": log["out_msgs_per_s"] / classic["out_msgs_per_s"]}
+    if classic.get("server_cpu_us_per_delivered") and log.get("server_cpu_us_per_delivered"):
+        res["cpu_ratio"] = (classic["server_cpu_us_per_delivered"]
+                            / log["server_cpu_us_per_delivered"])
+    return res
+
+
+def measure(args, rounds, settle=lambda: None):
     spec = argparse.Namespace(messages=args.messages, size=args.size, batch=args.batch,
-                              window=args.window, rdy=args.rdy, publishers=1, consumers=1,
-                              rate=0, runfor=0)
+                              window=args.window, rdy=args.rdy, publishers=args.publishers,
+                              consumers=args.consumers, rate=0, runfor=0)
     target = start_nsqshm([f"--workers={args.workers}",
                            f"--mem-queue-size={mem_queue_size(args.messages, args.size)}",
                            *args.server_arg])
     try:
-        results = [case(target, spec, 1, args.partitions),
-                   case(target, spec, args.fanout, args.partitions)]
+        cases = [case(target, spec, 1, args.partitions, rounds, settle),
+                 case(target, spec, args.fanout, args.partitions, rounds, settle)]
     finally:
         target.close()
+    return {"params": {**vars(spec), "workers": args.workers, "partitions": args.partitions,
+                       "fanout": args.fanout, "rounds": rounds}, "cases": cases}
+
+
+def lines(res):
+    p = res["params"]
+    out = [f"{p['messages']} messages of {p['size']} B, MPUB {p['batch']}, {p['workers']} workers, "
+           f"log topic of {p['partitions']} partitions, median of {p['rounds']} round(s)"]
+    for r in res["cases"]:
+        for kind in KINDS:
+            x = r[kind]
+            cpu = x.get("server_cpu_us_per_delivered")
+            out.append(f"  {r['channels']} channel(s), {kind:7s}: publish "
+                       f"{x['in_msgs_per_s'] / 1e3:8.1f} k msg/s, deliver "
+                       f"{x['out_msgs_per_s'] / 1e3:8.1f} k msg/s"
+                       + (f", server CPU {cpu:.2f} us per delivered msg" if cpu else ""))
+        out.append(f"  {r['channels']} channel(s), log / classic: publish {r['ratio_in']:.2f}x, "
+                   f"deliver {r['ratio_out']:.2f}x"
+                   + (f"; server CPU per delivered msg, classic / log {r['cpu_ratio']:.2f}x"
+                      if "cpu_ratio" in r else ""))
+    return out
+
+
+def run(ctx):
+    a = ctx.args
+    if getattr(a, "nsqd_tcp_address", None):
+        return {"skipped": "starts nsqshm itself (log topics are nsqshm's)"}
+    if ctx.quick:
+        a.messages = min(a.messages, 100_000)
+    res = measure(a, ctx.runs(), ctx.settle)
+    for line in lines(res):
+        ctx.say(line)
+    return res
+
+
+def render(res):
+    out = ["| channels | kind | publish msg/s | deliver msg/s | server CPU us per delivered msg |",
+           "|---:|---|---:|---:|---:|"]
+    for r in res["cases"]:
+        for kind in KINDS:
+            x = r[kind]
+            out.append(f"| {r['channels']} | {kind} | {x['in_msgs_per_s'] / 1e3:,.0f} k | "
+                       f"{x['out_msgs_per_s'] / 1e3:,.0f} k | "
+                       f"{x.get('server_cpu_us_per_delivered', 0):.2f} |")
+    out.append("")
+    for r in res["cases"]:
+        out.append(f"{r['channels']} channel(s), log / classic: publish {r['ratio_in']:.2f}x, "
+                   f"deliver {r['ratio_out']:.2f}x"
+                   + (f", server CPU per delivered message classic / log {r['cpu_ratio']:.2f}x."
+                      if "cpu_ratio" in r else "."))
+    return out
+
+
+def targets(res):
+    one, fan = res["cases"]
+    return [("15", "publish, one channel, log / classic", f">= {TARGET_PUBLISH}",
+             f"{one['ratio_in']:.2f}", one["ratio_in"] >= TARGET_PUBLISH),
+            ("15", f"fan-out to {fan['channels']} channels, msg/s delivered, log / classic",
+             f">= {TARGET_FANOUT}", f"{fan['ratio_out']:.2f}", fan["ratio_out"] >= TARGET_FANOUT)]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(ap)
+    ap.add_argument("--runs", type=int, default=1, help="rounds per case (medians)")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = ap.parse_args(argv)
+    res = measure(args, args.runs)
     if args.json:
-        json.dump(results, sys.stdout, indent=1, default=str)
+        json.dump(res, sys.stdout, indent=1, default=str)
         print()
         return 0
-    print(f"{args.messages} messages of {args.size} B, MPUB {args.batch}, "
-          f"{args.workers} workers, log topic of {args.partitions} partitions")
-    for r in results:
-        for kind in ("classic", "log"):
-            x = r[kind]
-            print(f"  {r['channels']} channel(s), {kind:7s}: publish {x['in_msgs_per_s'] / 1e3:8.1f}"
-                  f" k msg/s, deliver {x['out_msgs_per_s'] / 1e3:8.1f} k msg/s")
-        print(f"  {r['channels']} channel(s), log / classic: publish {r['ratio_in']:.2f}x, "
-              f"deliver {r['ratio_out']:.2f}x")
+    print("\n".join(lines(res)))
     return 0
 
 

@@ -84,6 +84,7 @@ class ClientV2:
         self.desired_tag = ""
         self.ext_filter = None
         self.ext_view = None
+        self.partition = None      # a log topic's partition the client SUBscribed to (None: all)
         self.closed = False
         self.unwritable = False  # a failed TLS handshake: the socket takes no more writes
         self.out = bytearray()

@@ -20,24 +20,37 @@ checkpointed to <partition dir>/<channel>.cursor):
 
 A FIN marks the message's offset in the cursor, then frees it in flight:
 the message ID is its position ((partition << 48) | offset, stamped at
-append), so wire.fin_lines does it in C for a window of FINs.  A worker's
-death keeps ring, arena and cursor (all shared memory): nothing is read
-twice or skipped.  A graceful stop of the broker drops the ring (what it
+append), so the C command parser (_core/commands.pyx) does it for a window
+of FINs.  A worker's death keeps ring, arena and cursor (all shared
+memory): nothing is read twice or skipped.  A graceful stop of the broker drops the ring (what it
 held is in the log, unfinished) and the cursor segment after a checkpoint;
 the next start reads from confirmed again, stepping over what was finished
 (Cursor.unfinished_run): at least once, and only what was not finished.
 A new channel starts at the end of the log, as nsqd's new channels see only
 new messages; `empty` moves every cursor to the end.
+
+A consumer that names a partition gets it through a lane (loglane.py): the
+owner's feeder pushes that partition into the lane's ring rather than the
+channel's, and the dispatcher gives a client the rings of what it asked for
+(the lane of its partition; a plain SUB: the channel ring and every lane).
+An ordered lane (SUB_ORDERED) holds one message of its partition at a time:
+the feeder pushes the next only once read_pos == confirmed, i.e. the one
+out was finished; a REQ or a timeout puts it back into the lane, so it is
+delivered again before anything later.
 """
 
 import os
+import random
 import time
 
 import gevent
 
 from nsqshm._core.commitlog import OffsetOutOfRange
 from nsqshm._core.logcursor import Cursor, CursorSet, checkpoint_path, decode_message_id
-from nsqshm.nsqd.channel import Channel
+from nsqshm._core.ring import Ring
+from nsqshm.nsqd import policy
+from nsqshm.nsqd.channel import DELIVER_BATCH, Channel
+from nsqshm.nsqd.loglane import Lane, lane_suffix
 
 FEED_AHEAD = 8192       # messages a feeder keeps in the ring ahead of the consumers (at most)
 FEED_BATCH = 4096       # messages read from the log and pushed in one go
@@ -50,6 +63,8 @@ class LogChannel(Channel):
     disk_queue = False
 
     def __init__(self, topic, name):
+        self.lanes = {}             # partition -> Lane (loglane.py), on every worker
+        self._filling = set()       # rings being topped up: -1 the channel's, else a partition's lane
         super().__init__(topic, name)
         self.cursors = CursorSet(len(topic.partitions))
         self.retention_moves = 0    # times a cursor fell below the log start (retention)
@@ -60,6 +75,7 @@ class LogChannel(Channel):
         for partition in topic.partitions:
             self.cursors[partition.index] = self._open_cursor(partition)
         self._owned = [p for p in topic.partitions if p.owned]
+        self._find_lanes()
         self._feeder = gevent.spawn(self._feed_loop) if self._owned else None
 
     def __repr__(self):
@@ -87,10 +103,63 @@ class LogChannel(Channel):
         self._checkpointed[partition.index] = cursor.confirmed if os.path.exists(ckpt) else None
         return cursor
 
-    # -- FIN ------------------------------------------------------------------------------
+    # -- lanes ----------------------------------------------------------------------------
+
+    def _lane_name(self, index, ordered):
+        return f"{self.nsqd.shm_prefix}.{lane_suffix(self.topic.name, self.name, index, ordered)}"
+
+    def _find_lanes(self):
+        """Attach to the lanes that exist, whichever worker made them (an
+        ordered one first: a partition turned ordered keeps its old lane
+        until the worker that turned it removes it)."""
+        for partition in self.topic.partitions:
+            index = partition.index
+            lane = self.lanes.get(index)
+            for ordered in (True, False):
+                if Ring.exists(self._lane_name(index, ordered)):
+                    if lane is None or lane.ordered != ordered:
+                        if lane is not None:
+                            lane.close()
+                        ring = self.nsqd.make_ring(lane_suffix(self.topic.name, self.name,
+                                                               index, ordered))
+                        self.lanes[index] = Lane(ring, ordered, self._ready, self._refill_wake)
+                    break
+            else:
+                if lane is not None:
+                    lane.close()
+                    del self.lanes[index]
+
+    def use_lanes(self, indices, ordered):
+        """A consumer names partitions (SUB T C p; SUB_ORDERED: ordered):
+        give each a lane of that kind if it has none.  The partition's
+        records already pushed into the channel's ring (or the old lane) are
+        taken back as a seek takes them (_move, to the confirmed offset,
+        keeping what was finished above it): the owner then pushes again,
+        into the lane, what is unfinished.  What was in flight of those
+        partitions is delivered again (at least once)."""
+        self._find_lanes()
+        todo = [i for i in indices
+                if i not in self.lanes or (ordered and not self.lanes[i].ordered)]
+        if not todo:
+            return
+        for index in todo:
+            self.nsqd.make_ring(lane_suffix(self.topic.name, self.name, index, ordered)).close()
+        self._move([(self.topic.partitions[i], None) for i in todo])
+        if ordered:  # every worker now delivers from the ordered lane: the old one goes
+            for index in todo:
+                Ring.unlink_segment(self._lane_name(index, False))
+
+    def _close_lanes(self, unlink=False):
+        for lane in self.lanes.values():
+            if unlink:
+                lane.ring.unlink()
+            lane.close()
+        self.lanes.clear()
+
+    # -- FIN, REQ, putting back ----------------------------------------------------------
 
     def finish(self, client, msg_id):
-        # The cursor first, then the in-flight block (as wire.fin_lines): a
+        # The cursor first, then the in-flight block (as the C parser): a
         # death in between delivers an already-finished message again, never
         # leaves an offset that nothing finishes.  touch checks that the client
         # holds the message, so a stray FIN marks nothing; its deadline only
@@ -100,16 +169,309 @@ class LogChannel(Channel):
             raise self._failed(status, msg_id)
         self.cursors.finish(msg_id)
         super().finish(client, msg_id)
+        self._next_ordered()
+
+    def commands_applied(self, client, parser):
+        """FINs the C command parser applied (protocol_v2, _core/commands.pyx):
+        an ordered lane's owner may push the next message."""
+        super().commands_applied(client, parser)
+        if parser.finished:
+            self._next_ordered()
+
+    def _next_ordered(self):
+        """A FIN may let an ordered lane's owner push the next message: wake
+        it (here: the feeder; on another worker: a nudge, as a pop wakes it)."""
+        if not self.lanes:
+            return
+        for index, lane in self.lanes.items():
+            if lane.ordered:
+                if self.topic.partitions[index].owned:
+                    self._refill_wake.set()
+                else:
+                    lane.ring.nudge()
+
+    def requeue(self, client, msg_id, delay):
+        """As nsqd's; but on an ordered lane a REQ with a delay is ignored, as
+        Youzan's nsqd does (the message stays in flight, so nothing later of
+        its partition goes out before it; it times out or is finished)."""
+        if delay > 0 and self.lanes:
+            where = decode_message_id(msg_id)
+            lane = self.lanes.get(where[0]) if where else None
+            if lane is not None and lane.ordered and self.inflight.get_deadline(msg_id) >= 0:
+                return
+        super().requeue(client, msg_id, delay)
+
+    def put_records(self, packed, keep_rest=True):
+        """Requeues, timeouts, deferred messages coming due, what a dead
+        worker held: each record back into its partition's lane, the rest
+        into the channel's ring (Channel.put_records).  A lane with no room
+        left: deferred 0.1 s and tried again (in the arena: kept)."""
+        if not self.lanes:
+            return super().put_records(packed, keep_rest)
+        view = memoryview(packed)
+        rest = bytearray()
+        per_lane = {}
+        pos = 0
+        while pos < len(view):  # (not a delivery path: a Python step per record)
+            size = int.from_bytes(view[pos:pos + 4], "little")
+            where = decode_message_id(view[pos + 14:pos + 30])
+            lane = self.lanes.get(where[0]) if where else None
+            (per_lane.setdefault(lane, bytearray()) if lane is not None else rest).extend(
+                view[pos:pos + 4 + size])
+            pos += 4 + size
+        for lane, records in per_lane.items():
+            _, used = lane.ring.push_packed(records)
+            if used < len(records):
+                self._defer_packed(memoryview(records)[used:], 0.1)
+        return super().put_records(rest, keep_rest) if rest else 0
+
+    # -- the dispatcher -------------------------------------------------------------------
+
+    def _sources(self, client):
+        """The rings a client takes from: its partition's lane, or (a plain
+        SUB) the channel's ring and every lane."""
+        if client.partition is None:
+            return [self.ring, *(lane.ring for lane in self.lanes.values())]
+        lane = self.lanes.get(client.partition)
+        return [lane.ring] if lane is not None else []
+
+    def _dispatch(self):
+        """Channel._dispatch over each client's rings (_sources): one C call
+        (InFlight.deliver_from_ring) per client and ring per round."""
+        while not self.exiting:
+            ready = [] if self.paused else [c for c in self.clients.values() if c.is_ready()]
+            if not ready:
+                self._ready.clear()
+                self._ready.wait()
+                continue
+            now = time.monotonic_ns()
+            earliest = None
+            delivered = False
+            if self.inflight.ttl_ns and self.inflight.expired_out is None:
+                self.inflight.expired_out = bytearray()  # kept, to finish them (_expired)
+            with self.scratch.borrow() as scratch:
+                for client in ready:
+                    deadline = now + client.msg_timeout_ns
+                    for partition in self._direct(client):
+                        room = client.ready_count - client.in_flight
+                        if room <= 0 or client.closed:
+                            break
+                        n = self._deliver_direct(partition, client, room, scratch, deadline)
+                        if n:
+                            delivered = True
+                        if n > 0:
+                            if earliest is None or deadline < earliest:
+                                earliest = deadline
+                    for ring in self._sources(client):
+                        room = client.ready_count - client.in_flight
+                        if room <= 0 or client.closed:
+                            break
+                        if not ring.depth:
+                            continue
+                        if client.sample_rate:
+                            taken, n = self._deliver_sampled(ring, client, room, scratch,
+                                                             deadline)
+                        else:
+                            taken, n = self.inflight.deliver_from_ring(
+                                ring, min(room, DELIVER_BATCH), scratch, client.out,
+                                client.id, deadline)
+                        if not taken:
+                            continue
+                        delivered = True
+                        client.in_flight += n
+                        client.message_count += n
+                        client.kick()
+                        if earliest is None or deadline < earliest:
+                            earliest = deadline
+            if earliest is not None:
+                self.nsqd.schedule_scan(earliest)
+            if self.inflight.expired_out:
+                self._expired()
+            if delivered:
+                gevent.idle()  # let writers and readers run between rounds
+                continue
+            self._wait_for_data(ready)
+
+    def _expired(self):
+        """Messages a time to live dropped in this round's C calls: consumed
+        from the channel without a FIN, so finished in the cursor (or its
+        confirmed offset would stay below them); then to the dead-letter
+        topic if the policy says so (policy.flush_expired), else dropped."""
+        buf = self.inflight.expired_out
+        self.records_gone(buf)
+        if self.policy is not None and self.policy.dead_letter_expired:
+            policy.flush_expired(self)
+        else:
+            del buf[:]
+
+    def records_gone(self, packed):
+        """Packed records that left the channel without a FIN (expired, or
+        moved to the dead-letter topic at max attempts: policy.dead_letter):
+        finished in their cursors.  Not a delivery path: a step per record."""
+        view = memoryview(packed)
+        pos = 0
+        while pos < len(view):
+            size = int.from_bytes(view[pos:pos + 4], "little")
+            self.cursors.finish(view[pos + 14:pos + 30])
+            pos += 4 + size
+
+    def _deliver_sampled(self, ring, client, room, scratch, deadline):
+        """A client with a sample rate (IDENTIFY's): nsqd's messagePump skips
+        a message with odds rand.Int31n(100) > sample_rate, and the channel
+        forgets it.  A log channel must mark it finished in its cursor, or
+        the confirmed offset stays below it (the window then fills and the
+        partition stalls; a restart delivers it again): so the draw is made
+        here, a Python step per message, for sampling clients only.
+        Returns (taken, delivered) as InFlight.deliver_from_ring."""
+        taken, nbytes = ring.pop_many_into(scratch, min(room, DELIVER_BATCH))
+        if not taken:
+            return 0, 0
+        view = memoryview(scratch)[:nbytes]
+        kept = bytearray()
+        count = 0
+        pos = 0
+        while pos < nbytes:
+            size = int.from_bytes(view[pos:pos + 4], "little")
+            if random.randrange(100) <= client.sample_rate:
+                kept += view[pos:pos + 4 + size]
+                count += 1
+            else:  # consumed for this client without being sent: finished
+                self.cursors.finish(view[pos + 14:pos + 30])
+            pos += 4 + size
+        if not count:
+            return taken, 0
+        return taken, self.inflight.deliver(kept, count, client.out, client.id, deadline)
+
+    def _direct(self, client):
+        """The partitions this worker owns that the client takes straight
+        from their logs (no ring): all but ordered lanes', for a client
+        without a sample rate on a channel without delivery policies (both
+        consume messages without a FIN, which the cursor would wait for)."""
+        if not self._owned or client.sample_rate or self.policy is not None \
+                or self.topic.paused:  # (a paused topic passes nothing on to its channels)
+            return ()
+        if client.partition is None:
+            return [p for p in self._owned
+                    if p.index not in self.lanes or not self.lanes[p.index].ordered]
+        lane = self.lanes.get(client.partition)
+        if lane is not None and lane.ordered:
+            return ()
+        return [p for p in self._owned if p.index == client.partition]
+
+    def _deliver_direct(self, partition, client, room, scratch, deadline):
+        """Deliver up to `room` unread, unfinished messages of an owned
+        partition to a client straight from the log: read (LogReader.read_into,
+        from the mmap'd segment) and framed and put in flight
+        (InFlight.deliver) in two C calls, never copied into a ring.  As the
+        feeder, this worker alone moves the partition's read_pos, with no
+        yield between the read and the store.  Returns how many went out
+        (-1: read_pos moved on without any)."""
+        cursor = self.cursors[partition.index]
+        log = partition.log
+        if log is None or cursor.held:
+            return 0
+        end = log.end_offset
+        pos = cursor.read_pos
+        if pos >= end:
+            return 0
+        if pos < log.start_offset:
+            self.move_to_start(partition, log.start_offset)
+            return -1
+        first, run = cursor.unfinished_run(pos, end, room)
+        if first < 0:
+            to = min(end, cursor.window_end)
+            if to > pos:
+                cursor.read_pos = to
+                return -1
+            return 0
+        try:
+            n, nbytes, _ = log.reader.read_into(first, scratch, max_records=min(run, room))
+        except OffsetOutOfRange as err:
+            self.move_to_start(partition, err.start_offset)
+            return -1
+        if not n:
+            return 0
+        added = self.inflight.deliver(memoryview(scratch)[:nbytes], n, client.out, client.id,
+                                      deadline)
+        cursor.read_pos = first + n
+        self.message_count += n
+        client.in_flight += added
+        client.message_count += n
+        client.kick()
+        return n
+
+    def _direct_unread(self, ready):
+        """Whether a ready client could take something straight from a log."""
+        for client in ready:
+            for partition in self._direct(client):
+                log = partition.log
+                cursor = self.cursors[partition.index]
+                if log is None or cursor.held:
+                    continue
+                pos = cursor.read_pos
+                if pos < log.end_offset and pos < cursor.window_end:
+                    return True
+        return False
+
+    def _wait_for_data(self, ready):
+        """Nothing to deliver to the ready clients: wait for a push into one
+        of their rings or an append to a log they take straight from (armed
+        before the last look, so none is missed)."""
+        rings = {}
+        for client in ready:
+            for ring in self._sources(client):
+                rings[id(ring)] = ring
+        wakers = [self._waker] if id(self.ring) in rings else []
+        wakers += [lane.waker for lane in self.lanes.values() if id(lane.ring) in rings]
+        self._ready.clear()
+        for waker in wakers:
+            waker.arm()
+        if id(self.ring) in rings and len(self._owned) < len(self.topic.partitions):
+            self.ring.nudge()  # the owners' feeders: a consumer here waits (see _room)
+        try:
+            if not any(ring.depth for ring in rings.values()) and not self._direct_unread(ready):
+                self._ready.wait()
+        finally:
+            for waker in wakers:
+                _disarm(waker.ring)
 
     # -- the feeder -----------------------------------------------------------------------
 
     def feed_wake(self):
-        """The log grew, the topic was unpaused: the feeder looks again."""
+        """The log grew, the topic was unpaused: the feeder looks again, and
+        the dispatcher (its clients take owned partitions straight from the log)."""
         self._refill_wake.set()
+        self._ready.set()
+
+    def _room(self, partition):
+        """How many records the feeder may push of a partition now: into an
+        ordered lane one, once the one out is finished; else up to
+        feed_target in its ring, topped up only once below feed_low (half),
+        so that a refill is a few large reads, not one per consumer's pop."""
+        lane = self.lanes.get(partition.index)
+        if lane is not None and lane.ordered:
+            cursor = self.cursors[partition.index]
+            return 1 if not lane.ring.depth and cursor.read_pos <= cursor.confirmed else 0
+        if lane is None and self.ring.subscribers <= len(self.clients) and self._all_direct():
+            # every client of the channel is here and takes the partition
+            # straight from the log (_direct): a ring would only add copies
+            self._filling.discard(-1)
+            return 0
+        key = partition.index if lane is not None else -1
+        depth = (lane.ring if lane is not None else self.ring).depth
+        if depth < self.feed_low:
+            self._filling.add(key)
+        elif depth >= self.feed_target:
+            self._filling.discard(key)
+        return min(self.feed_target - depth, FEED_BATCH) if key in self._filling else 0
+
+    def _all_direct(self):
+        return self.policy is None and not any(c.sample_rate for c in self.clients.values())
 
     def _feed_once(self, partition, room, scratch):
         """Push up to `room` unread, unfinished messages of a partition into
-        the ring; how many were pushed (-1: moved on without pushing)."""
+        its lane or the channel's ring; how many were pushed (-1: moved on
+        without pushing)."""
         cursor = self.cursors[partition.index]
         log = partition.log
         if log is None:
@@ -125,7 +487,7 @@ class LogChannel(Channel):
         if pos < log.start_offset:
             self.move_to_start(partition, log.start_offset)
             return -1
-        first, run = cursor.unfinished_run(pos, end)
+        first, run = cursor.unfinished_run(pos, end, room)
         if first < 0:  # all finished up to the window's end (or the log's)
             to = min(end, cursor.window_end)
             if to > pos:
@@ -139,7 +501,9 @@ class LogChannel(Channel):
             return -1
         if not n:
             return 0
-        pushed, _ = self.ring.push_packed(memoryview(scratch)[:nbytes])
+        lane = self.lanes.get(partition.index)
+        ring = lane.ring if lane is not None else self.ring
+        pushed, _ = ring.push_packed(memoryview(scratch)[:nbytes])
         if pushed or first > pos:
             cursor.read_pos = first + pushed
         self.message_count += pushed  # (nsqd counts what the topic pumps into the channel)
@@ -159,38 +523,31 @@ class LogChannel(Channel):
                                f"{SEEK_HOLD_LIMIT:.0f}s; reading on from {cursor.confirmed}")
         cursor.release(cursor.confirmed)
 
-    def _unread(self):
-        """Whether an owned partition has something the feeder could push."""
+    def _feedable(self):
+        """Whether an owned partition has something the feeder could push now."""
         for partition in self._owned:
             log = partition.log
             if log is None:
                 continue
             cursor = self.cursors[partition.index]
             pos = cursor.read_pos
-            if pos < log.end_offset and pos < cursor.window_end:
+            if pos < log.end_offset and pos < cursor.window_end and self._room(partition) > 0:
                 return True
         return False
 
     def _feed_loop(self):
-        """Top the ring up to feed_target once it holds fewer than feed_low
-        (half): a refill is a few large reads, not one per consumer's pop."""
-        ring = self.ring
         wake = self._refill_wake
         turn = 0
-        filling = True
         while not self.exiting:
             stalled = False
             moved = False
-            depth = ring.depth
-            if depth < self.feed_low:
-                filling = True
-            if not self.topic.paused and filling and depth < self.feed_target:
+            if not self.topic.paused:
                 with self.scratch.borrow() as scratch:
                     for i in range(len(self._owned)):
-                        room = min(self.feed_target - ring.depth, FEED_BATCH)
-                        if room <= 0:
-                            break
                         partition = self._owned[(turn + i) % len(self._owned)]
+                        room = self._room(partition)
+                        if room <= 0:
+                            continue
                         n = self._feed_once(partition, room, scratch)
                         moved = moved or n != 0
                         cursor = self.cursors[partition.index]
@@ -201,18 +558,21 @@ class LogChannel(Channel):
             if moved:
                 gevent.idle()  # let consumers run between batches
                 continue
-            filling = ring.depth < self.feed_low  # topped up (or nothing to read): wait
-            # wait for: an append (local event), room in the ring (a pop on any
-            # worker: the ring's wake FIFO), an unpause, FINs (window full)
+            # wait for: an append (local event), room in a ring (a pop on any
+            # worker: the ring's wake FIFO), an unpause, FINs (window full; an
+            # ordered lane's FIN nudges it)
             wake.clear()
-            self._waker.arm(for_space=True)
+            wakers = [self._waker, *(lane.waker for lane in self.lanes.values())]
+            for waker in wakers:
+                waker.arm(for_space=True)
             try:
-                if self.topic.paused or ring.depth >= self.feed_low or not self._unread():
+                if self.topic.paused or not self._feedable():
                     wake.wait(WINDOW_RETRY if stalled else None)
                 elif stalled:
                     wake.wait(WINDOW_RETRY)
             finally:
-                ring.disarm(for_space=True)
+                for waker in wakers:
+                    _disarm(waker.ring, for_space=True)
 
     def move_to_start(self, partition, start):
         """Retention removed what the cursor had not confirmed: on to the log start."""
@@ -250,25 +610,40 @@ class LogChannel(Channel):
 
     @property
     def backend_depth(self):
-        """Messages of the log not pushed into the ring yet."""
+        """Messages of the logs this worker owns not yet taken from them (into
+        a ring or straight to a client).  Only the owned partitions: the
+        broker's /stats sums the workers' backend_depth (as the owner's disk
+        queue of a classic channel), so each partition counts once."""
         total = 0
-        for partition in self.topic.partitions:
+        for partition in self._owned:
             cursor = self.cursors[partition.index]
             total += max(0, partition.offsets()[1] - cursor.read_pos)
         return total
 
     @property
+    def shared_depth(self):
+        """What waits in the rings, the channel's and its lanes' (shared
+        memory: any worker tells the broker's)."""
+        return self.ring.depth + sum(lane.ring.depth for lane in self.lanes.values())
+
+    @property
     def depth(self):
-        return self.ring.depth + self.backend_depth
+        return self.shared_depth + self.backend_depth
 
     def partition_stats(self):
         out = []
         for partition in self.topic.partitions:
             cursor = self.cursors[partition.index]
             end = partition.offsets()[1]
+            lane = self.lanes.get(partition.index)
             out.append({"partition": partition.index, "confirmed_offset": cursor.confirmed,
                         "read_offset": cursor.read_pos, "finished_above": cursor.finished_above,
-                        "lag": max(0, end - cursor.confirmed)})
+                        "lag": max(0, end - cursor.confirmed),
+                        # its own ring (loglane.py): "partition" (SUB T C p) or
+                        # "ordered" (SUB_ORDERED), and what waits there
+                        "lane": None if lane is None else ("ordered" if lane.ordered
+                                                           else "partition"),
+                        "lane_depth": 0 if lane is None else lane.ring.depth})
         return out
 
     def empty(self):
@@ -283,6 +658,10 @@ class LogChannel(Channel):
             return
         for partition in self.topic.partitions:
             self.cursors[partition.index].set(partition.offsets()[1])
+        with self.scratch.borrow() as scratch:
+            for lane in self.lanes.values():
+                while lane.ring.pop_many_into(scratch)[0]:
+                    pass
         super().empty()
 
     def seek(self, offsets):
@@ -306,16 +685,27 @@ class LogChannel(Channel):
         seeked partitions' messages are dropped (their FIN answers
         E_FIN_FAILED), the others' go back into the ring and are delivered
         again (at least once)."""
-        for partition, offset in offsets:
-            self.cursors[partition.index].set(offset, hold=True)
+        self._move(offsets)
+
+    def _move(self, moves):
+        """seek's steps for [(partition, offset)]; an offset of None rewinds
+        to the confirmed offset and keeps what was finished above it
+        (Cursor.hold; use_lanes)."""
+        for partition, offset in moves:
+            cursor = self.cursors[partition.index]
+            if offset is None:
+                cursor.hold()
+            else:
+                cursor.set(offset, hold=True)
         try:
             self._drop_moved()
             self.nsqd.broadcast_change("channel_empty", self.topic.name, self.name)
         finally:
-            for partition, offset in offsets:
-                self.cursors[partition.index].release(offset)
-        owners = {p.owner for p, _ in offsets if not p.owned}
-        if any(p.owned for p, _ in offsets):
+            for partition, offset in moves:
+                cursor = self.cursors[partition.index]
+                cursor.release(cursor.confirmed if offset is None else offset)
+        owners = {p.owner for p, _ in moves if not p.owned}
+        if any(p.owned for p, _ in moves):
             self.feed_wake()
         if self.nsqd.cluster is not None:  # the owners' LogTopic.wake: their feeders look again
             for owner in sorted(owners):
@@ -324,10 +714,15 @@ class LogChannel(Channel):
     def _drop_moved(self):
         """What a cursor move leaves stale, from the ring and what this worker
         holds: below a cursor's confirmed offset (`empty`), and every record of
-        a partition whose cursor a seek holds."""
+        a partition whose cursor a seek holds.  First the lanes made since
+        are attached (use_lanes moves a partition to one this way)."""
+        self._find_lanes()
         kept = bytearray()
+        sources = [self.ring.pop_many_into, *(lane.ring.pop_many_into
+                                              for lane in self.lanes.values()),
+                   self.inflight.drain, self.deferred.drain]
         with self.scratch.borrow() as scratch:
-            for source in (self.ring.pop_many_into, self.inflight.drain, self.deferred.drain):
+            for source in sources:
                 while True:
                     n, nbytes = source(scratch)
                     if not n:
@@ -393,6 +788,7 @@ class LogChannel(Channel):
         in the log, unfinished: read again from the cursors at the start)."""
         if delete:
             super().close(delete=True)
+            self._close_lanes(unlink=True)
             self._close_cursors(unlink=True)
             return
         self.exiting = True
@@ -402,13 +798,21 @@ class LogChannel(Channel):
             for path in self._deferred_files():
                 _remove(path)
             self.ring.unlink()
+            self._close_lanes(unlink=True)
+        self._close_lanes()
         self._close_cursors(segments=True)
         self._waker.close()
         self.ring.close()
 
     def close_handles(self, sync=False):
         super().close_handles(sync)
+        self._close_lanes()
         self._close_cursors()
+
+
+def _disarm(ring, for_space=False):
+    if not ring.closed:  # (a lane replaced meanwhile: _find_lanes closed it)
+        ring.disarm(for_space)
 
 
 def _remove(path):

@@ -365,6 +365,9 @@ def dead_letter(channel, view, reason):
         return view
     if not _publish_dead(channel, dead, n_dead):
         return bytes(view[:kept_bytes]) + bytes(dead)
+    gone = getattr(channel, "records_gone", None)  # a log channel's cursor (logchannel.py)
+    if gone is not None:
+        gone(dead)
     policy.dead_letter_count += n_dead
     policy.reasons[reason] += n_dead
     channel.nsqd.logf("info", f"CHANNEL({channel.topic.name}:{channel.name}): {n_dead} "

@@ -32,7 +32,13 @@ from nsqshm.nsqd.client_v2 import (
     frame,
 )
 from nsqshm.nsqd.compression import CorruptStream, DeflateCodec, SnappyCodec
-from nsqshm.nsqd.errors import BAD_PARTITION, E_FAILED_ON_NOT_LEADER, ClientErr, FatalClientErr
+from nsqshm.nsqd.errors import (
+    BAD_PARTITION,
+    E_FAILED_ON_NOT_LEADER,
+    E_TOPIC_NOT_EXIST,
+    ClientErr,
+    FatalClientErr,
+)
 from nsqshm.nsqd.logtopic import PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import TLS_NOT_REQUIRED
@@ -40,7 +46,7 @@ from nsqshm.nsqd.reader import MAX_LINE, Disconnect, LineTooLong, Reader
 from nsqshm.nsqd.replica import NotLeader
 from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqd.topic import TopicError
-from nsqshm.youzan.commands import NO_PARTITION, parse_sub
+from nsqshm.youzan.commands import NO_PARTITION, ORDERED_WITH_SAMPLE_RATE, parse_sub
 from nsqshm.youzan.offset import NOT_SUPPORTED, check_supported
 
 MAGIC_V2 = b"  V2"
@@ -153,7 +159,7 @@ class ProtocolV2:
             b"IDENTIFY": self.IDENTIFY, b"AUTH": self.AUTH, b"SUB": self.SUB, b"RDY": self.RDY,
             b"FIN": self.FIN, b"REQ": self.REQ, b"TOUCH": self.TOUCH, b"CLS": self.CLS,
             b"NOP": self.NOP, b"PUB": self.PUB, b"MPUB": self.MPUB, b"DPUB": self.DPUB,
-            b"SUB_ADVANCED": self.SUB_ADVANCED,
+            b"SUB_ADVANCED": self.SUB_ADVANCED, b"SUB_ORDERED": self.SUB_ORDERED,
             b"PUB_EXT": self.PUB_EXT, b"MPUB_EXT": self.MPUB_EXT,
             b"PUB_TRACE": self.PUB_TRACE, b"MPUB_TRACE": self.MPUB_TRACE,
         }
@@ -461,19 +467,35 @@ class ProtocolV2:
         self.check_auth(client, "SUB", sub.topic, sub.channel)
         return self._sub(client, sub.topic, sub.channel, sub.partition, sub.start)
 
-    def _sub(self, client, topic_name, channel_name, partition, start):
+    def SUB_ORDERED(self, client, params, reader):
+        """Youzan's SUB_ORDERED <topic> <channel> [<partition>]: a log topic's
+        channel, one message of each partition in flight at a time (its
+        lanes are ordered: logchannel.py), in log order."""
+        sub = parse_sub(params, client.state == STATE_INIT, client.heartbeat_interval > 0)
+        self.check_auth(client, "SUB", sub.topic, sub.channel)
+        topic = self.nsqd.topics.get(sub.topic)
+        if topic is None or not topic.is_log:  # (nsqshm: a classic topic has no order to keep)
+            raise FatalClientErr(E_TOPIC_NOT_EXIST, "")
+        return self._sub(client, sub.topic, sub.channel, sub.partition, None, ordered=True)
+
+    def _sub(self, client, topic_name, channel_name, partition, start, ordered=False):
         topic = self.nsqd.topics.get(topic_name)
         is_log = topic is not None and topic.is_log
         if is_log and partition != NO_PARTITION:
             try:
                 topic.partition(partition)
-            except PartitionError as err:
-                raise FatalClientErr(*BAD_PARTITION(err)) from None
+            except PartitionError:  # Youzan: no such topic partition here
+                raise FatalClientErr(E_TOPIC_NOT_EXIST, "") from None
+        if ordered and client.sample_rate:
+            raise FatalClientErr("E_INVALID", ORDERED_WITH_SAMPLE_RATE)
+        if is_log and (partition != NO_PARTITION or ordered):
+            self._use_lanes(topic, channel_name, partition, ordered)
         ext.check_sub(client, topic)
         if start is not None:
             if not is_log:
                 raise FatalClientErr("E_INVALID", NOT_SUPPORTED)
             self._seek(topic, channel_name, partition, start)
+        client.partition = partition if is_log and partition != NO_PARTITION else None
         channel = self._subscribe(client, topic_name, channel_name)
         client.state = STATE_SUBSCRIBED
         client.channel = channel
@@ -489,6 +511,16 @@ class ProtocolV2:
                                       "channel": channel.name}, timeout=2)
             count = sum((r or {}).get("count", 0) for r in replies)
         return count
+
+    def _use_lanes(self, topic, channel_name, partition, ordered):
+        """A SUB naming a partition, or SUB_ORDERED: the partition (all, for
+        SUB_ORDERED without one) is delivered through its own lane."""
+        try:
+            channel = topic.get_channel(channel_name)
+        except (ChannelError, TopicError) as err:
+            raise FatalClientErr("E_SUB_FAILED", f"SUB failed {err}") from None
+        indices = [partition] if partition != NO_PARTITION else range(len(topic.partitions))
+        channel.use_lanes(list(indices), ordered)
 
     def _seek(self, topic, channel_name, partition, start):
         """SUB_ADVANCED's position: every partition when none is named."""

@@ -279,7 +279,8 @@ def channel_stats(channel, clients, percentiles=(), sketch=False):
         **_ext_channel_stats(channel),
     }
     if sketch:  # a part to merge: the ring is everyone's, the disk queue the owner's
-        out["ring_depth"] = channel.ring.depth
+        # (a log channel's lanes are everyone's too: logchannel.shared_depth)
+        out["ring_depth"] = getattr(channel, "shared_depth", channel.ring.depth)
     return out
 
 

@@ -361,3 +361,30 @@ def test_fin_lines_marks_the_cursor(cursor_args):
     assert (pos, n) == (63, 3)
     assert cur.confirmed == 2 and cur.is_finished(3) and not cur.is_finished(2)
     cur.close()
+
+
+def test_unfinished_run_stops_at_max_run(cursor_args):
+    c = Cursor.open(*cursor_args, start_offset=0, window_bits=256)
+    c.finish(10)
+    assert c.unfinished_run(0, 200) == (0, 10)
+    assert c.unfinished_run(0, 200, 4) == (0, 4)
+    assert c.unfinished_run(3, 200, 100) == (3, 7)
+    assert c.unfinished_run(10, 200, 5) == (11, 5)
+    assert c.unfinished_run(11, 200, -1) == (11, 189)
+
+
+def test_hold_keeps_confirmed_and_what_was_finished_above(cursor_args):
+    """A rewind (a partition moved to its own lane): read_pos held, then
+    released at confirmed; unlike set(hold=True) nothing finished is lost."""
+    c = Cursor.open(*cursor_args, start_offset=0, window_bits=256)
+    for o in (0, 1, 5, 6):
+        c.finish(o)
+    c.read_pos = 9
+    c.hold()
+    assert c.held and (c.confirmed, c.finished_above) == (2, 2)
+    c.read_pos = 12  # a feeder's store does not undo the hold
+    assert c.held
+    c.release(c.confirmed)
+    assert not c.held and c.read_pos == 2
+    assert c.unfinished_run(c.read_pos, 20) == (2, 3)
+    assert c.unfinished_run(5, 20) == (7, 13)

@@ -176,7 +176,7 @@ def test_pub_mpub_and_partition_then_sub_gets_each_once(nsqd_factory):
     t = stats(server, "lt")
     assert sum(x["end_offset"] for x in t["partitions"]) == 76
     assert t["message_count"] == 76
-    wait_for(lambda: sum(confirmed(server, "lt", "ch")) == 76)
+    assert wait_for(lambda: sum(confirmed(server, "lt", "ch")) == 76)
     # a partition that is not there, or not a number: Youzan's E_BAD_PARTITION
     assert pub(Client(server), "lt", b"x", partition=3)[1].startswith(b"E_BAD_PARTITION ")
     bad = Client(server)
@@ -239,11 +239,11 @@ def test_out_of_order_fin_moves_the_cursor(nsqd_factory):
     # finish all but the first, last first
     for m in reversed(got[1:]):
         c.send(p.fin(m.id))
-    wait_for(lambda: channel_stats(server, "lt", "ch")["partitions"][0]["finished_above"] == 9)
+    assert wait_for(lambda: channel_stats(server, "lt", "ch")["partitions"][0]["finished_above"] == 9)
     cs = channel_stats(server, "lt", "ch")["partitions"][0]
     assert (cs["confirmed_offset"], cs["lag"]) == (0, 10)
     c.send(p.fin(got[0].id))
-    wait_for(lambda: confirmed(server, "lt", "ch") == [10])
+    assert wait_for(lambda: confirmed(server, "lt", "ch") == [10])
     assert channel_stats(server, "lt", "ch")["partitions"][0]["finished_above"] == 0
     # a second FIN of a finished message: nsqd's error, the cursor unchanged
     c.send(p.fin(got[3].id))
@@ -270,7 +270,7 @@ def test_req_with_delay_and_timeout_redeliver(nsqd_factory):
     assert {m.id for m in again} == {m.id for m in first.values()}  # same positions
     for m in again:
         c.send(p.fin(m.id))
-    wait_for(lambda: sum(confirmed(server, "lt", "ch")) == 2)
+    assert wait_for(lambda: sum(confirmed(server, "lt", "ch")) == 2)
     cs = channel_stats(server, "lt", "ch")
     assert cs["requeue_count"] == 1 and cs["timeout_count"] == 1
 
@@ -301,7 +301,7 @@ def test_empty_moves_the_cursor_to_the_end(nsqd_factory):
     pc = Client(server)
     for i in range(6):
         pub(pc, "lt", b"old%d" % i)
-    wait_for(lambda: channel_stats(server, "lt", "ch")["depth"] == 6)
+    assert wait_for(lambda: channel_stats(server, "lt", "ch")["depth"] == 6)
     assert server.post("/channel/empty?topic=lt&channel=ch")[0] == 200
     assert channel_stats(server, "lt", "ch")["depth"] == 0
     assert confirmed(server, "lt", "ch") == [x["end_offset"] for x in
@@ -320,7 +320,7 @@ def test_ephemeral_channel_cursor_goes_with_it(nsqd_factory):
     pub(pc, "lt", b"one")
     assert [m.body for m in take(c, 1)] == [b"one"]
     c.close()
-    wait_for(lambda: not stats(server, "lt")["channels"])
+    assert wait_for(lambda: not stats(server, "lt")["channels"])
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(server.prefix + ".k.")]
 
 
@@ -340,7 +340,7 @@ def _publish_and_half_consume(server, topic, n=40):
     for m in got[::2]:
         c.send(p.fin(m.id))
         finished.add(m.body)
-    wait_for(lambda: sum(pp["finished_above"] + pp["confirmed_offset"]
+    assert wait_for(lambda: sum(pp["finished_above"] + pp["confirmed_offset"]
                          for pp in channel_stats(server, topic, "ch")["partitions"]) == len(finished))
     return finished, c
 
@@ -467,24 +467,25 @@ def test_nsq_clients_publish_and_consume_a_log_topic(nsqd_factory, library, scen
 
 
 def test_retention_moves_a_slow_channel_to_the_log_start(nsqd_factory):
-    # the channel's ring holds 10 (--mem-queue-size): the rest waits in the log
+    # no client: nothing is pushed into the channel's ring (a client on the
+    # partition's owner takes the log straight; logchannel._room), all waits in the log
     server = nsqd_factory("--max-bytes-per-file=4096", "--mem-queue-size=10")
     create(server, "lt", 1, "&retention_bytes=8192")
     assert server.post("/channel/create?topic=lt&channel=slow")[0] == 200
     pc = Client(server)
     pc.send(p.mpub("lt", [b"%03d" % i + b"x" * 200 for i in range(100)]))  # ~7 segments
     assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
-    wait_for(lambda: channel_stats(server, "lt", "slow")["retention_moves"] == 1, timeout=5)
+    assert wait_for(lambda: channel_stats(server, "lt", "slow")["retention_moves"] == 1, timeout=5)
     start = stats(server, "lt")["partitions"][0]["start_offset"]
     assert 10 < start < 100
     assert confirmed(server, "lt", "slow") == [start]
     assert any("removed by retention" in line for line in server.lines)
-    # what the ring held is still delivered, then the log from its start on
+    # the log from its start on
     c = consumer(server, "lt", "slow")
-    got = take(c, 10 + 100 - start)
-    assert [decode_message_id(m.id)[1] for m in got] == [*range(10), *range(start, 100)]
+    got = take(c, 100 - start)
+    assert [decode_message_id(m.id)[1] for m in got] == [*range(start, 100)]
     assert nothing_more(c)
-    wait_for(lambda: confirmed(server, "lt", "slow") == [100])
+    assert wait_for(lambda: confirmed(server, "lt", "slow") == [100])
 
 
 def test_delivery_policies_on_a_log_topic(nsqd_factory):
@@ -505,7 +506,35 @@ def test_delivery_policies_on_a_log_topic(nsqd_factory):
     pc = Client(server)
     for i in range(3):
         pub(pc, "lt", b"m%d" % i)
-    wait_for(lambda: channel_stats(server, "lt", "ch")["depth"] == 3)
-    status, body = server.get("/channel/peek?topic=lt&channel=ch&n=10")
-    assert status == 200, body
-    assert len(json.loads(body)["messages"]) == 3
+    assert wait_for(lambda: channel_stats(server, "lt", "ch")["depth"] == 3)
+
+    def peeked():  # (the depth counts what the feeders have yet to push into the ring)
+        status, body = server.get("/channel/peek?topic=lt&channel=ch&n=10")
+        assert status == 200, body
+        return len(json.loads(body)["messages"])
+
+    assert wait_for(lambda: peeked() == 3)
+
+
+def test_expired_and_dead_lettered_messages_are_finished_in_the_cursor(nsqd_factory):
+    """Messages that leave a log channel without a FIN (a time to live, max
+    attempts with its dead-letter topic) are finished in its cursor: its
+    confirmed offset reaches the end (it stayed below them)."""
+    server = nsqd_factory()
+    create(server, "lt", 1)
+    for ch, policy in (("ttl", "ttl=100"), ("dead", "max_attempts=2")):
+        assert server.post(f"/channel/create?topic=lt&channel={ch}")[0] == 200
+        assert server.post(f"/channel/policy?topic=lt&channel={ch}&{policy}")[0] == 200
+    pc = Client(server)
+    for i in range(3):
+        assert pub(pc, "lt", b"m%d" % i) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    time.sleep(0.3)  # past the time to live
+    c = consumer(server, "lt", "ttl")
+    assert nothing_more(c)
+    assert wait_for(lambda: confirmed(server, "lt", "ttl") == [3])
+    d = consumer(server, "lt", "dead")
+    for _ in range(2):  # attempts 1 and 2, each REQ'd; the second REQ dead-letters them
+        for m in take(d, 3, fin=False):
+            d.send(p.req(m.id, 0))
+    assert nothing_more(d)
+    assert wait_for(lambda: confirmed(server, "lt", "dead") == [3])

@@ -1,0 +1,328 @@
+"""Per-partition consumption of log topics (logchannel.py lanes, loglane.py)
+on real servers of one and two workers: `SUB T C p` gets partition p only,
+SUB_ORDERED gets one message of a partition at a time, in log order (Youzan's
+wire)."""
+
+import json
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from nsqshm import protocol as p
+from nsqshm._core.logcursor import decode_message_id
+
+from .conftest import http_on_worker, wait_for
+from .test_log_topics import (
+    _answers,
+    channel_stats,
+    confirmed,
+    create,
+    nothing_more,
+    pub,
+    stats,
+    take,
+)
+from .test_workers import Client
+
+WORKER_COUNTS = (1, 2)
+
+
+def _sub(server, line, rdy=100, identify=None):
+    c = Client(server)
+    if identify is not None:
+        c.send(p.identify(identify))
+        assert c.response()[0] == p.FRAME_TYPE_RESPONSE
+    c.send(line)
+    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    if rdy:
+        c.send(p.rdy(rdy))
+    return c
+
+
+def _publish(server, topic, partition, n, tag=b"m"):
+    pc = Client(server)
+    for i in range(n):
+        assert pub(pc, topic, b"%s%d-%d" % (tag, partition, i), partition=partition) == \
+            (p.FRAME_TYPE_RESPONSE, b"OK")
+    pc.close()
+
+
+def _where(messages):
+    return [decode_message_id(m.id) for m in messages]
+
+
+# -- SUB T C p ----------------------------------------------------------------------------
+
+
+def test_sub_with_a_partition_gets_only_that_partition(nsqd_factory):
+    server = nsqd_factory()
+    create(server, "lt", 3)
+    c0 = _sub(server, b"SUB lt ch 0\n")
+    c1 = _sub(server, b"SUB lt ch 1\n")
+    for partition in range(3):
+        _publish(server, "lt", partition, 10)
+    assert _where(take(c0, 10)) == [(0, o) for o in range(10)]
+    assert _where(take(c1, 10)) == [(1, o) for o in range(10)]
+    assert nothing_more(c0) and nothing_more(c1)
+    # a plain SUB takes every partition: here what nobody took, partition 2
+    everything = _sub(server, b"SUB lt ch\n")
+    assert sorted(_where(take(everything, 10))) == [(2, o) for o in range(10)]
+    assert nothing_more(everything)
+    _publish(server, "lt", 0, 3, tag=b"late")  # the plain client shares partition 0's lane
+    late = []
+    for c in (c0, everything):
+        c.sock.settimeout(0.5)
+        try:
+            while True:
+                late.append(c.message())
+                c.send(p.fin(late[-1].id))
+        except (TimeoutError, OSError):
+            pass
+        c.sock.settimeout(5)
+    assert sorted(_where(late)) == [(0, o) for o in range(10, 13)]
+
+
+def test_a_partition_sub_takes_its_partition_from_the_shared_ring(nsqd_factory):
+    """Partition 0's messages already pushed into the channel's ring for a
+    plain consumer (which holds RDY 0) move to the lane of the first
+    consumer that names partition 0: it gets them all, once, in order."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    plain = _sub(server, b"SUB lt ch\n", rdy=0)
+    _publish(server, "lt", 0, 20)
+    _publish(server, "lt", 1, 20)
+    c0 = _sub(server, b"SUB lt ch 0\n")
+    assert _where(take(c0, 20)) == [(0, o) for o in range(20)]
+    assert nothing_more(c0)
+    plain.send(p.rdy(100))
+    assert sorted(_where(take(plain, 20))) == [(1, o) for o in range(20)]
+    assert nothing_more(plain) and nothing_more(c0, wait=0.1)
+
+
+def test_sub_errors(nsqd_factory):
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    for line, answer in [(b"SUB lt ch 2\n", b"E_TOPIC_NOT_EXIST "),
+                         (b"SUB lt ch 99\n", b"E_TOPIC_NOT_EXIST "),
+                         (b"SUB_ADVANCED lt ch 5\n", b"E_TOPIC_NOT_EXIST "),
+                         (b"SUB lt ch -7\n", b"E_TOPIC_NOT_EXIST ")]:
+        c = Client(server)
+        c.send(line)
+        assert c.response() == (p.FRAME_TYPE_ERROR, answer), line
+        c.close()
+    # SUB_ORDERED: not with a sample rate; not on a classic topic (no order kept)
+    c = Client(server)
+    c.send(p.identify({"sample_rate": 50}))
+    assert c.response()[0] == p.FRAME_TYPE_RESPONSE
+    c.send(b"SUB_ORDERED lt ch 0\n")
+    assert c.response() == (p.FRAME_TYPE_ERROR,
+                            b"E_INVALID order consume is not allowed while sample rate is not 0")
+    classic = Client(server)
+    assert pub(classic, "classic", b"x") == (p.FRAME_TYPE_RESPONSE, b"OK")
+    classic.send(b"SUB_ORDERED classic ch 0\n")
+    assert classic.response() == (p.FRAME_TYPE_ERROR, b"E_TOPIC_NOT_EXIST ")
+
+
+# -- SUB_ORDERED ---------------------------------------------------------------------------
+
+
+def _one_of(clients, wait=5.0):
+    """The next message any of the clients gets: (client, message)."""
+    deadline = time.monotonic() + wait
+    try:
+        while time.monotonic() < deadline:
+            for c in clients:
+                c.sock.settimeout(0.05)
+                try:
+                    return c, c.message()
+                except TimeoutError:
+                    continue
+    finally:
+        for c in clients:
+            c.sock.settimeout(5)
+    raise AssertionError("no message")
+
+
+def test_sub_ordered_one_in_flight_in_order(nsqd_factory):
+    """Two ordered consumers of partition 0: one message in flight at a
+    time, in log order; REQ redelivers the same message first; a REQ with a
+    delay is ignored (Youzan's) and the message comes back at its timeout;
+    a consumer closed holding one: the other gets that one next."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    _publish(server, "lt", 0, 8)
+    _publish(server, "lt", 1, 4)
+    # (a timeout long enough for each step's checks on a loaded machine: a
+    # message timing out meanwhile is delivered again, rightly)
+    a = _sub(server, b"SUB_ORDERED lt ch 0\n", identify={"msg_timeout": 2000})
+    b = _sub(server, b"SUB_ORDERED lt ch 0\n", identify={"msg_timeout": 2000})
+    seen = []
+
+    def next_one():
+        c, m = _one_of([a, b])
+        for other in (a, b):  # nothing else of the partition goes out meanwhile
+            assert nothing_more(other, wait=0.15)
+        seen.append((decode_message_id(m.id), m.attempts))
+        return c, m
+
+    c, m = next_one()
+    c.send(p.fin(m.id))
+    c, m = next_one()
+    c.send(p.req(m.id, 0))               # back first
+    c, m = next_one()
+    c.send(p.req(m.id, 60_000))          # ignored: stays in flight, times out (2 s)
+    c, m = next_one()
+    c.send(p.fin(m.id))
+    c, m = next_one()
+    c.close()                            # closed holding offset 2
+    rest = [x for x in (a, b) if x is not c]
+    for _ in range(6):
+        c2, m = _one_of(rest)
+        seen.append((decode_message_id(m.id), m.attempts))
+        c2.send(p.fin(m.id))
+    assert [where for where, _ in seen] == [(0, 0), (0, 1), (0, 1), (0, 1), (0, 2),
+                                            (0, 2), (0, 3), (0, 4), (0, 5), (0, 6), (0, 7)]
+    assert [attempts for _, attempts in seen[:5]] == [1, 1, 2, 3, 1]
+    assert nothing_more(rest[0])
+    lanes = channel_stats(server, "lt", "ch")["partitions"]
+    assert [(x["lane"], x["lane_depth"], x["confirmed_offset"]) for x in lanes] == \
+        [("ordered", 0, 8), (None, 0, 0)]
+    # partition 1 was not touched: a plain SUB still gets it
+    plain = _sub(server, b"SUB lt ch 1\n")
+    assert _where(take(plain, 4)) == [(1, o) for o in range(4)]
+
+
+def test_sub_ordered_without_a_partition_orders_each_partition(nsqd_factory):
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    c = _sub(server, b"SUB_ORDERED lt ch\n")
+    _publish(server, "lt", 0, 5)
+    _publish(server, "lt", 1, 5)
+    got = []
+    for _ in range(10):
+        held = [c.message()]
+        try:  # at most one more: the other partition's
+            c.sock.settimeout(0.3)
+            held.append(c.message())
+        except TimeoutError:
+            pass
+        c.sock.settimeout(5)
+        assert len({decode_message_id(m.id)[0] for m in held}) == len(held)
+        for m in held:
+            got.append(decode_message_id(m.id))
+            c.send(p.fin(m.id))
+        if len(got) >= 10:
+            break
+    assert [o for part, o in got if part == 0] == list(range(5))
+    assert [o for part, o in got if part == 1] == list(range(5))
+
+
+@pytest.mark.workers(2)
+def test_sub_ordered_resumes_in_order_after_the_owner_is_killed(nsqd_factory):
+    """SIGKILL of partition 0's owner with a message in flight to an ordered
+    consumer: the lane (shared memory) and the cursor survive; the consumer
+    (reconnected if its connection died) gets that message again, then the
+    rest, in log order, each once."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    _publish(server, "lt", 0, 10)
+    c = _sub(server, b"SUB_ORDERED lt ch 0\n", identify={"msg_timeout": 2000})
+    m = c.message()
+    assert decode_message_id(m.id) == (0, 0)
+    c.send(p.fin(m.id))
+    m = c.message()
+    assert decode_message_id(m.id) == (0, 1)
+    owner = stats(server, "lt")["partitions"][0]["owner"]
+    conn = http_on_worker(server, owner)
+    conn.request("GET", "/debug/nsqshm/worker")
+    victim = json.loads(conn.getresponse().read())["pid"]
+    conn.close()
+    before = {proc.pid for proc in psutil.Process(server.proc.pid).children()}
+    os.kill(victim, signal.SIGKILL)
+    assert wait_for(lambda: len({proc.pid for proc in psutil.Process(server.proc.pid).children()}
+                                - before) == 1, timeout=15)
+    assert wait_for(lambda: _answers(server), timeout=15)
+    try:
+        m = c.message()  # the connection survived: m1 times out (2 s) and comes back
+    except (OSError, ConnectionError):
+        c = _sub(server, b"SUB_ORDERED lt ch 0\n", identify={"msg_timeout": 2000})
+        m = c.message()
+    got = [(decode_message_id(m.id), m.attempts)]
+    c.send(p.fin(m.id))
+    for _ in range(8):
+        m = c.message()
+        got.append((decode_message_id(m.id), m.attempts))
+        c.send(p.fin(m.id))
+    assert [where for where, _ in got] == [(0, o) for o in range(1, 10)], (got, server.lines[-30:])
+    assert nothing_more(c)
+    assert wait_for(lambda: confirmed(server, "lt", "ch")[0] == 10)
+
+
+def test_a_paused_topic_and_a_sample_rate(nsqd_factory):
+    """A paused log topic passes nothing on (as nsqd's topic pause), also not
+    straight from the log, until unpaused.  A client with a sample rate skips
+    messages (nsqd's messagePump); the log channel marks them finished, so the
+    cursor reaches the end once the delivered ones are finished (it stayed at
+    the first one skipped)."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    c = _sub(server, b"SUB lt ch\n")
+    assert server.post("/topic/pause?topic=lt")[0] == 200
+    _publish(server, "lt", 0, 3)
+    _publish(server, "lt", 1, 3)
+    assert nothing_more(c)
+    assert server.post("/topic/unpause?topic=lt")[0] == 200
+    assert sorted(_where(take(c, 6))) == [(0, o) for o in range(3)] + [(1, o) for o in range(3)]
+    assert nothing_more(c)
+
+    create(server, "ls", 1)
+    c = _sub(server, b"SUB ls ch\n", identify={"sample_rate": 10})
+    _publish(server, "ls", 0, 50)
+    c.sock.settimeout(1)
+    got = []
+    try:
+        while True:
+            got.append(c.message())
+            c.send(p.fin(got[-1].id))
+    except TimeoutError:
+        pass
+    assert len(got) < 50
+    assert wait_for(lambda: confirmed(server, "ls", "ch") == [50])
+
+
+@pytest.mark.soak
+def test_lanes_go_at_a_graceful_stop_and_consumption_goes_on(nsqd_factory, tmp_path):
+    """A graceful stop leaves no lane in shared memory; after the restart
+    the partition consumers go on from the cursors, in order for the ordered
+    one (what was in flight at the stop is delivered again)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    create(server, "lt", 2)
+    c = _sub(server, b"SUB_ORDERED lt ch 0\n")
+    c1 = _sub(server, b"SUB lt ch 1\n")
+    _publish(server, "lt", 0, 5)
+    _publish(server, "lt", 1, 5)
+    m = c.message()
+    c.send(p.fin(m.id))
+    c.message()  # m0-1: in flight at the stop
+    take(c1, 2)
+    c.close()
+    c1.close()
+    assert server.stop() == 0
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(server.prefix + ".")
+                and not n.endswith(".ids")]
+    again = nsqd_factory(data_path=data, prefix=server.prefix)
+    c = _sub(again, b"SUB_ORDERED lt ch 0\n")
+    got = []
+    for _ in range(4):
+        m = c.message()
+        got.append(m.body)
+        c.send(p.fin(m.id))
+    assert got == [b"m0-%d" % i for i in range(1, 5)]
+    c1 = _sub(again, b"SUB lt ch 1\n")
+    assert sorted(m.body for m in take(c1, 3)) == [b"m1-%d" % i for i in range(2, 5)]
+    assert nothing_more(c1)
