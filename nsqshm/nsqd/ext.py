@@ -381,6 +381,9 @@ def subscribed(nsqd, client, channel):
                               cursors=getattr(channel, "cursors", None))
     if getattr(client, "desired_tag", ""):
         _tell_tags(nsqd, channel)
+    feed_wake = getattr(channel, "feed_wake", None)
+    if feed_wake is not None:  # a log channel: its feeder fills the ring for this client now
+        feed_wake()           # (logchannel.py: clients with an ExtView do not read the log)
 
 
 def left(nsqd, client, channel):

@@ -48,7 +48,7 @@ import gevent
 from nsqshm._core.commitlog import OffsetOutOfRange
 from nsqshm._core.logcursor import Cursor, CursorSet, checkpoint_path, decode_message_id
 from nsqshm._core.ring import Ring
-from nsqshm.nsqd import policy
+from nsqshm.nsqd import policy, trace
 from nsqshm.nsqd.channel import DELIVER_BATCH, Channel
 from nsqshm.nsqd.loglane import Lane, lane_suffix
 
@@ -247,6 +247,8 @@ class LogChannel(Channel):
             now = time.monotonic_ns()
             earliest = None
             delivered = False
+            left_for_tag = False
+            traced = self.traced
             if self.inflight.ttl_ns and self.inflight.expired_out is None:
                 self.inflight.expired_out = bytearray()  # kept, to finish them (_expired)
             with self.scratch.borrow() as scratch:
@@ -272,10 +274,15 @@ class LogChannel(Channel):
                             taken, n = self._deliver_sampled(ring, client, room, scratch,
                                                              deadline)
                         else:
+                            base = len(client.out)
                             taken, n = self.inflight.deliver_from_ring(
                                 ring, min(room, DELIVER_BATCH), scratch, client.out,
-                                client.id, deadline)
+                                client.id, deadline, 0, client.ext_view)
+                            if taken and traced:
+                                trace.delivered(self, client, client.out, base)
                         if not taken:
+                            if client.ext_view is not None:
+                                left_for_tag = True  # its head waits for another's tag (ext.py)
                             continue
                         delivered = True
                         client.in_flight += n
@@ -289,6 +296,15 @@ class LogChannel(Channel):
                 self._expired()
             if delivered:
                 gevent.idle()  # let writers and readers run between rounds
+                continue
+            if left_for_tag:
+                # as Channel._dispatch: until a client comes, goes or is ready again here,
+                # or any process pops (another worker's consumer of the tag)
+                self._ready.clear()
+                self._waker.arm(for_space=True)
+                if not self.exiting:
+                    self._ready.wait(0.5)
+                _disarm(self.ring, for_space=True)
                 continue
             self._wait_for_data(ready)
 
@@ -348,7 +364,10 @@ class LogChannel(Channel):
         without a sample rate on a channel without delivery policies (both
         consume messages without a FIN, which the cursor would wait for)."""
         if not self._owned or client.sample_rate or self.policy is not None \
-                or self.topic.paused:  # (a paused topic passes nothing on to its channels)
+                or self.topic.paused \
+                or client.ext_view is not None or self.traced:
+            # (a paused topic passes nothing on to its channels; an ext topic's filters and
+            # tags, and tracing, are applied on the ring's path, channel.py)
             return ()
         if client.partition is None:
             return [p for p in self._owned
@@ -466,7 +485,9 @@ class LogChannel(Channel):
         return min(self.feed_target - depth, FEED_BATCH) if key in self._filling else 0
 
     def _all_direct(self):
-        return self.policy is None and not any(c.sample_rate for c in self.clients.values())
+        # (the conditions of _direct: a client it refuses takes the ring the feeder fills)
+        return self.policy is None and not self.traced and not any(
+            c.sample_rate or c.ext_view is not None for c in self.clients.values())
 
     def _feed_once(self, partition, room, scratch):
         """Push up to `room` unread, unfinished messages of a partition into
