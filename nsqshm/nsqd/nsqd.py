@@ -282,7 +282,9 @@ class NSQD:
                                 msg.get("sketches", False))
         if op == "topology":  # with the run-time options, for a worker starting up
             if not self.topology_loaded:
-                return None
+                # answered at once (falsy: nothing to take over): no answer made workers
+                # booting together wait out each other's 2 s gather, one start in three
+                return {}
             return dict(self.topology(), options=self.runtime_options())
         if op == "health":
             self._peer_health[msg.get("index")] = msg.get("health", "OK")
