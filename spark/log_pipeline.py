@@ -31,7 +31,9 @@ import time
 import urllib.request
 from urllib.parse import quote
 
-ACTIONS = ("view", "click", "cart", "buy")
+import pipeline  # the classic-topic pipeline beside this file (its Spark session)
+
+ACTIONS = pipeline.ACTIONS
 
 
 def parse_args(argv=None):
@@ -158,14 +160,7 @@ def summarize(spark, table):
 
 
 def session(master):
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(master).appName("nsqshm-log-pipeline")
-             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
+    return pipeline.session(master, "nsqshm-log-pipeline")
 
 
 def main(argv=None):

@@ -155,11 +155,11 @@ def run(spark, args):
             "results_topic": args.results_topic}
 
 
-def session(master):
+def session(master, app_name="nsqshm-pipeline"):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(master).appName("nsqshm-pipeline")
+    spark = (SparkSession.builder.master(master).appName(app_name)
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
              .config("spark.sql.shuffle.partitions", "4").getOrCreate())
     spark.sparkContext.setLogLevel("WARN")

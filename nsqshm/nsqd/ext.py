@@ -180,52 +180,42 @@ def _fast(protocol, topic, body, mpub):
 def pub_ext(protocol, client, params, reader):
     """PUB_EXT: OK, or Youzan's 30-byte traced answer with a ##trace_id header
     (ID: the message's 64-bit value; queue offset 0: not known at publish)."""
-    opts = protocol.opts
-    pub = commands.parse_pub(params)
-    size = _read_size(reader)
-    commands.check_body_size(size, opts.max_msg_size, mpub=False)
-    body = _read(reader, size)
-    topic = _existing(protocol.nsqd, pub)
-    protocol.check_auth(client, "PUB", topic.name, "")
-    fast = _fast(protocol, topic, body, mpub=False)
-    if fast is not None:
-        packed, count, trace_ids, traced = fast
-        _put(topic, packed, 1, size, _partition(topic, pub), "E_PUB_FAILED", client, trace_ids)
-        protocol._count_pub(client, topic.name, 1)
-        return _traced_reply(packed, trace_ids[0]) if traced else b"OK"
-    published = bodies.parse_pub_ext(body, topic.name, topic.ext)
-    packed = _stored(topic, published)
-    _put(topic, packed, 1, len(published.body), _partition(topic, pub), "E_PUB_FAILED", client,
-         [published.trace_id])
-    protocol._count_pub(client, topic.name, 1)
-    if published.traced:
-        return _traced_reply(packed, published.trace_id)
-    return b"OK"
+    return _publish_ext(protocol, client, params, reader, mpub=False)
 
 
 def mpub_ext(protocol, client, params, reader):
+    return _publish_ext(protocol, client, params, reader, mpub=True)
+
+
+def _publish_ext(protocol, client, params, reader, mpub):
     opts = protocol.opts
+    verb, failed = ("MPUB", "E_MPUB_FAILED") if mpub else ("PUB", "E_PUB_FAILED")
     pub = commands.parse_pub(params)
     size = _read_size(reader)
-    commands.check_body_size(size, opts.max_body_size, mpub=True)
+    commands.check_body_size(size, opts.max_body_size if mpub else opts.max_msg_size, mpub=mpub)
     body = _read(reader, size)
     topic = _existing(protocol.nsqd, pub)
-    protocol.check_auth(client, "MPUB", topic.name, "")
-    fast = _fast(protocol, topic, body, mpub=True)
+    protocol.check_auth(client, verb, topic.name, "")
+    fast = _fast(protocol, topic, body, mpub=mpub)  # valid bodies: checked and packed in C
     if fast is not None:
-        packed, count, trace_ids, _ = fast
-        _put(topic, packed, count, size, _partition(topic, pub), "E_MPUB_FAILED", client,
-             trace_ids)
+        packed, count, trace_ids, traced = fast
+        _put(topic, packed, count, size, _partition(topic, pub), failed, client, trace_ids)
         protocol._count_pub(client, topic.name, count)
-        return b"OK"
-    messages = bodies.parse_mpub(body, opts.max_msg_size, opts.max_body_size, bodies.MPUB_EXT,
-                                 topic.name, topic.ext)
+        return _traced_reply(packed, trace_ids[0]) if traced and not mpub else b"OK"
+    # the rest: Youzan's parser, for its exact error texts
+    if mpub:
+        messages = bodies.parse_mpub(body, opts.max_msg_size, opts.max_body_size,
+                                     bodies.MPUB_EXT, topic.name, topic.ext)
+    else:
+        messages = [bodies.parse_pub_ext(body, topic.name, topic.ext)]
     packed = ExtRecords() if topic.ext else bytearray()
     for published in messages:
         packed += _stored(topic, published)
     _put(topic, packed, len(messages), sum(len(m.body) for m in messages),
-         _partition(topic, pub), "E_MPUB_FAILED", client, [m.trace_id for m in messages])
+         _partition(topic, pub), failed, client, [m.trace_id for m in messages])
     protocol._count_pub(client, topic.name, len(messages))
+    if not mpub and messages[0].traced:
+        return _traced_reply(packed, messages[0].trace_id)
     return b"OK"
 
 

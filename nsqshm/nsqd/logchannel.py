@@ -386,30 +386,11 @@ class LogChannel(Channel):
         yield between the read and the store.  Returns how many went out
         (-1: read_pos moved on without any)."""
         cursor = self.cursors[partition.index]
-        log = partition.log
-        if log is None or cursor.held:
+        if partition.log is None or cursor.held:
             return 0
-        end = log.end_offset
-        pos = cursor.read_pos
-        if pos >= end:
-            return 0
-        if pos < log.start_offset:
-            self.move_to_start(partition, log.start_offset)
-            return -1
-        first, run = cursor.unfinished_run(pos, end, room)
-        if first < 0:
-            to = min(end, cursor.window_end)
-            if to > pos:
-                cursor.read_pos = to
-                return -1
-            return 0
-        try:
-            n, nbytes, _ = log.reader.read_into(first, scratch, max_records=min(run, room))
-        except OffsetOutOfRange as err:
-            self.move_to_start(partition, err.start_offset)
-            return -1
-        if not n:
-            return 0
+        first, n, nbytes = self._read_run(partition, cursor, room, scratch)
+        if n <= 0:
+            return n
         added = self.inflight.deliver(memoryview(scratch)[:nbytes], n, client.out, client.id,
                                       deadline)
         cursor.read_pos = first + n
@@ -501,27 +482,10 @@ class LogChannel(Channel):
             self._check_hold(partition, cursor)
             return 0
         self._held_since.pop(partition.index, None)
-        end = log.end_offset
         pos = cursor.read_pos
-        if pos >= end:
-            return 0
-        if pos < log.start_offset:
-            self.move_to_start(partition, log.start_offset)
-            return -1
-        first, run = cursor.unfinished_run(pos, end, room)
-        if first < 0:  # all finished up to the window's end (or the log's)
-            to = min(end, cursor.window_end)
-            if to > pos:
-                cursor.read_pos = to
-                return -1
-            return 0  # the window is full: wait for FINs
-        try:
-            n, nbytes, _ = log.reader.read_into(first, scratch, max_records=min(run, room))
-        except OffsetOutOfRange as err:
-            self.move_to_start(partition, err.start_offset)
-            return -1
-        if not n:
-            return 0
+        first, n, nbytes = self._read_run(partition, cursor, room, scratch)
+        if n <= 0:
+            return n
         lane = self.lanes.get(partition.index)
         ring = lane.ring if lane is not None else self.ring
         pushed, _ = ring.push_packed(memoryview(scratch)[:nbytes])
@@ -529,6 +493,33 @@ class LogChannel(Channel):
             cursor.read_pos = first + pushed
         self.message_count += pushed  # (nsqd counts what the topic pumps into the channel)
         return pushed
+
+    def _read_run(self, partition, cursor, room, scratch):
+        """The next unread, unfinished run of a partition's log (at most `room`
+        records) read into scratch (LogReader.read_into, one C call): (first
+        offset, records, bytes); records 0: nothing to read now, -1: read_pos
+        moved on without reading (finished records skipped, or retention)."""
+        log = partition.log
+        end = log.end_offset
+        pos = cursor.read_pos
+        if pos >= end:
+            return pos, 0, 0
+        if pos < log.start_offset:
+            self.move_to_start(partition, log.start_offset)
+            return pos, -1, 0
+        first, run = cursor.unfinished_run(pos, end, room)
+        if first < 0:  # all finished up to the window's end (or the log's)
+            to = min(end, cursor.window_end)
+            if to > pos:
+                cursor.read_pos = to
+                return pos, -1, 0
+            return pos, 0, 0  # the window is full: wait for FINs
+        try:
+            n, nbytes, _ = log.reader.read_into(first, scratch, max_records=min(run, room))
+        except OffsetOutOfRange as err:
+            self.move_to_start(partition, err.start_offset)
+            return pos, -1, 0
+        return first, n, nbytes
 
     def _check_hold(self, partition, cursor):
         """A seek holds the cursor for the length of a broadcast; one held
