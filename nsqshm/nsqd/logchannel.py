@@ -299,12 +299,18 @@ class LogChannel(Channel):
                 continue
             if left_for_tag:
                 # as Channel._dispatch: until a client comes, goes or is ready again here,
-                # or any process pops (another worker's consumer of the tag)
+                # or any process pops from one of these rings (another worker's consumer
+                # of the tag)
+                wakers = self._wakers(ready)
                 self._ready.clear()
-                self._waker.arm(for_space=True)
-                if not self.exiting:
-                    self._ready.wait(0.5)
-                _disarm(self.ring, for_space=True)
+                for waker in wakers:
+                    waker.arm(for_space=True)
+                try:
+                    if not self.exiting and any(waker.ring.depth for waker in wakers):
+                        self._ready.wait()
+                finally:
+                    for waker in wakers:
+                        _disarm(waker.ring, for_space=True)
                 continue
             self._wait_for_data(ready)
 
@@ -413,6 +419,13 @@ class LogChannel(Channel):
                     return True
         return False
 
+    def _wakers(self, ready, rings=None):
+        """The wakers of the rings the ready clients take from (_sources)."""
+        if rings is None:
+            rings = {id(ring): ring for client in ready for ring in self._sources(client)}
+        wakers = [self._waker] if id(self.ring) in rings else []
+        return wakers + [lane.waker for lane in self.lanes.values() if id(lane.ring) in rings]
+
     def _wait_for_data(self, ready):
         """Nothing to deliver to the ready clients: wait for a push into one
         of their rings or an append to a log they take straight from (armed
@@ -421,8 +434,7 @@ class LogChannel(Channel):
         for client in ready:
             for ring in self._sources(client):
                 rings[id(ring)] = ring
-        wakers = [self._waker] if id(self.ring) in rings else []
-        wakers += [lane.waker for lane in self.lanes.values() if id(lane.ring) in rings]
+        wakers = self._wakers(ready, rings)
         self._ready.clear()
         for waker in wakers:
             waker.arm()

@@ -9,6 +9,7 @@ import struct
 import urllib.parse
 
 import psutil
+import pytest
 
 from nsqshm import protocol as p
 
@@ -297,9 +298,10 @@ def test_ext_filter_confirms_what_does_not_match(nsqd_factory):
         channel: len(FILTER_ROWS) - len(wanted) for channel, _, wanted in FILTERS}
 
 
-def test_tag_dispatch(nsqd_factory):
+@pytest.mark.parametrize("kind", ["classic", "log"])
+def test_tag_dispatch(nsqd_factory, kind):
     server = nsqd_factory()
-    create_ext(server, "xg")
+    create_ext(server, "xg", "&partition_num=2" if kind == "log" else "")
     x = consumer(server, "xg", "c", desired_tag="x")
     y = consumer(server, "xg", "c", desired_tag="y")
     untagged = consumer(server, "xg", "c")
