@@ -49,6 +49,7 @@ from nsqshm.httprequest import (
 
 RST_AVOIDANCE_DELAY = 0.5  # closeWriteAndWait: let the client read the answer before the close
 BUFFERED_RESPONSE = 1 << 16  # a response body up to this size goes out in one send with its headers
+RAW_HEADERS = "nsqshm.raw_headers"  # environ key: [(name, value)] as bytes, as received
 STATUS_LINES = {code: f"{code} {reason}".encode() for code, reason in REASONS.items()}
 
 
@@ -473,4 +474,5 @@ class HTTPServer(StreamServer):
             else:
                 env[name] = value
         env["wsgi.input"] = body
+        env[RAW_HEADERS] = req.headers  # every header as sent, "_" too (Youzan's X-NSQEXT-##k_v)
         return env

@@ -35,6 +35,9 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy
 
 from nsqshm._core.codec cimport IdGenerator, put_message_header
+from nsqshm._core.includes.system cimport (
+    NSQSHM_EXPIRY_BIT, NSQSHM_EXPIRY_SIZE, nsqshm_put_be64,
+)
 from nsqshm._core.logcursor cimport CursorSet
 
 
@@ -58,6 +61,7 @@ cdef extern from "<fnmatch.h>" nogil:
 FILTER_EQUAL, FILTER_REGEXP, FILTER_GLOB, FILTER_MULTI = 1, 2, 3, 4
 SKIP, DELIVER, LEAVE = ACCEPT_SKIP, ACCEPT_DELIVER, ACCEPT_LEAVE  # accept()'s verdicts
 TAG_KEY = b"##client_dispatch_tag"     # internal/ext/ext.go CLIENT_DISPATCH_TAG_KEY
+cdef uint64_t TTL_MS_MAX = 1ULL << 40  # nsqd/message_ttl.py's (about 34 years)
 MAX_HEADER_LENGTH = 0xFFFF             # the 2-byte n
 cdef Py_ssize_t SCRATCH = MAX_HEADER_LENGTH + 1
 cdef Py_ssize_t KEY_MAX = 256
@@ -653,20 +657,60 @@ cdef int _trace_id(const unsigned char *json, Py_ssize_t n, char *scratch,
     return 1
 
 
+cdef int _ttl_ms(const unsigned char *json, Py_ssize_t n, char *scratch,
+                 uint64_t *ttl_ms) noexcept nogil:
+    """The ##ttl_ms header (nsqd/message_ttl.py): 0 absent, 1 a valid one (a
+    string of at most 15 decimal digits, at most TTL_MS_MAX), -1 anything else."""
+    cdef Py_ssize_t olen = 0, k
+    cdef uint64_t v = 0
+    cdef int r = json_get_string(json, n, "##ttl_ms", 8, scratch, 32, &olen)
+    if r == 0:
+        return 0
+    if r != 1 or olen <= 0 or olen > 15:
+        return -1
+    for k in range(olen):
+        if not 48 <= scratch[k] <= 57:
+            return -1
+        v = v * 10 + <uint64_t>(scratch[k] - 48)
+    if v > TTL_MS_MAX:
+        return -1
+    ttl_ms[0] = v
+    return 1
+
+
+def header_ttl_ms(json):
+    """The ##ttl_ms header of an ext message's JSON headers: None when absent,
+    the milliseconds (0: no time to live), ValueError when not valid."""
+    cdef bytes j = bytes(json)
+    cdef char scratch[32]
+    cdef uint64_t ms = 0
+    cdef int r = _ttl_ms(<const unsigned char *>PyBytes_AS_STRING(j), len(j), scratch, &ms)
+    if r < 0:
+        raise ValueError("invalid ##ttl_ms")
+    return ms if r == 1 else None
+
+
 def pack_pub_ext(body, IdGenerator ids, uint64_t timestamp, bint mpub, long long max_msg_size,
-                 long long max_body_size, Py_ssize_t max_header, bytearray out):
+                 long long max_body_size, Py_ssize_t max_header, bytearray out,
+                 bint ttl_allowed=True):
     """PUB_EXT's ([2 BE n][n JSON][body]) or MPUB_EXT's ([4 BE count]([4 BE size]
     [2 BE n][JSON][body])*) body to an ext topic, as packed ext records
     appended to out, when every message is valid: (count, trace IDs or None, the
     first message's trace ID was given).  None when anything is not (nothing is
     appended): the caller then runs Youzan's parser (youzan/bodies.py) for its
     exact error.  Headers are checked as one JSON object, ##trace_id as Go's
-    ParseUint of a string, in C: no Python object per message."""
+    ParseUint of a string, in C: no Python object per message.
+
+    A ##ttl_ms header (nsqd/message_ttl.py) gives the message a deadline of
+    timestamp + ttl: 8 bytes after the body and the attempts field's top bit
+    (includes/message_expiry.h); ttl_allowed False (a log topic) or a bad
+    value makes the body invalid here (the caller answers the error)."""
     cdef Py_buffer view
     cdef const unsigned char *p
     cdef Py_ssize_t size, pos = 0, count = 1, k, hn, block, total = 0, base
     cdef long long max_messages = (max_body_size - 4) // 5
-    cdef uint64_t tid = 0
+    cdef uint64_t tid = 0, ttl = 0
+    cdef Py_ssize_t extra
     cdef int r
     cdef char msg_id[16]
     cdef char scratch[32]
@@ -714,6 +758,14 @@ def pack_pub_ext(body, IdGenerator ids, uint64_t timestamp, bint mpub, long long
                     trace_ids[k] = tid
                     if k == 0:
                         first_traced = True
+                ttl = 0
+                r = _ttl_ms(p + pos + 2, hn, scratch, &ttl)
+                if r < 0 or (ttl and not ttl_allowed):
+                    return None
+                if ttl:
+                    if block + 1 + NSQSHM_EXPIRY_SIZE > max_msg_size:
+                        return None
+                    total += NSQSHM_EXPIRY_SIZE
             total += 4 + EXT_OFFSET + 1 + block - (2 if hn == 0 else 0)
             pos += block
         # pass 2: the records
@@ -735,12 +787,19 @@ def pack_pub_ext(body, IdGenerator ids, uint64_t timestamp, bint mpub, long long
                 dst[4 + EXT_OFFSET] = NO_EXT_VER
                 memcpy(dst + 5 + EXT_OFFSET, p + pos + 2, block - 2)
                 dst += 4 + EXT_OFFSET + 1 + block - 2
-            else:  # version 4, then [2 BE n][JSON][body] as sent
-                (<uint32_t *>dst)[0] = <uint32_t>(EXT_OFFSET + 1 + block)
+            else:  # version 4, then [2 BE n][JSON][body] as sent (and a deadline)
+                ttl = 0
+                _ttl_ms(p + pos + 2, hn, scratch, &ttl)  # (checked in pass 1)
+                extra = NSQSHM_EXPIRY_SIZE if ttl else 0
+                (<uint32_t *>dst)[0] = <uint32_t>(EXT_OFFSET + 1 + block + extra)
                 put_message_header(dst + 4, timestamp, 0, msg_id)
                 dst[4 + EXT_OFFSET] = JSON_HEADER_EXT_VER
                 memcpy(dst + 5 + EXT_OFFSET, p + pos, block)
-                dst += 4 + EXT_OFFSET + 1 + block
+                if ttl:
+                    dst[4 + 8] = <char>((<unsigned char>dst[4 + 8]) | NSQSHM_EXPIRY_BIT)
+                    nsqshm_put_be64(dst + 5 + EXT_OFFSET + block,
+                                    timestamp + ttl * <uint64_t>1000000)
+                dst += 4 + EXT_OFFSET + 1 + block + extra
             pos += block
     finally:
         PyBuffer_Release(&view)

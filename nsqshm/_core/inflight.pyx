@@ -1127,16 +1127,24 @@ cdef class DeferredQueue(MessageStore):
 
 
 
-def take_dead(buffer, Py_ssize_t nbytes, uint32_t max_attempts, bytearray dead not None):
-    """Max attempts, per batch (policy.py): of the packed [u32 native size]
-    [message] records in buffer[:nbytes], those whose attempts reached
-    max_attempts are appended to `dead` (packed the same way) and the others
-    moved up, in order, to the front of the buffer.  Returns (records kept,
-    bytes kept, records taken).  No Python object per message."""
+cdef bint _has_id(const char *msg, const char *ids, Py_ssize_t n_ids) noexcept:
+    cdef Py_ssize_t k
+    for k in range(n_ids):
+        if memcmp(msg + MSG_ID_OFFSET, ids + k * MSG_ID_SIZE, MSG_ID_SIZE) == 0:
+            return True
+    return False
+
+
+cdef tuple _split_records(buffer, Py_ssize_t nbytes, uint32_t max_attempts, const char *ids,
+                          Py_ssize_t n_ids, bytearray out):
+    """take_dead (ids NULL: attempts at max_attempts, appended plain) and
+    take_ids (those IDs, appended as they are): the records taken go to out,
+    the others move up, in order, to the front of the buffer."""
     cdef Py_buffer view
     cdef char *p
-    cdef Py_ssize_t pos = 0, kept = 0, n_kept = 0, n_dead = 0
+    cdef Py_ssize_t pos = 0, kept = 0, n_kept = 0, n_taken = 0, base
     cdef uint32_t size
+    cdef bint take
     PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
     try:
         if nbytes < 0 or nbytes > view.len:
@@ -1148,9 +1156,19 @@ def take_dead(buffer, Py_ssize_t nbytes, uint32_t max_attempts, bytearray dead n
             memcpy(&size, p + pos, RECORD_HEADER_SIZE)
             if size < MSG_HEADER_SIZE or nbytes - pos - RECORD_HEADER_SIZE < <Py_ssize_t>size:
                 raise ValueError(f"bad record of {size} bytes at byte {pos}")
-            if max_attempts and _get_attempts(p + pos + RECORD_HEADER_SIZE) >= max_attempts:
-                _append_plain(dead, p + pos, size)
-                n_dead += 1
+            if ids != NULL:
+                take = _has_id(p + pos + RECORD_HEADER_SIZE, ids, n_ids)
+            else:
+                take = max_attempts and \
+                    _get_attempts(p + pos + RECORD_HEADER_SIZE) >= max_attempts
+            if take and ids == NULL:
+                _append_plain(out, p + pos, size)
+                n_taken += 1
+            elif take:
+                base = PyByteArray_GET_SIZE(out)
+                PyByteArray_Resize(out, base + RECORD_HEADER_SIZE + size)
+                memcpy(PyByteArray_AS_STRING(out) + base, p + pos, RECORD_HEADER_SIZE + size)
+                n_taken += 1
             else:
                 if kept != pos:
                     memmove(p + kept, p + pos, RECORD_HEADER_SIZE + size)
@@ -1159,7 +1177,29 @@ def take_dead(buffer, Py_ssize_t nbytes, uint32_t max_attempts, bytearray dead n
             pos += RECORD_HEADER_SIZE + size
     finally:
         PyBuffer_Release(&view)
-    return n_kept, kept, n_dead
+    return n_kept, kept, n_taken
+
+
+def take_dead(buffer, Py_ssize_t nbytes, uint32_t max_attempts, bytearray dead not None):
+    """Max attempts, per batch (policy.py): of the packed [u32 native size]
+    [message] records in buffer[:nbytes], those whose attempts reached
+    max_attempts are appended to `dead` (packed the same way, without a
+    deadline of their own) and the others moved up, in order, to the front
+    of the buffer.  Returns (records kept, bytes kept, records taken).  No
+    Python object per message."""
+    return _split_records(buffer, nbytes, max_attempts, NULL, 0, dead)
+
+
+def take_ids(buffer, Py_ssize_t nbytes, bytes ids not None, bytearray taken not None):
+    """A redrive by ID (policy.py): of the packed [u32 native size][message]
+    records in buffer[:nbytes], those whose 16-byte ID is one of `ids` (IDs
+    one after another) are appended to `taken` as they are, the others moved
+    up, in order, to the front of the buffer.  Returns (records kept, bytes
+    kept, records taken).  No Python object per message."""
+    if PyBytes_GET_SIZE(ids) % MSG_ID_SIZE:
+        raise ValueError(f"ids must be {MSG_ID_SIZE}-byte IDs one after another")
+    return _split_records(buffer, nbytes, 0, PyBytes_AS_STRING(ids),
+                          PyBytes_GET_SIZE(ids) // MSG_ID_SIZE, taken)
 
 
 def count_records(buffer, Py_ssize_t nbytes):

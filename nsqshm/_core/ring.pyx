@@ -986,6 +986,28 @@ cdef class Ring:
         self._check()
         nsqshm_store_release(&self.hdr.subscribers, <uint64_t>value)
 
+    @property
+    def ttl_ns(self):
+        """The channel's time to live in ns (0: none), for local consumers."""
+        self._check()
+        return nsqshm_load_acquire(&self.hdr.ttl_ns)
+
+    @ttl_ns.setter
+    def ttl_ns(self, uint64_t value):
+        """Set by the broker as the channel's policy changes (policy.py)."""
+        self._check()
+        nsqshm_store_release(&self.hdr.ttl_ns, value)
+
+    def count_local_expired(self, uint64_t n):
+        """A local consumer dropped n expired messages of this (channel) ring."""
+        self._check()
+        nsqshm_fetch_add(&self.hdr.local_expired, n)
+
+    @property
+    def local_expired(self):
+        self._check()
+        return nsqshm_load_acquire(&self.hdr.local_expired)
+
     def set_local_waker(self, waker):
         """waker(for_space) is called, instead of a write to this handle's
         FIFO, when a push (or, for_space, a pop) through this same handle

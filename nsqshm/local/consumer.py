@@ -6,7 +6,11 @@ with its attempts counted; TOUCH moves the timeout.
 Delivery is the broker's own C path (InFlight.deliver_from_ring): messages
 move from the channel ring into this consumer's in-flight table under the
 ring's consumer lock, each in a block of the consumer's arena in shared
-memory, so if this process dies the broker puts them back.  A timer thread
+memory, so if this process dies the broker puts them back.  Time to live
+applies as to TCP clients: a message past its own deadline or the
+channel's (the ring header's ttl_ns, set by the broker) is dropped, and
+counted in the ring for the broker's expired_count.  (A channel's max
+attempts is not applied here: a local requeue goes back to the ring.)  A timer thread
 requeues messages whose timeout passed and deferred messages that came due.
 
 Fork safety: every entry point checks the pid.  A forked child (a Spark
@@ -147,6 +151,8 @@ class Consumer:
         with self._lock:
             n = min(want, self.max_in_flight - len(self._inflight))
             deadline = time.monotonic_ns() + int(self.msg_timeout * 1e9)
+            self._inflight.ttl_ns = self.ring.ttl_ns  # the channel's time to live (policy.py)
+            expired = self._inflight.expired
             taken = 0
             while taken < n:
                 t, a = self._inflight.deliver_from_ring(self.ring, n - taken, self._scratch,
@@ -155,6 +161,8 @@ class Consumer:
                     break
                 taken += t
                 added += a
+            if self._inflight.expired != expired:  # dropped, counted in the broker's /stats
+                self.ring.count_local_expired(self._inflight.expired - expired)
             if added:
                 self.message_count += added
                 self._publish_info()

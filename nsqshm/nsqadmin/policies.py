@@ -15,7 +15,7 @@ nsqadmin's pause and empty are):
     GET  /api/topics/:t/:c/peek?n=       each node's /channel/peek
     GET  /api/topics/:t/:c/dead_letters?n=   each node's /topic/peek of the
                                          channel's dead-letter topic
-    POST /api/topics/:t/:c/redrive       {"n": "1"} or {} (all) -> each node's
+    POST /api/topics/:t/:c/redrive       {"n": "1"}, {"id": "<16 hex>"} or {} (all) -> each node's
                                          /channel/redrive; {"moved": total}
 
 The values of a policy are passed through as the node's query parameters,
@@ -34,6 +34,7 @@ from nsqshm.nsqadmin.cluster_view import maybe_warn
 from nsqshm.nsqadmin.clusterinfo import UpstreamError
 from nsqshm.nsqd.http_api import Err
 from nsqshm.nsqd.names import is_valid_name
+from nsqshm.nsqd.policy import is_message_id
 
 # body field -> the node's query parameter, per scope (policy_api's names)
 TOPIC_FIELDS = ("ttl", "max_depth", "max_bytes", "overflow")
@@ -212,11 +213,13 @@ class PolicyView:
         qs += "".join(f"&{k}={quote_plus(v)}" for k, v in values.items())
         return self._each(producers, f"/{of}/policy?{qs}", "POST", "set policy", messages)
 
-    def redrive(self, topic, channel, n, messages):
+    def redrive(self, topic, channel, n, messages, msg_id=""):
         producers = self._producers(topic, messages)
         path = f"/channel/redrive?topic={quote_plus(topic)}&channel={quote_plus(channel)}"
         if n:
             path += f"&n={n}"
+        if msg_id:  # (only the node that holds it moves it)
+            path += f"&id={msg_id}"
         answers = self._each(producers, path, "POST", "redrive", messages)
         return sum(int((doc or {}).get("moved") or 0) for _, doc in answers)
 
@@ -355,11 +358,16 @@ class PolicyRoutes:
     def api_redrive(self, req, topic, channel):
         self.api._require_admin(req)
         _check_names(topic, channel)
-        raw = self.api._decode(req, ("n",))["n"]
+        doc = self.api._decode(req, ("n", "id"))
+        raw, msg_id = doc["n"], doc["id"]
         if raw and not (raw.isascii() and raw.isdigit() and len(raw) <= 12 and int(raw) >= 1):
             raise Err(400, "INVALID_N")
+        if msg_id and not is_message_id(msg_id):
+            raise Err(400, "INVALID_MESSAGE_ID")
+        if raw and msg_id:
+            raise Err(400, "N_AND_ID_EXCLUSIVE")
         messages = []
-        moved = self.pv.redrive(topic, channel, int(raw) if raw else None, messages)
+        moved = self.pv.redrive(topic, channel, int(raw) if raw else None, messages, msg_id)
         self.api._notify("redrive_channel", topic, channel, "", req)
         return self._answer({"moved": moved}, messages)
 

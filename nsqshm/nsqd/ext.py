@@ -41,7 +41,7 @@ from nsqshm._core.ext import (
     split_ext,
 )
 from nsqshm._core.wire import pack_message
-from nsqshm.nsqd import trace
+from nsqshm.nsqd import message_ttl, trace
 from nsqshm.nsqd.errors import BAD_PARTITION, ClientErr, FatalClientErr
 from nsqshm.nsqd.logtopic import PartitionError
 from nsqshm.nsqd.reader import Disconnect
@@ -50,7 +50,6 @@ from nsqshm.youzan import bodies, commands, identify
 from nsqshm.youzan import http as youzan_http
 
 MAX_HEADER_BYTES = 16 * 1024  # nsqshm's limit on one message's JSON headers
-TTL_HEADER = "##ttl_ms"       # reserved for a per-message time to live (not read yet)
 EXT_PARAMS = ("ext", "extend")
 TRUE = ("true", "1")
 
@@ -123,11 +122,19 @@ def _stored(topic, published):
     if published.headers is not None and len(published.headers) > MAX_HEADER_BYTES:
         raise FatalClientErr("E_BAD_BODY", f"ext json header too long "
                                            f"{len(published.headers)} > {MAX_HEADER_BYTES}")
+    try:
+        expires_at = message_ttl.from_headers(published.headers, topic.is_log)
+    except message_ttl.MessageTTLError as err:
+        raise FatalClientErr("E_BAD_BODY", f"invalid {message_ttl.HEADER} header "
+                                           f"({err})") from None
     body = ext_body(published.headers, published.body)
-    if len(body) > topic.nsqd.opts.max_msg_size:
+    max_body = message_ttl.max_body(topic.nsqd.opts.max_msg_size, expires_at)
+    if len(body) > max_body:
         raise FatalClientErr("E_BAD_MESSAGE", f"message too big for an ext topic "
-                                              f"{len(body)} > {topic.nsqd.opts.max_msg_size}")
+                                              f"{len(body)} > {max_body}")
     pack_message(body, topic.nsqd.ids, time.time_ns(), out)
+    if expires_at:  # the deadline after the body, the ext part before it
+        out = message_ttl.add(out, expires_at)
     return ExtRecords(out)
 
 
@@ -170,7 +177,7 @@ def _fast(protocol, topic, body, mpub):
     opts = protocol.opts
     out = bytearray()
     done = pack_pub_ext(body, protocol.nsqd.ids, time.time_ns(), mpub, opts.max_msg_size,
-                        opts.max_body_size, MAX_HEADER_BYTES, out)
+                        opts.max_body_size, MAX_HEADER_BYTES, out, not topic.is_log)
     if done is None:
         return None
     count, trace_ids, traced = done

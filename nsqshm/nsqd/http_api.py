@@ -36,7 +36,7 @@ from werkzeug.wrappers import Response
 from nsqshm._core import wire
 from nsqshm._core.commitlog import LogError
 from nsqshm._core.logcursor import ID_OFFSET_BITS
-from nsqshm.httpserver import HTTPServer
+from nsqshm.httpserver import RAW_HEADERS, HTTPServer
 from nsqshm.nsqd import ext, message_ttl, trace
 from nsqshm.nsqd.listeners import listen
 from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
@@ -64,6 +64,7 @@ def put_error(err):
 
 RECORD_OVERHEAD = 4 + 26  # packed record: native size + message header
 EXT_PREFIX = "nsqshm.ext_prefix"  # a /pub_ext's ext part, for /pub's code (request environ)
+EXT_DEADLINE = "nsqshm.ext_deadline"  # its ##ttl_ms header's deadline (message_ttl.py)
 BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 X_NSQ = ("X-Nsq-Content-Type", "nsq; version=1.0")
 JSON_TYPE = "application/json; charset=utf-8"
@@ -85,6 +86,17 @@ MESSAGE_GET_SLACK = 64      # a record's size word and message header past --max
 ID_MASK = (1 << 64) - 1     # search_pos is an int64: a log ID is read as its 64 bits
 PPROF_INDEX = ("/debug/pprof/: nsqshm is a Python process; Go runtime profiles "
                "(heap, goroutine, block, threadcreate, profile) are not available\n")
+
+
+def _raw_headers(req):
+    """The request's headers as sent: WSGI's environ drops names with "_",
+    which Youzan's X-NSQEXT-<key> headers have (##client_dispatch_tag,
+    ##ttl_ms); Go's net/http keeps them."""
+    raw = req.environ.get(RAW_HEADERS)
+    if raw is None:  # (another WSGI server)
+        return list(req.headers.items())
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw]
+
 
 
 class Err(Exception):
@@ -548,7 +560,7 @@ class HTTPAPI:
         if not body:
             raise Err(400, "MSG_EMPTY")
         values, topic = self._topic_from_query(req)
-        expires_at = self._message_ttl(values, topic)  # issue 18
+        expires_at = self._message_ttl(req, values, topic)  # issue 18
         if len(body) > message_ttl.max_body(opts.max_msg_size, expires_at):
             raise Err(413, "MSG_TOO_BIG")
         deferred_ns = 0
@@ -579,12 +591,15 @@ class HTTPAPI:
         return "OK"
 
     @staticmethod
-    def _message_ttl(values, topic):
-        """The deadline of a ttl= (message_ttl.py), 0 without one."""
+    def _message_ttl(req, values, topic):
+        """The deadline of a ttl= (message_ttl.py), else of /pub_ext's
+        ##ttl_ms header, 0 without either."""
         try:
-            return message_ttl.from_query(values, topic.is_log)
+            if message_ttl.PARAM in values:
+                return message_ttl.from_query(values, topic.is_log)
         except message_ttl.MessageTTLError as err:
             raise Err(400, str(err)) from None
+        return req.environ.get(EXT_DEADLINE, 0)
 
     @staticmethod
     def _partition(values, topic):
@@ -602,7 +617,7 @@ class HTTPAPI:
         if (req.content_length or 0) > opts.max_body_size:
             raise Err(413, "BODY_TOO_BIG")
         values, topic = self._topic_from_query(req)
-        expires_at = self._message_ttl(values, topic)  # issue 18
+        expires_at = self._message_ttl(req, values, topic)  # issue 18
         max_msg_size = message_ttl.max_body(opts.max_msg_size, expires_at)
         binary = False
         if "binary" in values:
@@ -663,9 +678,13 @@ class HTTPAPI:
         if topic is None:
             raise Err(*youzan_http.TOPIC_NOT_FOUND)
         try:
-            info, prefix = ext.http_prefix(self.nsqd, topic, values, list(req.headers.items()))
+            info, prefix = ext.http_prefix(self.nsqd, topic, values, _raw_headers(req))
         except ext.ExtError as e:
             raise Err(e.status, e.text) from None
+        try:
+            req.environ[EXT_DEADLINE] = message_ttl.from_headers(info.headers, topic.is_log)
+        except message_ttl.MessageTTLError as err:
+            raise Err(400, str(err)) from None
         req.environ[EXT_PREFIX] = prefix
         trace.publisher.client = req.remote_addr
         trace.publisher.trace_ids = [info.trace_id] if info.traced else None

@@ -26,7 +26,8 @@ reason, requeued or timed out, has no field in nsqd's message encoding, so
 it is counted per channel (`dead_letter_requeued_count`,
 `dead_letter_timed_out_count` in /stats) and logged.
 A redrive (redrive()) moves dead letters back into their channel with
-attempts reset to 0.
+attempts reset to 0: the next n, all, or those with the IDs given (the
+others stay, in order).
 
     bounded queue   topic and channel (`max_depth`, `overflow`: reject or
                     drop-oldest): bounds.py.
@@ -49,7 +50,7 @@ which a Go nsqd reading the file ignores:
 
 import gevent
 
-from nsqshm._core.inflight import count_records, reset_attempts, take_dead
+from nsqshm._core.inflight import count_records, reset_attempts, take_dead, take_ids
 from nsqshm.nsqd import bounds
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 
@@ -62,7 +63,10 @@ KEYS = ("ttl_ms", "max_attempts", "dead_letter_topic", "dead_letter_expired", "m
 TOPIC_KEYS = ("ttl_ms", "max_depth", "max_bytes", "overflow")
 REASONS = ("requeued", "timed_out", "expired")
 REDRIVE_TIMEOUT = 60.0  # a redrive asked of the dead-letter topic's owner
+REDRIVE_BATCH = 1024
+REDRIVE_IDS_MAX = 100    # IDs in one redrive
 BOOLS = {"true": True, "1": True, "false": False, "0": False}
+HEX = frozenset("0123456789abcdefABCDEF")
 
 
 class PolicyError(ValueError):
@@ -189,6 +193,9 @@ def update_channel(channel):
         channel.policy = Policy()
     ttls = [p.ttl_ms for p in (topic_policy, channel.policy) if p is not None and p.ttl_ms]
     channel.inflight.ttl_ns = min(ttls) * 1_000_000 if ttls else 0
+    ring = getattr(channel, "ring", None)
+    if ring is not None:  # for local consumers (nsqshm.local), which read the ring themselves
+        ring.ttl_ns = channel.inflight.ttl_ns
     # (a message may have a time to live of its own: message_ttl.py)
     keep = channel.policy is not None and channel.policy.dead_letter_expired
     if not keep:
@@ -309,10 +316,18 @@ def inherit(channel):
 # -- /stats ------------------------------------------------------------------------------
 
 
+def expired_count(channel):
+    """What this worker's consumers dropped as expired, and, on the topic's
+    owner (once for the broker), what local consumers did (the ring's count)."""
+    ring = getattr(channel, "ring", None)
+    local = ring.local_expired if ring is not None and channel.topic.owned else 0
+    return getattr(channel.inflight, "expired", 0) + local
+
+
 def channel_stats(channel):
     policy = getattr(channel, "policy", None)
     if policy is None:
-        if not getattr(channel.inflight, "expired", 0):
+        if not expired_count(channel):
             return {}
         policy = Policy()  # messages with a time to live of their own expired (message_ttl.py)
     return {"ttl_ms": policy.ttl_ms, "max_attempts": policy.max_attempts,
@@ -323,7 +338,7 @@ def channel_stats(channel):
             "dead_letter_timed_out_count": policy.reasons["timed_out"],
             "dead_letter_expired": policy.dead_letter_expired,
             "dead_letter_expired_count": policy.reasons["expired"],
-            "expired_count": channel.inflight.expired,
+            "expired_count": expired_count(channel),
             **_bound_stats(policy)}
 
 
@@ -341,12 +356,11 @@ SUMMED_STATS = ("dead_letter_count", "dead_letter_requeued_count",
 
 def topic_stats(topic):
     policy = getattr(topic, "policy", None)
-    if policy is None and not any(getattr(c, "policy", None) is not None
-                                  or getattr(c.inflight, "expired", 0)
+    if policy is None and not any(getattr(c, "policy", None) is not None or expired_count(c)
                                   for c in topic.channels.values()):
         return {}
     return {"ttl_ms": policy.ttl_ms if policy is not None else 0,
-            "expired_count": sum(c.inflight.expired for c in topic.channels.values()),
+            "expired_count": sum(expired_count(c) for c in topic.channels.values()),
             **_bound_stats(policy or Policy())}
 
 
@@ -407,63 +421,127 @@ def flush_expired(channel):
         channel.policy.reasons["expired"] += n
 
 
-def redrive(nsqd, channel, n):
+def redrive(nsqd, channel, n, ids=None):
     """Move up to n (None: all) messages queued in the channel's dead-letter
     topic back into the channel, attempts reset; on the dead-letter topic's
-    owner (its disk queue).  Returns how many moved, or an error text."""
+    owner (its disk queue).  With `ids` (message IDs, 16 hex digits each),
+    only those, wherever they are in the queue (_redrive_ids).  Returns how
+    many moved, or an error text."""
     name = dead_letter_topic(channel)
     topic = nsqd.topics.get(name)
     if topic is None:
         return 0
     if topic.channels:  # its pump takes what it holds: redrive could race it
         return "DEAD_LETTER_TOPIC_HAS_CHANNELS"
-    moved = 0
-    while (n is None or moved < n) and not topic.channels and not topic.exiting:
-        want = 1024 if n is None else min(1024, n - moved)
-        with nsqd.scratch.borrow() as scratch:
-            from_disk = False
-            k, nbytes = topic.ring.peek_many_into(scratch, want)
-            if not k and topic.backend.depth:
-                k, nbytes = topic.backend.peek_into(scratch, want)
-                from_disk = True
-            if not k:
-                break
-            reset_attempts(scratch, nbytes)
-            channel.put_records(memoryview(scratch)[:nbytes])  # stored (or deferred 0.1 s)
-            if from_disk:
-                topic.backend.advance(k)
-                nsqd.backend_written(topic.backend)
-            else:
-                topic.ring.discard(k)
-        moved += k
-        gevent.idle()  # a long redrive lets the worker serve between batches
+    if ids:
+        moved = _redrive_ids(nsqd, channel, topic, ids)
+    else:
+        moved = _redrive_next(nsqd, channel, topic, n)
     if moved:
         nsqd.logf("info", f"CHANNEL({channel.topic.name}:{channel.name}): {moved} dead "
                           f"letter(s) redriven from {name}")
     return moved
 
 
+def _peek_next(topic, scratch, want):
+    """The dead-letter topic's next records, in its order (the ring holds the
+    older ones, the disk queue what came once memory was full): (count,
+    bytes, from the disk queue)."""
+    k, nbytes = topic.ring.peek_many_into(scratch, want)
+    if not k and topic.backend.depth:
+        k, nbytes = topic.backend.peek_into(scratch, want)
+        return k, nbytes, True
+    return k, nbytes, False
+
+
+def _consume(nsqd, topic, k, from_disk):
+    if from_disk:
+        topic.backend.advance(k)
+        nsqd.backend_written(topic.backend)
+    else:
+        topic.ring.discard(k)
+
+
+def _redrive_next(nsqd, channel, topic, n):
+    moved = 0
+    while (n is None or moved < n) and not topic.channels and not topic.exiting:
+        want = REDRIVE_BATCH if n is None else min(REDRIVE_BATCH, n - moved)
+        with nsqd.scratch.borrow() as scratch:
+            k, nbytes, from_disk = _peek_next(topic, scratch, want)
+            if not k:
+                break
+            reset_attempts(scratch, nbytes)
+            channel.put_records(memoryview(scratch)[:nbytes])  # stored (or deferred 0.1 s)
+            _consume(nsqd, topic, k, from_disk)
+        moved += k
+        gevent.idle()  # a long redrive lets the worker serve between batches
+    return moved
+
+
+def _redrive_ids(nsqd, channel, topic, ids):
+    """The dead letters with these IDs back into the channel.  The queue is
+    rotated once, batch by batch: the records of each batch that are not
+    wanted are stored again at its tail before the batch leaves the head, so
+    the others keep their order, and a failure (a full disk) loses none (it
+    stops the redrive; what was stored twice is there twice).  Costs a pass
+    over the whole queue.  Dead letters that arrive meanwhile may land
+    between the rotated ones."""
+    wanted = b"".join(i.encode() for i in ids)
+    left = topic.ring.depth + topic.backend.depth  # each record of the queue looked at once
+    moved = 0
+    while left > 0 and not topic.channels and not topic.exiting:
+        with nsqd.scratch.borrow() as scratch:
+            k, nbytes, from_disk = _peek_next(topic, scratch, min(REDRIVE_BATCH, left))
+            if not k:
+                break
+            taken = bytearray()
+            n_kept, kept_bytes, n_taken = take_ids(scratch, nbytes, wanted, taken)
+            try:
+                if n_kept:
+                    topic.store(bytes(scratch[:kept_bytes]))
+            except Exception as err:  # (TopicError: a full disk; topic.py imports this module)
+                nsqd.logf("error", f"CHANNEL({channel.topic.name}:{channel.name}): redrive "
+                                   f"stopped - {err}")
+                break
+            if n_taken:
+                reset_attempts(taken, len(taken))
+                channel.put_records(memoryview(taken))
+            _consume(nsqd, topic, k, from_disk)
+        moved += n_taken
+        left -= k
+        gevent.idle()
+    return moved
+
+
 def _peer_redrive(nsqd, msg):
-    """{"op": "redrive", "topic", "channel", "n"}: to the dead-letter topic's owner."""
+    """{"op": "redrive", "topic", "channel", "n", "ids"}: to the dead-letter topic's owner."""
     topic = nsqd.get_existing_topic(str(msg.get("topic")))
     channel = topic.get_existing_channel(str(msg.get("channel"))) if topic else None
     if channel is None:
         return {"error": "CHANNEL_NOT_FOUND"}
-    n = msg.get("n")
-    result = redrive(nsqd, channel, n if isinstance(n, int) and n > 0 else None)
+    n, ids = msg.get("n"), msg.get("ids")
+    if not (isinstance(ids, list) and all(is_message_id(i) for i in ids)):
+        ids = None
+    result = redrive(nsqd, channel, n if isinstance(n, int) and n > 0 else None, ids)
     return {"error": result} if isinstance(result, str) else {"moved": result}
 
 
-def redrive_anywhere(nsqd, channel, n):
+def is_message_id(text):
+    """16 hex digits, as a message ID is written."""
+    return isinstance(text, str) and len(text) == 16 and all(c in HEX for c in text)
+
+
+def redrive_anywhere(nsqd, channel, n, ids=None):
     """redrive() on the dead-letter topic's owner, whichever worker asks:
     (moved, None) or (0, error text)."""
     name = dead_letter_topic(channel)
     if nsqd.cluster is None or nsqd.owns(name):
-        result = redrive(nsqd, channel, n)
+        result = redrive(nsqd, channel, n, ids)
     else:
         reply = nsqd.cluster.call(nsqd.owner_of(name),
                                   {"op": "redrive", "topic": channel.topic.name,
-                                   "channel": channel.name, "n": n}, timeout=REDRIVE_TIMEOUT)
+                                   "channel": channel.name, "n": n, "ids": ids},
+                                  timeout=REDRIVE_TIMEOUT)
         if not isinstance(reply, dict):
             return 0, "INTERNAL_ERROR"
         result = reply.get("error") or reply.get("moved", 0)

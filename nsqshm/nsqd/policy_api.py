@@ -8,7 +8,8 @@ TOPIC_NOT_FOUND, CHANNEL_NOT_FOUND...).
     POST /topic/policy?topic=[&ttl=][&max_depth=][&max_bytes=][&overflow=]   policy.py, bounds.py
     POST /channel/policy?topic=&channel=[&ttl=][&max_attempts=][&dead_letter_topic=]
                         [&max_depth=][&max_bytes=][&overflow=]  (ttl in ms; 0 turns a setting off)
-    POST /channel/redrive?topic=&channel=[&n=] policy.redrive: n dead letters, or all
+    POST /channel/redrive?topic=&channel=[&n=|&id=...]  policy.redrive: n dead
+                                               letters, all, or those with these IDs
 
 A policy route answers the policy after the change (only the parameters
 given change; without any, it answers the current one).  The HTTP API
@@ -134,7 +135,13 @@ class PolicyRoutes:
             if not (text.isascii() and text.isdigit()) or len(text) > 12 or int(text) < 1:
                 raise self.Err(400, "INVALID_N")
             n = int(text)
-        moved, error = policy.redrive_anywhere(self.nsqd, channel, n)
+        ids = values.get("id") or None
+        if ids is not None and (len(ids) > policy.REDRIVE_IDS_MAX or
+                                not all(policy.is_message_id(i) for i in ids)):
+            raise self.Err(400, "INVALID_MESSAGE_ID")
+        if ids is not None and n is not None:
+            raise self.Err(400, "N_AND_ID_EXCLUSIVE")
+        moved, error = policy.redrive_anywhere(self.nsqd, channel, n, ids)
         if error == "DEAD_LETTER_TOPIC_HAS_CHANNELS":
             raise self.Err(409, error)
         if error is not None:

@@ -45,6 +45,26 @@ def test_header_string_bad_json(json):
         ext.header_string(json, b"k")
 
 
+@pytest.mark.parametrize("json, ms", [
+    (b'{"k":"v"}', None),
+    (b'{"##ttl_ms":"1500"}', 1500),
+    (b'{"a":"b","##ttl_ms":"0"}', 0),                      # 0: no time to live
+    (b'{"##ttl_ms":"1099511627776"}', 1 << 40),              # TTL_MS_MAX
+    (b'{"##ttl_ms":"1099511627777"}', ValueError),
+    (b'{"##ttl_ms":"9999999999999999"}', ValueError),        # 16 digits
+    (b'{"##ttl_ms":1500}', ValueError),                      # a number: strings only
+    (b'{"##ttl_ms":"-1"}', ValueError),
+    (b'{"##ttl_ms":""}', ValueError),
+    (b'{"##ttl_ms":"1.5"}', ValueError),
+])
+def test_header_ttl_ms(json, ms):
+    if ms is ValueError:
+        with pytest.raises(ValueError):
+            ext.header_ttl_ms(json)
+    else:
+        assert ext.header_ttl_ms(json) == ms
+
+
 def test_header_string_reads_no_further_than_it_needs():
     # headers are validated as JSON at publish; the reader stops at its key, as gjson
     assert ext.header_string(b'{"k":"v"', b"k") == b"v"

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from nsqshm._core.codec import with_expiry
-from nsqshm._core.inflight import DeferredQueue, InFlight, reset_attempts, take_dead
+from nsqshm._core.inflight import DeferredQueue, InFlight, reset_attempts, take_dead, take_ids
 
 from .test_inflight import bumped, frame, mid, msg, pack, unpack
 
@@ -62,6 +62,20 @@ def test_take_dead_rejects_bad_records():
         take_dead(buf, len(buf), 1, bytearray())
     with pytest.raises(ValueError):
         take_dead(bytearray(10), 11, 1, bytearray())
+
+
+def test_take_ids_takes_those_and_keeps_the_rest_in_order():
+    msgs = [msg(i, attempts=i) for i in range(1, 7)]
+    buf = bytearray(pack(msgs)) + bytearray(64)
+    taken = bytearray(b"prefix")
+    wanted = mid(5) + mid(2) + mid(99)  # one not there
+    n_kept, kept_bytes, n_taken = take_ids(buf, len(pack(msgs)), wanted, taken)
+    assert (n_kept, n_taken) == (4, 2)
+    assert unpack(buf, kept_bytes) == [msgs[0], msgs[2], msgs[3], msgs[5]]
+    assert unpack(taken[6:], len(taken) - 6) == [msgs[1], msgs[4]]  # as they were
+    assert take_ids(bytearray(pack(msgs)), len(pack(msgs)), b"", bytearray())[2] == 0
+    with pytest.raises(ValueError):
+        take_ids(bytearray(pack(msgs)), len(pack(msgs)), b"short", bytearray())
 
 
 def test_reset_attempts():

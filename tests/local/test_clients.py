@@ -122,6 +122,34 @@ def test_local_and_tcp_consumers_share_a_channel(broker):
             sorted(f"s{i}".encode() for i in range(400))
 
 
+def test_time_to_live_applies_to_local_consumers(broker):
+    """The channel's time to live (set after the consumer attached) and a
+    message's own (/pub?ttl=): expired messages are never handed out, and the
+    broker's /stats counts them."""
+    with Consumer("t", "c", shm_prefix=broker.prefix) as c:
+        assert broker.post("/channel/policy?topic=t&channel=c&ttl=300")[0] == 200
+        assert broker.post("/pub?topic=t", b"old")[0] == 200
+        assert broker.post("/pub?topic=t&ttl=600000", b"own-long")[0] == 200
+        assert wait_for(lambda: c.ring.depth == 2, 5)
+        time.sleep(0.4)  # both past the channel's 300 ms
+        assert list(c.fetch(10, timeout=0.3).bodies()) == []
+        assert c.ring.depth == 0  # taken from the ring, dropped
+        assert broker.post("/channel/policy?topic=t&channel=c&ttl=0")[0] == 200
+        assert broker.post("/pub?topic=t&ttl=200", b"own-short")[0] == 200
+        assert broker.post("/pub?topic=t", b"fresh")[0] == 200
+        assert wait_for(lambda: c.ring.depth == 2, 5)
+        time.sleep(0.3)  # own-short past its own deadline
+        batch = c.fetch(10, timeout=1)
+        assert [bytes(b) for b in batch.bodies()] == [b"fresh"]
+        batch.finish()
+
+        def expired():
+            doc = json.loads(broker.get("/stats?format=json&topic=t")[1])
+            channel = doc["topics"][0]["channels"][0]
+            return channel.get("expired_count")
+        assert wait_for(lambda: expired() == 3, 5), expired()
+
+
 def test_requeue_and_timeout_redeliver_with_attempts(broker):
     with Producer("t", shm_prefix=broker.prefix) as p, \
             Consumer("t", "c", shm_prefix=broker.prefix, msg_timeout=0.5) as c:

@@ -97,19 +97,29 @@ def test_peek_policy_dead_letters_and_redrive_in_the_page(setup, page):  # noqa:
     assert page.inner_text("tr[data-row$='/channel'] td.dead-count") == "3"
     shot(page, f"policy-dead-letters-w{nsqd.workers}")
 
-    # redrive one, then all: a consumer that FINs gets them again, attempts from 1
-    page.click("button[data-redrive='1']")
+    # redrive the one of a row (the last), the next one, then all: a consumer
+    # that FINs gets each again, attempts from 1, the others staying in order
+    last_id = rows.nth(2).get_attribute("data-id")
+    page.click(f".dead-letters tr[data-id='{last_id}'] button[data-redrive=id]")
     page.wait_for_function(
         "document.querySelectorAll('.dead-letters tr[data-id]').length === 2", timeout=10_000)
+    assert page.locator(".dead-letters td.body").all_inner_texts() == ["m0 <b>", "m1 <b>"]
     conn = subscribe(nsqd, "pol", "c", rdy=10)
     try:
+        chosen = conn.messages(1)[0]
+        assert (chosen.id.decode(), chosen.body, chosen.attempts) == (last_id, b"m2 <b>", 1)
+        conn.send(p.fin(chosen.id))
+        page.click("button[data-redrive='1']")
+        page.wait_for_function(
+            "document.querySelectorAll('.dead-letters tr[data-id]').length === 1",
+            timeout=10_000)
         first = conn.messages(1)[0]
         assert (first.body, first.attempts) == (b"m0 <b>", 1)
         conn.send(p.fin(first.id))
         page.click("button[data-redrive=all]")
         page.wait_for_selector("#dead-none", timeout=10_000)
-        rest = conn.messages(2)
-        assert sorted((m.body, m.attempts) for m in rest) == [(b"m1 <b>", 1), (b"m2 <b>", 1)]
+        rest = conn.messages(1)
+        assert [(m.body, m.attempts) for m in rest] == [(b"m1 <b>", 1)]
         for m in rest:
             conn.send(p.fin(m.id))
     finally:
@@ -184,4 +194,11 @@ def test_topic_page_and_the_json_api(setup, page):  # noqa: F811
     assert (status, doc["message"]) == (400, "INVALID_N")
     status, doc = admin.json("POST", "/api/topics/api/c/redrive", {"n": "-1"})
     assert (status, doc["message"]) == (400, "INVALID_N")
+    status, doc = admin.json("POST", "/api/topics/api/c/redrive", {"id": "0123&n=1"})
+    assert (status, doc["message"]) == (400, "INVALID_MESSAGE_ID")
+    status, doc = admin.json("POST", "/api/topics/api/c/redrive",
+                             {"id": "0123456789abcdef", "n": "1"})
+    assert (status, doc["message"]) == (400, "N_AND_ID_EXCLUSIVE")
+    status, doc = admin.json("POST", "/api/topics/api/c/redrive", {"id": "0123456789abcdef"})
+    assert (status, doc["moved"]) == (200, 0)
     assert channel_of(nsqd, "api", "c")["depth"] == 2  # peeked, never taken

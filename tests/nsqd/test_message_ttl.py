@@ -7,10 +7,14 @@ clients and dead-letter topics get the message as nsqd encodes it."""
 import base64
 import json
 import time
+import urllib.parse
+import urllib.request
 
 from nsqshm import protocol as p
 
 from .conftest import wait_for
+from .test_ext import Client, consumer, create_ext, ext_data, mpub_ext, pub_ext
+from .test_log_topics import nothing_more, take
 from .test_protocol_v2 import Conn
 
 WORKER_COUNTS = (1, 2)  # every test on one worker and on two (conftest.py)
@@ -125,3 +129,72 @@ def test_bad_ttl_and_the_size_it_takes(nsqd_factory):
     refused = (400, b'{"message":"NOT_SUPPORTED_ON_LOG_TOPIC"}')
     assert server.post("/pub?topic=lt&ttl=1000", b"m") == refused
     assert server.post("/mpub?topic=lt&ttl=1000", b"m") == refused
+
+
+def test_the_ttl_header_of_an_ext_topic(nsqd_factory):
+    """##ttl_ms on PUB_EXT, MPUB_EXT (read in C) and /pub_ext, /mpub_ext: the
+    message's own deadline; an ext client still gets its headers as sent."""
+    server = nsqd_factory("--max-msg-size=200")
+    create_ext(server, "xt")
+    for channel in ("e", "plain"):
+        assert server.post(f"/channel/create?topic=xt&channel={channel}")[0] == 200
+    short, long_ = b'{"##ttl_ms":"300","k":"v"}', b'{"##ttl_ms":"600000"}'
+    pc = Client(server)
+    for data in (pub_ext("xt", short, b"s1"), pub_ext("xt", long_, b"l1"),
+                 pub_ext("xt", b'{"##ttl_ms":"0"}', b"z1"),
+                 mpub_ext("xt", [(short, b"s2"), (b"", b"n2"), (long_, b"l2")])):
+        pc.send(data)
+        assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    req = urllib.request.Request(server.url("/pub_ext?topic=xt"), data=b"s3", method="POST",
+                                 headers={"X-NSQEXT-##ttl_ms": "300"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200
+    ext = urllib.parse.quote('{"##ttl_ms":"600000"}')
+    assert server.post(f"/mpub_ext?topic=xt&ext={ext}", b"l3\nl4") == (200, b"OK")
+    # ttl= wins over the header
+    assert server.post(f"/pub_ext?topic=xt&ttl=300&ext={ext}", b"s4") == (200, b"OK")
+    doc = json.loads(server.get("/channel/peek?topic=xt&channel=e&n=20")[1])
+    deadlines = [m.get("expires") for m in doc["messages"]]
+    assert [d is not None for d in deadlines] == [True, True, False, True, False, True,
+                                                  True, True, True, True]
+    assert deadlines[0] < deadlines[1] and deadlines[6] < deadlines[7]
+    time.sleep(0.4)  # the 300 ms ones are past their deadline
+    ext_client = consumer(server, "xt", "e", extend_support=True)
+    plain = consumer(server, "xt", "plain")
+    got = sorted(m.body for m in take(ext_client, 6))
+    assert got == sorted([ext_data(long_, b"l1"), ext_data(b'{"##ttl_ms":"0"}', b"z1"),
+                          ext_data(None, b"n2"), ext_data(long_, b"l2"),
+                          ext_data(long_, b"l3"), ext_data(long_, b"l4")])
+    assert sorted(m.body for m in take(plain, 6)) == [b"l1", b"l2", b"l3", b"l4", b"n2", b"z1"]
+    assert nothing_more(ext_client, 0.3) and nothing_more(plain, 0.1)
+    for channel in ("e", "plain"):
+        assert channel_stats(server, "xt", channel)["expired_count"] == 4
+
+    # bad values and the 8 bytes a deadline takes; a log topic refuses it
+    for headers in (b'{"##ttl_ms":"x"}', b'{"##ttl_ms":5}', b'{"##ttl_ms":"-1"}',
+                    b'{"##ttl_ms":"1099511627777"}'):
+        c = Client(server)
+        c.send(pub_ext("xt", headers, b"m"))
+        assert c.response() == (p.FRAME_TYPE_ERROR,
+                                b"E_BAD_BODY invalid ##ttl_ms header (INVALID_TTL)"), headers
+        c = Client(server)
+        c.send(mpub_ext("xt", [(b"", b"ok"), (headers, b"m")]))
+        assert c.response() == (p.FRAME_TYPE_ERROR,
+                                b"E_BAD_BODY invalid ##ttl_ms header (INVALID_TTL)"), headers
+        status, body = server.post(f"/pub_ext?topic=xt&ext={urllib.parse.quote(headers)}", b"m")
+        assert (status, body) == (400, b'{"message":"INVALID_TTL"}'), headers
+    c = Client(server)  # stored: 26 + 1 + 2 + 18 + body + 8 > 200
+    c.send(pub_ext("xt", b'{"##ttl_ms":"9"}', b"x" * (200 - 1 - 2 - 16 - 7)))
+    kind, answer = c.response()
+    assert kind == p.FRAME_TYPE_ERROR and answer.startswith(b"E_BAD_MESSAGE message too big"), \
+        answer
+    c = Client(server)
+    c.send(pub_ext("xt", b'{"##ttl_ms":"9"}', b"x" * (200 - 1 - 2 - 16 - 8)))
+    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    create_ext(server, "lxt", "&partition_num=1")
+    c = Client(server)
+    c.send(pub_ext("lxt", short, b"m"))
+    assert c.response() == (p.FRAME_TYPE_ERROR, b"E_BAD_BODY invalid ##ttl_ms header "
+                                                b"(NOT_SUPPORTED_ON_LOG_TOPIC)")
+    assert server.post(f"/pub_ext?topic=lxt&ext={ext}", b"m") == \
+        (400, b'{"message":"NOT_SUPPORTED_ON_LOG_TOPIC"}')

@@ -114,16 +114,54 @@ def test_redrive_moves_dead_letters_back_with_fresh_attempts(nsqd):
     assert json.loads(nsqd.post("/channel/redrive?topic=t&channel=c")[1]) == {"moved": 0}
 
 
-def test_redrive_from_the_dead_letter_disk_queue(nsqd_factory):
-    server = nsqd_factory("--mem-queue-size=2")
+def dead_letters(server, sent):
+    """t:c at max attempts 1, each of `sent` requeued once, one at a time (so
+    they die in order): the subscribed connection."""
     create(server, "t", "c")
     set_policy(server, "/channel/policy?topic=t&channel=c&max_attempts=1")
-    sent = [f"m{i}".encode() for i in range(6)]
     publish(server, "t", *sent)
     c = Conn(server).subscribe("t", "c", rdy=1)
-    for _ in sent:  # one at a time: dead letters in order
+    for _ in sent:
         m = c.messages(1)[0]
         c.send(p.req(m.id, 0))
+    assert wait_for(lambda: sorted(bodies(peek_topic(server, "t.c.dead"))) == sorted(sent), 5)
+    return c
+
+
+@pytest.mark.parametrize("mem", [100, 2], ids=["memory", "disk"])
+def test_redrive_by_id_takes_those_and_keeps_the_rest_in_order(nsqd_factory, mem):
+    server = nsqd_factory(f"--mem-queue-size={mem}")
+    c = dead_letters(server, [f"m{i}".encode() for i in range(8)])
+    before = peek_topic(server, "t.c.dead")
+    order = [m["id"] for m in before]
+    chosen = [order[1], order[6]]  # one from the ring, one from disk when mem is 2
+    status, body = server.post(f"/channel/redrive?topic=t&channel=c&id={chosen[0]}"
+                               f"&id={chosen[1]}")
+    assert (status, json.loads(body)) == (200, {"moved": 2})
+    got = []
+    for _ in chosen:
+        m = c.messages(1)[0]
+        got.append((m.id.decode(), m.attempts))
+        c.send(p.fin(m.id))
+    assert sorted(got) == sorted((i, 1) for i in chosen)
+    assert c.nothing_for(0.3)
+    after = peek_topic(server, "t.c.dead")
+    assert [m["id"] for m in after] == [i for i in order if i not in chosen]
+    assert [m["attempts"] for m in after] == [1] * 6  # the others untouched
+    # an ID not there moves nothing; bad IDs and n with id are refused
+    assert json.loads(server.post(f"/channel/redrive?topic=t&channel=c&id={chosen[0]}")[1]) \
+        == {"moved": 0}
+    assert [m["id"] for m in peek_topic(server, "t.c.dead")] == [m["id"] for m in after]
+    for query, text in (("id=xyz", "INVALID_MESSAGE_ID"), ("id=" + "g" * 16, "INVALID_MESSAGE_ID"),
+                        (f"id={order[0]}&n=1", "N_AND_ID_EXCLUSIVE")):
+        assert server.post(f"/channel/redrive?topic=t&channel=c&{query}") == \
+            (400, json.dumps({"message": text}).replace(" ", "").encode()), query
+
+
+def test_redrive_from_the_dead_letter_disk_queue(nsqd_factory):
+    server = nsqd_factory("--mem-queue-size=2")
+    sent = [f"m{i}".encode() for i in range(6)]
+    c = dead_letters(server, sent)
     # past --mem-queue-size: on disk (in order with one worker; with several,
     # one that does not own the topic pushes into its ring and the owner spills
     # the excess to disk: docs/workers.md, Known limits, Order)

@@ -34,6 +34,12 @@
  *                                (a channel ring; --max-channel-consumers), added to
  *                                atomically; a new worker sets it from its peers'
  *                                counts (a dead worker's clients are gone)
+ *      480     8  ttl_ns         the channel's time to live (the smaller of its topic's
+ *                                and its own, 0 for none; nsqd/policy.py), written by
+ *                                the broker for local consumers (a channel ring)
+ *      488     8  local_expired  messages local consumers dropped as expired (their own
+ *                                deadline or ttl_ns), added to atomically; the topic's
+ *                                owner adds them to the channel's expired_count
  *      512   512  waiters[64]    u64 each: pid << 32 | token, 0 when free
  *     4096   cap  data           records
  *
@@ -118,7 +124,9 @@ typedef struct {
     uint64_t local_msgs;
     uint64_t local_body_bytes;
     uint64_t subscribers;
-    uint64_t _pad7[4];
+    uint64_t ttl_ns;
+    uint64_t local_expired;
+    uint64_t _pad7[2];
     /* 512: waiter slots */
     uint64_t waiters[NSQSHM_RING_WAITERS];
 } nsqshm_ring_header;

@@ -136,6 +136,8 @@ cdef extern from "ring_layout.h" nogil:
         uint64_t local_msgs
         uint64_t local_body_bytes
         uint64_t subscribers
+        uint64_t ttl_ns
+        uint64_t local_expired
         uint64_t waiters[64]
 
     uint64_t nsqshm_load_acquire(const uint64_t *p)

@@ -186,7 +186,8 @@
     var path = "/api/topics/" + enc(btn.getAttribute("data-topic")) + "/" +
                enc(btn.getAttribute("data-channel")) + "/redrive";
     btn.disabled = true;
-    send("POST", path, n === "all" ? {} : { n: n }).then(function (result) {
+    var doc = n === "all" ? {} : n === "id" ? { id: btn.getAttribute("data-id") } : { n: n };
+    send("POST", path, doc).then(function (result) {
       btn.disabled = false;
       afterAction(result, "");
     }, function () {
