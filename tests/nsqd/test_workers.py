@@ -98,16 +98,24 @@ def client_on_worker(server, index, topic, channel=None):
             c.send(p.sub(topic, channel))
         assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
         port = c.sock.getsockname()[1]
-        doc = stats(server)
-        entries = list(doc["producers"] or [])
-        for t in doc["topics"]:
-            for ch in t["channels"]:
-                entries += ch["clients"] or []
-        mine = [e for e in entries if e["remote_address"].endswith(f":{port}")]
+        mine = _stats_entries(server, port)
         if mine and mine[0]["nsqshm_worker"] == index:
             return c
         c.close()
+        # gone before the next try: a channel's consumer count (--max-channel-consumers)
+        # drops only once its worker has seen the close
+        assert wait_for(lambda port=port: not _stats_entries(server, port), 10)
     raise AssertionError(f"no connection landed on worker {index}")
+
+
+def _stats_entries(server, port):
+    """The /stats producer and client entries of the connection from `port`."""
+    doc = stats(server)
+    entries = list(doc["producers"] or [])
+    for t in doc["topics"]:
+        for ch in t["channels"]:
+            entries += ch["clients"] or []
+    return [e for e in entries if e["remote_address"].endswith(f":{port}")]
 
 
 # -- topology and routing --------------------------------------------------------------

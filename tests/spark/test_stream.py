@@ -50,6 +50,22 @@ def live_reader(broker):
     return None
 
 
+def kill_reader_holding_a_batch(broker):
+    """SIGKILL the live reader while a batch arena of its is there (stopped
+    first, so that the batch cannot be committed and removed between the look
+    and the kill, as on a loaded machine): its pid, or None to try again."""
+    pid = live_reader(broker)
+    if pid is None or pid == os.getpid():
+        return None
+    os.kill(pid, signal.SIGSTOP)
+    if batch_arenas(broker):
+        os.kill(pid, signal.SIGKILL)
+        return pid
+    os.kill(pid, signal.SIGCONT)
+    time.sleep(0.05)
+    return None
+
+
 def leave_half_made_batches(broker):
     """Empty segments named as the reader's next batches would be; their
     names."""
@@ -133,9 +149,8 @@ def test_restart_from_checkpoint_loses_nothing(spark, broker, tmp_path):
     feeder = threading.Thread(target=publish, args=(total // 2, total // 2))
     feeder.start()
     q = query(processingTime="200 milliseconds")
-    reader_pid = wait_for(lambda: live_reader(broker), timeout=120)
-    assert reader_pid and reader_pid != os.getpid()
-    os.kill(reader_pid, signal.SIGKILL)  # phase 2: the reader dies, stop() never runs
+    reader_pid = wait_for(lambda: kill_reader_holding_a_batch(broker), timeout=120)
+    assert reader_pid and reader_pid != os.getpid()  # phase 2: stop() never runs
     try:
         q.awaitTermination(60)
     except Exception:  # noqa: BLE001 - the query fails with its reader
