@@ -636,46 +636,48 @@ cdef bint json_object(const unsigned char *p, Py_ssize_t n) noexcept nogil:
     return i >= 0 and _ws(p, i, n) == n
 
 
+cdef int _decimal(const char *text, Py_ssize_t n, uint64_t limit,
+                  uint64_t *value) noexcept nogil:
+    """text[:n] as an unsigned decimal of at most `limit`: 1, or -1 for anything
+    else (empty, another character, past the limit)."""
+    cdef Py_ssize_t k
+    cdef uint64_t v = 0, d
+    if n <= 0:
+        return -1
+    for k in range(n):
+        if not 48 <= text[k] <= 57:
+            return -1
+        d = <uint64_t>(text[k] - 48)
+        if v > (limit - d) // 10:
+            return -1
+        v = v * 10 + d
+    value[0] = v
+    return 1
+
+
 cdef int _trace_id(const unsigned char *json, Py_ssize_t n, char *scratch,
                    uint64_t *trace_id) noexcept nogil:
     """The ##trace_id header: 0 absent, 1 a valid one (Go's ParseUint), -1 anything else."""
-    cdef Py_ssize_t olen = 0, k
-    cdef uint64_t v = 0, d
+    cdef Py_ssize_t olen = 0
     cdef int r = json_get_string(json, n, "##trace_id", 10, scratch, 32, &olen)
     if r == 0:
         return 0
-    if r != 1 or olen <= 0 or olen > 20:
+    if r != 1 or olen > 20:
         return -1
-    for k in range(olen):
-        if not 48 <= scratch[k] <= 57:
-            return -1
-        d = <uint64_t>(scratch[k] - 48)
-        if v > (0xFFFFFFFFFFFFFFFFULL - d) // 10:
-            return -1
-        v = v * 10 + d
-    trace_id[0] = v
-    return 1
+    return _decimal(scratch, olen, 0xFFFFFFFFFFFFFFFFULL, trace_id)
 
 
 cdef int _ttl_ms(const unsigned char *json, Py_ssize_t n, char *scratch,
                  uint64_t *ttl_ms) noexcept nogil:
     """The ##ttl_ms header (nsqd/message_ttl.py): 0 absent, 1 a valid one (a
     string of at most 15 decimal digits, at most TTL_MS_MAX), -1 anything else."""
-    cdef Py_ssize_t olen = 0, k
-    cdef uint64_t v = 0
+    cdef Py_ssize_t olen = 0
     cdef int r = json_get_string(json, n, "##ttl_ms", 8, scratch, 32, &olen)
     if r == 0:
         return 0
-    if r != 1 or olen <= 0 or olen > 15:
+    if r != 1 or olen > 15:
         return -1
-    for k in range(olen):
-        if not 48 <= scratch[k] <= 57:
-            return -1
-        v = v * 10 + <uint64_t>(scratch[k] - 48)
-    if v > TTL_MS_MAX:
-        return -1
-    ttl_ms[0] = v
-    return 1
+    return _decimal(scratch, olen, TTL_MS_MAX, ttl_ms)
 
 
 def header_ttl_ms(json):
@@ -715,7 +717,7 @@ def pack_pub_ext(body, IdGenerator ids, uint64_t timestamp, bint mpub, long long
     cdef char msg_id[16]
     cdef char scratch[32]
     cdef char *dst
-    cdef bint first_traced = False
+    cdef bint first_traced = False, any_ttl = False
     cdef list trace_ids = None
     PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
     try:
@@ -766,6 +768,7 @@ def pack_pub_ext(body, IdGenerator ids, uint64_t timestamp, bint mpub, long long
                     if block + 1 + NSQSHM_EXPIRY_SIZE > max_msg_size:
                         return None
                     total += NSQSHM_EXPIRY_SIZE
+                    any_ttl = True
             total += 4 + EXT_OFFSET + 1 + block - (2 if hn == 0 else 0)
             pos += block
         # pass 2: the records
@@ -789,7 +792,8 @@ def pack_pub_ext(body, IdGenerator ids, uint64_t timestamp, bint mpub, long long
                 dst += 4 + EXT_OFFSET + 1 + block - 2
             else:  # version 4, then [2 BE n][JSON][body] as sent (and a deadline)
                 ttl = 0
-                _ttl_ms(p + pos + 2, hn, scratch, &ttl)  # (checked in pass 1)
+                if any_ttl:  # (checked in pass 1)
+                    _ttl_ms(p + pos + 2, hn, scratch, &ttl)
                 extra = NSQSHM_EXPIRY_SIZE if ttl else 0
                 (<uint32_t *>dst)[0] = <uint32_t>(EXT_OFFSET + 1 + block + extra)
                 put_message_header(dst + 4, timestamp, 0, msg_id)

@@ -6,12 +6,13 @@ with its attempts counted; TOUCH moves the timeout.
 Delivery is the broker's own C path (InFlight.deliver_from_ring): messages
 move from the channel ring into this consumer's in-flight table under the
 ring's consumer lock, each in a block of the consumer's arena in shared
-memory, so if this process dies the broker puts them back.  Time to live
-applies as to TCP clients: a message past its own deadline or the
-channel's (the ring header's ttl_ns, set by the broker) is dropped, and
-counted in the ring for the broker's expired_count.  (A channel's max
-attempts is not applied here: a local requeue goes back to the ring.)  A timer thread
+memory, so if this process dies the broker puts them back.  A timer thread
 requeues messages whose timeout passed and deferred messages that came due.
+
+Time to live applies as to TCP clients: a message past its own deadline or
+the channel's (the ring header's ttl_ns, set by the broker) is dropped, and
+counted in the ring for the broker's expired_count.  A channel's max
+attempts is not applied here: a local requeue goes back to the ring.
 
 Fork safety: every entry point checks the pid.  A forked child (a Spark
 worker) never touches its parent's arena or table; it gets its own on

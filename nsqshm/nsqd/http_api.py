@@ -98,7 +98,6 @@ def _raw_headers(req):
     return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw]
 
 
-
 class Err(Exception):
     """http_api.Err: a status code and the text of the response."""
 
@@ -594,12 +593,12 @@ class HTTPAPI:
     def _message_ttl(req, values, topic):
         """The deadline of a ttl= (message_ttl.py), else of /pub_ext's
         ##ttl_ms header, 0 without either."""
+        if message_ttl.PARAM not in values:
+            return req.environ.get(EXT_DEADLINE, 0)
         try:
-            if message_ttl.PARAM in values:
-                return message_ttl.from_query(values, topic.is_log)
+            return message_ttl.from_query(values, topic.is_log)
         except message_ttl.MessageTTLError as err:
             raise Err(400, str(err)) from None
-        return req.environ.get(EXT_DEADLINE, 0)
 
     @staticmethod
     def _partition(values, topic):

@@ -47,7 +47,10 @@ def deadline(text, is_log):
     """The deadline of a time to live in milliseconds given as text, 0 for none."""
     if not (text.isascii() and text.isdigit()) or len(text) > 15 or int(text) > TTL_MS_MAX:
         raise MessageTTLError("INVALID_TTL")
-    ms = int(text)
+    return _deadline_ms(int(text), is_log)
+
+
+def _deadline_ms(ms, is_log):
     if ms and is_log:
         raise MessageTTLError("NOT_SUPPORTED_ON_LOG_TOPIC")
     return time.time_ns() + ms * 1_000_000 if ms else 0
@@ -62,7 +65,7 @@ def from_headers(headers, is_log):
         ms = header_ttl_ms(headers)
     except ValueError:
         raise MessageTTLError("INVALID_TTL") from None
-    return deadline(str(ms), is_log) if ms else 0
+    return _deadline_ms(ms or 0, is_log)
 
 
 def max_body(max_msg_size, expires_at):

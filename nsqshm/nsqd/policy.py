@@ -498,7 +498,7 @@ def _redrive_ids(nsqd, channel, topic, ids):
             n_kept, kept_bytes, n_taken = take_ids(scratch, nbytes, wanted, taken)
             try:
                 if n_kept:
-                    topic.store(bytes(scratch[:kept_bytes]))
+                    topic.store(memoryview(scratch)[:kept_bytes])
             except Exception as err:  # (TopicError: a full disk; topic.py imports this module)
                 nsqd.logf("error", f"CHANNEL({channel.topic.name}:{channel.name}): redrive "
                                    f"stopped - {err}")

@@ -122,10 +122,12 @@ def test_local_and_tcp_consumers_share_a_channel(broker):
             sorted(f"s{i}".encode() for i in range(400))
 
 
-def test_time_to_live_applies_to_local_consumers(broker):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_time_to_live_applies_to_local_consumers(nsqd_factory, workers):
     """The channel's time to live (set after the consumer attached) and a
     message's own (/pub?ttl=): expired messages are never handed out, and the
-    broker's /stats counts them."""
+    broker's /stats counts them (once, whichever worker answers)."""
+    broker = started(nsqd_factory(f"--workers={workers}"))
     with Consumer("t", "c", shm_prefix=broker.prefix) as c:
         assert broker.post("/channel/policy?topic=t&channel=c&ttl=300")[0] == 200
         assert broker.post("/pub?topic=t", b"old")[0] == 200
