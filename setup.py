@@ -13,7 +13,7 @@ DEBUG = os.environ.get("NSQSHM_DEBUG") == "1"
 CFLAGS = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3", "-DNDEBUG"]
 CORE = "nsqshm/_core"
 MODULES = ["ring", "codec", "arena", "inflight", "wire", "diskqueue", "snappy", "localbatch", "commitlog", "logcursor", "keyhash",
-           "commands", "ext"]
+           "commands", "ext", "tracelog"]
 
 extensions = [
     Extension(

@@ -1,5 +1,6 @@
 from nsqshm._core.inflight import DeferredQueue, InFlight
 from nsqshm._core.logcursor import CursorSet
+from nsqshm._core.tracelog import TraceWriter
 
 NEED_MORE: int
 HANDOFF: int
@@ -16,5 +17,7 @@ class CommandParser:
     def __init__(self, inflight: InFlight, deferred: DeferredQueue | None,
                  cursors: CursorSet | None, client_id: int, msg_timeout_ns: int,
                  max_msg_timeout_ns: int, max_req_timeout_ns: int) -> None: ...
+    def trace_to(self, writer: TraceWriter | None, stream: int = ...,
+                 address: bytes | None = ...) -> None: ...
     def take_requeued(self) -> bytearray: ...
     def parse(self, buf: bytearray, pos: int, requeue: bool = ...) -> int: ...

@@ -25,15 +25,19 @@ without one is appended to `requeued_records` (packed [u32 native size]
 [message] records) for the channel to store (ring or disk) in one call,
 after which it releases the in-flight blocks (InFlight.release): a death in
 between repeats a message, never loses one.
+
+On a traced channel (trace_to) each command applied is also an event of
+the trace log (_core/tracelog.pyx), written once per parse call.
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
-from libc.stdint cimport INT64_MAX, int64_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memchr, memcmp, memcpy
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 from nsqshm._core.inflight cimport STATUS_OK, DeferredQueue, InFlight
 from nsqshm._core.logcursor cimport CursorSet
+from nsqshm._core.tracelog cimport EV_FIN, EV_REQ, EV_TOUCH, TRACE_ADDRESS, TraceWriter
 
 NEED_MORE = 0  # no whole line at the position: read more (or the line is too long)
 HANDOFF = 1    # a whole line at the position for the Python path
@@ -82,6 +86,10 @@ cdef class CommandParser:
     cdef readonly Py_ssize_t nops
     cdef readonly int64_t scan_by
     cdef readonly bytearray requeued_records
+    cdef TraceWriter trace
+    cdef uint32_t trace_stream
+    cdef bytes trace_address
+    cdef uint64_t req_ms
 
     def __init__(self, InFlight inflight not None, DeferredQueue deferred, CursorSet cursors,
                  uint64_t client_id, int64_t msg_timeout_ns, int64_t max_msg_timeout_ns,
@@ -95,6 +103,21 @@ cdef class CommandParser:
         self.max_req_timeout_ns = max_req_timeout_ns
         self.requeued_records = bytearray()
         self.scan_by = -1
+
+    def trace_to(self, TraceWriter writer, uint32_t stream=0, address=None):
+        """Record what is applied in writer's log as events of `stream` by the
+        client at `address` (18 bytes, or None); writer None: stop."""
+        if address is not None and len(address) != TRACE_ADDRESS:
+            raise ValueError(f"a client address is {TRACE_ADDRESS} bytes")
+        self.trace = writer
+        self.trace_stream = stream
+        self.trace_address = address
+
+    cdef inline void _traced(self, uint8_t event, const char *msg_id, uint64_t value) except *:
+        cdef const unsigned char *address = NULL
+        if self.trace_address is not None:
+            address = <const unsigned char *><char *>self.trace_address
+        self.trace.add(event, msg_id, self.trace.now, 0, self.trace_stream, value, address)
 
     def take_requeued(self):
         """The records REQ'd without a delay since the last call (the
@@ -120,6 +143,8 @@ cdef class CommandParser:
             raise ValueError(f"position {pos} is outside the buffer of {end} bytes")
         if self.inflight.lat != NULL:  # e2e latency against one clock reading per call
             self.inflight.lat_now = _clock_ns(CLOCK_REALTIME)
+        if self.trace is not None:
+            self.trace.clock()  # one time for the events of this call
         while True:
             n = end - pos
             if n <= 0:
@@ -139,6 +164,8 @@ cdef class CommandParser:
             if length == 20 and memcmp(line, b"FIN ", 4) == 0 and _id_ok(line + 4):
                 if self._finish(line + 4) != 0:
                     break
+                if self.trace is not None:
+                    self._traced(EV_FIN, line + 4, 0)
                 self.finished += 1
             elif length == 22 and memcmp(line, b"TOUCH ", 6) == 0 and _id_ok(line + 6):
                 first = self.inflight.first_deadline_raw(line + 6)
@@ -153,6 +180,8 @@ cdef class CommandParser:
                 if self.inflight.touch_raw(line + 6, self.client_id, deadline) != STATUS_OK:
                     break
                 self._scan_by(deadline)
+                if self.trace is not None:
+                    self._traced(EV_TOUCH, line + 6, 0)
                 self.touched += 1
             elif (length >= 22 and memcmp(line, b"REQ ", 4) == 0 and _id_ok(line + 4)
                     and line[20] == 32):
@@ -162,6 +191,8 @@ cdef class CommandParser:
                     now = _clock_ns(CLOCK_MONOTONIC)
                 if self._requeue(line + 4, line + 21, length - 21, now) != 0:
                     break
+                if self.trace is not None:
+                    self._traced(EV_REQ, line + 4, self.req_ms)
                 self.requeued += 1
             elif length == 3 and memcmp(line, b"NOP", 3) == 0:
                 self.nops += 1
@@ -169,6 +200,8 @@ cdef class CommandParser:
                 break
             pos = eol + 1
         self.pos = pos
+        if self.trace is not None:
+            self.trace.flush()  # (a failed write is counted in the writer: trace.py logs it)
         return status
 
     cdef inline void _scan_by(self, int64_t when) noexcept:
@@ -210,6 +243,7 @@ cdef class CommandParser:
             timeout_ns = 0
         if timeout_ns > self.max_req_timeout_ns:
             timeout_ns = self.max_req_timeout_ns
+        self.req_ms = <uint64_t>(timeout_ns // 1000000)
         base = PyByteArray_GET_SIZE(self.requeued_records)
         if self.inflight.requeue_raw(msg_id, self.client_id, self.requeued_records) != STATUS_OK:
             return 1

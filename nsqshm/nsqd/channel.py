@@ -279,9 +279,14 @@ class Channel:
             bounds.trim_channel(self, count, len(packed) - bounds.RECORD_SIZE * count)
         _, view = memory_first(self.ring, self.backend, packed, self.mem_limit)
         if view and self.owned:
-            if self.ephemeral:
-                return 0  # past the limit: dropped, as nsqd's dummy backend does
+            if self.ephemeral:  # past the limit: dropped, as nsqd's dummy backend does
+                if self.traced:
+                    trace.records_event(self.nsqd, "DROPPED", self.topic.name, self.name, view,
+                                        count_records(view), trace.DROP_EPHEMERAL)
+                return 0
             done, err = write_to_disk(self.backend, view)
+            if done and self.traced:
+                trace.records_event(self.nsqd, "DISK", self.topic.name, self.name, view, done)
             if err is not None:
                 self.nsqd.logf("error", f"TOPIC({self.topic.name}): failed to write message "
                                         f"to backend - {err}")

@@ -371,9 +371,9 @@ class LogChannel(Channel):
         consume messages without a FIN, which the cursor would wait for)."""
         if not self._owned or client.sample_rate or self.policy is not None \
                 or self.topic.paused \
-                or client.ext_view is not None or self.traced:
+                or client.ext_view is not None:
             # (a paused topic passes nothing on to its channels; an ext topic's filters and
-            # tags, and tracing, are applied on the ring's path, channel.py)
+            # tags are applied on the ring's path, channel.py)
             return ()
         if client.partition is None:
             return [p for p in self._owned
@@ -397,8 +397,11 @@ class LogChannel(Channel):
         first, n, nbytes = self._read_run(partition, cursor, room, scratch)
         if n <= 0:
             return n
+        base = len(client.out)
         added = self.inflight.deliver(memoryview(scratch)[:nbytes], n, client.out, client.id,
                                       deadline)
+        if self.traced:
+            trace.delivered(self, client, client.out, base)
         cursor.read_pos = first + n
         self.message_count += n
         client.in_flight += added
@@ -479,7 +482,7 @@ class LogChannel(Channel):
 
     def _all_direct(self):
         # (the conditions of _direct: a client it refuses takes the ring the feeder fills)
-        return self.policy is None and not self.traced and not any(
+        return self.policy is None and not any(
             c.sample_rate or c.ext_view is not None for c in self.clients.values())
 
     def _feed_once(self, partition, room, scratch):

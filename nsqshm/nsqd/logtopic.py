@@ -190,6 +190,7 @@ class LogTopic(Topic):
             pool = [p for p in led if p.owned] or led or self._owned or self.partitions
             target = pool[self._turn % len(pool)]
             self._turn += 1
+        first = -1  # (the msg offset of the first record, when appended here)
         if target.owned:
             first = target.log.end_offset if target.log is not None else 0
             try:
@@ -199,15 +200,15 @@ class LogTopic(Topic):
             except OSError as err:
                 self.nsqd.set_health(err)
                 raise TopicError(str(err)) from None
-            if trace.wanted(self.nsqd, self.name) and isinstance(packed, bytearray):
-                trace.stamp_log_ids(packed, count, target.index, first)  # (as appended)
         elif target.replica is not None:  # cluster mode: the owner replicates (replica.py)
             target.replica.forward(target, packed)
         elif not target.push_inbound(packed):
             raise TopicError(f"partition {target.index} inbound ring is full")
         self.message_count += count
         self.message_bytes += body_bytes
-        trace.published(self.nsqd, self.name, packed, count)  # stored (appended: its log IDs)
+        # stored; appended here: its IDs in packed become the log's (a traced answer's)
+        trace.published(self.nsqd, self.name, packed, count,
+                        target.index if first >= 0 else -1, max(first, 0))
 
     def put_deferred(self, body, delay_s, expires_at=0):
         raise TopicError("deferred publish is not supported on a log topic")

@@ -81,6 +81,8 @@ class NSQD:
                                     lease_path=os.path.join(self.data_path, ID_LEASE_FILE))
         self.topics = {}
         self.clients = {}
+        self.trace_switches = None
+        trace.switches(self)  # the tracing switches persisted in the data path
         self.start_time = time.time()
         self.hostname = socket.gethostname()
         self._health = "OK"      # this worker's: its last disk write

@@ -21,7 +21,7 @@ import gevent
 from nsqshm._core import wire
 from nsqshm._core.codec import FRAME_TYPE_ERROR
 from nsqshm._core.commands import NEED_MORE, CommandParser
-from nsqshm.nsqd import ext
+from nsqshm.nsqd import ext, trace
 from nsqshm.nsqd.auth import AuthError
 from nsqshm.nsqd.channel import ChannelError
 from nsqshm.nsqd.client_v2 import (
@@ -196,6 +196,7 @@ class ProtocolV2:
         sock_timeout = None
         tls_required = self.opts.tls_required != TLS_NOT_REQUIRED
         parser = None
+        parser_traced = False
         while not client.closed:
             hb = client.heartbeat_interval
             timeout = (client.sock, hb * 2 if hb > 0 else None)
@@ -203,12 +204,16 @@ class ProtocolV2:
                 client.sock.settimeout(timeout[1])
                 sock_timeout = timeout
             channel = client.channel
-            if channel is not None and self.c_commands and not channel.traced:
-                # (a traced channel's FIN, REQ and TOUCH go one by one, through its trace hooks)
+            if channel is not None and self.c_commands:
                 # a consumer's FIN, REQ, TOUCH and NOP, from the first unread byte, in C
                 # (_core/commands.pyx); it stops at a line for the path below
                 if parser is None:
                     parser = self.command_parser(client, channel)
+                traced = channel.traced
+                if traced != parser_traced:  # a traced channel's commands are events too
+                    parser.trace_to(*(trace.parser_tracing(channel, client) if traced else
+                                      (None,)))
+                    parser_traced = traced
                 status = parser.parse(reader.buf, reader.pos, channel.requeues_in_c())
                 reader.pos = parser.pos
                 if parser.finished or parser.requeued or parser.touched:
@@ -610,7 +615,8 @@ class ProtocolV2:
         body = self._read_message(reader, "PUB")
         try:  # the body is a view of the read buffer: packed into the ring, never kept
             self.check_auth(client, "PUB", topic_name.decode(), "")
-            self._publish(topic_name.decode(), lambda topic: topic.put_message(body, partition))
+            self._publish(topic_name.decode(), lambda topic: topic.put_message(body, partition),
+                          client)
         except PartitionError as err:
             raise FatalClientErr(*BAD_PARTITION(err)) from None
         except NotLeader as err:  # cluster mode (nsqd/replica.py): Youzan's, not fatal
@@ -655,7 +661,8 @@ class ProtocolV2:
                                                        max=opts.max_msg_size))
         try:
             self._publish(topic.name, lambda t: t.put_packed(packed, value,
-                                                             len(packed) - value * 30, partition))
+                                                             len(packed) - value * 30, partition),
+                          client)
         except PartitionError as err:
             raise FatalClientErr(*BAD_PARTITION(err)) from None
         except NotLeader as err:
@@ -709,11 +716,21 @@ class ProtocolV2:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _publish(self, topic_name, put):
+    def _publish(self, topic_name, put, client=None):
         """put(topic), with the topic got afresh when the one in hand was being
         deleted meanwhile (an ephemeral topic whose last channel just went, a
         delete from another worker): nsqd's GetTopic then makes a new one.
-        Only a broker that stops answers "exiting"."""
+        Only a broker that stops answers "exiting".  While anything is traced,
+        client is named as the publisher (trace.py)."""
+        if client is not None and self.nsqd.trace_switches:
+            trace.publisher.client = client.remote_address
+            try:
+                return self._put_retrying(topic_name, put)
+            finally:
+                trace.publisher.client = None
+        return self._put_retrying(topic_name, put)
+
+    def _put_retrying(self, topic_name, put):
         for _ in range(RETRIES):
             topic = self.nsqd.get_topic(topic_name)
             try:

@@ -122,7 +122,9 @@ class Topic:
         """The owner: memory up to --mem-queue-size, then the disk queue."""
         _, view = memory_first(self.ring, self.backend, packed, self.mem_limit)
         if view:
-            _, err = write_to_disk(self.backend, view)
+            done, err = write_to_disk(self.backend, view)
+            if done and trace.traced(self.nsqd, self.name):
+                trace.records_event(self.nsqd, "DISK", self.name, "", view, done)
             self.nsqd.backend_written(self.backend)
             self._wake.set()
             self.nsqd.set_health(err)

@@ -5,43 +5,53 @@ MPUB_TRACE, /pubtrace, the "##trace_id" header) and every message of a
 topic or channel whose tracing is switched on (POST /message/trace/enable,
 /message/trace/disable ?topic=T[&channel=C]); its search needs an
 Elasticsearch side.  Here each worker appends the events to its own log in
-the data path, one JSON object a line:
+the data path, fixed-size binary records written in C by the delivery paths
+themselves, a batch per write(2) (_core/tracelog.pyx has the layout):
 
-    <data-path>/nsqshm.trace/w<index>.log      (the older part: w<index>.log.1)
+    <data-path>/nsqshm.trace/w<index>.events    (the older part: w<index>.events.1)
+    <data-path>/nsqshm.trace/w<index>.streams   {"stream":n,"topic":"t","channel":"c"} a line
 
-    {"ts":<ns>,"event":"PUB","topic":"t","id":"<16 hex>","trace_id":7,"client":"h:p","worker":0}
-    {"ts":..,"event":"DELIVERED","topic":"t","channel":"c","id":"..","attempt":1,"client":"h:p",..}
-    {"ts":..,"event":"FIN"|"TOUCH"|"TIMEOUT","topic":"t","channel":"c","id":"..",..}
-    {"ts":..,"event":"REQ","topic":"t","channel":"c","id":"..","delay_ms":0,..}
+A record names its topic and channel by the worker's number for the pair
+(the .streams table, appended before the first record that uses a number)
+and its client by address.  Events: PUB (by which client, with its trace
+ID), DISK (written to a disk queue), DELIVERED (to which client, attempt n),
+REQ (delay), TIMEOUT, TOUCH, FIN, DROPPED (why).  Retention: a log past
+MAX_LOG_BYTES becomes .1 (the older .1 goes), so a worker keeps at most
+twice that.  GET /message/trace?topic=T&id=<16 hex>|trace_id=<n> reads every
+worker's log and answers the message's events in time order (with trace_id:
+every message published with it), as JSON objects:
 
-An append is one write(2) of whole lines on an O_APPEND descriptor, so a
-killed worker leaves whole lines behind it (a torn last line is skipped when
-read).  Retention: a log past MAX_LOG_BYTES is renamed to .1 (the older .1
-goes), so a worker keeps at most twice that.
-GET /message/trace?topic=T&id=<16 hex>|trace_id=<n> reads every worker's
-log and answers the message's events in time order (with trace_id: every
-message published with it).
+    {"ts":<ns>,"event":"DELIVERED","topic":"t","channel":"c","id":"<16 hex>",
+     "attempt":1,"client":"h:p","worker":0}
 
-Events cost Python per message, so they are recorded only while tracing is
-on for the topic or channel (or for a message published with a trace ID);
-the FIN batches of a traced channel then go one by one (protocol_v2).  The
-switches are kept in <data-path>/nsqshm.trace/switches.json and sent to the
-other workers ({"op": "trace"}) before the answer.
+Events are recorded only while tracing is on for the topic or channel (or
+for a message published with a trace ID).  The switches are kept in
+<data-path>/nsqshm.trace/switches.json and sent to the other workers
+({"op": "trace"}) before the answer.
 """
 
+import ipaddress
 import json
 import os
+import socket
 import struct
-import time
 
 import gevent.local
 
-from nsqshm._core.logcursor import log_message_id
+from nsqshm._core import tracelog
+from nsqshm._core.tracelog import EVENT_CODES, EVENTS, RECORD_SIZE, TraceWriter
 
 MAX_LOG_BYTES = 64 << 20
 TRACE_DIR = "nsqshm.trace"
 SWITCHES = "switches.json"
 MAX_ANSWER = 10_000  # events in one answer
+MAX_STREAMS = 1 << 20  # (topic, channel) numbers of one worker's table
+DROP_REASONS = ("", "ephemeral channel past --mem-queue-size")  # DROPPED's value
+DROP_EPHEMERAL = 1
+
+# [trace record] (_core/tracelog.pyx): ts, event, attempt, stream, id, value, address, port
+RECORD = struct.Struct("=qBxHI16sQ16s2sxxxxxx")
+assert RECORD.size == RECORD_SIZE
 
 
 def _dir(nsqd):
@@ -49,32 +59,59 @@ def _dir(nsqd):
 
 
 class TraceLog:
-    """One worker's append-only trace log."""
+    """One worker's trace log: the C writer and its (topic, channel) table."""
 
     def __init__(self, nsqd):
         self.nsqd = nsqd
-        self.path = os.path.join(_dir(nsqd), f"w{nsqd.index}.log")
-        self.fd = None
-        self.size = 0
+        directory = _dir(nsqd)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.streams_path = os.path.join(directory, f"w{nsqd.index}.streams")
+        self.writer = TraceWriter(os.fsencode(os.path.join(directory, f"w{nsqd.index}.events")),
+                                  MAX_LOG_BYTES)
+        self.refs = {key: ref for ref, key in _streams(self.streams_path).items()}
+        self.errors_seen = 0
 
-    def append(self, events):
-        if not events:
-            return
-        data = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events).encode()
-        try:
-            if self.fd is None:
-                os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                                  0o600)
-                self.size = os.fstat(self.fd).st_size
-            os.write(self.fd, data)
-            self.size += len(data)
-            if self.size > MAX_LOG_BYTES:
-                os.replace(self.path, self.path + ".1")
-                os.close(self.fd)
-                self.fd = None
-        except OSError as err:
-            self.nsqd.logf("error", f"TRACE: failed to write {self.path} - {err}")
+    def stream(self, topic, channel=""):
+        """The worker's number for (topic, channel), added to the table once."""
+        key = (topic, channel or "")
+        ref = self.refs.get(key)
+        if ref is None:
+            ref = len(self.refs) + 1
+            if ref > MAX_STREAMS:
+                raise OSError(f"more than {MAX_STREAMS} traced topics and channels")
+            line = json.dumps({"stream": ref, "topic": key[0], "channel": key[1]},
+                              separators=(",", ":")) + "\n"
+            fd = os.open(self.streams_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                         0o600)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+            self.refs[key] = ref
+        return ref
+
+    def checked(self, status):
+        """Log a failed write (a full disk) once per new failure."""
+        if status and self.writer.failed != self.errors_seen:
+            self.errors_seen = self.writer.failed
+            self.nsqd.logf("error", f"TRACE: failed to write {self.streams_path[:-8]}.events - "
+                                    f"{os.strerror(status)} ({self.writer.failed} events lost)")
+
+
+def _streams(path):
+    """{number: (topic, channel)} of a worker's table (a torn last line skipped)."""
+    table = {}
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                    table[int(e["stream"])] = (str(e["topic"]), str(e.get("channel", "")))
+                except (ValueError, KeyError, TypeError):
+                    continue
+    except OSError:
+        pass
+    return table
 
 
 def _log(nsqd):
@@ -82,6 +119,38 @@ def _log(nsqd):
     if log is None:
         log = nsqd.trace_log = TraceLog(nsqd)
     return log
+
+
+def address_bytes(remote):
+    """The 18 bytes of a "host:port" in a trace record (None: not an IP address)."""
+    host, _, port = (remote or "").rpartition(":")
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+        port = int(port)
+    except ValueError:
+        return None
+    if not 0 <= port <= 0xFFFF:
+        return None
+    if ip.version == 4:
+        ip = ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + ip.packed)
+    return ip.packed + port.to_bytes(2, "big")
+
+
+def _address_text(raw, port):
+    if raw == bytes(16) and port == 0:
+        return None
+    ip = ipaddress.IPv6Address(raw)
+    if ip.ipv4_mapped is not None:
+        return f"{ip.ipv4_mapped}:{port}"
+    return f"[{socket.inet_ntop(socket.AF_INET6, raw)}]:{port}"
+
+
+def client_address(client):
+    """A client's address bytes, worked out once per client."""
+    address = getattr(client, "trace_address", False)
+    if address is False:
+        address = client.trace_address = address_bytes(client.remote_address)
+    return address
 
 
 # -- the switches ----------------------------------------------------------------------------
@@ -135,26 +204,7 @@ PEER_OPS = {"trace": _peer_trace}
 
 # -- events ----------------------------------------------------------------------------------
 
-def _event(nsqd, event, topic, channel, msg_id, **extra):
-    e = {"ts": time.time_ns(), "event": event, "topic": topic}
-    if channel:
-        e["channel"] = channel
-    e["id"] = bytes(msg_id).decode("ascii", "replace")
-    e.update(extra)
-    e["worker"] = nsqd.index
-    return e
-
-
-def _records(packed, count):
-    """(ID, attempts) of packed records ([u32 native size][message])*."""
-    pos = 0
-    for _ in range(count):
-        size = struct.unpack_from("=I", packed, pos)[0]
-        yield bytes(packed[pos + 14:pos + 30]), struct.unpack_from(">H", packed, pos + 12)[0]
-        pos += 4 + size
-
-
-# who publishes, set around a put by the commands that know (PUB_TRACE, PUB_EXT, ...)
+# who publishes, set around a put by the commands that know (PUB, MPUB, PUB_TRACE, PUB_EXT, ...)
 publisher = gevent.local.local()
 
 
@@ -163,96 +213,125 @@ def wanted(nsqd, topic):
     return bool(getattr(publisher, "trace_ids", None)) or traced(nsqd, topic)
 
 
-def stamp_log_ids(packed, count, partition, first):
-    """Write into packed the IDs a log's append gave its records (the log keeps
-    its own copy): the trace and a traced answer then name what consumers see."""
-    pos = 0
-    for k in range(count):
-        size = struct.unpack_from("=I", packed, pos)[0]
-        packed[pos + 14:pos + 30] = log_message_id(partition, first + k)
-        pos += 4 + size
-
-
-def published(nsqd, topic, packed, count):
+def published(nsqd, topic, packed, count, partition=-1, first=0):
     """A publish of `count` packed records (Topic.put_packed): recorded when the
-    topic is traced or the messages carry trace IDs (publisher.trace_ids)."""
+    topic is traced or the messages carry trace IDs (publisher.trace_ids).
+    With a partition, the records were appended to that log partition from
+    msg offset `first`: their IDs in packed become the log's (a traced answer
+    and the trace then name what consumers see)."""
     trace_ids = getattr(publisher, "trace_ids", None)
-    client = getattr(publisher, "client", None)
     if not trace_ids and not traced(nsqd, topic):
         return
-    extra = {"client": client} if client else {}
-    events = []
-    pos = 0
-    for k, (msg_id, _) in enumerate(_records(packed, count)):
-        e = _event(nsqd, "PUB", topic, "", msg_id, **extra)
-        # the message's own timestamp (taken as it was packed, before it was stored): another
-        # worker may deliver it before this line runs, and a history is sorted by time
-        e["ts"] = min(e["ts"], struct.unpack_from(">q", packed, pos + 4)[0])
-        pos += 4 + struct.unpack_from("=I", packed, pos)[0]
-        if trace_ids and trace_ids[k]:
-            e["trace_id"] = trace_ids[k]
-        events.append(e)
-    _log(nsqd).append(events)
+    log = _log(nsqd)
+    if partition >= 0 and not isinstance(packed, bytearray):
+        partition = -1
+    log.checked(log.writer.published(packed, count, log.stream(topic),
+                                     address_bytes(getattr(publisher, "client", None)),
+                                     list(trace_ids) if trace_ids else None, partition, first))
 
 
 def delivered(channel, client, out, base):
     """The message frames a dispatcher round appended to client.out from base."""
-    nsqd = channel.nsqd
-    events = []
-    pos = base
-    while pos + 8 <= len(out):
-        size, kind = struct.unpack_from(">II", out, pos)
-        if kind == 2:
-            attempt = struct.unpack_from(">H", out, pos + 16)[0]
-            events.append(_event(nsqd, "DELIVERED", channel.topic.name, channel.name,
-                                 out[pos + 18:pos + 34], attempt=attempt,
-                                 client=client.remote_address))
-        pos += 4 + size
-    _log(nsqd).append(events)
+    log = _log(channel.nsqd)
+    log.checked(log.writer.delivered(out, base, log.stream(channel.topic.name, channel.name),
+                                     client_address(client)))
 
 
-def message_event(channel, event, msg_id, client=None, **extra):
-    if client is not None:
-        extra["client"] = client.remote_address
-    _log(channel.nsqd).append([_event(channel.nsqd, event, channel.topic.name, channel.name,
-                                      msg_id, **extra)])
+def message_event(channel, event, msg_id, client=None, delay_ms=0):
+    """A FIN, REQ or TOUCH of the Python path."""
+    log = _log(channel.nsqd)
+    log.checked(log.writer.event(EVENT_CODES[event], msg_id,
+                                 log.stream(channel.topic.name, channel.name),
+                                 client_address(client) if client is not None else None,
+                                 delay_ms))
+
+
+def records_event(nsqd, event, topic, channel, packed, count, reason=0):
+    """TIMEOUT, DISK or DROPPED (reason: an index of DROP_REASONS) of packed records."""
+    log = _log(nsqd)
+    log.checked(log.writer.records(packed, count, EVENT_CODES[event], log.stream(topic, channel),
+                                   reason))
 
 
 def timed_out(channel, packed, count):
-    _log(channel.nsqd).append([
-        _event(channel.nsqd, "TIMEOUT", channel.topic.name, channel.name, msg_id,
-               attempt=attempts) for msg_id, attempts in _records(packed, count)])
+    records_event(channel.nsqd, "TIMEOUT", channel.topic.name, channel.name, packed, count)
+
+
+def parser_tracing(channel, client):
+    """The arguments of CommandParser.trace_to for a traced channel's consumer."""
+    log = _log(channel.nsqd)
+    return log.writer, log.stream(channel.topic.name, channel.name), client_address(client)
 
 
 # -- search ----------------------------------------------------------------------------------
 
-def _read_all(nsqd, topic):
+def _files(nsqd):
+    """(events file, its worker's stream table) of every worker, the older part first."""
     directory = _dir(nsqd)
     try:
-        names = sorted(n for n in os.listdir(directory) if n.startswith("w") and ".log" in n)
+        names = os.listdir(directory)
     except OSError:
         return
-    for name in names:
+    for name in sorted(names):
+        if not (name.startswith("w") and name.endswith(".streams")):
+            continue
+        worker = name[1:-len(".streams")]
+        if not worker.isdigit():
+            continue
+        table = _streams(os.path.join(directory, name))
+        for part in (f"w{worker}.events.1", f"w{worker}.events"):
+            yield os.path.join(directory, part), table, int(worker)
+
+
+def _decode(data, pos, table, worker):
+    ts, code, attempt, stream, msg_id, value, raw, port = RECORD.unpack_from(data, pos)
+    topic, channel = table.get(stream, ("", ""))
+    event = EVENTS.get(code, str(code))
+    e = {"ts": ts, "event": event, "topic": topic}
+    if channel:
+        e["channel"] = channel
+    e["id"] = msg_id.decode("ascii", "replace")
+    if event in ("DELIVERED", "TIMEOUT", "DISK", "DROPPED"):
+        e["attempt"] = attempt
+    if event == "PUB" and value:
+        e["trace_id"] = value
+    elif event == "REQ":
+        e["delay_ms"] = value
+    elif event == "DROPPED":
+        e["reason"] = DROP_REASONS[value] if value < len(DROP_REASONS) else str(value)
+    address = _address_text(raw, int.from_bytes(port, "big"))
+    if address:
+        e["client"] = address
+    e["worker"] = worker
+    return e
+
+
+def _scan(nsqd, topic, ids=None, trace_id=0):
+    """The events of topic's messages with an ID in ids (or published with trace_id)."""
+    joined = b"".join(sorted(ids)) if ids is not None else None
+    for path, table, worker in _files(nsqd):
+        refs = {ref for ref, (t, _) in table.items() if t == topic}
+        if not refs:
+            continue
         try:
-            with open(os.path.join(directory, name), "rb") as f:
-                for line in f:
-                    try:
-                        e = json.loads(line)
-                    except ValueError:
-                        continue  # a torn last line of a killed worker
-                    if isinstance(e, dict) and e.get("topic") == topic:
-                        yield e
+            with open(path, "rb") as f:
+                data = f.read()
         except OSError:
             continue
+        for pos in tracelog.find(data, joined, trace_id):
+            if RECORD.unpack_from(data, pos)[3] in refs:
+                yield _decode(data, pos, table, worker)
 
 
 def search(nsqd, topic, msg_id=None, trace_id=None):
     """A message's events (by ID), or those of every message published with
     trace_id, in time order."""
-    events = list(_read_all(nsqd, topic))
     if trace_id is not None:
-        ids = {e["id"] for e in events if e.get("trace_id") == trace_id}
+        ids = {e["id"].encode() for e in _scan(nsqd, topic, trace_id=trace_id)}
+        ids = set(sorted(ids)[:MAX_ANSWER])
     else:
-        ids = {msg_id}
-    found = sorted((e for e in events if e.get("id") in ids), key=lambda e: e["ts"])
+        ids = {msg_id.encode() if isinstance(msg_id, str) else bytes(msg_id)}
+    if not ids or any(len(i) != 16 for i in ids):
+        return []
+    found = sorted(_scan(nsqd, topic, ids), key=lambda e: e["ts"])
     return found[:MAX_ANSWER]

@@ -139,16 +139,16 @@ def connections(server, n):
 
 def test_topic_and_channel_churn_gives_memory_back(nsqd_factory):
     server = nsqd_factory("--workers=2")
-    for r in range(8):  # warm-up: allocators reach their working size
+    for r in range(6):  # warm-up: allocators reach their working size
         churn_round(server, r)
     start = settle(server)
     start_fds, start_maps = descriptors_and_maps(server)
-    for r in range(8, 14):
+    for r in range(6, 11):
         churn_round(server, r)
     end = settle(server)
     end_fds, end_maps = descriptors_and_maps(server)
     growth = (end - start) / start
-    print(f"\nchurn of 600 topics+channels, 120 ephemeral channels: memory "
+    print(f"\nchurn of 500 topics+channels, 100 ephemeral channels: memory "
           f"{start / 1e6:.1f} -> {end / 1e6:.1f} MB ({growth:+.1%}), descriptors "
           f"{start_fds} -> {end_fds}, maps {start_maps} -> {end_maps}")
     assert growth < 0.05

@@ -109,3 +109,93 @@ def test_a_log_topic_message_is_traced_by_its_log_id(nsqd_factory):
             break
         time.sleep(0.05)
     assert [e["event"] for e in events] == ["PUB", "DELIVERED", "FIN"]
+
+
+def _events_of(server, topic, ids, want_last, tries=200):
+    """{id: [event names]} once every ID's history ends with want_last."""
+    got = {}
+    for _ in range(tries):
+        got = {i: [e["event"] for e in history(server, f"topic={topic}&id={i.decode()}")]
+               for i in ids}
+        if all(names[-1:] == [want_last] for names in got.values()):
+            return got
+        time.sleep(0.05)
+    return got
+
+
+def test_a_traced_channel_consumed_with_fin_per_write_records_every_message(nsqd_factory):
+    """The C command parser applies a traced channel's FINs (one send each, as
+    go-nsq, pynsq and gnsq write them) and records each one."""
+    server = nsqd_factory()
+    c = consumer(server, "tf", "c", rdy=200)
+    assert server.post("/message/trace/enable?topic=tf")[0] == 200
+    pc = Client(server)
+    count = 300
+    pc.send(p.mpub("tf", [b"m%d" % i for i in range(count)]))
+    assert pc.response() == OK
+    ids = []
+    for _ in range(count):
+        m = c.message()
+        ids.append(m.id)
+        c.send(p.fin(m.id))
+    sample = ids[:: count // 10]
+    got = _events_of(server, "tf", sample, "FIN")
+    assert all(names == ["PUB", "DELIVERED", "FIN"] for names in got.values()), got
+    events = history(server, f"topic=tf&id={ids[0].decode()}")
+    assert events[0]["client"].startswith("127.0.0.1:") and events[0]["topic"] == "tf"
+    assert events[1]["channel"] == "c" and events[1]["attempt"] == 1
+    assert events[0]["ts"] <= events[1]["ts"] <= events[2]["ts"]
+
+
+def test_disk_and_dropped_events(nsqd_factory):
+    """Past --mem-queue-size a traced topic's and channel's messages are
+    written to disk (DISK); an ephemeral channel drops them (DROPPED)."""
+    server = nsqd_factory("--mem-queue-size=1")
+    held = [consumer(server, "td", channel, rdy=0) for channel in ("c", "e#ephemeral")]
+    assert server.post("/message/trace/enable?topic=td")[0] == 200
+    pc = Client(server)
+    pc.send(p.mpub("td", [b"a", b"b", b"c", b"d"]))
+    assert pc.response() == OK
+    held[0].send(p.rdy(10))
+    ids = []
+    for _ in range(4):
+        ids.append(held[0].message().id)
+        held[0].send(p.fin(ids[-1]))
+    events = _events_of(server, "td", ids, "FIN")
+    assert all(names[-1] == "FIN" for names in events.values()), events
+    on_disk = [e for i in ids for e in history(server, f"topic=td&id={i.decode()}")
+               if e["event"] == "DISK"]
+    assert {e.get("channel", "") for e in on_disk} >= {"c"}, events
+    dropped = [e for i in ids for e in history(server, f"topic=td&id={i.decode()}")
+               if e["event"] == "DROPPED"]
+    assert len(dropped) == 3, events  # one kept in the ephemeral channel's memory
+    assert {(e["channel"], e["reason"]) for e in dropped} == {
+        ("e#ephemeral", "ephemeral channel past --mem-queue-size")}
+
+
+def test_a_history_survives_a_restart_and_numbering_goes_on(nsqd_factory, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    assert server.post("/topic/create?topic=tk")[0] == 200
+    assert server.post("/channel/create?topic=tk&channel=c1")[0] == 200  # holds "before"
+    assert server.post("/message/trace/enable?topic=tk")[0] == 200
+    pc = Client(server)
+    pc.send(pub_trace("tk", 11, b"before"))
+    before = traced_reply(pc.response()[1])[0]
+    pc.close()
+    server.stop()
+    server = nsqd_factory(data_path=data)
+    c = consumer(server, "tk", "c2", rdy=1)  # a new channel: a new stream number
+    pc = Client(server)
+    pc.send(pub_trace("tk", 12, b"after"))
+    traced_reply(pc.response()[1])
+    m = c.message()
+    c.send(p.fin(m.id))
+    assert [e["event"] for e in history(server, f"topic=tk&id={before:016x}")] == ["PUB"]
+    _events_of(server, "tk", [m.id], "FIN")
+    after = [(e["event"], e.get("channel")) for e in history(server, f"topic=tk&id={m.id.decode()}")]
+    # (c1 kept "before" on disk through the restart: "after" is stored behind it, in order)
+    assert after == [("PUB", None), ("DISK", "c1"), ("DELIVERED", "c2"), ("FIN", "c2")]
+    assert [e.get("channel") for e in history(server, "topic=tk&trace_id=12")] == [None, "c1", "c2", "c2"]
+    assert history(server, "topic=other&trace_id=12") == []

@@ -7,6 +7,11 @@
 #include <stdint.h>
 #include <string.h>
 
+static inline uint16_t nsqshm_be16(const void *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return __builtin_bswap16(v);
+}
 static inline uint32_t nsqshm_be32(const void *p) {
     uint32_t v;
     memcpy(&v, p, 4);

@@ -216,6 +216,7 @@ cdef extern from "arena_layout.h" nogil:
 
 
 cdef extern from "byteorder.h" nogil:
+    uint16_t nsqshm_be16(const void *p)
     uint32_t nsqshm_be32(const void *p)
     uint64_t nsqshm_be64(const void *p)
     void nsqshm_put_be32(void *p, uint32_t v)
