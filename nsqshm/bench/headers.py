@@ -125,12 +125,13 @@ def _consume(target, topic, case, n):
     want = n // 10 if case == "filter" else n
     t0 = time.perf_counter()
     c.sock.sendall(p.rdy(1000))
-    got = 0
+    got, last_id = 0, None
     while got < want:
         fins = []
         for kind, data in c.frames():
             if kind == p.FRAME_TYPE_MESSAGE:
-                fins.append(p.fin(data[10:26]))
+                last_id = data[10:26]
+                fins.append(p.fin(last_id))
                 got += 1
             elif data == b"_heartbeat_":
                 fins.append(p.nop())
@@ -138,7 +139,22 @@ def _consume(target, topic, case, n):
             c.sock.sendall(b"".join(fins))
     took = time.perf_counter() - t0
     c.sock.close()
-    return n / took
+    return n / took, last_id
+
+
+def _trace_of(target, topic, msg_id):
+    """The traced case's proof that tracing was on: the last message's events
+    (its FIN is applied after the consumer's last send: waited for)."""
+    host, port = target.http
+    events = []
+    for _ in range(100):
+        url = f"http://{host}:{port}/message/trace?topic={topic}&id={msg_id.decode()}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            events = [e["event"] for e in json.loads(resp.read())["events"]]
+        if events[-1:] == ["FIN"]:
+            return events
+        time.sleep(0.05)
+    raise RuntimeError(f"the traced case recorded {events} for its last message")
 
 
 def _round(target, case, n):
@@ -152,8 +168,10 @@ def _round(target, case, n):
         s0 = target.cpu_seconds()
         res = {"in_msgs_per_s": _publish(target, topic, case, n)}
         s1 = target.cpu_seconds()
-        res["out_msgs_per_s"] = _consume(target, topic, case, n)
+        res["out_msgs_per_s"], last_id = _consume(target, topic, case, n)
         s2 = target.cpu_seconds()
+        if case == "traced":
+            res["trace_of_last"] = _trace_of(target, topic, last_id)
         if s0 is not None:  # the server's CPU per message: what a busy machine disturbs less
             res["server_cpu_us_per_msg_in"] = (s1 - s0) / n * 1e6
             res["server_cpu_us_per_msg_out"] = (s2 - s1) / n * 1e6
