@@ -220,13 +220,22 @@ def run(ctx):
 
 
 def render(res):
-    out = ["| case | in msg/s | out msg/s | in / plain | out / plain |",
-           "|---|---:|---:|---:|---:|"]
+    out = ["| case | in msg/s | out msg/s | in / plain | out / plain "
+           "| server CPU µs/msg in | out |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for r in res["cases"]:
         m = r["median"]
         q = res["ratio"].get(r["case"], {"in": 1.0, "out": 1.0})
+        cpu = [f"{m[k]:.2f}" if (k := f"server_cpu_us_per_msg_{way}") in m else ""
+               for way in ("in", "out")]
         out.append(f"| {r['case']} | {m['in_msgs_per_s'] / 1e3:,.0f} k | "
-                   f"{m['out_msgs_per_s'] / 1e3:,.0f} k | {q['in']:.3f} | {q['out']:.3f} |")
+                   f"{m['out_msgs_per_s'] / 1e3:,.0f} k | {q['in']:.3f} | {q['out']:.3f} | "
+                   f"{cpu[0]} | {cpu[1]} |")
+    traced = [run.get("trace_of_last") for r in res["cases"] if r["case"] == "traced"
+              for run in r["runs"]]
+    if traced and all(traced):
+        out += ["", f"Traced: in each of the {len(traced)} runs the last message's history "
+                    f"was {', '.join(traced[0])} (GET /message/trace)."]
     out += ["", "Load: one Python publisher (MPUB / MPUB_EXT of 100), one Python consumer "
                 "(RDY 1000, FIN each); ratios to plain in the same run.",
             "", "```", json.dumps(res["params"]), "```"]
