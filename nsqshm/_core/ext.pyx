@@ -655,29 +655,31 @@ cdef int _decimal(const char *text, Py_ssize_t n, uint64_t limit,
     return 1
 
 
-cdef int _trace_id(const unsigned char *json, Py_ssize_t n, char *scratch,
-                   uint64_t *trace_id) noexcept nogil:
-    """The ##trace_id header: 0 absent, 1 a valid one (Go's ParseUint), -1 anything else."""
+cdef int _decimal_header(const unsigned char *json, Py_ssize_t n, const char *key,
+                         Py_ssize_t key_len, Py_ssize_t max_digits, uint64_t limit,
+                         char *scratch, uint64_t *value) noexcept nogil:
+    """A reserved header whose value is a JSON string of decimal digits: 0
+    absent, 1 valid (at most max_digits digits, at most limit), -1 anything else."""
     cdef Py_ssize_t olen = 0
-    cdef int r = json_get_string(json, n, "##trace_id", 10, scratch, 32, &olen)
+    cdef int r = json_get_string(json, n, key, key_len, scratch, 32, &olen)
     if r == 0:
         return 0
-    if r != 1 or olen > 20:
+    if r != 1 or olen > max_digits:
         return -1
-    return _decimal(scratch, olen, 0xFFFFFFFFFFFFFFFFULL, trace_id)
+    return _decimal(scratch, olen, limit, value)
 
 
-cdef int _ttl_ms(const unsigned char *json, Py_ssize_t n, char *scratch,
-                 uint64_t *ttl_ms) noexcept nogil:
-    """The ##ttl_ms header (nsqd/message_ttl.py): 0 absent, 1 a valid one (a
-    string of at most 15 decimal digits, at most TTL_MS_MAX), -1 anything else."""
-    cdef Py_ssize_t olen = 0
-    cdef int r = json_get_string(json, n, "##ttl_ms", 8, scratch, 32, &olen)
-    if r == 0:
-        return 0
-    if r != 1 or olen > 15:
-        return -1
-    return _decimal(scratch, olen, TTL_MS_MAX, ttl_ms)
+cdef inline int _trace_id(const unsigned char *json, Py_ssize_t n, char *scratch,
+                          uint64_t *trace_id) noexcept nogil:
+    """The ##trace_id header (Go's ParseUint of a uint64)."""
+    return _decimal_header(json, n, "##trace_id", 10, 20, 0xFFFFFFFFFFFFFFFFULL, scratch,
+                           trace_id)
+
+
+cdef inline int _ttl_ms(const unsigned char *json, Py_ssize_t n, char *scratch,
+                        uint64_t *ttl_ms) noexcept nogil:
+    """The ##ttl_ms header (nsqd/message_ttl.py): at most 15 digits, at most TTL_MS_MAX."""
+    return _decimal_header(json, n, "##ttl_ms", 8, 15, TTL_MS_MAX, scratch, ttl_ms)
 
 
 def header_ttl_ms(json):

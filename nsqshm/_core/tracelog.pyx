@@ -38,11 +38,11 @@ from posix.fcntl cimport O_APPEND, O_CLOEXEC, O_CREAT, O_WRONLY, open
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 from posix.unistd cimport close, write
 
+from nsqshm._core.codec cimport hex_id
 from nsqshm._core.includes.system cimport nsqshm_be16, nsqshm_be32, nsqshm_be64
 
 cdef extern from "stdio.h" nogil:
     int rename(const char *old, const char *new)
-    int snprintf(char *s, size_t n, const char *fmt, ...)
 
 
 cdef enum:
@@ -209,7 +209,6 @@ cdef class TraceWriter:
         cdef uint32_t size
         cdef int64_t ts, now = self.clock()
         cdef uint64_t trace_id
-        cdef char id_buf[17]
         cdef char *writable = NULL
         if partition >= 0:
             if not isinstance(packed, bytearray):
@@ -220,10 +219,9 @@ cdef class TraceWriter:
         _check_records(p, end, count)
         for k in range(count):
             memcpy(&size, p + pos, RECORD_HEADER)
-            if writable != NULL:  # the log's message ID: nsqd/logtopic.py, logcursor.pyx
-                snprintf(id_buf, 17, b"%016llx",
-                         <unsigned long long>((<uint64_t>partition << 48) | (first + k)))
-                memcpy(writable + pos + RECORD_HEADER + MSG_ID, id_buf, ID_SIZE)
+            if writable != NULL:  # the log's message ID, as the append stamped its copy
+                hex_id(writable + pos + RECORD_HEADER + MSG_ID,
+                       (<uint64_t>partition << 48) | (first + k))
             ts = <int64_t>nsqshm_be64(p + pos + RECORD_HEADER + MSG_TS)
             try:
                 trace_id = trace_ids[k] if trace_ids is not None and trace_ids[k] else 0

@@ -211,8 +211,10 @@ class ProtocolV2:
                     parser = self.command_parser(client, channel)
                 traced = channel.traced
                 if traced != parser_traced:  # a traced channel's commands are events too
-                    parser.trace_to(*(trace.parser_tracing(channel, client) if traced else
-                                      (None,)))
+                    if traced:
+                        parser.trace_to(*trace.parser_tracing(channel, client))
+                    else:
+                        parser.trace_to(None)
                     parser_traced = traced
                 status = parser.parse(reader.buf, reader.pos, channel.requeues_in_c())
                 reader.pos = parser.pos

@@ -30,6 +30,7 @@ for a message published with a trace ID).  The switches are kept in
 ({"op": "trace"}) before the answer.
 """
 
+import functools
 import ipaddress
 import json
 import os
@@ -121,6 +122,7 @@ def _log(nsqd):
     return log
 
 
+@functools.lru_cache(maxsize=4096)  # (a traced topic's publishers: parsed once each)
 def address_bytes(remote):
     """The 18 bytes of a "host:port" in a trace record (None: not an IP address)."""
     host, _, port = (remote or "").rpartition(":")
@@ -306,18 +308,26 @@ def _decode(data, pos, table, worker):
     return e
 
 
-def _scan(nsqd, topic, ids=None, trace_id=0):
-    """The events of topic's messages with an ID in ids (or published with trace_id)."""
-    joined = b"".join(sorted(ids)) if ids is not None else None
+def _logs(nsqd, topic):
+    """(bytes, stream table, worker, the topic's stream numbers) of each events
+    file holding the topic, read once for a search."""
+    logs = []
     for path, table, worker in _files(nsqd):
         refs = {ref for ref, (t, _) in table.items() if t == topic}
         if not refs:
             continue
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                logs.append((f.read(), table, worker, refs))
         except OSError:
             continue
+    return logs
+
+
+def _scan(logs, ids=None, trace_id=0):
+    """The events of the logs' records with an ID in ids (or PUBs with trace_id)."""
+    joined = b"".join(sorted(ids)) if ids is not None else None
+    for data, table, worker, refs in logs:
         for pos in tracelog.find(data, joined, trace_id):
             if RECORD.unpack_from(data, pos)[3] in refs:
                 yield _decode(data, pos, table, worker)
@@ -326,12 +336,13 @@ def _scan(nsqd, topic, ids=None, trace_id=0):
 def search(nsqd, topic, msg_id=None, trace_id=None):
     """A message's events (by ID), or those of every message published with
     trace_id, in time order."""
+    logs = _logs(nsqd, topic)
     if trace_id is not None:
-        ids = {e["id"].encode() for e in _scan(nsqd, topic, trace_id=trace_id)}
+        ids = {e["id"].encode() for e in _scan(logs, trace_id=trace_id)}
         ids = set(sorted(ids)[:MAX_ANSWER])
     else:
         ids = {msg_id.encode() if isinstance(msg_id, str) else bytes(msg_id)}
     if not ids or any(len(i) != 16 for i in ids):
         return []
-    found = sorted(_scan(nsqd, topic, ids), key=lambda e: e["ts"])
+    found = sorted(_scan(logs, ids), key=lambda e: e["ts"])
     return found[:MAX_ANSWER]
