@@ -16,6 +16,11 @@ cdef enum:
 
 
 cdef Py_ssize_t ext_prefix(const unsigned char *msg, Py_ssize_t size) noexcept nogil
+cdef Py_ssize_t json_unescape(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, char *out,
+                              Py_ssize_t cap, Py_ssize_t *olen) noexcept nogil
+cdef Py_ssize_t json_member(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
+                            Py_ssize_t *key, Py_ssize_t *value,
+                            Py_ssize_t *value_end) noexcept nogil
 
 
 cdef class TagSet:

@@ -208,6 +208,88 @@ cdef Py_ssize_t _skip(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexce
     return -1
 
 
+cdef Py_ssize_t json_unescape(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, char *out,
+                              Py_ssize_t cap, Py_ssize_t *olen) noexcept nogil:
+    """The string at p[i] == '"' unescaped into out (_string): the index after it, or -1."""
+    return _string(p, i, n, out, cap, olen)
+
+
+cdef Py_ssize_t _member_key(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, char *out,
+                            Py_ssize_t cap, Py_ssize_t *olen) noexcept nogil:
+    """A member's `"key" :` from p[i] (the key unescaped into out, as _string):
+    the index of its value, or -1."""
+    if i >= n or p[i] != 34:
+        return -1
+    i = _string(p, i, n, out, cap, olen)
+    if i < 0:
+        return -1
+    i = _ws(p, i, n)
+    if i >= n or p[i] != 58:  # :
+        return -1
+    i = _ws(p, i + 1, n)
+    return i if i < n else -1
+
+
+cdef Py_ssize_t json_member(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
+                            Py_ssize_t *key, Py_ssize_t *value,
+                            Py_ssize_t *value_end) noexcept nogil:
+    """Walk the members of the flat JSON object p[:n]: i is 0 on the first
+    call, then what the last call returned.  > 0: one more member, its key's
+    '"' at *key and its value's text at p[*value:*value_end]; 0: no more;
+    -1: not a JSON object (what was found before it stands)."""
+    cdef Py_ssize_t unused, j, e
+    if i == 0:
+        i = _ws(p, 0, n)
+        if i >= n or p[i] != 123:  # {
+            return -1
+        i = _ws(p, i + 1, n)
+        if i < n and p[i] == 125:  # }
+            return 0
+    else:  # i is at the ',' or '}' after the last value
+        if i >= n or p[i] == 125:
+            return 0
+        i = _ws(p, i + 1, n)
+    key[0] = i
+    i = _member_key(p, i, n, NULL, 0, &unused)
+    if i < 0:
+        return -1
+    j = _skip(p, i, n)
+    if j < 0:
+        return -1
+    e = j
+    while e > i and (p[e - 1] == 32 or p[e - 1] == 9 or p[e - 1] == 10 or p[e - 1] == 13):
+        e -= 1
+    if e == i:
+        return -1
+    value[0] = i
+    value_end[0] = e
+    return j
+
+
+def json_members(json):
+    """[(key, value)] of a flat JSON object as json_member walks it, string
+    values unescaped, others as their JSON text (tests); ValueError when it
+    is not an object."""
+    cdef bytes j = bytes(json)
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(j)
+    cdef Py_ssize_t n = len(j), i = 0, k = 0, v = 0, e = 0, olen = 0
+    cdef bytearray out = bytearray(n + 1)
+    found = []
+    while True:
+        i = json_member(p, i, n, &k, &v, &e)
+        if i == 0:
+            return found
+        if i < 0:
+            raise ValueError("not a flat JSON object")
+        json_unescape(p, k, n, PyByteArray_AS_STRING(out), n, &olen)
+        key = bytes(out[:olen])
+        if p[v] == 34:
+            json_unescape(p, v, n, PyByteArray_AS_STRING(out), n, &olen)
+            found.append((key, bytes(out[:olen])))
+        else:
+            found.append((key, j[v:e]))
+
+
 cdef int json_get_string(const unsigned char *p, Py_ssize_t n, const char *key,
                          Py_ssize_t klen, char *out, Py_ssize_t cap,
                          Py_ssize_t *olen) noexcept nogil:
@@ -223,16 +305,8 @@ cdef int json_get_string(const unsigned char *p, Py_ssize_t n, const char *key,
     if i < n and p[i] == 125:
         return 0
     while i < n:
-        if p[i] != 34:
-            return -1
-        i = _string(p, i, n, kbuf, KEY_MAX, &kl)
+        i = _member_key(p, i, n, kbuf, KEY_MAX, &kl)
         if i < 0:
-            return -1
-        i = _ws(p, i, n)
-        if i >= n or p[i] != 58:  # :
-            return -1
-        i = _ws(p, i + 1, n)
-        if i >= n:
             return -1
         if kl == klen and memcmp(kbuf, key, klen) == 0:
             if p[i] != 34:

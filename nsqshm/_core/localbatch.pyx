@@ -29,6 +29,7 @@ from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 
 from nsqshm._core.arena cimport Arena
+from nsqshm._core.ext cimport JSON_HEADER_EXT_VER, ext_prefix, json_member, json_unescape
 from nsqshm._core.codec cimport IdGenerator, MSG_HEADER_SIZE, get_u32be, put_message_header, put_u32be
 from nsqshm._core.includes.system cimport (
     NSQSHM_EXPIRY_SIZE,
@@ -54,6 +55,7 @@ cdef enum:
 
 # Arrow binary arrays have int32 offsets: a batch's bodies stay under 2 GiB.
 cdef int64_t MAX_VALUES = 0x7FFFFFFF
+cdef const char *HEX_DIGITS = b"0123456789abcdef"
 
 
 cdef inline uint64_t _align8(uint64_t n) noexcept nogil:
@@ -202,6 +204,150 @@ def mpub_body(data, offsets, lengths, Py_ssize_t start, Py_ssize_t count, int wi
     return out
 
 
+cdef Py_ssize_t _json_string(const unsigned char *p, int64_t n, char *out) noexcept nogil:
+    """p[:n] as a JSON string, quotes included, into out (NULL: only counted):
+    its length.  '"', '\\' and control characters escaped, other bytes as they are."""
+    cdef Py_ssize_t o = 1
+    cdef int64_t i
+    cdef unsigned char c
+    if out != NULL:
+        out[0] = 34
+    for i in range(n):
+        c = p[i]
+        if c == 34 or c == 92:
+            if out != NULL:
+                out[o] = 92
+                out[o + 1] = c
+            o += 2
+        elif c < 0x20:
+            if out != NULL:
+                out[o] = 92
+                out[o + 1] = 117  # \u00XX
+                out[o + 2] = 48
+                out[o + 3] = 48
+                out[o + 4] = HEX_DIGITS[c >> 4]
+                out[o + 5] = HEX_DIGITS[c & 15]
+            o += 6
+        else:
+            if out != NULL:
+                out[o] = c
+            o += 1
+    if out != NULL:
+        out[o] = 34
+    return o + 1
+
+
+cdef Py_ssize_t _headers_json(_Spans keys, _Spans values, const int32_t *rows, Py_ssize_t row,
+                              char *out) noexcept:
+    """Row `row`'s pairs as a JSON object into out (NULL: counted); 0 for none."""
+    cdef int32_t j, b = rows[row], e = rows[row + 1]
+    cdef Py_ssize_t o = 1
+    cdef const char *p
+    cdef int64_t n
+    if e <= b:
+        return 0
+    if out != NULL:
+        out[0] = 123
+    for j in range(b, e):
+        if j > b:
+            if out != NULL:
+                out[o] = 44
+            o += 1
+        _body(keys, j, &p, &n)
+        o += _json_string(<const unsigned char *>p, n, out + o if out != NULL else NULL)
+        if out != NULL:
+            out[o] = 58
+        o += 1
+        _body(values, j, &p, &n)
+        o += _json_string(<const unsigned char *>p, n, out + o if out != NULL else NULL)
+    if out != NULL:
+        out[o] = 125
+    return o + 1
+
+
+def mpub_ext_body(data, offsets, Py_ssize_t start, Py_ssize_t count, int width,
+                  rows, valid, keys, key_offsets, Py_ssize_t key_start, values,
+                  value_offsets, Py_ssize_t value_start, Py_ssize_t pairs,
+                  Py_ssize_t max_size, Py_ssize_t max_header, Py_ssize_t max_bytes):
+    """The body of a MPUB_EXT command for bodies [start, start + count) and
+    their headers (an Arrow list<struct<key, value>>: `rows` the list's int32
+    offsets for these count rows, `valid` a byte per row, 0 for a null list;
+    keys and values int32-offset binary arrays of `pairs` entries from
+    key_start / value_start), each row's pairs written as one JSON object of
+    strings:
+
+        [4 BE count] ([4 BE size][2 BE n][n bytes JSON][body])*     n = 0: no headers
+
+    As many rows as fit max_bytes (at least one): returns (body, rows).
+    ValueError, before anything is written, for a body out of bounds or
+    empty, a JSON object over max_header bytes, a message over max_size."""
+    cdef _Spans s = _open_spans(data, offsets, None, start, count, width, max_size)
+    cdef _Spans ks = _open_spans(keys, key_offsets, None, key_start, pairs, 4, 0x7FFFFFFF)
+    cdef _Spans vs
+    cdef Py_buffer rv, vv
+    cdef const int32_t *r
+    cdef const unsigned char *ok
+    cdef Py_ssize_t i, k, used = 0, total = 4, h
+    cdef const char *p
+    cdef int64_t n
+    cdef char *dst
+    cdef uint16_t hn
+    # the values may be empty strings (open_spans refuses empty bodies): checked here
+    vs = _Spans()
+    vs.open(values, value_offsets, None, value_start, pairs)
+    vs.width = 4
+    vs.count = pairs
+    if vs.offs.len < (value_start + pairs + 1) * 4:
+        raise ValueError(f"value offsets hold fewer than {pairs} entries")
+    for k in range(value_start, value_start + pairs):
+        if not (0 <= (<const int32_t *>vs.offs.buf)[k] <= (<const int32_t *>vs.offs.buf)[k + 1]
+                <= vs.data.len):
+            raise ValueError(f"header value {k - value_start} is outside its data")
+    PyObject_GetBuffer(rows, &rv, PyBUF_SIMPLE)
+    try:
+        PyObject_GetBuffer(valid, &vv, PyBUF_SIMPLE)
+        try:
+            if rv.len < (count + 1) * 4 or vv.len < count:
+                raise ValueError(f"headers hold fewer than {count} rows")
+            r = <const int32_t *>rv.buf
+            ok = <const unsigned char *>vv.buf
+            for i in range(count):
+                if ok[i] and (r[i] < 0 or r[i] > r[i + 1] or r[i + 1] > pairs):
+                    raise ValueError(f"row {i}: headers [{r[i]}, {r[i + 1]}) outside the "
+                                     f"{pairs} pairs")
+            for i in range(count):
+                h = _headers_json(ks, vs, r, i, NULL) if ok[i] else 0
+                if h > max_header:
+                    raise ValueError(f"row {i}: its headers are {h} bytes of JSON, over "
+                                     f"{max_header}")
+                _body(s, start + i, &p, &n)
+                if 2 + h + n > max_size:
+                    raise ValueError(f"row {i}: {n} bytes of body and {h} of headers, over "
+                                     f"max_msg_size {max_size}")
+                if used and total + 6 + h + n > max_bytes:
+                    break
+                total += 6 + h + n
+                used += 1
+            out = PyBytes_FromStringAndSize(NULL, total)
+            dst = PyBytes_AS_STRING(out)
+            put_u32be(dst, <unsigned int>used)
+            dst += 4
+            for i in range(used):
+                h = _headers_json(ks, vs, r, i, dst + 6) if ok[i] else 0
+                _body(s, start + i, &p, &n)
+                put_u32be(dst, <unsigned int>(2 + h + n))
+                hn = <uint16_t>h
+                dst[4] = <char>(hn >> 8)
+                dst[5] = <char>(hn & 0xFF)
+                memcpy(dst + 6 + h, p, n)
+                dst += 6 + h + n
+        finally:
+            PyBuffer_Release(&vv)
+    finally:
+        PyBuffer_Release(&rv)
+    return out, used
+
+
 # -- Arrow columns ------------------------------------------------------------------------
 
 cdef class CBuffer:
@@ -245,6 +391,50 @@ cdef CBuffer _wrap(char *data, Py_ssize_t size):
     return b
 
 
+cdef struct GrowBuf:
+    char *data
+    int64_t len
+    int64_t cap
+
+
+cdef int _gb_reserve(GrowBuf *b, int64_t extra) except -1:
+    """Room for `extra` more bytes (Arrow int32 offsets: a buffer stays under 2 GiB)."""
+    cdef int64_t cap = b.cap if b.cap else 4096
+    cdef char *d
+    if b.len + extra <= b.cap:
+        return 0
+    if b.len + extra > MAX_VALUES:
+        raise OverflowError("a batch's headers would pass 2 GiB (Arrow int32 offsets)")
+    while cap < b.len + extra:
+        cap *= 2
+    if cap > MAX_VALUES:
+        cap = MAX_VALUES
+    d = <char *>realloc(b.data, cap)
+    if d == NULL:
+        raise MemoryError()
+    b.data = d
+    b.cap = cap
+    return 0
+
+
+cdef inline int _gb_i32(GrowBuf *b, int32_t v) except -1:
+    if b.len + 4 > b.cap:
+        _gb_reserve(b, 4)
+    memcpy(b.data + b.len, &v, 4)
+    b.len += 4
+    return 0
+
+
+cdef CBuffer _gb_take(GrowBuf *b):
+    """The buffer handed to pyarrow; b starts empty."""
+    if b.data == NULL:  # nothing yet: a real (empty) allocation for the buffer
+        _gb_reserve(b, 1)
+    out = _wrap(b.data, b.len)
+    b.data = NULL
+    b.len = b.cap = 0
+    return out
+
+
 cdef nsqshm_arena_block *_block_at(Arena arena, uint64_t off, uint64_t end) except NULL:
     """The block at `off`, its capacity checked (a power of two >= 128 within the blocks)."""
     cdef nsqshm_arena_block *b = <nsqshm_arena_block *>(arena.base + off)
@@ -259,7 +449,14 @@ cdef class Columns:
     body values with int32 offsets, IDs (16 bytes each), timestamps in
     microseconds (Spark's unit), attempts.  export() hands the buffers over
     and starts a new batch.  Messages with a timestamp before `since_ns`
-    are skipped (still taken and finished: a starting position)."""
+    are skipped (still taken and finished: a starting position).
+
+    ext: the messages carry Youzan's ext part after the header (an ext
+    topic's stored form, or frames sent for extend_support), cut from the
+    body.  headers: its JSON object is laid out as Kafka's headers column,
+    list<struct<key: string, value: binary>>, a row's list null when the
+    message has no headers (as Kafka's source); string values unescaped,
+    other JSON values as their text.  All of it in the one C pass."""
     cdef char *values
     cdef int64_t vlen, vcap
     cdef int32_t *offsets
@@ -269,11 +466,21 @@ cdef class Columns:
     cdef Py_ssize_t n, cap
     cdef public int64_t since_ns
     cdef public int64_t skipped
+    cdef readonly bint ext
+    cdef readonly bint headers
+    # the headers column: row validity bits, row -> pair offsets, keys, values
+    cdef GrowBuf hvalid, hrows, koffs, kdata, voffs, vdata
+    cdef int32_t npairs
 
-    def __cinit__(self):
+    def __cinit__(self, bint ext=False, bint headers=False):
         self._forget()
         self.since_ns = 0
         self.skipped = 0
+        self.ext = ext
+        self.headers = headers and ext
+        self.hvalid.data = self.hrows.data = self.koffs.data = NULL
+        self.kdata.data = self.voffs.data = self.vdata.data = NULL
+        self._forget_headers()
 
     def __dealloc__(self):
         free(self.values)
@@ -281,6 +488,70 @@ cdef class Columns:
         free(self.ids)
         free(self.ts)
         free(self.attempts)
+        free(self.hvalid.data)
+        free(self.hrows.data)
+        free(self.koffs.data)
+        free(self.kdata.data)
+        free(self.voffs.data)
+        free(self.vdata.data)
+
+    cdef void _forget_headers(self) noexcept:
+        """Start the headers column empty (its buffers freed or handed over)."""
+        self.hvalid.len = self.hvalid.cap = 0
+        self.hrows.len = self.hrows.cap = 0
+        self.koffs.len = self.koffs.cap = 0
+        self.kdata.len = self.kdata.cap = 0
+        self.voffs.len = self.voffs.cap = 0
+        self.vdata.len = self.vdata.cap = 0
+        self.npairs = 0
+
+    cdef int _add_headers(self, const unsigned char *json, Py_ssize_t n) except -1:
+        """Row self.n's headers from its JSON object (n = 0: none): pairs
+        appended, the row's bit set when it has any."""
+        cdef Py_ssize_t i = 0, k = 0, v = 0, e = 0, olen = 0
+        cdef int32_t first = self.npairs
+        cdef int64_t klen0 = self.kdata.len, vlen0 = self.vdata.len
+        cdef int64_t koffs0 = self.koffs.len, voffs0 = self.voffs.len
+        cdef Py_ssize_t row = self.n
+        if self.hrows.len == 0:  # the first row: the offsets' leading zeros
+            _gb_i32(&self.hrows, 0)
+            _gb_i32(&self.koffs, 0)
+            _gb_i32(&self.voffs, 0)
+        if (row >> 3) >= self.hvalid.len:
+            _gb_reserve(&self.hvalid, 1)
+            self.hvalid.data[self.hvalid.len] = 0
+            self.hvalid.len += 1
+        if n:
+            # unescaped text is never longer than its JSON: n bytes of room each
+            _gb_reserve(&self.kdata, n)
+            _gb_reserve(&self.vdata, n)
+            while True:
+                i = json_member(json, i, n, &k, &v, &e)
+                if i <= 0:
+                    break
+                json_unescape(json, k, n, self.kdata.data + self.kdata.len, n, &olen)
+                self.kdata.len += olen
+                if json[v] == 34:  # a string: its text
+                    json_unescape(json, v, n, self.vdata.data + self.vdata.len, n, &olen)
+                else:
+                    olen = e - v
+                    memcpy(self.vdata.data + self.vdata.len, json + v, olen)
+                self.vdata.len += olen
+                _gb_i32(&self.koffs, <int32_t>self.kdata.len)
+                _gb_i32(&self.voffs, <int32_t>self.vdata.len)
+                self.npairs += 1
+                # the room left is n bytes minus what this row took: enough
+                # for the rest of its members, which come from the same n bytes
+            if i < 0:  # not an object (the broker checks them): the row has none
+                self.npairs = first
+                self.kdata.len = klen0
+                self.vdata.len = vlen0
+                self.koffs.len = koffs0
+                self.voffs.len = voffs0
+        if self.npairs > first:
+            self.hvalid.data[row >> 3] |= <char>(1 << (row & 7))
+        _gb_i32(&self.hrows, self.npairs)
+        return 0
 
     cdef void _forget(self) noexcept:
         """Start empty (the buffers were freed or handed over)."""
@@ -359,19 +630,29 @@ cdef class Columns:
         cdef int64_t ts = <int64_t>nsqshm_be64(msg)
         cdef const unsigned char *a = <const unsigned char *>msg + ATTEMPTS_OFFSET
         cdef int32_t attempts = (<int32_t>a[0] << 8) | a[1]
+        cdef Py_ssize_t pre = 0
+        cdef const unsigned char *m = <const unsigned char *>msg
         if nsqshm_has_expiry(msg, size):  # the message as nsqd's (message_expiry.h)
             body -= NSQSHM_EXPIRY_SIZE
             attempts = <int32_t>nsqshm_attempts(msg)
         if ts < self.since_ns:
             self.skipped += 1
             return 0
+        if self.ext:  # [1 version][2 BE n][n JSON] before the body (ext.pyx)
+            pre = ext_prefix(m, MSG_HEADER_SIZE + body)
+            if self.headers:
+                if pre > 3 and m[MSG_HEADER_SIZE] == JSON_HEADER_EXT_VER:
+                    self._add_headers(m + MSG_HEADER_SIZE + 3, pre - 3)
+                else:
+                    self._add_headers(NULL, 0)
+            body -= pre
         if self.n == self.cap:
             self._grow_rows(1)
         if self.vlen + body > self.vcap:
             self._grow_values(body)
         if bump and (attempts & 0x7FFF) < 0x7FFF:
             attempts += 1
-        memcpy(self.values + self.vlen, msg + MSG_HEADER_SIZE, body)
+        memcpy(self.values + self.vlen, msg + MSG_HEADER_SIZE + pre, body)
         self.vlen += body
         self.offsets[self.n + 1] = <int32_t>self.vlen
         memcpy(self.ids + 16 * self.n, msg + ID_OFFSET, 16)
@@ -520,17 +801,29 @@ cdef class Columns:
         return 0
 
     def export(self):
-        """(rows, values, offsets, ids, timestamps, attempts): buffers for
-        pyarrow (int32 offsets, 16-byte IDs, int64 us, int32), handed over;
-        this object starts empty again."""
+        """(rows, values, offsets, ids, timestamps, attempts, headers): buffers
+        for pyarrow (int32 offsets, 16-byte IDs, int64 us, int32), handed
+        over; this object starts empty again.  headers is None unless asked
+        for, else (validity bits, row offsets, pairs, key offsets, keys,
+        value offsets, values)."""
         cdef Py_ssize_t n = self.n
         if self.cap == 0:
             self._grow_rows(1)
         if self.values == NULL:  # no body yet: a real (empty) allocation for the buffer
             self._grow_values(0)
+        headers = None
+        if self.headers:
+            if self.hrows.len == 0:  # no row yet: the offsets' one zero each
+                _gb_i32(&self.hrows, 0)
+                _gb_i32(&self.koffs, 0)
+                _gb_i32(&self.voffs, 0)
+            headers = (_gb_take(&self.hvalid), _gb_take(&self.hrows), self.npairs,
+                       _gb_take(&self.koffs), _gb_take(&self.kdata),
+                       _gb_take(&self.voffs), _gb_take(&self.vdata))
+            self._forget_headers()
         out = (n, _wrap(self.values, self.vlen), _wrap(<char *>self.offsets, (n + 1) * 4),
                _wrap(self.ids, n * 16), _wrap(<char *>self.ts, n * 8),
-               _wrap(<char *>self.attempts, n * 4))
+               _wrap(<char *>self.attempts, n * 4), headers)
         self._forget()
         return out
 

@@ -26,7 +26,9 @@ USER_AGENT = f"nsqshm.local.bulk/{__version__}"
 class BulkConsumer:
     def __init__(self, topic, channel, data_path=None, shm_prefix=None, *, create=True,
                  client_id=None, user_agent=USER_AGENT, arena_size=1 << 32, since_ns=0,
-                 broker=None, label="local-bulk"):
+                 broker=None, label="local-bulk", ext=False, headers=False):
+        """ext: the topic was made with ext=true (its records carry Youzan's
+        ext part, cut from the bodies); headers: a headers column too."""
         self.topic = check_name("topic", topic)
         self.channel = check_name("channel", channel)
         self.queue = f"{topic}:{channel}"
@@ -38,7 +40,8 @@ class BulkConsumer:
                                   max_queues=4, label=label)
         self._pid = os.getpid()
         self._qidx = self.arena.queue_index(self.queue)
-        self.columns = Columns()
+        self.columns = Columns(ext=ext, headers=headers)
+        self.headers = headers
         self.columns.since_ns = since_ns
         self.held = 0
         self.message_count = self.finish_count = self.requeue_count = 0
@@ -101,9 +104,9 @@ class BulkConsumer:
 
     def export(self):
         """The messages taken since the last export, as a RecordBatch."""
-        from nsqshm.local.arrow import record_batch
+        from nsqshm.local.arrow import with_headers
 
-        return record_batch(self.columns.export(), self.topic, self.channel)
+        return with_headers(self.columns.export(), self.topic, self.channel, self.headers)
 
     @property
     def skipped(self):

@@ -16,17 +16,23 @@ import time
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from nsqshm.spark.connect import channel_depth_tcp, create_channel, local_broker
+from nsqshm.spark.connect import (
+    channel_depth_tcp,
+    create_channel,
+    local_broker,
+    topic_is_ext,
+)
 from nsqshm.spark.options import starting_ns
 
 PUMP_WAIT = 2.0  # s to let a new channel receive the topic's backlog before the snapshot
 
 
 class ShardPartition(InputPartition):
-    def __init__(self, topic, index, quota):
+    def __init__(self, topic, index, quota, ext=False):
         self.topic = topic
         self.index = index
         self.quota = quota
+        self.ext = ext              # an ext topic: its messages carry headers
 
 
 class BatchReader(DataSourceReader):
@@ -45,8 +51,9 @@ class BatchReader(DataSourceReader):
             total = int(min(depth, left))
             left -= total
             per, extra = divmod(total, o.partitions)
+            ext = topic_is_ext(o, topic, broker)
             for i in range(o.partitions):
-                parts.append(ShardPartition(topic, i, per + (1 if i < extra else 0)))
+                parts.append(ShardPartition(topic, i, per + (1 if i < extra else 0), ext))
         return parts
 
     def read(self, partition):
@@ -54,8 +61,10 @@ class BatchReader(DataSourceReader):
             return iter(())
         broker = local_broker(self.o)
         if broker is not None:
-            return _read_shm(broker, self.o, partition.topic, partition.quota, self.since_ns)
-        return _read_tcp(self.o, partition.topic, partition.quota, self.since_ns)
+            return _read_shm(broker, self.o, partition.topic, partition.quota, self.since_ns,
+                             partition.ext)
+        return _read_tcp(self.o, partition.topic, partition.quota, self.since_ns,
+                         partition.ext)
 
 
 def _depth_shm(broker, topic, channel):
@@ -80,11 +89,12 @@ def _depth_shm(broker, topic, channel):
         topic_ring.close()
 
 
-def _read_shm(broker, o, topic, quota, since_ns):
+def _read_shm(broker, o, topic, quota, since_ns, ext):
     from nsqshm.local.bulk import BulkConsumer
 
     bulk = BulkConsumer(topic, o.channel, broker=broker, create=False, since_ns=since_ns,
-                        label="spark-read", user_agent="nsqshm.spark/read")
+                        label="spark-read", user_agent="nsqshm.spark/read", ext=ext,
+                        headers=o.include_headers)
     try:
         taken = 0
         while taken < quota:
@@ -101,11 +111,13 @@ def _read_shm(broker, o, topic, quota, since_ns):
         bulk.close()  # puts back what is still held (an error, or a stopped read)
 
 
-def _read_tcp(o, topic, quota, since_ns):
-    from nsqshm.local.arrow import record_batch
+def _read_tcp(o, topic, quota, since_ns, ext):
+    from nsqshm.local.arrow import with_headers
     from nsqshm.spark.tcp import Subscription
 
-    sub = Subscription(o.tcp_address, topic, o.channel, since_ns=since_ns)
+    # extend_support (frames with the ext part) only where there are headers to read
+    sub = Subscription(o.tcp_address, topic, o.channel, since_ns=since_ns,
+                       ext=ext and o.include_headers, headers=o.include_headers)
     try:
         taken = 0
         while taken < quota:
@@ -113,7 +125,7 @@ def _read_tcp(o, topic, quota, since_ns):
             if not n:
                 break
             taken += n
-            batch = record_batch(sub.columns.export(), topic, o.channel)
+            batch = with_headers(sub.columns.export(), topic, o.channel, o.include_headers)
             if batch.num_rows:
                 yield batch
             sub.finish()

@@ -45,6 +45,32 @@ def _stats(address, topic):
     return (doc.get("topics") or [None])[0]
 
 
+METADATA_FILE = "nsqd.dat"   # nsqshm.nsqd.nsqd.NSQD.metadata_path
+
+
+def topic_is_ext(o, topic, broker=None, data_path=None):
+    """Whether `topic` was made with ext=true (its messages carry Youzan's
+    ext part): from nsqd.dat on the broker's host, else its /stats is_ext."""
+    import json
+    import os
+
+    data_path = data_path or (broker.info.get("data_path") if broker is not None else None)
+    if data_path:
+        try:
+            with open(os.path.join(data_path, METADATA_FILE)) as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            doc = None
+        if doc is not None:
+            return any(t.get("name") == topic and t.get("ext") is True
+                       for t in doc.get("topics") or [])
+    address = o.http_address or (broker.http_address if broker is not None else None)
+    if not address:
+        return False
+    t = _stats(address, topic)
+    return bool(t and t.get("topic_name") == topic and t.get("is_ext"))
+
+
 def channel_depth_http(address, topic, channel):
     """The channel's depth (memory and disk) from the broker's /stats; 0 if
     it does not exist."""

@@ -43,7 +43,7 @@ def data_loss_message(topic, partition, wanted, start):
 
 class LogRange(InputPartition):
     def __init__(self, log_topic, partition, start, until, channel, fail_on_data_loss,
-                 batch_size):
+                 batch_size, headers=False):
         self.log_topic = log_topic
         self.partition = partition
         self.start = start
@@ -51,6 +51,7 @@ class LogRange(InputPartition):
         self.channel = channel          # the channel column's value (None: null)
         self.fail_on_data_loss = fail_on_data_loss
         self.batch_size = batch_size
+        self.headers = headers          # includeHeaders: a headers column
 
 
 def plan(log_topics, start, end, o):
@@ -64,7 +65,8 @@ def plan(log_topics, start, end, o):
             frm = start.get(topic, {}).get(p, until)
             spans.append((topic, p, frm, until))
     channel = o.channel if o.channel_given else None
-    return [LogRange(log_topics[t], p, f, u, channel, o.fail_on_data_loss, o.batch_size)
+    return [LogRange(log_topics[t], p, f, u, channel, o.fail_on_data_loss, o.batch_size,
+                     o.include_headers)
             for t, p, f, u in split_ranges(spans, o.min_partitions)]
 
 
@@ -90,22 +92,40 @@ def read(rng):
     return _read_tcp(rng)
 
 
-def _batch(exported, rng, first):
-    from nsqshm.local.arrow import record_batch
+def _batch(exported, rng, offsets, keep=None):
+    """The rows of Columns.export() (those at `keep`, when given) with their
+    log offsets, in the log schema (headers last, with includeHeaders)."""
+    from nsqshm.local.arrow import headers_array, null_headers, record_batch
 
-    n = exported[0]
     rb = record_batch(exported, rng.log_topic.name, rng.channel or "")
+    headers = headers_array(exported) if rng.headers else None
+    if keep is not None:
+        keep = pa.array(keep)
+        rb = rb.take(keep)
+        headers = headers.take(keep) if headers is not None else None
+    n = rb.num_rows
     columns = rb.columns
     if rng.channel is None:
         columns[5] = pa.nulls(n, pa.string())
     columns.append(pa.array(np.full(n, rng.partition, dtype=np.int32)))
-    columns.append(pa.array(np.arange(first, first + n, dtype=np.int64)))
-    return pa.RecordBatch.from_arrays(columns, names=[*rb.schema.names, "partition", "offset"])
+    columns.append(pa.array(offsets))
+    names = [*rb.schema.names, "partition", "offset"]
+    if rng.headers:  # a topic without ext: no message has headers
+        columns.append(headers if headers is not None else null_headers(n))
+        names.append("headers")
+    return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def columns_for(rng):
+    """The C column builder of a range: an ext topic's ext part cut from the
+    bodies, its headers laid out when asked for."""
+    from nsqshm._core.localbatch import Columns
+
+    return Columns(ext=rng.log_topic.ext, headers=rng.headers)
 
 
 def _read_local(rng):
     from nsqshm._core.commitlog import OffsetOutOfRange
-    from nsqshm._core.localbatch import Columns
 
     lt = rng.log_topic
     reader = lt.reader(rng.partition)
@@ -121,7 +141,7 @@ def _read_local(rng):
         except OffsetOutOfRange:
             span = READ_BUFFER
         buf = bytearray(max(1, min(READ_BUFFER, span)))
-        cols = Columns()
+        cols = columns_for(rng)
         while offset < rng.until:
             try:
                 n, _, nxt = reader.read_into(offset, buf, min(rng.batch_size,
@@ -133,7 +153,7 @@ def _read_local(rng):
                 raise DataLossError(f"{lt.name} partition {rng.partition}: the log ends at "
                                     f"{offset}, offsets up to {rng.until} were planned")
             cols.add_records(buf, n, True)
-            yield _batch(cols.export(), rng, offset)
+            yield _batch(cols.export(), rng, np.arange(offset, offset + n, dtype=np.int64))
             offset = nxt
     finally:
         lt.close()
@@ -156,7 +176,6 @@ def _read_tcp(rng):
     (and whatever the channel gets of other partitions, dropped).  Rows are
     kept by the position in their IDs, each offset of the range once, so a
     redelivery changes nothing; all is FINed as it arrives."""
-    from nsqshm.local.arrow import record_batch
     from nsqshm.spark.logtcp import RangeSubscription
 
     lt = rng.log_topic
@@ -166,7 +185,9 @@ def _read_tcp(rng):
     first = check_loss(rng, start)
     want = rng.until - first
     seen = np.zeros(want, dtype=bool)
-    sub = RangeSubscription(lt, rng.partition, first)
+    # extend_support (frames with the ext part) only where there are headers to read
+    sub = RangeSubscription(lt, rng.partition, first, columns_for(rng) if lt.ext and rng.headers
+                            else None)
     try:
         while not seen.all():
             got = sub.collect(rng.batch_size)
@@ -187,13 +208,6 @@ def _read_tcp(rng):
             seen[rel_u] = True
             if not len(keep):
                 continue
-            rb = record_batch(exported, lt.name, rng.channel or "").take(pa.array(keep))
-            columns = rb.columns
-            if rng.channel is None:
-                columns[5] = pa.nulls(len(keep), pa.string())
-            columns.append(pa.array(np.full(len(keep), rng.partition, dtype=np.int32)))
-            columns.append(pa.array(rel_u + first))
-            yield pa.RecordBatch.from_arrays(columns,
-                                             names=[*rb.schema.names, "partition", "offset"])
+            yield _batch(exported, rng, rel_u + first, keep)
     finally:
         sub.close()

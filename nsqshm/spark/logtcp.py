@@ -21,7 +21,9 @@ POLL = 0.2
 
 
 class RangeSubscription(Subscription):
-    def __init__(self, log_topic, partition, start):
+    def __init__(self, log_topic, partition, start, columns=None):
+        """columns: an ext topic's Columns(ext=True, ...): the connection asks
+        for extend_support, so frames carry the headers (else nsqd strips them)."""
         self.channel = f"spark-{uuid.uuid4().hex[:12]}#ephemeral"
         topic = quote(log_topic.name, safe="")
         channel = quote(self.channel, safe="")
@@ -33,13 +35,13 @@ class RangeSubscription(Subscription):
                           body=b"special:-1")
             except OSError:
                 pass  # only saves work: the reader drops other partitions' messages
-        self.conn = Connection(log_topic.tcp_address)
+        self.conn = Connection(log_topic.tcp_address, extend_support=columns is not None)
         self.conn.sock.sendall(f"SUB_ADVANCED {log_topic.name} {self.channel} {partition} "
                                f"msgcount:{start}\n".encode())
         self.conn.response()
         from nsqshm._core.localbatch import Columns
 
-        self.columns = Columns()
+        self.columns = columns if columns is not None else Columns()
         self.fins = bytearray()
         self.held = 0
         self.last = time.monotonic()

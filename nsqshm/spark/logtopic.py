@@ -13,7 +13,7 @@ import json
 import os
 from urllib.parse import quote
 
-from nsqshm.spark.connect import http_json, local_broker
+from nsqshm.spark.connect import http_json, local_broker, topic_is_ext
 from nsqshm.spark.options import OptionError
 
 LOG_TOPICS_FILE = "nsqshm.logtopics.json"   # nsqshm.nsqd.logtopic.LOG_TOPICS_FILE
@@ -28,9 +28,11 @@ def _stats(address, topic):
 
 
 class LogTopic:
-    def __init__(self, name, partitions, data_path=None, http_address=None, tcp_address=None):
+    def __init__(self, name, partitions, data_path=None, http_address=None, tcp_address=None,
+                 ext=False):
         self.name = name
         self.partitions = partitions
+        self.ext = ext                      # made with ext=true: records carry headers
         self.data_path = data_path          # set: the logs are on this host
         self.http_address = http_address
         self.tcp_address = tcp_address
@@ -55,7 +57,8 @@ class LogTopic:
                 if spec.get("name") == topic:
                     return cls(topic, int(spec["partition_num"]), data_path=data_path,
                                http_address=o.http_address or broker.http_address,
-                               tcp_address=o.tcp_address or broker.info.get("tcp_address"))
+                               tcp_address=o.tcp_address or broker.info.get("tcp_address"),
+                               ext=topic_is_ext(o, topic, broker))
             return None
         if not o.http_address:
             raise OptionError("a broker not on this host needs nsqdHttpAddress")
@@ -63,7 +66,7 @@ class LogTopic:
         if t is None or "partitions" not in t:
             return None
         return cls(topic, len(t["partitions"]), http_address=o.http_address,
-                   tcp_address=o.tcp_address)
+                   tcp_address=o.tcp_address, ext=bool(t.get("is_ext")))
 
     @property
     def local(self):

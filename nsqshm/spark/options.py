@@ -41,6 +41,9 @@ Log topics (docs/spark.md, "Log topics"), named as Kafka's source names them:
     minOffsetsPerTrigger   stream: wait for at least this many (ReadMinRows)
     minPartitions          split the partitions' ranges into at least this many
                            Spark partitions
+    includeHeaders         true: a `headers` column, Kafka's type (array of key
+                           string, value binary; null for a message without
+                           headers): an ext topic's JSON headers (docs/headers.md)
     failOnDataLoss         true (default): fail when planned offsets were removed
                            by retention; false: skip them, logging a warning
     channel                given: the channel whose cursor follows the committed
@@ -123,6 +126,7 @@ class Options:
     min_per_trigger: int = 0
     min_partitions: int = 0
     fail_on_data_loss: bool = True
+    include_headers: bool = False
 
     @property
     def topic(self):
@@ -165,6 +169,10 @@ def parse(options, reading=True):
     if fail not in ("true", "false"):
         raise OptionError(f"failOnDataLoss {fail!r} is not true or false")
     o.fail_on_data_loss = fail == "true"
+    headers = (opts.get("includeheaders") or "false").lower()
+    if headers not in ("true", "false"):
+        raise OptionError(f"includeHeaders {headers!r} is not true or false")
+    o.include_headers = headers == "true"
     o.starting_raw = opts.get("startingoffsets") or None
     o.starting_by_time = opts.get("startingoffsetsbytimestamp") or None
     o.ending_raw = opts.get("endingoffsets") or None

@@ -13,15 +13,16 @@
 
 Rows: body binary, id string, timestamp timestamp, attempts int, topic
 string, channel string; a log topic's rows add partition int, offset long
-(and are read by offset ranges: logbatch, logstream).  Options:
-nsqshm.spark.options.
+(and are read by offset ranges: logbatch, logstream); includeHeaders adds
+headers array<struct<key string, value binary>> (an ext topic's headers).
+Options: nsqshm.spark.options.
 """
 
 from pyspark.sql.datasource import DataSource
 
 from nsqshm.spark.logtopic import LogTopic
 from nsqshm.spark.options import OptionError, parse
-from nsqshm.spark.schema import LOG_SCHEMA, SCHEMA
+from nsqshm.spark.schema import schema_of
 
 LOG_ONLY = ("startingOffsetsByTimestamp", "endingOffsets", "endingOffsetsByTimestamp",
             "endingTimestamp", "minOffsetsPerTrigger", "minPartitions", "failOnDataLoss")
@@ -32,9 +33,6 @@ def log_topics(o):
     is; reading both kinds in one query is refused."""
     found = {t: LogTopic.find(o, t) for t in o.topics}
     logs = {t: lt for t, lt in found.items() if lt is not None}
-    if (o.raw.get("includeheaders") or "false").lower() != "false":
-        raise OptionError("includeHeaders: messages have no headers yet (nsqshm's log "
-                          "records carry none); leave it false")
     if logs and len(logs) != len(found):
         classic = sorted(t for t, lt in found.items() if lt is None)
         raise OptionError(f"topics {sorted(logs)} are log topics and {classic} are not: "
@@ -55,7 +53,7 @@ class NsqshmDataSource(DataSource):
 
     def schema(self):
         o = parse(self.options)
-        return LOG_SCHEMA if log_topics(o) else SCHEMA
+        return schema_of(bool(log_topics(o)), o.include_headers)
 
     def reader(self, schema):
         o = parse(self.options)

@@ -52,7 +52,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from nsqshm import __version__
-from nsqshm.spark.connect import create_channel, local_broker
+from nsqshm.spark.connect import create_channel, local_broker, topic_is_ext
 from nsqshm.spark.options import starting_ns
 
 ARENA_SIZE = 1 << 32           # sparse: pages only as used
@@ -61,20 +61,24 @@ USER_AGENT = f"nsqshm.spark/{__version__}"
 
 
 class ArenaPartition(InputPartition):
-    def __init__(self, name, topic, channel, since_ns, batch_size):
+    def __init__(self, name, topic, channel, since_ns, batch_size, ext=False, headers=False):
         self.name = name
         self.topic = topic
         self.channel = channel
         self.since_ns = since_ns
         self.batch_size = batch_size
+        self.ext = ext              # the messages carry Youzan's ext part
+        self.headers = headers      # includeHeaders
 
 
 class FramesPartition(InputPartition):
-    def __init__(self, frames, topic, channel, since_ns):
+    def __init__(self, frames, topic, channel, since_ns, ext=False, headers=False):
         self.frames = frames
         self.topic = topic
         self.channel = channel
         self.since_ns = since_ns
+        self.ext = ext              # frames sent for extend_support
+        self.headers = headers
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -105,6 +109,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.broker.msg_timeout if self.broker else 60.0)
         for topic in self.o.topics:
             create_channel(self.o, topic, self.broker)
+        self.ext = {t: topic_is_ext(self.o, t, self.broker) for t in self.o.topics}
 
     def _topic_depth(self, topic):
         ring = self.broker.attach(self.broker.topic_ring_name(topic))
@@ -370,7 +375,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first, last = int(start["seq"]) + 1, int(end["seq"])
         since = int(end.get("since", 0))
         if self.broker is None:
-            return [FramesPartition(frames, topic, self.o.channel, since)
+            headers = self.o.include_headers
+            return [FramesPartition(frames, topic, self.o.channel, since,
+                                    self.ext[topic] and headers, headers)
                     for seq in range(first, last + 1)
                     for topic, frames, _ in self.tcp_batches.get(seq, [])]
         from nsqshm.local import arenas
@@ -385,8 +392,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 names = sorted(on_disk.get(seq, []), key=lambda n: int(n.rpartition(".")[2]))
                 self._adopt(seq, names)
             for name in names:
-                parts.append(ArenaPartition(name, self._topic_of(name), self.o.channel, since,
-                                            self.o.batch_size))
+                topic = self._topic_of(name)
+                parts.append(ArenaPartition(name, topic, self.o.channel, since,
+                                            self.o.batch_size, self.ext.get(topic, False),
+                                            self.o.include_headers))
         return parts
 
     def _adopt(self, seq, names):
@@ -472,8 +481,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for topic in self.o.topics:
             taker = self.takers.get(topic)
             if taker is None:
-                taker = self.takers[topic] = Taker(self.o.tcp_address, topic, self.o.channel,
-                                                   self.o.msg_timeout or None)
+                taker = self.takers[topic] = Taker(
+                    self.o.tcp_address, topic, self.o.channel, self.o.msg_timeout or None,
+                    extend_support=self.ext[topic] and self.o.include_headers)
             frames, fins, n = taker.take(int(min(want - total, 1 << 30)), self.o.idle_timeout)
             if n:
                 self.tcp_batches.setdefault(seq, []).append((topic, frames, fins))
@@ -503,20 +513,20 @@ def driver_pid():
 def _read_arena(p):
     from nsqshm._core.arena import Arena
     from nsqshm._core.localbatch import Columns
-    from nsqshm.local.arrow import record_batch
+    from nsqshm.local.arrow import with_headers
 
     try:
         arena = Arena.attach(p.name)
     except Exception:
         return  # put back already (the broker recovered it): redelivered later
     try:
-        cols = Columns()
+        cols = Columns(ext=p.ext, headers=p.headers)
         cols.since_ns = p.since_ns
         offset = 0
         while True:
             offset = cols.add_arena(arena, offset, p.batch_size)
             if len(cols):
-                yield record_batch(cols.export(), p.topic, p.channel)
+                yield with_headers(cols.export(), p.topic, p.channel, p.headers)
             if not offset:
                 break
     finally:
@@ -525,10 +535,10 @@ def _read_arena(p):
 
 def _read_frames(p):
     from nsqshm._core.localbatch import Columns
-    from nsqshm.local.arrow import record_batch
+    from nsqshm.local.arrow import with_headers
 
-    cols = Columns()
+    cols = Columns(ext=p.ext, headers=p.headers)
     cols.since_ns = p.since_ns
     cols.add_frames(p.frames)
     if len(cols):
-        yield record_batch(cols.export(), p.topic, p.channel)
+        yield with_headers(cols.export(), p.topic, p.channel, p.headers)

@@ -10,10 +10,11 @@ import threading
 
 from nsqshm import __version__
 from nsqshm import protocol as proto
-from nsqshm._core.localbatch import Columns, mpub_body
+from nsqshm._core.localbatch import Columns, mpub_body, mpub_ext_body
 from nsqshm._core.wire import scan_deliveries
 
 MAX_MPUB_BYTES = 4 << 20   # under nsqd's default --max-body-size (5 MiB)
+MAX_HEADER_BYTES = 16 * 1024   # nsqshm.nsqd.ext.MAX_HEADER_BYTES: one message's JSON headers
 USER_AGENT = f"nsqshm.spark/{__version__}"
 
 
@@ -29,7 +30,7 @@ def split(address):
 class Connection:
     """One protocol-V2 connection: IDENTIFY on connect; frames read into `buf`."""
 
-    def __init__(self, address, msg_timeout=None, timeout=10.0):
+    def __init__(self, address, msg_timeout=None, timeout=10.0, extend_support=False):
         self.sock = socket.create_connection(split(address), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = bytearray()
@@ -38,6 +39,8 @@ class Connection:
                  "feature_negotiation": True}
         if msg_timeout:
             ident["msg_timeout"] = int(msg_timeout * 1000)
+        if extend_support:  # Youzan's: an ext topic's frames keep their headers
+            ident["extend_support"] = True
         self.sock.sendall(proto.MAGIC_V2 + proto.identify(ident))
         ftype, data = self.response()
         self.features = json.loads(data) if data.startswith(b"{") else {}
@@ -95,11 +98,14 @@ class Subscription:
     """A SUB with a bounded window: collect() gathers messages into Arrow
     columns and their FIN lines; finish() sends the FINs."""
 
-    def __init__(self, address, topic, channel, msg_timeout=None, since_ns=0):
-        self.conn = Connection(address, msg_timeout)
+    def __init__(self, address, topic, channel, msg_timeout=None, since_ns=0, ext=False,
+                 headers=False):
+        """ext: IDENTIFY extend_support (an ext topic's frames keep their
+        headers, gathered into a headers column when `headers`)."""
+        self.conn = Connection(address, msg_timeout, extend_support=ext)
         self.conn.sock.sendall(proto.sub(topic, channel))
         self.conn.response()
-        self.columns = Columns()
+        self.columns = Columns(ext=ext, headers=headers)
         self.columns.since_ns = since_ns
         self.fins = bytearray()
         self.held = 0
@@ -163,13 +169,31 @@ class Publisher:
         while done < count:
             n = self._chunk(offsets, width, start + done, count - done)
             body = mpub_body(data, offsets, None, start + done, n, width, self.max_msg_size)
-            self.conn.sock.sendall(command + b"\n" +
-                                   struct.pack(">I", len(body)) + body)
-            ftype, data_ = self.conn.response()
-            if data_ != b"OK":
-                raise NsqError(f"MPUB: {data_!r}")
-            done += n
-            self.published += n
+            done += self._send(command, body, n)
+        return count
+
+    def _send(self, command, body, n):
+        """One MPUB or MPUB_EXT of n messages, acknowledged: n."""
+        self.conn.sock.sendall(command + b"\n" + struct.pack(">I", len(body)) + body)
+        ftype, data = self.conn.response()
+        if data != b"OK":
+            raise NsqError(f"{command.split()[0].decode()}: {data!r}")
+        self.published += n
+        return n
+
+    def publish_ext(self, topic, data, offsets, width, start, count, headers, partition=None):
+        """MPUB_EXT: each body with its row of `headers` (ext_spans), packed in C."""
+        command = b"MPUB_EXT " + topic.encode()
+        if partition is not None:
+            command += b" %d" % partition
+        rows, valid, keys, values, pairs = headers
+        done = 0
+        while done < count:
+            # an ext topic stores [1 version][2 n][JSON][body]: at most --max-msg-size
+            body, n = mpub_ext_body(data, offsets, start + done, count - done, width,
+                                    rows[done:], valid[done:], *keys, *values, pairs,
+                                    self.max_msg_size - 1, MAX_HEADER_BYTES, MAX_MPUB_BYTES)
+            done += self._send(command, body, n)
         return count
 
     @staticmethod
@@ -195,8 +219,8 @@ class Taker:
     most max_rdy_count messages in flight on the connection, the batches not
     yet committed included."""
 
-    def __init__(self, address, topic, channel, msg_timeout=None):
-        self.conn = Connection(address, msg_timeout)
+    def __init__(self, address, topic, channel, msg_timeout=None, extend_support=False):
+        self.conn = Connection(address, msg_timeout, extend_support=extend_support)
         self.conn.sock.sendall(proto.sub(topic, channel))
         self.conn.response()
         self.lock = threading.Lock()

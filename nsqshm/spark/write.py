@@ -8,7 +8,13 @@ A log topic takes `MPUB T p` over TCP (local clients do not publish to log
 topics yet): a `partition` column names each row's partition, or a `key`
 column is hashed to one (CRC-32C of the key's bytes modulo the partition
 count, keyhash.pyx: stable, so one key's messages stay in order in one
-partition); with neither the broker spreads the rows round-robin."""
+partition); with neither the broker spreads the rows round-robin.
+
+A `headers` column (Kafka's sink's: array<struct<key string, value binary
+or string>>) is published with MPUB_EXT over TCP, each row's pairs as one
+JSON object of strings (localbatch.mpub_ext_body, in C); the topic must be
+an ext topic (docs/headers.md).  An ext topic's rows go over TCP too, with
+or without headers: a local producer writes no ext part."""
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +24,15 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, IntegerType, LongType, ShortType, StringType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+)
 
 from nsqshm.spark.connect import local_broker
 from nsqshm.spark.options import OptionError
@@ -49,7 +63,18 @@ def check_schema(o, schema):
         raise OptionError(f'column "key" is {names["key"].simpleString()}, not binary or string')
     if "partition" in names and "key" in names:
         raise OptionError('give a "partition" column or a "key" column, not both')
+    if "headers" in names and not _headers_type(names["headers"]):
+        raise OptionError(f'column "headers" is {names["headers"].simpleString()}, not '
+                          "array<struct<key:string,value:binary>> (Kafka's headers)")
     return has_topic
+
+
+def _headers_type(t):
+    if not isinstance(t, ArrayType) or not isinstance(t.elementType, StructType):
+        return False
+    fields = t.elementType.fields
+    return [f.name for f in fields] == ["key", "value"] and \
+        all(isinstance(f.dataType, BinaryType | StringType) for f in fields)
 
 
 class _Sink:
@@ -58,6 +83,7 @@ class _Sink:
     def __init__(self, o):
         self.o = o
         self.log_topics = {}    # topic -> LogTopic or None (classic)
+        self.ext_topics = {}    # classic topic -> made with ext=true
         self.log_tcp = None
         broker = self.broker = local_broker(o)
         if broker is not None:
@@ -84,31 +110,58 @@ class _Sink:
         lt = self._log_topic(topic)
         if lt is not None:
             return self._publish_log(lt, bodies, rows)
-        if self.producer is not None:
+        headers = rows is not None and "headers" in rows.schema.names
+        if self.producer is not None and not headers and not self._is_ext(topic):
             return self.producer.publish_arrow(bodies, topic=topic)
-        from nsqshm.local.arrow import body_spans
+        return self._publish_tcp(self.tcp or self._tcp_publisher(None), topic, bodies,
+                                 rows if headers else None)
 
-        data, offsets, width, start, count = body_spans(bodies)
-        return self.tcp.publish_spans(topic, data, offsets, width, start, count)
+    def _is_ext(self, topic):
+        if topic not in self.ext_topics:
+            from nsqshm.spark.connect import topic_is_ext
 
-    def _publish_log(self, lt, bodies, rows):
-        """MPUB T p per partition the rows go to (their order kept)."""
-        from nsqshm.local.arrow import body_spans
+            self.ext_topics[topic] = topic_is_ext(self.o, topic, self.broker)
+        return self.ext_topics[topic]
 
+    def _tcp_publisher(self, address):
+        """The TCP publisher of what shared memory cannot take (log and ext topics)."""
         if self.log_tcp is None:
             from nsqshm.spark.tcp import Publisher
 
-            address = lt.tcp_address or self.o.tcp_address
+            address = address or self.o.tcp_address or (
+                self.broker.info.get("tcp_address") if self.broker is not None else None)
             if not address:
-                raise OptionError(f"log topic {lt.name!r}: no TCP address to publish to")
+                raise OptionError("no TCP address to publish to: give nsqdTcpAddress")
             self.log_tcp = Publisher(address)
+        return self.log_tcp
+
+    @staticmethod
+    def _publish_tcp(publisher, topic, bodies, rows, partition=None):
+        """MPUB, or MPUB_EXT when the rows have a headers column."""
+        from nsqshm.local.arrow import body_spans, header_spans
+
+        if rows is None or "headers" not in rows.schema.names:
+            return publisher.publish_spans(topic, *body_spans(bodies), partition=partition)
+        try:
+            headers = header_spans(rows.column("headers"))
+        except (TypeError, ValueError) as err:
+            raise OptionError(f'column "headers": {err}') from None
+        return publisher.publish_ext(topic, *body_spans(bodies), headers, partition=partition)
+
+    def _publish_log(self, lt, bodies, rows):
+        """MPUB T p per partition the rows go to (their order kept)."""
+        publisher = self._tcp_publisher(lt.tcp_address)
         parts = self._partitions_of(lt, rows) if rows is not None else None
         if parts is None:
-            return self.log_tcp.publish_spans(lt.name, *body_spans(bodies))
+            return self._publish_tcp(publisher, lt.name, bodies, rows)
         count = 0
         for p in np.unique(parts):
-            chosen = bodies.filter(pa.array(parts == p)) if len(np.unique(parts)) > 1 else bodies
-            count += self.log_tcp.publish_spans(lt.name, *body_spans(chosen), partition=int(p))
+            if len(np.unique(parts)) > 1:
+                chosen = rows.filter(pa.array(parts == p))
+                count += self._publish_tcp(publisher, lt.name, chosen.column("body"), chosen,
+                                           int(p))
+            else:
+                count += self._publish_tcp(publisher, lt.name, bodies, rows, int(p))
         return count
 
     @staticmethod

@@ -256,3 +256,25 @@ def test_deliver_counts_expired_and_sampled_records_as_taken():
     assert inflight.deliver(_records(*msgs), 2, bytearray(), 7, 1 << 62, 0,
                             ext.ExtView(strip=True)) == 0
     assert inflight.consumed == 2
+
+
+@pytest.mark.parametrize("json, members", [
+    (b"{}", []),
+    (b' { "a" : "x" } ', [(b"a", b"x")]),
+    (b'{"a":"x\\u00e9\\n","b":12,"c":{"d":[1,"}"]},"e":true,"f":null}',
+     [(b"a", "xé\n".encode()), (b"b", b"12"), (b"c", b'{"d":[1,"}"]}'), (b"e", b"true"),
+      (b"f", b"null")]),
+    (b'{"k\\"q":""}', [(b'k"q', b"")]),
+    (b'{"\\ud83d\\ude00":"\\ud800"}', [("\U0001F600".encode(), "\ufffd".encode())]),
+])
+def test_json_members(json, members):
+    """The walk the Spark headers column makes (localbatch.Columns): keys and
+    string values unescaped, other values as their JSON text."""
+    assert ext.json_members(json) == members
+
+
+@pytest.mark.parametrize("json", [b"", b"[]", b'{"a"}', b'{"a":}', b'{"a":"x"', b'{a:1}',
+                                  b'{"a":1,}', b'"s"'])
+def test_json_members_refuses_what_is_not_an_object(json):
+    with pytest.raises(ValueError):
+        ext.json_members(json)

@@ -8,6 +8,7 @@ import uuid
 import numpy as np
 import pyarrow as pa
 import pytest
+from nsqshm._core.ext import ext_body
 
 from nsqshm._core import codec
 from nsqshm._core.arena import LIVE, Arena
@@ -19,9 +20,18 @@ from nsqshm._core.localbatch import (
     finish_frames,
     index_frames,
     mpub_body,
+    mpub_ext_body,
     pack_bodies,
 )
-from nsqshm.local.arrow import SCHEMA, record_batch
+from nsqshm.local.arrow import (
+    HEADERS_TYPE,
+    SCHEMA,
+    body_spans,
+    header_spans,
+    headers_array,
+    record_batch,
+    with_headers,
+)
 from nsqshm.ring import Ring
 
 TS = 1_700_000_000_123_456_789
@@ -140,6 +150,112 @@ def test_columns_since_skips_older_messages():
 def test_empty_export_is_a_valid_batch():
     rb = record_batch(Columns().export(), "t", "c")
     assert rb.num_rows == 0 and rb.schema.equals(SCHEMA)
+
+
+def ext_messages(parts):
+    """Messages of an ext topic: (JSON headers or None, body) each."""
+    return [codec.encode_message(codec.int_to_id(i + 1), TS + i, 1, ext_body(h, b))
+            for i, (h, b) in enumerate(parts)]
+
+
+EXT_ROWS = [  # (stored JSON headers, body, the headers column's row)
+    (b'{"k":"v","n":3}', b"b0", [("k", b"v"), ("n", b"3")]),
+    (None, b"b1", None),                                  # version 0: no headers
+    (b"{}", b"b2", None),                                 # none either (Kafka: null)
+    (b'{"q\\"":"\\u00e9\\t","o":{"a":[1]}}', b"", [('q"', "é\t".encode()),
+                                                    ("o", b'{"a":[1]}')]),
+    (b'{"bad', b"b4", None),                              # not an object: none
+]
+
+
+@pytest.mark.parametrize("headers", [False, True])
+def test_columns_cut_the_ext_part_and_lay_out_headers(headers):
+    msgs = ext_messages([(h, b) for h, b, _ in EXT_ROWS])
+    cols = Columns(ext=True, headers=headers)
+    cols.add_frames(frames_of(msgs[:2]))
+    cols.add_records(b"".join(struct.pack("=I", len(m)) + m for m in msgs[2:]), 3)
+    exported = cols.export()
+    rb = with_headers(exported, "t", "c", headers)
+    assert rb.column("body").to_pylist() == [b for _, b, _ in EXT_ROWS]
+    assert rb.column("attempts").to_pylist() == [1] * 5
+    if not headers:
+        assert exported[6] is None and rb.schema.equals(SCHEMA)
+        return
+    column = headers_array(exported)
+    column.validate(full=True)
+    assert column.type == HEADERS_TYPE
+    assert [None if r is None else [(p["key"], p["value"]) for p in r]
+            for r in column.to_pylist()] == [want for _, _, want in EXT_ROWS]
+    # the next batch starts empty, its own buffers
+    cols.add_frames(frames_of(msgs[:1]))
+    again = headers_array(cols.export())
+    assert again.to_pylist() == [[{"key": "k", "value": b"v"}, {"key": "n", "value": b"3"}]]
+
+
+def test_columns_without_ext_keep_the_bytes_and_have_null_headers():
+    """A topic without ext: bodies as stored, the headers column all null."""
+    msgs = ext_messages([(b'{"k":"v"}', b"x")])
+    cols = Columns(headers=True)   # headers need ext: nothing laid out
+    cols.add_frames(frames_of(msgs))
+    rb = with_headers(cols.export(), "t", "c", True)
+    assert rb.column("body").to_pylist() == [ext_body(b'{"k":"v"}', b"x")]
+    assert rb.column("headers").to_pylist() == [None]
+    empty = Columns(ext=True, headers=True).export()
+    assert headers_array(empty).to_pylist() == []
+    assert with_headers(empty, "t", "c", True).schema.names[-1] == "headers"
+
+
+def _ext_body(bodies, headers, max_size=1 << 20, max_header=16384, max_bytes=1 << 22):
+    data, offsets, width, start, count = body_spans(bodies)
+    rows, valid, keys, values, pairs = header_spans(headers)
+    return mpub_ext_body(data, offsets, start, count, width, rows, valid, *keys, *values,
+                         pairs, max_size, max_header, max_bytes)
+
+
+def test_mpub_ext_body_layout():
+    """MPUB_EXT: [4 count] ([4 size][2 n][n JSON][body])*, each row's pairs one
+    JSON object of strings; a null or empty list: n = 0."""
+    headers = pa.array([[{"key": "a", "value": b'x"\\\n'}], None, [],
+                        [{"key": "k1", "value": b"1"}, {"key": "é", "value": b""}]],
+                       type=HEADERS_TYPE)
+    bodies = pa.array([b"b0", b"b1", b"b2", b"b3"])
+    j0 = rb'{"a":"x\"\\\u000a"}'
+    j3 = '{"k1":"1","é":""}'.encode()
+    want = struct.pack(">I", 4) + b"".join(
+        struct.pack(">IH", 2 + len(j) + 2, len(j)) + j + b
+        for j, b in ((j0, b"b0"), (b"", b"b1"), (b"", b"b2"), (j3, b"b3")))
+    assert _ext_body(bodies, headers) == (want, 4)
+    # a slice of both (Spark's batches are slices), large types, chunks
+    assert _ext_body(bodies[3:], headers[3:])[0] == \
+        struct.pack(">II", 1, 2 + len(j3) + 2) + struct.pack(">H", len(j3)) + j3 + b"b3"
+    large = headers.cast(pa.large_list(pa.struct([("key", pa.large_string()),
+                                                  ("value", pa.large_binary())])))
+    assert _ext_body(bodies[1:], large[1:])[0] == _ext_body(bodies[1:], headers[1:])[0]
+    assert _ext_body(bodies, pa.chunked_array([headers[:2], headers[2:]])) == (want, 4)
+    # as many rows as fit max_bytes, at least one
+    body, n = _ext_body(bodies, headers, max_bytes=30)
+    assert n == 1 and body == struct.pack(">I", 1) + want[4:4 + 4 + 2 + len(j0) + 2]
+    assert _ext_body(bodies, headers, max_bytes=1)[1] == 1
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"max_header": 10}, "row 0: its headers are 11 bytes of JSON, over 10"),
+    ({"max_size": 12}, "row 0: 2 bytes of body and 11 of headers, over max_msg_size 12"),
+])
+def test_mpub_ext_body_limits(kwargs, error):
+    headers = pa.array([[{"key": "a", "value": b"xyz"}]] * 2, type=HEADERS_TYPE)
+    with pytest.raises(ValueError, match=error):
+        _ext_body(pa.array([b"b0", b"b1"]), headers, **kwargs)
+
+
+@pytest.mark.parametrize("headers, error", [
+    (pa.array([[{"key": None, "value": b"v"}]], type=HEADERS_TYPE), "null key or value"),
+    (pa.array([[{"key": "", "value": b"v"}]], type=HEADERS_TYPE), "empty key"),
+    (pa.array([["a"]]), "must be array<struct<key, value>>"),
+])
+def test_header_spans_refuses(headers, error):
+    with pytest.raises((TypeError, ValueError), match=error):
+        header_spans(headers)
 
 
 def test_take_moves_ring_records_into_the_arena(ring, arena):

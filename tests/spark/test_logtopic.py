@@ -130,7 +130,7 @@ OPTION_ERRORS = [
     ({"failOnDataLoss": "maybe"}, "failOnDataLoss 'maybe' is not true or false"),
     ({"topic": "opt,classic"}, r"are log topics and \['classic'\] are not"),
     ({"topic": "classic", "endingOffsets": "latest"}, "need a log topic"),
-    ({"includeHeaders": "true"}, "messages have no headers yet"),
+    ({"includeHeaders": "yes"}, "includeHeaders 'yes' is not true or false"),
 ]
 
 
