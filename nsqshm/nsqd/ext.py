@@ -149,23 +149,28 @@ def _partition(topic, pub):
 
 
 def _put(topic, packed, count, nbytes, partition, code, client=None, trace_ids=None):
+    """Store the records: the queue offset of the first (trace.queue_offset)."""
     trace.publisher.client = client.remote_address if client is not None else None
     trace.publisher.trace_ids = trace_ids if trace_ids and any(trace_ids) else None
+    trace.publisher.queue_offset = 0
     try:
         topic.put_packed(packed, count, nbytes, partition)
+        return trace.queue_offset()
     except PartitionError as err:
         raise FatalClientErr(*BAD_PARTITION(err)) from None
     except TopicError as err:  # (Youzan's E_PUB_FAILED / E_MPUB_FAILED are not fatal)
         raise ClientErr(code, str(err)) from None
     finally:
         trace.publisher.client = trace.publisher.trace_ids = None
+        trace.publisher.queue_offset = 0
 
 
-def _traced_reply(packed, trace_id):
+def _traced_reply(packed, trace_id, queue_offset):
     """Youzan's 30-byte answer: the first message's 64-bit ID (its 16 hex digits),
-    the trace ID, a queue offset of 0 (not known at publish), the stored size."""
+    the trace ID, its queue offset (a log partition's virtual offset where this
+    worker appended it, else 0), the stored size."""
     size = struct.unpack_from("=I", packed)[0]
-    return bodies.traced_reply(int(bytes(packed[14:30]), 16), trace_id, 0, size)
+    return bodies.traced_reply(int(bytes(packed[14:30]), 16), trace_id, queue_offset, size)
 
 
 def _fast(protocol, topic, body, mpub):
@@ -186,7 +191,7 @@ def _fast(protocol, topic, body, mpub):
 
 def pub_ext(protocol, client, params, reader):
     """PUB_EXT: OK, or Youzan's 30-byte traced answer with a ##trace_id header
-    (ID: the message's 64-bit value; queue offset 0: not known at publish)."""
+    (ID: the message's 64-bit value; queue offset: _traced_reply)."""
     return _publish_ext(protocol, client, params, reader, mpub=False)
 
 
@@ -206,9 +211,9 @@ def _publish_ext(protocol, client, params, reader, mpub):
     fast = _fast(protocol, topic, body, mpub=mpub)  # valid bodies: checked and packed in C
     if fast is not None:
         packed, count, trace_ids, traced = fast
-        _put(topic, packed, count, size, _partition(topic, pub), failed, client, trace_ids)
+        at = _put(topic, packed, count, size, _partition(topic, pub), failed, client, trace_ids)
         protocol._count_pub(client, topic.name, count)
-        return _traced_reply(packed, trace_ids[0]) if traced and not mpub else b"OK"
+        return _traced_reply(packed, trace_ids[0], at) if traced and not mpub else b"OK"
     # the rest: Youzan's parser, for its exact error texts
     if mpub:
         messages = bodies.parse_mpub(body, opts.max_msg_size, opts.max_body_size,
@@ -218,11 +223,11 @@ def _publish_ext(protocol, client, params, reader, mpub):
     packed = ExtRecords() if topic.ext else bytearray()
     for published in messages:
         packed += _stored(topic, published)
-    _put(topic, packed, len(messages), sum(len(m.body) for m in messages),
-         _partition(topic, pub), failed, client, [m.trace_id for m in messages])
+    at = _put(topic, packed, len(messages), sum(len(m.body) for m in messages),
+              _partition(topic, pub), failed, client, [m.trace_id for m in messages])
     protocol._count_pub(client, topic.name, len(messages))
     if not mpub and messages[0].traced:
-        return _traced_reply(packed, messages[0].trace_id)
+        return _traced_reply(packed, messages[0].trace_id, at)
     return b"OK"
 
 
@@ -239,10 +244,10 @@ def pub_trace(protocol, client, params, reader):
     protocol.check_auth(client, "PUB", topic.name, "")
     published = bodies.parse_pub_trace(body)
     packed = _stored(topic, published)
-    _put(topic, packed, 1, len(published.body), _partition(topic, pub), "E_PUB_FAILED", client,
-         [published.trace_id])
+    at = _put(topic, packed, 1, len(published.body), _partition(topic, pub), "E_PUB_FAILED",
+              client, [published.trace_id])
     protocol._count_pub(client, topic.name, 1)
-    return _traced_reply(packed, published.trace_id)
+    return _traced_reply(packed, published.trace_id, at)
 
 
 def mpub_trace(protocol, client, params, reader):
@@ -259,10 +264,10 @@ def mpub_trace(protocol, client, params, reader):
     packed = ExtRecords() if topic.ext else bytearray()
     for published in messages:
         packed += _stored(topic, published)
-    _put(topic, packed, len(messages), sum(len(m.body) for m in messages),
-         _partition(topic, pub), "E_MPUB_FAILED", client, [m.trace_id for m in messages])
+    at = _put(topic, packed, len(messages), sum(len(m.body) for m in messages),
+              _partition(topic, pub), "E_MPUB_FAILED", client, [m.trace_id for m in messages])
     protocol._count_pub(client, topic.name, len(messages))
-    return _traced_reply(packed, 0)
+    return _traced_reply(packed, 0, at)
 
 
 def _read_size(reader):

@@ -687,20 +687,24 @@ class HTTPAPI:
         req.environ[EXT_PREFIX] = prefix
         trace.publisher.client = req.remote_addr
         trace.publisher.trace_ids = [info.trace_id] if info.traced else None
+        trace.publisher.queue_offset = 0
         try:
             answer = publish(req)
+            queue_offset = trace.queue_offset()
         finally:
             trace.publisher.client = trace.publisher.trace_ids = None
+            trace.publisher.queue_offset = 0
         stored = req.environ[EXT_PREFIX]
         if info.traced and isinstance(stored, tuple):  # /pub_ext's ID and stored size
             msg_id, size = stored
-            return JSONBody(youzan_http.traced_pub_json(int(msg_id, 16), str(info.trace_id), 0,
-                                                        size))
+            return JSONBody(youzan_http.traced_pub_json(int(msg_id, 16), str(info.trace_id),
+                                                        queue_offset, size))
         return answer
 
     def pubtrace(self, req):
         """Youzan's /pubtrace?topic=&trace_id=: the message recorded in the trace
-        log with its trace ID; the traced JSON answer (queue offset 0)."""
+        log with its trace ID; the traced JSON answer (its queue offset: a log
+        partition's virtual offset where this worker appended it, else 0)."""
         values, err = parse_query(req.query_string)
         if err is not None:
             raise Err(400, "INVALID_REQUEST")
@@ -721,16 +725,20 @@ class HTTPAPI:
         msg_id = wire.pack_message(body, self.nsqd.ids, time.time_ns(), out)
         trace.publisher.client = req.remote_addr
         trace.publisher.trace_ids = [trace_id]
+        trace.publisher.queue_offset = 0
         try:
             topic.put_packed(out, 1, len(body), self._partition(values, topic))
+            queue_offset = trace.queue_offset()
+            msg_id = bytes(out[14:30])  # a log partition's owner stamped the log's ID
         except PartitionError:
             raise Err(400, "INVALID_PARTITION") from None
         except TopicError as err:
             raise put_error(err) from None
         finally:
             trace.publisher.client = trace.publisher.trace_ids = None
-        return JSONBody(youzan_http.traced_pub_json(int(msg_id, 16), values["trace_id"][0], 0,
-                                                    len(out) - 4))
+            trace.publisher.queue_offset = 0
+        return JSONBody(youzan_http.traced_pub_json(int(msg_id, 16), values["trace_id"][0],
+                                                    queue_offset, len(out) - 4))
 
     def _trace_switch(self, req, enable):
         values = self._params(req)

@@ -193,6 +193,10 @@ class LogTopic(Topic):
         first = -1  # (the msg offset of the first record, when appended here)
         if target.owned:
             first = target.log.end_offset if target.log is not None else 0
+            # Youzan's traced answer names where the first message went: its
+            # virtual (byte) offset in the partition, BackendOffset
+            trace.publisher.queue_offset = target.log.virtual_end if target.log is not None \
+                else 0
             try:
                 target.append(packed)
             except ValueError as err:  # a message larger than a segment takes

@@ -206,8 +206,15 @@ PEER_OPS = {"trace": _peer_trace}
 
 # -- events ----------------------------------------------------------------------------------
 
-# who publishes, set around a put by the commands that know (PUB, MPUB, PUB_TRACE, PUB_EXT, ...)
+# who publishes, set around a put by the commands that know (PUB, MPUB, PUB_TRACE, PUB_EXT,
+# ...); a log partition's owner sets queue_offset, the virtual offset of the first record
 publisher = gevent.local.local()
+
+
+def queue_offset():
+    """The virtual offset the last put on this greenlet appended at (0: not
+    appended here: a classic topic, or a log partition another worker owns)."""
+    return getattr(publisher, "queue_offset", 0)
 
 
 def wanted(nsqd, topic):

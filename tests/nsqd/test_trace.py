@@ -111,6 +111,37 @@ def test_a_log_topic_message_is_traced_by_its_log_id(nsqd_factory):
     assert [e["event"] for e in events] == ["PUB", "DELIVERED", "FIN"]
 
 
+@pytest.mark.workers(1, 2)
+def test_traced_answers_give_the_log_queue_offset(nsqd_factory):
+    """PUB_TRACE and /pubtrace on a log topic answer where the message went:
+    its virtual offset in its partition (Youzan's BackendOffset), which
+    /message/get finds it by, and its log ID.  With no partition named, a
+    publish goes to a partition of the worker that took it (each of 2 workers
+    owns one of the 2), so the offset is known when it answers."""
+    server = nsqd_factory()
+    assert server.post("/topic/create?topic=qo&partition_num=2")[0] == 200
+    for partition in range(2):  # the first message's offset is 0: put some before
+        assert server.post(f"/mpub?topic=qo&partition={partition}",
+                           b"\n".join([b"before"] * 7))[0] == 200
+    answers = []
+    for i in range(3):
+        pc = Client(server)
+        pc.send(pub_trace("qo", 40 + i, b"traced%d" % i))
+        answers.append((traced_reply(pc.response()[1]), b"traced%d" % i))
+        status, body = server.post(f"/pubtrace?topic=qo&trace_id={50 + i}", b"http%d" % i)
+        doc = json.loads(body)
+        answers.append(((doc["id"], 50 + i, doc["queue_offset"], doc["rawsize"]),
+                        b"http%d" % i))
+    for (msg_id, _, queue_offset, _), body in answers:
+        partition = msg_id >> 48
+        assert queue_offset > 0, (body, msg_id)
+        status, got = server.get(f"/message/get?topic=qo&partition={partition}"
+                                 f"&search_mode=virtual_offset&search_pos={queue_offset}")
+        assert status == 200, got
+        got = json.loads(got)
+        assert (got["body"], got["id"], got["offset"]) == (body.decode(), msg_id, queue_offset)
+
+
 def _events_of(server, topic, ids, want_last, tries=200):
     """{id: [event names]} once every ID's history ends with want_last."""
     got = {}
