@@ -161,7 +161,7 @@ def _parse_log(data, found):
 def test_sigkill_producers_and_consumers_at_random(ring_name, tmp_path):
     # pushes of a producer killed before its ack are not acknowledged; every
     # acknowledged record must survive any number of kills
-    rounds = 25
+    rounds = 16
     rng = random.Random(1234)
     ring = Ring.create(ring_name, capacity=1 << 15, max_record=256)
     ack_path = tmp_path / "acks"

@@ -224,7 +224,7 @@ def test_unlinks_racing_creates_remove_only_the_segment_in_hand(cleanup, tmp_pat
             code = 1
             try:
                 lines = []
-                for _ in range(500):
+                for _ in range(300):
                     ring = Ring.create(name, 4096, exist_ok=True)
                     dev, ino = ring.identity
                     lines.append(f"{dev}:{ino} {int(ring.unlink())}")

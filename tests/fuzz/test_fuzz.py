@@ -95,10 +95,10 @@ def test_the_memory_oracle_finds_rings_left_behind_missing_or_mapped_stale():
 
 
 def test_fuzz_bounded():
-    # (25,000 inputs, about a minute: the default run's share; make soak runs a million)
-    summary, findings = fuzz(SEED, 25_000)
+    # (10,000 inputs, about 25 s: the default run's share; make soak runs a million)
+    summary, findings = fuzz(SEED, 10_000)
     assert not findings, report(summary, findings)
-    assert summary["inputs"] >= 20_000 and not summary["stopped_early"], summary
+    assert summary["inputs"] >= 8_000 and not summary["stopped_early"], summary
 
 
 @pytest.mark.soak
