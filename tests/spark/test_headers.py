@@ -107,7 +107,7 @@ def _consume_ext(broker, topic, channel, count):
     return got
 
 
-@pytest.mark.workers(1, 2)
+@pytest.mark.workers(2)  # (the log test above runs both worker counts)
 def test_classic_ext_topic_headers(spark, ext_broker):
     status, body = ext_broker.post("/topic/create?topic=hc&ext=true")
     assert status == 200, body
