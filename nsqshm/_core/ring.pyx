@@ -40,6 +40,7 @@ impossible.
 import os
 import re
 import stat
+import struct
 
 import posix_ipc
 
@@ -66,6 +67,38 @@ MAX_WAITERS = NSQSHM_RING_WAITERS
 NAME_MAX_LEN = 234
 # a waiter FIFO: "<ring name>.w<slot, 2 digits>-<value, 16 hex digits>"
 _FIFO_NAME = re.compile(r".+\.w[0-9]{2}-[0-9a-f]{16}")  # (21 characters after the name)
+
+
+def _waiter_fifos(str name, int fd):
+    """The paths of ring `name`'s waiter FIFOs.
+
+    Every FIFO is named after a waiter slot's value (_fifo_path), and a slot
+    keeps its value until its FIFO is gone (close and _reap_slot unlink
+    before they free the slot), so the header names them all: a broker
+    removing thousands of rings reads 512 bytes each, not /dev/shm whole
+    each time.  A segment that is not a ring (fd -1: not a file; too small;
+    another magic) is looked for in the directory."""
+    cdef bytes head = b""
+    if fd >= 0:
+        try:
+            head = os.pread(fd, 512 + 8 * NSQSHM_RING_WAITERS, 0)
+        except OSError:
+            head = b""
+    if len(head) == 512 + 8 * NSQSHM_RING_WAITERS and head[:8] == b"nsqshmRG":
+        return [f"/dev/shm/{name}.w{s:02d}-{v:016x}"
+                for s, v in enumerate(struct.unpack_from(f"<{NSQSHM_RING_WAITERS}Q", head, 512))
+                if v]
+    # only this ring's FIFOs (_fifo_path: "<name>.wNN-<16 hex>", and FIFOs):
+    # "<name>.w" alone also starts other rings' names -- topic "a.w" beside
+    # topic "a", channel "c.wx" beside "c" -- and their segments and FIFOs
+    prefix = f"{name}.w"
+    try:
+        return [f"/dev/shm/{entry}" for entry in os.listdir("/dev/shm")
+                if entry.startswith(prefix) and len(entry) == len(name) + 21
+                and _FIFO_NAME.fullmatch(entry)]
+    except FileNotFoundError:
+        return []
+
 
 cdef int _FULL = -1
 cdef object _sleeper = None
@@ -268,24 +301,13 @@ cdef class Ring:
         """Remove the ring `name` and its waiter FIFOs; False if it was not
         there, or, with `of`, if the name is now another ring's (segment.unlink)."""
         validate_name(name)
-        # only this ring's FIFOs (_fifo_path: "<name>.wNN-<16 hex>", and FIFOs):
-        # "<name>.w" alone also starts other rings' names -- topic "a.w" beside
-        # topic "a", channel "c.wx" beside "c" -- and their segments and FIFOs
-        prefix = f"{name}.w"
-
-        def remove_fifos():
-            try:
-                for entry in os.listdir("/dev/shm"):
-                    if entry.startswith(prefix) and len(entry) == len(name) + 21 \
-                            and _FIFO_NAME.fullmatch(entry):
-                        path = f"/dev/shm/{entry}"
-                        try:
-                            if stat.S_ISFIFO(os.lstat(path).st_mode):
-                                os.unlink(path)
-                        except FileNotFoundError:
-                            pass
-            except FileNotFoundError:
-                pass
+        def remove_fifos(fd):
+            for path in _waiter_fifos(name, fd):
+                try:
+                    if stat.S_ISFIFO(os.lstat(path).st_mode):
+                        os.unlink(path)
+                except FileNotFoundError:
+                    pass
 
         return segment.unlink(name, of, before=remove_fifos)
 
@@ -589,9 +611,12 @@ cdef class Ring:
         cdef int pid = <int>(v >> 32)
         if kill(pid, 0) == 0 or errno != ESRCH:
             return
-        if nsqshm_cas(&self.hdr.waiters[s], v, 0):
-            self._fifo_path(s, v, path, sizeof(path))
+        # the FIFO goes first: a slot's value names its FIFO while it is held
+        # (_waiter_fifos); another reaper racing this one unlinks the same name
+        self._fifo_path(s, v, path, sizeof(path))
+        if nsqshm_load_acquire(&self.hdr.waiters[s]) == v:
             unlink(path)
+            nsqshm_cas(&self.hdr.waiters[s], v, 0)
 
     # -- push ------------------------------------------------------------------
 

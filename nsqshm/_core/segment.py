@@ -138,8 +138,9 @@ def identity(fd):
 def unlink(name, of=None, before=None):
     """Remove segment `name`; False if it was not there, or, with `of` (the
     identity() of a segment the caller has), if the name now belongs to
-    another segment.  `before()` runs just before the name goes (its
-    companion files: a ring's FIFOs), only when it goes.
+    another segment.  `before(fd)` runs just before the name goes (its
+    companion files: a ring's FIFOs), only when it goes, with the locked
+    descriptor of what the name refers to (-1: not a file we could open).
 
     A topic deleted on one worker can be made again there (a PUB) before the
     other worker has applied the delete: that worker's unlink must not take
@@ -174,7 +175,7 @@ def unlink(name, of=None, before=None):
             elif of is not None:
                 return False
             if before is not None:
-                before()
+                before(fd)
             try:
                 os.unlink(path)
             except FileNotFoundError:

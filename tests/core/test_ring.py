@@ -535,6 +535,41 @@ def test_unlink_removes_only_its_own_fifos_never_a_ring_whose_name_extends_it(ri
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(ring_name)]
 
 
+def test_unlink_removes_the_fifos_of_live_and_dead_waiters(ring_name):
+    """The waiters' FIFOs are found from the header's slots: a handle still
+    armed here, and one whose process was killed while armed."""
+    ring = Ring.create(ring_name, 4096)
+    pid = os.fork()
+    if pid == 0:
+        waiter = Ring.attach(ring_name)
+        waiter.arm()
+        os.kill(os.getpid(), 9)
+    os.waitpid(pid, 0)
+    live = Ring.attach(ring_name)
+    live.arm()
+    assert len([n for n in os.listdir("/dev/shm") if n.startswith(ring_name + ".w")]) == 2
+    assert Ring.unlink_segment(ring_name)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(ring_name)]
+    live.close()
+    ring.close()
+
+
+def test_unlink_of_a_segment_that_is_not_a_ring_still_takes_its_fifos(ring_name):
+    """A name whose segment is not a ring (no magic) has no slots to read:
+    its FIFOs are looked for in /dev/shm, and only its own."""
+    with open(f"/dev/shm/{ring_name}", "wb") as f:
+        f.write(b"\0" * 4096)
+    fifo = f"/dev/shm/{ring_name}.w03-00000001deadbeef"
+    os.mkfifo(fifo, 0o600)
+    other = Ring.create(ring_name + ".wx", 4096)
+    other.arm()
+    assert Ring.unlink_segment(ring_name)
+    assert not os.path.exists(fifo)
+    assert len([n for n in os.listdir("/dev/shm") if n.startswith(ring_name + ".wx")]) == 2
+    other.close()
+    assert Ring.unlink_segment(other.name)
+
+
 def test_the_longest_name_fits_with_its_waiter_fifo(ring_name):
     """nsqd's longest names (64 + #ephemeral each) on a long --shm-prefix."""
     from nsqshm._core.ring import NAME_MAX_LEN
