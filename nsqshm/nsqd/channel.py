@@ -558,6 +558,17 @@ class Channel:
         self._waker.close()
         self.ring.close()
 
+    def leave(self):
+        """Let go of a channel that stays: its clients are closed, in-flight
+        messages go back into its ring, which stays with its disk queue."""
+        self.exiting = True
+        self._stop_greenlets()
+        for client in list(self.clients.values()):
+            client.close()
+        self.clients.clear()
+        self.give_back()
+        self.close_handles(sync=True)
+
     def give_back(self):
         """Shutdown: in-flight messages back into the channel, deferred ones to
         this worker's deferred file, each block released once stored."""

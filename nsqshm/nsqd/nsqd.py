@@ -143,16 +143,33 @@ class NSQD:
             topic = self.get_topic(name)
         return topic
 
-    def delete_topic(self, name):
+    def delete_topic(self, name, rings=None):
+        """Delete the topic and its channels.  rings: applying another
+        worker's delete, the identities of the rings it removed; a channel
+        on another ring was made here meanwhile (a SUB here before the delete
+        arrived, whose create the deleter applies after its delete): its
+        ring, disk queue and messages stay, and the topic and channel are
+        made again on them, as the deleter has them."""
         topic = self.topics.pop(name, None)
         if topic is None:
             raise KeyError(name)
         channels = list(topic.channels)
-        topic.close(delete=True)
+        removed = None if topic.is_log else \
+            [topic.ring.identity, *(c.ring.identity for c in topic.channels.values())]
+        newer = [] if rings is None or topic.is_log else \
+            [c for c in channels if topic.channels[c].ring.identity not in rings]
+        if newer:
+            topic.close(delete=True, keep=newer)
+        else:
+            topic.close(delete=True)
         if topic.is_log:
             self.persist_log_topics()
         self.notify_change(topic=name, deleted=True, channels=channels)
-        self.broadcast_change("topic_delete", name)
+        self.broadcast_change("topic_delete", name, rings=removed)
+        if newer:
+            again = self.get_topic(name)
+            for channel in newer:
+                again.get_channel(channel)
 
     # -- log topics (logtopic.py) ----------------------------------------------------------
 
@@ -222,13 +239,16 @@ class NSQD:
     def owner_of(self, topic_name):
         return zlib.crc32(topic_name.encode()) % self.nworkers
 
-    def broadcast_change(self, change, topic, channel=None):
+    def broadcast_change(self, change, topic, channel=None, rings=None):
         """Tell the other workers about a change made here (not one applied
-        from a peer, and not while loading what every worker loads)."""
+        from a peer, and not while loading what every worker loads); a
+        delete names the rings it removed (apply_change)."""
         if self.cluster is None or self.loading or getattr(self._remote, "active", False):
             return
-        self.cluster.broadcast({"op": "apply", "change": change, "topic": topic,
-                                "channel": channel})
+        msg = {"op": "apply", "change": change, "topic": topic, "channel": channel}
+        if rings is not None:
+            msg["rings"] = [list(identity) for identity in rings]
+        self.cluster.broadcast(msg)
         if not self.exiting:  # answered once every worker has it (one broker)
             self.cluster.flush()
 
@@ -249,7 +269,8 @@ class NSQD:
         if op == "apply":
             self._remote.active = True
             try:
-                self.apply_change(msg["change"], msg["topic"], msg.get("channel"))
+                self.apply_change(msg["change"], msg["topic"], msg.get("channel"),
+                                  msg.get("rings"))
             except Exception as err:  # a peer's change must never kill this worker
                 self.logf("error", f"WORKER: failed to apply {msg} - {err!r}")
             finally:
@@ -324,9 +345,17 @@ class NSQD:
         if self.cluster is not None:
             self.cluster.tell(self.owner_of(topic), {"op": "want", "topic": topic})
 
-    def apply_change(self, change, topic_name, channel_name):
+    def apply_change(self, change, topic_name, channel_name, rings=None):
+        """Another worker's change.  A delete names the rings it removed:
+        a queue here on another ring was made after it (a create the deleter
+        has yet to apply, or has applied after its delete), and stays."""
         if self.exiting or not is_valid_name(topic_name or ""):
             return
+        if rings is not None:
+            try:
+                rings = {(int(dev), int(ino)) for dev, ino in rings}
+            except (TypeError, ValueError):
+                rings = None
         kind, _, action = change.partition("_")
         if action == "create":
             topic = self.get_topic(topic_name)
@@ -340,8 +369,11 @@ class NSQD:
         if target is None:
             return
         if action == "delete":
+            ring = getattr(target, "ring", None)  # (a log topic has none)
+            if rings is not None and ring is not None and ring.identity not in rings:
+                return  # made here after that delete: newer than what it deleted
             if kind == "topic":
-                self.delete_topic(topic_name)
+                self.delete_topic(topic_name, rings)
             else:
                 topic.delete_channel(channel_name)
         elif action in ("pause", "unpause", "empty"):

@@ -234,9 +234,11 @@ class Topic:
         channel = self.channels.pop(name, None)
         if channel is None:
             raise TopicError("channel does not exist")
+        ring = getattr(channel, "ring", None)
+        removed = None if ring is None else [ring.identity]
         channel.close(delete=True)
         self.nsqd.notify_change(topic=self.name, channel=name, deleted=True)
-        self.nsqd.broadcast_change("channel_delete", self.name, name)
+        self.nsqd.broadcast_change("channel_delete", self.name, name, rings=removed)
         # (the broadcast waits for the other workers: meanwhile another channel's
         # last client may have left and deleted this topic, or a delete came)
         if not self.channels and self.ephemeral and self.nsqd.topics.get(self.name) is self:
@@ -372,15 +374,20 @@ class Topic:
         self._drop_waiting()
         self.nsqd.broadcast_change("topic_empty", self.name)
 
-    def close(self, delete=False):
-        """Stop the pump.  delete: drop everything.  Otherwise (shutdown) every
-        message in memory goes to the disk queue, which is synced and closed,
-        and the rings are removed (ephemeral messages are dropped, as nsqd)."""
+    def close(self, delete=False, keep=()):
+        """Stop the pump.  delete: drop everything but the channels named in
+        `keep`, which are left whole (NSQD.delete_topic).  Otherwise
+        (shutdown) every message in memory goes to the disk queue, which is
+        synced and closed, and the rings are removed (ephemeral messages are
+        dropped, as nsqd)."""
         self.exiting = True
         if self._pump is not None:
             self._pump.kill(block=False)
         for channel in list(self.channels.values()):
-            channel.close(delete=delete)
+            if channel.name in keep:
+                channel.leave()
+            else:
+                channel.close(delete=delete)
         if delete:
             self.channels.clear()
             self._drop_waiting()

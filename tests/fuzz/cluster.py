@@ -109,25 +109,7 @@ class Cluster:
         """Segments of the broker that a process maps although their name is
         gone, or names another segment by now: handles a delete left open,
         or a worker left on a ring the others no longer use."""
-        stale = set()
-        for p in self.processes().values():
-            try:
-                with open(f"/proc/{p.pid}/maps") as f:
-                    lines = [line.rstrip("\n").split(None, 5) for line in f]
-            except FileNotFoundError:
-                continue
-            for fields in lines:
-                path = fields[-1]
-                if len(fields) < 6 or not path.startswith(f"/dev/shm/{self.nsqd.prefix}."):
-                    continue  # (a segment made unnamed shows as /dev/shm/#<inode>)
-                path = path.removesuffix(" (deleted)")
-                try:
-                    now = str(os.stat(path).st_ino)
-                except FileNotFoundError:
-                    now = None
-                if now != fields[4]:
-                    stale.add(f"{p.pid}: {path} (inode {fields[4]}, now {now})")
-        return sorted(stale)
+        return stale_mappings([p.pid for p in self.processes().values()], self.nsqd.prefix)
 
     def logs(self):
         return {"nsqd": self.nsqd.lines, "nsqlookupd": self.lookupd.lines, "nsqadmin": self.admin.lines}
@@ -220,3 +202,26 @@ class Witness:
         self.thread.join(5)
         self.sub.close()
         self.pub.close()
+
+
+def stale_mappings(pids, prefix):
+    """What of /dev/shm/<prefix>.* the processes map though its name is gone
+    or is another segment's by now, as "pid: path (inode i, now j)"."""
+    stale = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                lines = [line.rstrip("\n").split(None, 5) for line in f]
+        except FileNotFoundError:
+            continue
+        for fields in lines:
+            if len(fields) < 6 or not fields[5].startswith(f"/dev/shm/{prefix}."):
+                continue  # (a segment made unnamed shows as /dev/shm/#<inode>)
+            path = fields[5].removesuffix(" (deleted)")
+            try:
+                now = str(os.stat(path).st_ino)
+            except FileNotFoundError:
+                now = None
+            if now != fields[4]:
+                stale.add(f"{pid}: {path} (inode {fields[4]}, now {now})")
+    return sorted(stale)

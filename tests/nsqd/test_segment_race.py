@@ -1,7 +1,8 @@
 """Two workers creating one shared-memory object at the same moment (issue
 21.2): six connections SUB to a new channel at once, 900 times; every one
 is answered OK and no worker attaches to a half-made ring.  And a delete
-racing a create of the same topic on the other worker."""
+racing a create of the same topic on the other worker, and a SUB on one
+worker racing a topic delete on the other."""
 
 import os
 import socket
@@ -11,8 +12,10 @@ import time
 import pytest
 
 from nsqshm import protocol as p
+from tests.fuzz.cluster import stale_mappings
 
-from .test_workers import Client, client_on_worker, workers
+from .conftest import http_call, http_on_worker, wait_for
+from .test_workers import Client, client_on_worker, stats, workers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -146,3 +149,58 @@ def test_a_delete_racing_a_create_on_the_other_worker_never_takes_the_new_ring(n
         got.add(msg.body)
         sub.send(p.fin(msg.id))
     sub.close()
+
+
+def test_a_sub_racing_a_topic_delete_on_the_other_worker_leaves_one_broker(nsqd_factory):
+    """A SUB to a new channel through worker 1 while worker 0 deletes the
+    topic: worker 1 can make the channel on its old topic before it applies
+    the delete, and worker 0, applying that create after its delete, makes
+    the topic again on the channel's ring.  Worker 1's delete then took the
+    new channel's ring: worker 0 was left delivering from a ring with no
+    name, /stats listed a channel without its ring (found by the fuzz).  A
+    delete now names the rings it removed; the channel made meanwhile stays,
+    on both workers.  After every round: each topic and channel in /stats
+    has its ring, and no worker maps a ring whose name is gone."""
+    server = nsqd_factory("--workers=2")
+    http0 = http_on_worker(server, 0)
+    pids = workers(server)
+    topic = "gone"
+    bad = []
+    for r in range(40):
+        assert http_call(http0, "POST", f"/topic/create?topic={topic}")[0] == 200
+        assert http_call(http0, "POST", f"/channel/create?topic={topic}&channel=c")[0] == 200
+        time.sleep(0.05)  # worker 1 has the topic
+        sub = client_on_worker(server, 1, None)
+        go = threading.Barrier(2)
+
+        def subscribe(sub=sub, r=r, go=go):
+            go.wait()
+            sub.send(p.sub(topic, f"n{r}"))
+
+        t = threading.Thread(target=subscribe)
+        t.start()
+        go.wait()
+        time.sleep(0.0002 * (r % 10))  # the delete at a different point of the SUB each round
+        http_call(http0, "POST", f"/topic/delete?topic={topic}")
+        t.join()
+
+        def consistent():
+            queues = {f"t.{t['topic_name']}" for t in stats(server)["topics"]} | \
+                {f"c.{t['topic_name']}:{c['channel_name']}" for t in stats(server)["topics"]
+                 for c in t["channels"]}
+            rings = {n[len(server.prefix) + 1:] for n in os.listdir("/dev/shm")
+                     if n.startswith(f"{server.prefix}.") and ".w" not in n[len(server.prefix):]
+                     and n[len(server.prefix) + 1:].startswith(("t.", "c."))}
+            return queues == rings and not stale_mappings(pids, server.prefix)
+
+        ok = wait_for(consistent, timeout=3)
+        sub.close()
+        if not ok:
+            bad.append((r, sorted(n for n in os.listdir("/dev/shm") if n.startswith(server.prefix)),
+                        stale_mappings(pids, server.prefix)))
+            break
+        http_call(http0, "POST", f"/topic/delete?topic={topic}")  # (404 if it is gone)
+        wait_for(lambda: all(t["topic_name"] != topic for t in stats(server)["topics"]))
+    assert not bad, bad
+    log = "".join(server.lines)
+    assert "Traceback" not in log, log[-3000:]
