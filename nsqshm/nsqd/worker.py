@@ -38,9 +38,9 @@ def die_with_parent():
 def main(opts, index, nworkers, ctl, log):
     set_proctitle(f"nsqshm: worker {index} (data {os.path.abspath(opts.data_path or '.')})")
     die_with_parent()
-    from gevent import monkey
+    from nsqshm.greenlets import patch_all
 
-    monkey.patch_all()
+    patch_all()
     import socket
 
     import gevent

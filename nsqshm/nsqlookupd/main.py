@@ -28,9 +28,9 @@ def main(argv):
         print(VERSION_STRING)
         return EXIT_OK
 
-    from gevent import monkey
+    from nsqshm.greenlets import patch_all
 
-    monkey.patch_all()
+    patch_all()
     import signal
 
     import gevent
