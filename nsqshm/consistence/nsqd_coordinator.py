@@ -27,7 +27,13 @@ import gevent.event
 import gevent.socket
 
 from nsqshm.consistence import rpc
-from nsqshm.consistence.errors import CompareFailed, CoordinationError, LeaderAlive, NotInISR
+from nsqshm.consistence.errors import (
+    CompareFailed,
+    CoordinationError,
+    LeaderAlive,
+    NotInISR,
+    TopicNotFound,
+)
 from nsqshm.consistence.leadership import CANDIDATE, LEADER, Leadership
 from nsqshm.consistence.options import endpoints
 from nsqshm.consistence.replicator import PartitionLeader
@@ -170,7 +176,11 @@ class NsqdCoordinator:
                     if me == s.replicas.leader or me in s.replicas.isr or me in s.replicas.catchup]
             if not mine:
                 continue
-            self.host.ensure_topic(name, len(states))
+            try:
+                sync_every = self.topology.topic_meta(name).sync_every
+            except TopicNotFound:
+                continue  # deleted meanwhile
+            self.host.ensure_topic(name, len(states), sync_every)
             for state in mine:
                 key = (name, state.partition)
                 if key in self.roles:

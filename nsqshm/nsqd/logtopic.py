@@ -63,8 +63,10 @@ class PartitionError(TopicError):
     """A PUB naming a partition the topic does not have."""
 
 
-def make_spec(name, partition_num, retention_days=-1, retention_bytes=-1):
-    """A log topic's definition, validated (LogTopicError with the HTTP text)."""
+def make_spec(name, partition_num, retention_days=-1, retention_bytes=-1, sync_every=0):
+    """A log topic's definition, validated (LogTopicError with the HTTP text).
+    sync_every: Youzan's syncdisk, an fsync of a partition's log every that
+    many messages (0: the broker's --sync-every)."""
     try:
         partitions = int(partition_num)
     except (TypeError, ValueError):
@@ -78,8 +80,14 @@ def make_spec(name, partition_num, retention_days=-1, retention_bytes=-1):
         raise LogTopicError("INVALID_RETENTION") from None
     if days == 0 or days > MAX_RETENTION_DAYS or days < -1 or size == 0 or size < -1:
         raise LogTopicError("INVALID_RETENTION")
+    try:
+        every = int(sync_every)
+    except (TypeError, ValueError):
+        raise LogTopicError("INVALID_ARG_TOPIC_SYNC_DISK") from None
+    if every < 0:
+        raise LogTopicError("INVALID_ARG_TOPIC_SYNC_DISK")
     return {"name": name, "partition_num": partitions, "retention_days": days,
-            "retention_bytes": size}
+            "retention_bytes": size, "sync_every": every}
 
 
 def load_specs(data_path):

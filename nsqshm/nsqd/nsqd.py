@@ -173,14 +173,15 @@ class NSQD:
 
     # -- log topics (logtopic.py) ----------------------------------------------------------
 
-    def create_log_topic(self, name, partition_num, retention_days=-1, retention_bytes=-1):
+    def create_log_topic(self, name, partition_num, retention_days=-1, retention_bytes=-1,
+                         sync_every=0):
         """POST /topic/create with partition_num: the log topic, made here and
         on every other worker before the answer.  LogTopicError with the HTTP
         error text when the name is a classic topic's or the parameters differ
         from the existing log topic's."""
         if not is_valid_name(name) or is_ephemeral(name):
             raise LogTopicError("INVALID_TOPIC")
-        spec = make_spec(name, partition_num, retention_days, retention_bytes)
+        spec = make_spec(name, partition_num, retention_days, retention_bytes, sync_every)
         return self.apply_log_topic(spec)
 
     def apply_log_topic(self, spec):
@@ -223,7 +224,8 @@ class NSQD:
         for spec in specs:
             try:
                 spec = make_spec(spec.get("name", ""), spec.get("partition_num"),
-                                 spec.get("retention_days", -1), spec.get("retention_bytes", -1))
+                                 spec.get("retention_days", -1), spec.get("retention_bytes", -1),
+                                 spec.get("sync_every", 0))
                 if not is_valid_name(spec["name"]) or is_ephemeral(spec["name"]):
                     raise LogTopicError("INVALID_TOPIC")
                 self.apply_log_topic(spec)

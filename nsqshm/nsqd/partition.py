@@ -167,10 +167,7 @@ class Partition:
 
     def _append(self, packed):
         count, _, _ = self.log.append_packed(packed, self.index)
-        if self.log.unsynced >= self.nsqd.opts.sync_every:
-            self.sync()
-        elif self.log.needs_sync:
-            self.nsqd.backend_written(self)  # synced within --sync-timeout
+        self._sync_when_due()
         self.topic.appended(self)
         return count
 
@@ -239,7 +236,15 @@ class Partition:
         self._syncing = None
         if not result.successful():
             self.nsqd.set_health(result.exception)
-        elif self.needs_sync:  # appended during the sync
+        elif self.log is not None:  # appended during the sync
+            self._sync_when_due()
+
+    def _sync_when_due(self):
+        """A sync now after the topic's syncdisk (else --sync-every) messages;
+        else, when there is something to sync, within --sync-timeout."""
+        if self.log.unsynced >= (self.topic.spec.get("sync_every") or self.nsqd.opts.sync_every):
+            self.sync()
+        elif self.log.needs_sync:
             self.nsqd.backend_written(self)
 
     def _wait_sync(self):

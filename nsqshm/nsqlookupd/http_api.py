@@ -123,7 +123,7 @@ class LookupHTTPAPI(HTTPAPI):
             counts.append(int(raw))
         sync = values.get("syncdisk", ["0"])[0]
         if not sync.isdigit():
-            raise Err(400, "INVALID_ARG_TOPIC_SYNCDISK")
+            raise Err(400, "INVALID_ARG_TOPIC_SYNC_DISK")
         try:
             self.lookupd.coordinator.create_topic(topic, *counts, sync_every=int(sync))
         except TopicExists:

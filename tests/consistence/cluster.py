@@ -62,6 +62,14 @@ class Node:
         with urllib.request.urlopen(self.http + path, timeout=5) as resp:
             return json.loads(resp.read())
 
+    def log_topic_specs(self):
+        """{name: spec} of the node's nsqshm.logtopics.json."""
+        try:
+            with open(os.path.join(self.data_path, "nsqshm.logtopics.json")) as f:
+                return {t["name"]: t for t in json.load(f)["topics"]}
+        except (FileNotFoundError, ValueError):
+            return {}
+
     def end_offset(self, topic, partition=0):
         doc = self.get_json(f"/stats?format=json&topic={topic}")
         for t in doc["topics"]:
@@ -104,7 +112,7 @@ class Cluster:
     def node(self, node_id):
         return next(n for n in self.nodes if n.id == node_id)
 
-    def create_topic(self, topic, partitions, replicator, timeout=15):
+    def create_topic(self, topic, partitions, replicator, timeout=15, extra=""):
         """POST /topic/create on the lookupd, once every node is registered (the
         placement spreads over the nodes registered at that moment)."""
         end = time.monotonic() + timeout
@@ -117,7 +125,7 @@ class Cluster:
             session.close()
         while True:
             status, body = self.lookupd.post(f"/topic/create?topic={topic}&partition_num="
-                                             f"{partitions}&replicator={replicator}")
+                                             f"{partitions}&replicator={replicator}{extra}")
             if status == 200 or time.monotonic() > end:
                 return status, body
             time.sleep(0.1)

@@ -252,6 +252,19 @@ def test_a_pub_without_partition_goes_to_one_the_node_leads(make_cluster):
     for partition, leader in enumerate(leaders):
         assert leader.end_offset("plain", partition) == acked[leader.id]
 
+    # syncdisk (TopicMeta's SyncEvery) reaches every replica's log topic
+    assert cluster.lookupd.post("/topic/create?topic=synced&partition_num=1&replicator=2"
+                                "&syncdisk=x") == (400, b'{"message":"INVALID_ARG_TOPIC_SYNC_DISK"}')
+    assert cluster.create_topic("synced", 1, 2, extra="&syncdisk=7")[0] == 200
+    end = time.monotonic() + 10
+    while True:
+        specs = [spec["synced"] for spec in (node.log_topic_specs() for node in cluster.nodes)
+                 if "synced" in spec]
+        if len(specs) == 2 or time.monotonic() > end:
+            break
+        time.sleep(0.1)
+    assert [spec["sync_every"] for spec in specs] == [7, 7]
+
 
 @pytest.mark.soak
 def test_a_leader_stopped_gracefully_hands_off_before_its_lease_runs_out(make_cluster):

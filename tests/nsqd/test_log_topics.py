@@ -105,7 +105,7 @@ def test_create_validates_and_persists(nsqd_factory, tmp_path):
         (400, b'{"message":"TOPIC_EXISTS_WITH_OTHER_PARTITION_NUM"}')
     with open(tmp_path / "nsqshm.logtopics.json") as f:
         assert json.load(f)["topics"] == [{"name": "lt", "partition_num": 4, "retention_days": 3,
-                                           "retention_bytes": 1000000}]
+                                           "retention_bytes": 1000000, "sync_every": 0}]
     t = stats(server, "lt")
     assert [(x["partition"], x["start_offset"], x["end_offset"]) for x in t["partitions"]] == \
         [(i, 0, 0) for i in range(4)]
@@ -226,6 +226,31 @@ def test_the_log_is_synced_every_n_messages_and_after_the_timeout(nsqd_factory):
     pc.send(p.mpub("lt", [b"m"] * 20))
     assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
     assert wait_for(lambda: stats(server, "lt")["partitions"][0]["synced_offset"] == 25, 3)
+
+
+def test_syncdisk_syncs_the_topic_every_n_messages(nsqd_factory, tmp_path):
+    """Youzan's syncdisk on /topic/create: the partition's log is fsynced
+    every that many messages, whatever --sync-every says; kept in the spec."""
+    server = nsqd_factory("--sync-every=100000", "--sync-timeout=1h")
+    for bad in ("x", "-1", "1.5"):
+        assert server.post(f"/topic/create?topic=lt&partition_num=1&syncdisk={bad}") == \
+            (400, b'{"message":"INVALID_ARG_TOPIC_SYNC_DISK"}')
+    create(server, "lt", 1, "&syncdisk=3")
+    create(server, "plain", 1, "&syncdisk=0")  # 0: the broker's --sync-every
+    pc = Client(server)
+    for i in range(7):
+        assert pub(pc, "lt", b"%d" % i) == (p.FRAME_TYPE_RESPONSE, b"OK")
+        assert pub(pc, "plain", b"%d" % i) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    for topic in ("lt", "plain"):
+        assert wait_for(lambda topic=topic: stats(server, topic)["partitions"][0]["end_offset"] == 7)
+    # at most 2 behind (the owner appends what another worker took in batches,
+    # and syncs after a batch that makes 3 or more unsynced)
+    assert wait_for(lambda: stats(server, "lt")["partitions"][0]["synced_offset"] >= 5), \
+        stats(server, "lt")["partitions"]
+    assert stats(server, "plain")["partitions"][0]["synced_offset"] == 0
+    with open(tmp_path / "nsqshm.logtopics.json") as f:
+        assert {t["name"]: t["sync_every"] for t in json.load(f)["topics"]} == \
+            {"lt": 3, "plain": 0}
 
 
 def test_out_of_order_fin_moves_the_cursor(nsqd_factory):
