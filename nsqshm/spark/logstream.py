@@ -10,7 +10,8 @@ the output holds every message once.
                          (default latest, as Kafka's)
     latestOffset         the logs' ends, capped by the read limit (Kafka's
                          maxOffsetsPerTrigger shared in proportion to what each
-                         partition has; minOffsetsPerTrigger waits) and, with
+                         partition has; minOffsetsPerTrigger waits, at most
+                         maxTriggerDelay since the last batch) and, with
                          Trigger.AvailableNow, by the ends when it began
     partitions           one LogRange per partition with data (split further
                          by minPartitions)
@@ -23,6 +24,7 @@ availableNow target and the cursor positions last set.
 """
 
 import logging
+import time
 
 from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import (
@@ -46,6 +48,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target = None        # availableNow: {(topic, p): end}
         self.cursor_at = {}       # (topic, p): the channel cursor last set
         self.channel_made = False
+        self.last_trigger_ms = 0  # Kafka's lastTriggerMillis: the first check triggers
 
     def _ends(self):
         ends = {}
@@ -61,6 +64,9 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                 o.starting_by_time, o.starting_ms, "latest", held))
 
     def getDefaultReadLimit(self):
+        # (Python's read limits have no composite one: with both options Spark gets
+        # the maximum, and latestOffset applies the minimum from the options first,
+        # as Kafka's composite limit does)
         if self.o.max_per_trigger:
             return ReadMaxRows(self.o.max_per_trigger)
         if self.o.min_per_trigger:
@@ -79,15 +85,28 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = self._check_went_back(begin, self._ends())
         if self.target is not None:
             latest = {tp: min(end, self.target.get(tp, end)) for tp, end in latest.items()}
+        minimum = limit.min_rows if isinstance(limit, ReadMinRows) else \
+            self.o.min_per_trigger if isinstance(limit, ReadMaxRows) else 0
+        if minimum and self.target is None and self._delay_batch(minimum, begin, latest):
+            return start
         if isinstance(limit, ReadMaxRows):
             latest = rate_limit(begin, latest, limit.max_rows)
-        elif isinstance(limit, ReadMinRows) and self.target is None:
-            if sum(latest[tp] - begin.get(tp, 0) for tp in latest) < limit.min_rows:
-                return start
         out = {}
         for (t, p), off in latest.items():
             out.setdefault(t, {})[p] = off
         return encode(out)
+
+    def _delay_batch(self, minimum, begin, latest):
+        """Kafka's delayBatch: no batch while fewer than `minimum` offsets wait,
+        unless maxTriggerDelay has passed since the last batch."""
+        now = time.time() * 1000
+        if now - self.last_trigger_ms >= self.o.max_trigger_delay_ms:
+            self.last_trigger_ms = now
+            return False
+        if sum(latest[tp] - begin.get(tp, 0) for tp in latest) < minimum:
+            return True
+        self.last_trigger_ms = now
+        return False
 
     def _check_went_back(self, begin, latest):
         """A log that ends before the query's offset was deleted and made

@@ -39,6 +39,9 @@ Log topics (docs/spark.md, "Log topics"), named as Kafka's source names them:
     maxOffsetsPerTrigger   stream: at most this many offsets per micro-batch
                            (maxMessagesPerTrigger is the same)
     minOffsetsPerTrigger   stream: wait for at least this many (ReadMinRows)
+    maxTriggerDelay        stream, with minOffsetsPerTrigger: trigger anyway once
+                           this long has passed since the last batch (Spark's time
+                           string: 500ms, 30s, 15m (the default), 1h, 1d)
     minPartitions          split the partitions' ranges into at least this many
                            Spark partitions
     includeHeaders         true: a `headers` column, Kafka's type (array of key
@@ -53,6 +56,7 @@ Messages skipped by a starting position are consumed (finished) without
 being returned, as Kafka's offsets skip them.
 """
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -91,6 +95,22 @@ def _float(opts, name, default):
     return value
 
 
+# JavaUtils.timeStringAsMs's suffixes (a bare number is milliseconds)
+TIME_SUFFIXES_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000,
+                    "h": 3_600_000, "d": 86_400_000}
+TIME_STRING = re.compile(r"([0-9]+)([a-z]+)?")
+
+
+def _time_ms(opts, name, default):
+    """A Spark time string (Kafka's maxTriggerDelay) in milliseconds; name
+    as the user writes it (the keys are lower-case)."""
+    raw = (opts.get(name.lower()) or default).strip().lower()
+    m = TIME_STRING.fullmatch(raw)
+    if m is None or (m.group(2) or "ms") not in TIME_SUFFIXES_MS:
+        raise OptionError(f"option {name}={raw!r} is not a time (500ms, 30s, 15m, 1h, 1d)")
+    return int(int(m.group(1)) * TIME_SUFFIXES_MS[m.group(2) or "ms"])
+
+
 def _name(kind, value):
     if not is_valid_name(value):
         raise OptionError(f"invalid {kind} name {value!r}")
@@ -124,6 +144,7 @@ class Options:
     ending_by_time: str | None = None
     ending_ms: int | None = None
     min_per_trigger: int = 0
+    max_trigger_delay_ms: int = 15 * 60_000
     min_partitions: int = 0
     fail_on_data_loss: bool = True
     include_headers: bool = False
@@ -164,6 +185,9 @@ def parse(options, reading=True):
             o.max_per_trigger = _int(opts, key, 0, 1)
     if opts.get("minoffsetspertrigger"):
         o.min_per_trigger = _int(opts, "minoffsetspertrigger", 0, 1)
+    o.max_trigger_delay_ms = _time_ms(opts, "maxTriggerDelay", "15m")
+    if opts.get("maxtriggerdelay") and not o.min_per_trigger:
+        raise OptionError("maxTriggerDelay applies only with minOffsetsPerTrigger")
     o.min_partitions = _int(opts, "minpartitions", 0, 1) if opts.get("minpartitions") else 0
     fail = (opts.get("failondataloss") or "true").lower()
     if fail not in ("true", "false"):

@@ -25,7 +25,8 @@ from nsqshm.spark.options import OptionError, parse
 from nsqshm.spark.schema import schema_of
 
 LOG_ONLY = ("startingOffsetsByTimestamp", "endingOffsets", "endingOffsetsByTimestamp",
-            "endingTimestamp", "minOffsetsPerTrigger", "minPartitions", "failOnDataLoss")
+            "endingTimestamp", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
+            "failOnDataLoss")
 
 
 def log_topics(o):

@@ -131,6 +131,9 @@ OPTION_ERRORS = [
     ({"topic": "opt,classic"}, r"are log topics and \['classic'\] are not"),
     ({"topic": "classic", "endingOffsets": "latest"}, "need a log topic"),
     ({"includeHeaders": "yes"}, "includeHeaders 'yes' is not true or false"),
+    ({"minOffsetsPerTrigger": "5", "maxTriggerDelay": "soon"},
+     "option maxTriggerDelay='soon' is not a time"),
+    ({"maxTriggerDelay": "1s"}, "maxTriggerDelay applies only with minOffsetsPerTrigger"),
 ]
 
 
@@ -184,29 +187,54 @@ def test_stream_limits_and_channel_cursor(spark, log_broker, tmp_path):
         q.awaitTermination(120)
 
 
+def _sized_stream(spark, broker, topic, checkpoint, sizes, **options):
+    """A processing-time stream (0.2 s) whose batches' row counts go to sizes."""
+    r = (spark.readStream.format("nsqshm").option("topic", topic)
+         .option("shmPrefix", broker.prefix).option("startingOffsets", "earliest"))
+    for key, value in options.items():
+        r = r.option(key, value)
+    return (r.load().writeStream.foreachBatch(lambda df, _: sizes.append(df.count()))
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime="0.2 seconds").start())
+
+
 @pytest.mark.soak  # processing-time triggers: ~10 s of a loaded machine
 def test_min_offsets_per_trigger_waits(spark, log_broker, tmp_path):
     make(log_broker, "few", 2)
-    publish(log_broker, "few", 0, [b"a"] * 50)
     sizes = []
-    q = (spark.readStream.format("nsqshm").option("topic", "few")
-         .option("shmPrefix", log_broker.prefix).option("startingOffsets", "earliest")
-         .option("minOffsetsPerTrigger", 100).load()
-         .writeStream.foreachBatch(lambda df, _: sizes.append(df.count()))
-         .option("checkpointLocation", str(tmp_path / "cp"))
-         .trigger(processingTime="0.2 seconds").start())
+    q = _sized_stream(spark, log_broker, "few", str(tmp_path / "cp"), sizes,
+                      minOffsetsPerTrigger=100)
     try:
-        # the first batch (empty, below), then triggers every 0.2 s that find
-        # 50 < 100 offsets: a source that did not wait would read the 50 now
+        # the first batch (empty: the first check always triggers, as Kafka's), then
+        # triggers every 0.2 s that find 50 < 100 offsets: a source that did not wait
+        # would read the 50 now
         assert wait_for(lambda: sizes, timeout=60)
+        publish(log_broker, "few", 0, [b"a"] * 50)
         time.sleep(1.5)
         publish(log_broker, "few", 1, [b"b"] * 60)
         assert wait_for(lambda: sum(sizes) >= 110, timeout=60)
     finally:
         q.stop()
-    # one batch, once there were 100 (Spark runs the very first batch, empty,
-    # whatever latestOffset says: it has no committed offset to compare with)
-    assert [n for n in sizes if n] == [110]
+    assert [n for n in sizes if n] == [110]  # one batch, once there were 100
+
+
+def test_max_trigger_delay_triggers_below_the_minimum(spark, log_broker, tmp_path):
+    """minOffsetsPerTrigger never reached: a batch comes maxTriggerDelay after the
+    last one, with what is there."""
+    make(log_broker, "slow", 1)
+    sizes = []
+    q = _sized_stream(spark, log_broker, "slow", str(tmp_path / "cp"), sizes,
+                      minOffsetsPerTrigger=1000, maxTriggerDelay="4s")
+    try:
+        assert wait_for(lambda: sizes, timeout=60)  # the first check triggers (empty)
+        publish(log_broker, "slow", 0, [b"a"] * 30)
+        time.sleep(0.6)  # three 0.2 s triggers: below the minimum, no batch
+        early = sum(sizes)
+        assert wait_for(lambda: sum(sizes) >= 30, timeout=30)  # 4 s after the first batch
+    finally:
+        q.stop()
+    assert early == 0
+    assert [n for n in sizes if n] == [30]
 
 
 def test_restart_reads_the_planned_batch_again(spark, log_broker, tmp_path):
