@@ -1,6 +1,7 @@
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from nsqshm._core.arena cimport Arena
+from nsqshm._core.tracelog cimport TraceWriter
 from nsqshm._core.includes.system cimport nsqshm_arena_block, nsqshm_msg_entry
 
 
@@ -101,6 +102,9 @@ cdef class InFlight(MessageStore):
     cdef public int64_t lat_now
     # records deliver() took (ext tag dispatch may stop it before the count)
     cdef readonly Py_ssize_t consumed
+    # a traced channel: deliver() records what it drops (trace_drops)
+    cdef TraceWriter drop_trace
+    cdef uint32_t drop_stream
 
     cdef int _insert(self, const char *msg, uint32_t size, uint64_t client_id,
                      int64_t deadline_ns) noexcept
@@ -116,6 +120,7 @@ cdef class InFlight(MessageStore):
                          bytearray out) except -9
     cdef MsgEntry *_find(self, bytes msg_id) noexcept
     cdef uint32_t _draw100(self) noexcept
+    cdef void _dropped(self, const char *msg, uint64_t reason) except *
 
 
 cdef class DeferredQueue(MessageStore):

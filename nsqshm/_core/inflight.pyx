@@ -50,6 +50,13 @@ from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from nsqshm._core.arena cimport Arena, block_alloc, block_free
 from nsqshm._core.codec cimport MSG_HEADER_SIZE, MSG_ID_SIZE
 from nsqshm._core.ext cimport ACCEPT_LEAVE, ACCEPT_SKIP, EXT_OFFSET, ExtView, ext_prefix
+from nsqshm._core.tracelog cimport (
+    DROP_EXPIRED,
+    DROP_FILTERED,
+    DROP_SAMPLED,
+    EV_DROPPED,
+    TraceWriter,
+)
 from nsqshm._core.includes.system cimport (
     NSQSHM_EXPIRY_BIT,
     NSQSHM_EXPIRY_SIZE,
@@ -820,6 +827,18 @@ cdef class InFlight(MessageStore):
         call until it returns (0, 0)."""
         return self._pop_into(INT64_MAX, buffer)
 
+    def trace_drops(self, TraceWriter writer=None, uint32_t stream=0):
+        """A traced channel: deliver() records a DROPPED event in writer's log
+        (as events of `stream`) for each message it expires, samples out or
+        filters out; writer None: stop."""
+        self.drop_trace = writer
+        self.drop_stream = stream
+
+    cdef void _dropped(self, const char *msg, uint64_t reason) except *:
+        self.drop_trace.add(EV_DROPPED, msg + MSG_ID_OFFSET, self.drop_trace.now,
+                            nsqshm_attempts(msg),
+                            self.drop_stream, reason, NULL)
+
     def deliver(self, records, Py_ssize_t count, bytearray out not None,
                 uint64_t client_id, int64_t deadline_ns, int sample_rate=0,
                 ExtView ext=None):
@@ -854,6 +873,9 @@ cdef class InFlight(MessageStore):
         records were taken); with ext.strip the frame leaves out the ext part
         while the in-flight copy keeps it.
 
+        With trace_drops on, each message expired, sampled out or filtered
+        out is a DROPPED event with its reason, written once at the end.
+
         Records are checked before anything changes; on MemoryError part
         way, `out` ends after the last message added.
         """
@@ -870,12 +892,16 @@ cdef class InFlight(MessageStore):
         cdef const char *msg
         cdef int verdict
         cdef Py_ssize_t cut
+        cdef bint traced = self.drop_trace is not None
+        cdef Py_ssize_t dropped = 0
         self.consumed = 0
         if count < 0:
             raise ValueError(f"count {count} is negative")
         self._clock()
         if not 0 <= sample_rate <= 99:
             raise ValueError(f"sample_rate {sample_rate} is not in 0-99")
+        if traced:
+            self.drop_trace.clock()
         PyObject_GetBuffer(records, &view, PyBUF_SIMPLE)
         try:
             src = <const char *>view.buf
@@ -909,6 +935,9 @@ cdef class InFlight(MessageStore):
                         break  # left in the ring for a consumer of its tag
                     if verdict == ACCEPT_SKIP:
                         ext.confirm(msg + MSG_ID_OFFSET)
+                        if traced:
+                            self._dropped(msg, DROP_FILTERED)
+                            dropped += 1
                         self.consumed = k + 1
                         pos += RECORD_HEADER_SIZE + size
                         continue
@@ -922,10 +951,16 @@ cdef class InFlight(MessageStore):
                     shrunk = True  # (out ends short of what pass 1 sized)
                     if type(self.expired_out) is bytearray:  # or kept for the dead-letter topic
                         _append_plain(<bytearray>self.expired_out, src + pos, size)
+                    if traced:
+                        self._dropped(msg, DROP_EXPIRED)
+                        dropped += 1
                     pos += RECORD_HEADER_SIZE + size
                     continue
                 if sampling and <int>self._draw100() > sample_rate:
                     self.sampled_out += 1
+                    if traced:
+                        self._dropped(msg, DROP_SAMPLED)
+                        dropped += 1
                     pos += RECORD_HEADER_SIZE + size
                     continue
                 _put_u32be(dst, 4 + size)
@@ -962,6 +997,8 @@ cdef class InFlight(MessageStore):
                 PyByteArray_Resize(out, dst - PyByteArray_AS_STRING(out))
         finally:
             PyBuffer_Release(&view)
+            if dropped:
+                self.drop_trace.flush()  # (a failed write is counted by the writer)
         return added
 
     def deliver_from_ring(self, Ring ring not None, Py_ssize_t max_records, scratch,

@@ -14,6 +14,13 @@ cdef enum:
     EV_TIMEOUT = 6
     EV_DISK = 7
     EV_DROPPED = 8
+    # DROPPED's value: why (nsqshm.nsqd.trace.DROP_REASONS has the texts)
+    DROP_EPHEMERAL = 1        # an ephemeral channel past --mem-queue-size
+    DROP_EXPIRED = 2          # its time to live passed before delivery
+    DROP_SAMPLED = 3          # sampled out for a consumer with a sample_rate
+    DROP_FILTERED = 4         # refused by a consumer's ext_filter (confirmed)
+    DROP_BOUND = 5            # drop-oldest: max_depth or max_bytes
+    DROP_DEAD_LETTER = 6      # at max_attempts: to the dead-letter topic
 
 
 cdef class TraceWriter:

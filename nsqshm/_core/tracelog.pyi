@@ -6,6 +6,7 @@ TRACE_MAGIC: int
 RECORD_SIZE: int
 EVENTS: dict[int, str]
 EVENT_CODES: dict[str, int]
+DROP_CODES: dict[str, int]  # DROPPED's value: why
 
 class TraceWriter:
     size: int  # read-only: bytes in the current file

@@ -59,6 +59,8 @@ RECORD_SIZE = TRACE_RECORD
 EVENTS = {EV_PUB: "PUB", EV_DELIVERED: "DELIVERED", EV_FIN: "FIN", EV_REQ: "REQ",
           EV_TOUCH: "TOUCH", EV_TIMEOUT: "TIMEOUT", EV_DISK: "DISK", EV_DROPPED: "DROPPED"}
 EVENT_CODES = {name: code for code, name in EVENTS.items()}
+DROP_CODES = {"ephemeral": DROP_EPHEMERAL, "expired": DROP_EXPIRED, "sampled": DROP_SAMPLED,
+              "filtered": DROP_FILTERED, "bound": DROP_BOUND, "dead_letter": DROP_DEAD_LETTER}
 
 cdef uint32_t _MAGIC = TRACE_MAGIC
 

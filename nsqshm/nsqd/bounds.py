@@ -39,6 +39,8 @@ emptied for it) and refused by reject, as a publish past max_depth is.
 
 import os
 
+from nsqshm.nsqd import trace
+
 OVERFLOWS = ("reject", "drop-oldest")
 
 
@@ -155,7 +157,7 @@ def _trim(queue, policy, owned, incoming, incoming_bytes, size_of):
     if policy.max_depth:
         excess = queue.ring.depth + queue.backend.depth + incoming - policy.max_depth
         if excess > 0:
-            dropped = queue.ring.discard(excess)
+            dropped = _discard(queue, excess)
             if dropped < excess and owned and queue.backend.depth:
                 dropped += _advance(queue, min(excess - dropped, queue.backend.depth))
     if policy.max_bytes:
@@ -169,7 +171,7 @@ def _drop_bytes(queue, owned, excess):
     """Drop the oldest messages (ring, then the owner's disk queue) until
     at least `excess` bytes of them are gone: how many."""
     dropped = 0
-    sources = [(queue.ring.peek_many_into, queue.ring.discard)]
+    sources = [(queue.ring.peek_many_into, lambda n: _discard(queue, n))]
     if owned:
         sources.append((queue.backend.peek_into, lambda n: _advance(queue, n)))
     for peek, drop in sources:
@@ -200,9 +202,35 @@ def _records_covering(buf, nbytes, excess):
     return n, freed
 
 
+def _discard(queue, n):
+    """Drop the ring's first n messages: how many were there.  A traced queue
+    pops them, so that the DROPPED events name what went (another process
+    may pop between a peek and a discard)."""
+    if not trace.queue_traced(queue):
+        return queue.ring.discard(n)
+    dropped = 0
+    while dropped < n:
+        with queue.nsqd.scratch.borrow() as scratch:
+            count, nbytes = queue.ring.pop_many_into(scratch, n - dropped)
+            if not count:
+                break
+            trace.queue_dropped(queue, memoryview(scratch)[:nbytes], count, trace.DROP_BOUND)
+        dropped += count
+    return dropped
+
+
 def _advance(queue, n):
     """Drop the disk queue's first n messages (the owner's)."""
     before = queue.backend.depth
-    queue.backend.advance(n)
+    left = n if trace.queue_traced(queue) else 0
+    while left > 0:  # traced: what goes, read first (only the owner reads its disk queue)
+        with queue.nsqd.scratch.borrow() as scratch:
+            count, nbytes = queue.backend.peek_into(scratch, left)
+            if not count:
+                break
+            trace.queue_dropped(queue, memoryview(scratch)[:nbytes], count, trace.DROP_BOUND)
+        queue.backend.advance(count)
+        left -= count
+    queue.backend.advance(n - (before - queue.backend.depth))
     queue.nsqd.backend_written(queue.backend)
     return before - queue.backend.depth

@@ -94,6 +94,7 @@ class Channel:
                         if self.owned else RingOnly())
         self.mem_limit = self.nsqd.opts.mem_queue_size
         self.inflight = InFlight(64)  # grows with use: an idle channel stays small
+        self._drops_traced = False  # the dispatcher told inflight to trace its drops
         self.deferred = DeferredQueue(16)
         if self.nsqd.arena is not None:
             self.inflight.use_arena(self.nsqd.arena, f"{topic.name}:{name}")
@@ -192,6 +193,16 @@ class Channel:
     def traced(self):
         """Tracing is on for this channel or its topic (trace.py)."""
         return trace.traced(self.nsqd, self.topic.name, self.name)
+
+    def _trace_drops(self, traced):
+        """Tell the in-flight table whether to record what its deliver() drops
+        (expired, sampled out, filtered out), when that changed."""
+        if traced != self._drops_traced:
+            if traced:
+                self.inflight.trace_drops(*trace.drop_tracing(self))
+            else:
+                self.inflight.trace_drops(None)
+            self._drops_traced = traced
 
     def finish(self, client, msg_id):
         status = self.inflight.finish(msg_id, client.id)
@@ -356,6 +367,7 @@ class Channel:
             left_for_tag = False  # a client left the head message for another's tag (ext.py)
             taken_any = False
             traced = self.traced
+            self._trace_drops(traced)
             with self.scratch.borrow() as scratch:
                 for client in ready:
                     room = client.ready_count - client.in_flight

@@ -249,6 +249,7 @@ class LogChannel(Channel):
             delivered = False
             left_for_tag = False
             traced = self.traced
+            self._trace_drops(traced)
             if self.inflight.ttl_ns and self.inflight.expired_out is None:
                 self.inflight.expired_out = bytearray()  # kept, to finish them (_expired)
             with self.scratch.borrow() as scratch:
@@ -398,9 +399,11 @@ class LogChannel(Channel):
         if n <= 0:
             return n
         base = len(client.out)
+        traced = self.traced
+        self._trace_drops(traced)
         added = self.inflight.deliver(memoryview(scratch)[:nbytes], n, client.out, client.id,
                                       deadline)
-        if self.traced:
+        if traced:
             trace.delivered(self, client, client.out, base)
         cursor.read_pos = first + n
         self.message_count += n

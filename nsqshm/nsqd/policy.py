@@ -51,7 +51,7 @@ which a Go nsqd reading the file ignores:
 import gevent
 
 from nsqshm._core.inflight import count_records, reset_attempts, take_dead, take_ids
-from nsqshm.nsqd import bounds
+from nsqshm.nsqd import bounds, trace
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 
 MAX_ATTEMPTS_LIMIT = 0xFFFF  # the attempts field is a u16
@@ -382,6 +382,7 @@ def dead_letter(channel, view, reason):
     gone = getattr(channel, "records_gone", None)  # a log channel's cursor (logchannel.py)
     if gone is not None:
         gone(dead)
+    trace.queue_dropped(channel, dead, n_dead, trace.DROP_DEAD_LETTER)
     policy.dead_letter_count += n_dead
     policy.reasons[reason] += n_dead
     channel.nsqd.logf("info", f"CHANNEL({channel.topic.name}:{channel.name}): {n_dead} "
@@ -416,7 +417,7 @@ def flush_expired(channel):
     n = count_records(buf, len(buf))
     records = bytes(buf)
     del buf[:]
-    if _publish_dead(channel, records, n):
+    if _publish_dead(channel, records, n):  # (deliver recorded them DROPPED, expired)
         channel.policy.dead_letter_count += n
         channel.policy.reasons["expired"] += n
 

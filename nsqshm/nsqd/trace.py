@@ -40,15 +40,22 @@ import struct
 import gevent.local
 
 from nsqshm._core import tracelog
-from nsqshm._core.tracelog import EVENT_CODES, EVENTS, RECORD_SIZE, TraceWriter
+from nsqshm._core.tracelog import DROP_CODES, EVENT_CODES, EVENTS, RECORD_SIZE, TraceWriter
 
 MAX_LOG_BYTES = 64 << 20
 TRACE_DIR = "nsqshm.trace"
 SWITCHES = "switches.json"
 MAX_ANSWER = 10_000  # events in one answer
 MAX_STREAMS = 1 << 20  # (topic, channel) numbers of one worker's table
-DROP_REASONS = ("", "ephemeral channel past --mem-queue-size")  # DROPPED's value
-DROP_EPHEMERAL = 1
+# DROPPED's value (tracelog.pxd's DROP_*) and its text in answers
+DROP_REASONS = ("", "ephemeral channel past --mem-queue-size", "expired (time to live)",
+                "sampled out (sample_rate)", "refused by the consumer's ext_filter",
+                "drop-oldest (max_depth, max_bytes)", "max attempts: to the dead-letter topic")
+assert [DROP_REASONS[code][:4] for code in sorted(DROP_CODES.values())] == \
+    ["ephe", "expi", "samp", "refu", "drop", "max "]
+DROP_EPHEMERAL = DROP_CODES["ephemeral"]
+DROP_BOUND = DROP_CODES["bound"]
+DROP_DEAD_LETTER = DROP_CODES["dead_letter"]
 
 # [trace record] (_core/tracelog.pyx): ts, event, attempt, stream, id, value, address, port
 RECORD = struct.Struct("=qBxHI16sQ16s2sxxxxxx")
@@ -264,6 +271,28 @@ def records_event(nsqd, event, topic, channel, packed, count, reason=0):
 
 def timed_out(channel, packed, count):
     records_event(channel.nsqd, "TIMEOUT", channel.topic.name, channel.name, packed, count)
+
+
+def drop_tracing(channel):
+    """The arguments of InFlight.trace_drops for a traced channel."""
+    log = _log(channel.nsqd)
+    return log.writer, log.stream(channel.topic.name, channel.name)
+
+
+def queue_names(queue):
+    """(topic, channel) of a topic ("" for the channel) or of a channel."""
+    topic = getattr(queue, "topic", None)  # a channel's
+    return (topic.name, queue.name) if topic is not None else (queue.name, "")
+
+
+def queue_traced(queue):
+    return traced(queue.nsqd, *queue_names(queue))
+
+
+def queue_dropped(queue, packed, count, reason):
+    """DROPPED of packed records a topic or a channel let go, if it is traced."""
+    if count and queue_traced(queue):
+        records_event(queue.nsqd, "DROPPED", *queue_names(queue), packed, count, reason)
 
 
 def parser_tracing(channel, client):

@@ -11,7 +11,7 @@ import pytest
 
 from nsqshm import protocol as p
 
-from .test_ext import OK, consumer, history
+from .test_ext import OK, consumer, create_ext, history, pub_ext
 from .test_workers import Client
 
 WORKER_COUNTS = (1, 2)
@@ -230,3 +230,74 @@ def test_a_history_survives_a_restart_and_numbering_goes_on(nsqd_factory, tmp_pa
     assert after == [("PUB", None), ("DISK", "c1"), ("DELIVERED", "c2"), ("FIN", "c2")]
     assert [e.get("channel") for e in history(server, "topic=tk&trace_id=12")] == [None, "c1", "c2", "c2"]
     assert history(server, "topic=other&trace_id=12") == []
+
+
+def _dropped(server, topic, trace_id, tries=100):
+    """The DROPPED events of the message published with trace_id, once there."""
+    for _ in range(tries):
+        events = [e for e in history(server, f"topic={topic}&trace_id={trace_id}")
+                  if e["event"] == "DROPPED"]
+        if events:
+            return events
+        time.sleep(0.05)
+    return []
+
+
+def _pub_traced(pc, topic, trace_ids):
+    for trace_id in trace_ids:
+        pc.send(pub_trace(topic, trace_id, b"m%d" % trace_id))
+        assert traced_reply(pc.response()[1])[1] == trace_id
+
+
+def test_what_policies_sampling_and_filters_drop_is_recorded_with_its_reason(nsqd_factory):
+    """DROPPED, with why, for every way a traced channel lets a message go
+    undelivered: drop-oldest past max_depth, a time to live, max attempts
+    (to the dead-letter topic), a consumer's sample_rate, its ext_filter."""
+    server = nsqd_factory()
+    pc = Client(server)
+    for topic in ("tb", "tt", "ta", "ts"):
+        assert server.post(f"/topic/create?topic={topic}")[0] == 200
+        assert server.post(f"/channel/create?topic={topic}&channel=c")[0] == 200
+        assert server.post(f"/message/trace/enable?topic={topic}")[0] == 200
+    assert server.post("/channel/policy?topic=tb&channel=c&max_depth=2&overflow=drop-oldest")[0] \
+        == 200
+    assert server.post("/channel/policy?topic=tt&channel=c&ttl=100")[0] == 200
+    assert server.post("/channel/policy?topic=ta&channel=c&max_attempts=1")[0] == 200
+
+    _pub_traced(pc, "tb", [1, 2, 3, 4])  # max_depth 2: the two oldest go
+    _pub_traced(pc, "tt", [11])
+    _pub_traced(pc, "ta", [21])
+    time.sleep(0.2)  # tt's message expires before anyone asks for it
+    expect = {("tb", 1): "drop-oldest (max_depth, max_bytes)",
+              ("tb", 2): "drop-oldest (max_depth, max_bytes)",
+              ("tt", 11): "expired (time to live)",
+              ("ta", 21): "max attempts: to the dead-letter topic"}
+    tt = consumer(server, "tt", "c", rdy=10)
+    ta = consumer(server, "ta", "c", rdy=10)
+    m = ta.message()
+    ta.send(p.req(m.id, 0))  # its first attempt was its last
+    sampled = consumer(server, "ts", "c", rdy=200, sample_rate=1)
+    pc.send(mpub_trace("ts", [(100 + i, b"s") for i in range(50)]))
+    assert pc.response()[0] == p.FRAME_TYPE_RESPONSE
+
+    for (topic, trace_id), reason in expect.items():
+        events = _dropped(server, topic, trace_id)
+        assert [(e["channel"], e["reason"]) for e in events] == [("c", reason)], \
+            (topic, trace_id, history(server, f"topic={topic}&trace_id={trace_id}"))
+    for trace_id in (3, 4):  # the two newest stay
+        assert not _dropped(server, "tb", trace_id, tries=1)
+    sampled_out = [_dropped(server, "ts", 100 + i, tries=20 if i == 0 else 1) for i in range(50)]
+    assert sum(1 for events in sampled_out if events) >= 40  # 1 in 100 kept, on average
+    assert {e["reason"] for events in sampled_out for e in events} == \
+        {"sampled out (sample_rate)"}
+
+    create_ext(server, "tx")
+    assert server.post("/message/trace/enable?topic=tx")[0] == 200
+    picky = consumer(server, "tx", "c", ext_filter={"type": 1, "filter_ext_key": "k",
+                                                    "filter_data": "a"})
+    pc.send(pub_ext("tx", b'{"k":"b","##trace_id":"31"}', b"refused"))
+    assert traced_reply(pc.response()[1])[1] == 31
+    assert [e["reason"] for e in _dropped(server, "tx", 31)] == \
+        ["refused by the consumer's ext_filter"]
+    for c in (tt, ta, sampled, picky):
+        c.close()
