@@ -34,6 +34,7 @@ from nsqshm.nsqd.client_v2 import (
 from nsqshm.nsqd.compression import CorruptStream, DeflateCodec, SnappyCodec
 from nsqshm.nsqd.errors import (
     BAD_PARTITION,
+    E_CREATE_TOPIC_FAILED,
     E_FAILED_ON_NOT_LEADER,
     E_TOPIC_NOT_EXIST,
     ClientErr,
@@ -46,7 +47,12 @@ from nsqshm.nsqd.reader import MAX_LINE, Disconnect, LineTooLong, Reader
 from nsqshm.nsqd.replica import NotLeader
 from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqd.topic import TopicError
-from nsqshm.youzan.commands import NO_PARTITION, ORDERED_WITH_SAMPLE_RATE, parse_sub
+from nsqshm.youzan.commands import (
+    NO_PARTITION,
+    ORDERED_WITH_SAMPLE_RATE,
+    parse_internal_create_topic,
+    parse_sub,
+)
 from nsqshm.youzan.offset import NOT_SUPPORTED, check_supported
 
 MAGIC_V2 = b"  V2"
@@ -162,6 +168,7 @@ class ProtocolV2:
             b"SUB_ADVANCED": self.SUB_ADVANCED, b"SUB_ORDERED": self.SUB_ORDERED,
             b"PUB_EXT": self.PUB_EXT, b"MPUB_EXT": self.MPUB_EXT,
             b"PUB_TRACE": self.PUB_TRACE, b"MPUB_TRACE": self.MPUB_TRACE,
+            b"INTERNAL_CREATE_TOPIC": self.INTERNAL_CREATE_TOPIC,
         }
 
     # -- the connection loop ------------------------------------------------------------
@@ -715,6 +722,34 @@ class ProtocolV2:
 
     def MPUB_TRACE(self, client, params, reader):
         return ext.mpub_trace(self, client, params, reader)
+
+    def INTERNAL_CREATE_TOPIC(self, client, params, reader):
+        """Youzan's INTERNAL_CREATE_TOPIC <topic> <partition> [<ext>]
+        (internalCreateTopic), refused in cluster mode as Youzan's.  Partition
+        0 of a name that is not a log topic is the classic topic, made ext
+        when asked (a topic that exists is left as it is, as Youzan's
+        getTopic does); a log topic answers OK for a partition it has.  A
+        partition above 0 of anything else: E_CREATE_TOPIC_FAILED (a log
+        topic is made with its partition count: /topic/create)."""
+        req = parse_internal_create_topic(params)
+        self.check_auth(client, "CREATE_TOPIC", req.topic, "")
+        if getattr(self.nsqd, "replica_gate", None) is not None:
+            raise ClientErr(E_CREATE_TOPIC_FAILED,
+                            "CREATE_TOPIC is not allowed here while cluster feature enabled.")
+        topic = self.nsqd.get_existing_topic(req.topic)
+        if topic is not None and topic.is_log:
+            made = req.partition < len(topic.partitions)
+        elif req.partition == 0:
+            made = True
+            if topic is None:
+                topic = self.nsqd.get_topic(req.topic)
+                if req.ext:
+                    ext.make_ext(self.nsqd, topic)
+        else:
+            made = False
+        if not made:
+            raise ClientErr(E_CREATE_TOPIC_FAILED, f"CREATE_TOPIC {req.topic} failed")
+        return OK
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -365,3 +365,36 @@ def test_the_flag_survives_a_kill_whichever_worker_made_it(nsqd_factory, tmp_pat
     for index in range(server.workers):
         pc.send(pub_ext(f"x{index}", b'{"k":"v"}', b"b"))
         assert pc.response() == OK
+
+
+# -- INTERNAL_CREATE_TOPIC (protocol_v2.go internalCreateTopic) -----------------------------
+
+def test_internal_create_topic(nsqd_factory):
+    """Partition 0 of a new name: the classic topic (ext when asked); a log
+    topic's partitions; anything else E_CREATE_TOPIC_FAILED, not fatal; bad
+    lines with Youzan's fatal answers (their table: tests/unit/youzan)."""
+    server = nsqd_factory()
+    assert server.post("/topic/create?topic=lt&partition_num=2")[0] == 200
+    c = Client(server)
+    failed = (p.FRAME_TYPE_ERROR, b"E_CREATE_TOPIC_FAILED CREATE_TOPIC %s failed")
+    for line, answer in [(b"ct 0", OK), (b"cx 0 true", OK), (b"ct 0 true", OK),
+                         (b"ct 1", (failed[0], failed[1] % b"ct")),
+                         (b"lt 1", OK), (b"lt 2", (failed[0], failed[1] % b"lt"))]:
+        c.send(b"INTERNAL_CREATE_TOPIC %s\n" % line)
+        assert c.response() == answer, line
+    c.send(p.nop() + p.pub("ct", b"still open"))
+    assert c.response() == OK
+    _, body = server.get("/stats?format=json")
+    topics = {t["topic_name"]: t for t in json.loads(body)["topics"]}
+    assert (topics["ct"].get("is_ext"), topics["cx"].get("is_ext")) == (None, True)  # ct: as it was
+    assert topics["ct"]["message_count"] == 1
+    for line, answer in [
+            (b"ct", b"E_INVALID CREATE_TOPIC insufficient number of parameters"),
+            (b"ct 0 maybe", b'E_BAD_EXT topic ext is not valid: strconv.ParseBool: '
+                            b'parsing "maybe": invalid syntax'),
+            (b"ct -1", b"E_BAD_PARTITION partition should not less than 0")]:
+        c = Client(server)
+        c.send(b"INTERNAL_CREATE_TOPIC %s\n" % line)
+        assert c.response() == (p.FRAME_TYPE_ERROR, answer), line
+        with pytest.raises(ConnectionError):  # fatal: closed after the error
+            c.frame()
