@@ -103,11 +103,36 @@ cdef inline nsqshm_arena_block *_block_of(MsgEntry *e) noexcept nogil:
     return <nsqshm_arena_block *>(<char *>e - 32)
 
 
+cdef enum:
+    DETAIL_SIZE = 12  # Youzan's [8 BE queue offset][4 BE raw size] (SUB_ADVANCED, SUB_ORDERED)
+
+
+cdef inline uint64_t _log_offset(const char *msg_id) noexcept nogil:
+    """The msg offset in a log topic's ID: 16 hex digits of (partition << 48) | offset."""
+    cdef uint64_t v = 0
+    cdef int k
+    cdef char ch
+    for k in range(16):
+        ch = msg_id[k]
+        if c'0' <= ch <= c'9':
+            v = (v << 4) | <uint64_t>(ch - c'0')
+        elif c'a' <= ch <= c'f':
+            v = (v << 4) | <uint64_t>(ch - c'a' + 10)
+        else:
+            return 0
+    return v & ((<uint64_t>1 << 48) - 1)
+
+
 cdef inline void _put_u32be(char *dst, uint32_t v) noexcept nogil:
     dst[0] = <char>(v >> 24)
     dst[1] = <char>(v >> 16)
     dst[2] = <char>(v >> 8)
     dst[3] = <char>v
+
+
+cdef inline void _put_u64be(char *dst, uint64_t v) noexcept nogil:
+    _put_u32be(dst, <uint32_t>(v >> 32))
+    _put_u32be(dst + 4, <uint32_t>v)
 
 
 cdef inline uint32_t _get_attempts(const char *msg) noexcept nogil:
@@ -841,7 +866,7 @@ cdef class InFlight(MessageStore):
 
     def deliver(self, records, Py_ssize_t count, bytearray out not None,
                 uint64_t client_id, int64_t deadline_ns, int sample_rate=0,
-                ExtView ext=None):
+                ExtView ext=None, int detail=-1, bint detail_log=False):
         """Send `count` messages to one client.
 
         `records` holds packed [u32 native size][message] records, as from
@@ -876,6 +901,12 @@ cdef class InFlight(MessageStore):
         With trace_drops on, each message expired, sampled out or filtered
         out is a DROPPED event with its reason, written once at the end.
 
+        With detail >= 0 (a client of SUB_ADVANCED or SUB_ORDERED) each frame
+        carries Youzan's [8 BE queue offset][4 BE raw size] after the ID and
+        any ext part it keeps: the raw size is the message's size plus
+        `detail` (its record overhead in the queue); the queue offset is, with
+        detail_log, the msg offset in the log ID, else 0.
+
         Records are checked before anything changes; on MemoryError part
         way, `out` ends after the last message added.
         """
@@ -883,7 +914,7 @@ cdef class InFlight(MessageStore):
         cdef const char *src
         cdef char *dst
         cdef Py_ssize_t pos = 0, k, grow = 0, base, added = 0
-        cdef uint32_t size
+        cdef uint32_t size, raw_size
         cdef int r
         cdef bint sampling = 0 < sample_rate < 100
         cdef int64_t expires_before = 0   # publish timestamps before this: expired
@@ -918,7 +949,7 @@ cdef class InFlight(MessageStore):
                     raise ValueError(f"record {k} of {size} bytes runs past the end of the "
                                      f"{view.len}-byte records buffer")
                 pos += RECORD_HEADER_SIZE + size
-                grow += FRAME_HEADER_SIZE + size
+                grow += FRAME_HEADER_SIZE + size + (DETAIL_SIZE if detail >= 0 else 0)
             base = PyByteArray_GET_SIZE(out)
             PyByteArray_Resize(out, base + grow)
             if self.ttl_ns > 0:
@@ -928,6 +959,7 @@ cdef class InFlight(MessageStore):
             pos = 0
             for k in range(count):
                 memcpy(&size, src + pos, RECORD_HEADER_SIZE)
+                raw_size = size
                 msg = src + pos + RECORD_HEADER_SIZE
                 if ext is not None:
                     verdict = ext.accept(msg, size)
@@ -992,6 +1024,20 @@ cdef class InFlight(MessageStore):
                                 size - EXT_OFFSET - cut)
                         size -= <uint32_t>cut
                         _put_u32be(dst, 4 + size)
+                if detail >= 0:
+                    # after the header and the ext part the frame keeps (none: stripped,
+                    # or not an ext topic)
+                    cut = MSG_HEADER_SIZE
+                    if ext is not None and not ext.strip:
+                        cut += ext_prefix(<const unsigned char *>dst + FRAME_HEADER_SIZE, size)
+                    memmove(dst + FRAME_HEADER_SIZE + cut + DETAIL_SIZE,
+                            dst + FRAME_HEADER_SIZE + cut, size - cut)
+                    _put_u64be(dst + FRAME_HEADER_SIZE + cut,
+                               _log_offset(dst + FRAME_HEADER_SIZE + MSG_ID_OFFSET)
+                               if detail_log else 0)
+                    _put_u32be(dst + FRAME_HEADER_SIZE + cut + 8, raw_size + <uint32_t>detail)
+                    size += DETAIL_SIZE
+                    _put_u32be(dst, 4 + size)
                 dst += FRAME_HEADER_SIZE + size
             if sampling or expires_before or shrunk or ext is not None:
                 PyByteArray_Resize(out, dst - PyByteArray_AS_STRING(out))
@@ -1003,7 +1049,8 @@ cdef class InFlight(MessageStore):
 
     def deliver_from_ring(self, Ring ring not None, Py_ssize_t max_records, scratch,
                           bytearray out not None, uint64_t client_id, int64_t deadline_ns,
-                          int sample_rate=0, ExtView ext=None):
+                          int sample_rate=0, ExtView ext=None, int detail=-1,
+                          bint detail_log=False):
         """Take up to max_records messages from `ring` and deliver() them, as one
         step under the ring's consumer lock: they leave the ring only once
         they are in this table (its arena), so a death at any instant repeats
@@ -1023,7 +1070,7 @@ cdef class InFlight(MessageStore):
                                      &nbytes)
                 if count:
                     added = self.deliver(scratch, count, out, client_id, deadline_ns,
-                                         sample_rate, ext)
+                                         sample_rate, ext, detail, detail_log)
                     if self.consumed < count:  # tag dispatch left the rest in the ring
                         count = ring._gather(<char *>view.buf, view.len, self.consumed, &pos,
                                              &head, &nbytes)

@@ -52,6 +52,7 @@ cdef enum:
     ATTEMPTS_OFFSET = 8
     BLOCK_HEADER = 64
     FRAME_MESSAGE = 2
+    DETAIL_SIZE = 12  # [8 BE queue offset][4 BE raw size]: SUB_ADVANCED frames
 
 # Arrow binary arrays have int32 offsets: a batch's bodies stay under 2 GiB.
 cdef int64_t MAX_VALUES = 0x7FFFFFFF
@@ -624,8 +625,10 @@ cdef class Columns:
             return -1
         return 0
 
-    cdef inline int _add(self, const char *msg, uint32_t size, bint bump) except -1:
-        """One message (size >= 26, unchecked); bump: count this delivery in attempts."""
+    cdef inline int _add(self, const char *msg, uint32_t size, bint bump,
+                         bint detail=False) except -1:
+        """One message (size >= 26, unchecked); bump: count this delivery in attempts;
+        detail: a SUB_ADVANCED frame's, [8 queue offset][4 raw size] before the body."""
         cdef int64_t body = size - MSG_HEADER_SIZE
         cdef int64_t ts = <int64_t>nsqshm_be64(msg)
         cdef const unsigned char *a = <const unsigned char *>msg + ATTEMPTS_OFFSET
@@ -646,6 +649,11 @@ cdef class Columns:
                 else:
                     self._add_headers(NULL, 0)
             body -= pre
+        if detail:  # (after the ext part: frames.py)
+            if body < DETAIL_SIZE:
+                raise ValueError(f"a detail frame's message of {size} bytes is too short")
+            pre += DETAIL_SIZE
+            body -= DETAIL_SIZE
         if self.n == self.cap:
             self._grow_rows(1)
         if self.vlen + body > self.vcap:
@@ -662,10 +670,12 @@ cdef class Columns:
         self.n += 1
         return 0
 
-    def add_frames(self, buf, Py_ssize_t pos=0, Py_ssize_t end=-1):
+    def add_frames(self, buf, Py_ssize_t pos=0, Py_ssize_t end=-1, bint detail=False):
         """Add the messages of whole NSQ frames ([u32 BE size][u32 BE type][data])
-        in buf[pos:end]; other frames are skipped.  Returns (position after the
-        last whole frame, messages added)."""
+        in buf[pos:end]; other frames are skipped.  detail: frames of a
+        SUB_ADVANCED connection (Youzan's queue offset and raw size before the
+        body, left out).  Returns (position after the last whole frame,
+        messages added)."""
         cdef Py_buffer view
         cdef const char *p
         cdef uint32_t size, ftype
@@ -681,7 +691,7 @@ cdef class Columns:
                     break
                 ftype = get_u32be(p + pos + 4)
                 if ftype == FRAME_MESSAGE and size >= 4 + MSG_HEADER_SIZE:
-                    self._add(p + pos + 8, size - 4, False)
+                    self._add(p + pos + 8, size - 4, False, detail)
                     added += 1
                 pos += 4 + size
         finally:

@@ -377,7 +377,8 @@ class Channel:
                     base = len(client.out)
                     taken, n = self.inflight.deliver_from_ring(
                         ring, min(room, DELIVER_BATCH), scratch, client.out, client.id, deadline,
-                        client.sample_rate, client.ext_view)  # sampled-out: dropped, as nsqd
+                        client.sample_rate, client.ext_view,  # sampled-out: dropped, as nsqd
+                        client.detail, client.detail_log)
                     if not taken:
                         if client.ext_view is not None and ring.depth:
                             left_for_tag = True

@@ -64,6 +64,10 @@ class ClientV2:
         self.output_buffer_size = 16 * 1024
         self.output_buffer_timeout = opts.output_buffer_timeout
         self.sample_rate = 0
+        # SUB_ADVANCED / SUB_ORDERED (Youzan's EnableTrace): frames carry the queue offset
+        # and raw size (InFlight.deliver's detail: the record overhead; -1: none)
+        self.detail = -1
+        self.detail_log = False
         self.tls = self.snappy = self.deflate = False
         self.deflate_level = 0
         self.tls_cipher_suite = self.tls_version = self.tls_negotiated_protocol = ""

@@ -278,7 +278,8 @@ class LogChannel(Channel):
                             base = len(client.out)
                             taken, n = self.inflight.deliver_from_ring(
                                 ring, min(room, DELIVER_BATCH), scratch, client.out,
-                                client.id, deadline, 0, client.ext_view)
+                                client.id, deadline, 0, client.ext_view, client.detail,
+                                client.detail_log)
                             if taken and traced:
                                 trace.delivered(self, client, client.out, base)
                         if not taken:
@@ -363,7 +364,8 @@ class LogChannel(Channel):
             pos += 4 + size
         if not count:
             return taken, 0
-        return taken, self.inflight.deliver(kept, count, client.out, client.id, deadline)
+        return taken, self.inflight.deliver(kept, count, client.out, client.id, deadline, 0,
+                                            None, client.detail, client.detail_log)
 
     def _direct(self, client):
         """The partitions this worker owns that the client takes straight
@@ -402,7 +404,7 @@ class LogChannel(Channel):
         traced = self.traced
         self._trace_drops(traced)
         added = self.inflight.deliver(memoryview(scratch)[:nbytes], n, client.out, client.id,
-                                      deadline)
+                                      deadline, 0, None, client.detail, client.detail_log)
         if traced:
             trace.delivered(self, client, client.out, base)
         cursor.read_pos = first + n

@@ -21,6 +21,7 @@ import gevent
 from nsqshm._core import wire
 from nsqshm._core.codec import FRAME_TYPE_ERROR
 from nsqshm._core.commands import NEED_MORE, CommandParser
+from nsqshm._core.commitlog import RECORD_HEADER as LOG_RECORD_HEADER
 from nsqshm.nsqd import ext, trace
 from nsqshm.nsqd.auth import AuthError
 from nsqshm.nsqd.channel import ChannelError
@@ -479,7 +480,7 @@ class ProtocolV2:
         the channel's first client only, as Youzan's)."""
         sub = parse_sub(params, client.state == STATE_INIT, client.heartbeat_interval > 0)
         self.check_auth(client, "SUB", sub.topic, sub.channel)
-        return self._sub(client, sub.topic, sub.channel, sub.partition, sub.start)
+        return self._sub(client, sub.topic, sub.channel, sub.partition, sub.start, detail=True)
 
     def SUB_ORDERED(self, client, params, reader):
         """Youzan's SUB_ORDERED <topic> <channel> [<partition>]: a log topic's
@@ -490,9 +491,11 @@ class ProtocolV2:
         topic = self.nsqd.topics.get(sub.topic)
         if topic is None or not topic.is_log:  # (nsqshm: a classic topic has no order to keep)
             raise FatalClientErr(E_TOPIC_NOT_EXIST, "")
-        return self._sub(client, sub.topic, sub.channel, sub.partition, None, ordered=True)
+        return self._sub(client, sub.topic, sub.channel, sub.partition, None, ordered=True,
+                         detail=True)
 
-    def _sub(self, client, topic_name, channel_name, partition, start, ordered=False):
+    def _sub(self, client, topic_name, channel_name, partition, start, ordered=False,
+             detail=False):
         topic = self.nsqd.topics.get(topic_name)
         is_log = topic is not None and topic.is_log
         if is_log and partition != NO_PARTITION:
@@ -510,6 +513,9 @@ class ProtocolV2:
                 raise FatalClientErr("E_INVALID", NOT_SUPPORTED)
             self._seek(topic, channel_name, partition, start)
         client.partition = partition if is_log and partition != NO_PARTITION else None
+        if detail:  # the raw size: a log record's, or a disk queue's [4 size][message]
+            client.detail = LOG_RECORD_HEADER if is_log else 4
+            client.detail_log = is_log
         channel = self._subscribe(client, topic_name, channel_name)
         client.state = STATE_SUBSCRIBED
         client.channel = channel

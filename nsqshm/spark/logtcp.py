@@ -44,6 +44,7 @@ class RangeSubscription(Subscription):
         self.columns = columns if columns is not None else Columns()
         self.fins = bytearray()
         self.held = 0
+        self.detail = True  # frames carry the queue offset and raw size before the body
         self.last = time.monotonic()
 
     def collect(self, want, idle_timeout=POLL):

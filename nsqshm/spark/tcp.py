@@ -109,6 +109,7 @@ class Subscription:
         self.columns.since_ns = since_ns
         self.fins = bytearray()
         self.held = 0
+        self.detail = False  # SUB_ADVANCED's frames (logtcp.RangeSubscription)
 
     def collect(self, want, idle_timeout):
         """Receive up to `want` more messages (RDY bounded by nsqd's
@@ -128,7 +129,7 @@ class Subscription:
                     self.fins = bytearray(self.fins.replace(b"NOP\n", b""))
                     conn.sock.sendall(proto.nop())
             if consumed:
-                self.columns.add_frames(conn.buf, 0, consumed)
+                self.columns.add_frames(conn.buf, 0, consumed, self.detail)
                 del conn.buf[:consumed]
                 got += n
                 self.held += n

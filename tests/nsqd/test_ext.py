@@ -398,3 +398,43 @@ def test_internal_create_topic(nsqd_factory):
         assert c.response() == (p.FRAME_TYPE_ERROR, answer), line
         with pytest.raises(ConnectionError):  # fatal: closed after the error
             c.frame()
+
+
+# -- SUB_ADVANCED / SUB_ORDERED frames: Youzan's EnableTrace detail -------------------------
+
+def test_sub_advanced_frames_carry_the_queue_offset_and_raw_size(nsqd_factory):
+    """After the ID and the ext part: [8 BE queue offset][4 BE raw size], which
+    youzan/go-nsq takes off every frame of a SUB_ADVANCED or SUB_ORDERED
+    connection.  A classic topic's queue offset is 0, its raw size a disk
+    queue record's (4 + message); a plain SUB's frames have neither."""
+    from nsqshm.youzan.frames import decode_message
+
+    server = nsqd_factory()
+    create_ext(server, "xd")
+    assert server.post("/topic/create?topic=cd")[0] == 200
+    clients = {}
+    for topic, ext in (("xd", True), ("cd", False)):
+        for verb in ("SUB_ADVANCED", "SUB"):
+            c = Client(server)
+            c.send(p.identify({"feature_negotiation": True, "extend_support": ext}))
+            assert c.response()[0] == p.FRAME_TYPE_RESPONSE
+            c.send(b"%s %s %s\n" % (verb.encode(), topic.encode(), verb.lower().encode()))
+            assert c.response() == OK
+            c.send(p.rdy(10))
+            clients[(topic, verb)] = c
+    pc = Client(server)
+    pc.send(pub_ext("xd", b'{"k":"a"}', b"with headers"))
+    assert pc.response() == OK
+    pc.send(p.pub("cd", b"plain body"))
+    assert pc.response() == OK
+    stored = {"xd": 26 + 3 + len(b'{"k":"a"}') + len(b"with headers"), "cd": 26 + len(b"plain body")}
+    for (topic, verb), c in clients.items():
+        kind, data = c.frame()
+        while kind != p.FRAME_TYPE_MESSAGE:
+            kind, data = c.frame()
+        m = decode_message(data, ext=topic == "xd", detail=verb == "SUB_ADVANCED")
+        assert m.body == (b"with headers" if topic == "xd" else b"plain body"), (topic, verb)
+        if topic == "xd":
+            assert m.headers == b'{"k":"a"}'
+        assert (m.queue_offset, m.raw_size) == \
+            ((0, 4 + stored[topic]) if verb == "SUB_ADVANCED" else (0, 0)), (topic, verb)

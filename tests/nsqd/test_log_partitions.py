@@ -20,6 +20,7 @@ from .test_log_topics import (
     channel_stats,
     confirmed,
     create,
+    detail,
     nothing_more,
     pub,
     stats,
@@ -320,7 +321,7 @@ def test_lanes_go_at_a_graceful_stop_and_consumption_goes_on(nsqd_factory, tmp_p
     got = []
     for _ in range(4):
         m = c.message()
-        got.append(m.body)
+        got.append(detail(m)[2])
         c.send(p.fin(m.id))
     assert got == [b"m0-%d" % i for i in range(1, 5)]
     c1 = _sub(again, b"SUB lt ch 1\n")

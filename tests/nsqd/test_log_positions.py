@@ -11,7 +11,7 @@ from nsqshm import protocol as p
 from nsqshm._core.logcursor import decode_message_id
 
 from .conftest import http_call, http_on_worker, wait_for
-from .test_log_topics import channel_stats, create, nothing_more, pub, take
+from .test_log_topics import channel_stats, create, detail, nothing_more, pub, take
 from .test_workers import Client
 
 WORKER_COUNTS = (1, 2)
@@ -44,7 +44,9 @@ def _receives_from(client, first):
     client.send(p.rdy(100))
     got = take(client, N - first)
     assert [decode_message_id(m.id) for m in got] == [(0, o) for o in range(first, N)]
-    assert [m.body for m in got] == [b"m%d" % o for o in range(first, N)]
+    # the frames carry each message's msg offset and its size in the log (header, record)
+    assert [detail(m) for m in got] == [(o, 16 + 26 + len(b"m%d" % o), b"m%d" % o)
+                                        for o in range(first, N)]
     assert nothing_more(client)
 
 
@@ -78,7 +80,7 @@ def test_sub_advanced_positions(nsqd_factory):
     c.send(p.rdy(10))
     assert nothing_more(c)
     assert pub(Client(server), "lt", b"new", partition=0) == (p.FRAME_TYPE_RESPONSE, b"OK")
-    assert [m.body for m in take(c, 1)] == [b"new"]
+    assert [detail(m)[2] for m in take(c, 1)] == [b"new"]
 
 
 def test_sub_advanced_moves_only_a_channel_without_clients(nsqd_factory):
@@ -93,7 +95,7 @@ def test_sub_advanced_moves_only_a_channel_without_clients(nsqd_factory):
     assert channel_stats(server, "lt", "ch")["partitions"][0]["confirmed_offset"] == 25
     first.send(p.rdy(100))
     got = take(first, N - 25)
-    assert [m.body for m in got] == [b"m%d" % o for o in range(25, N)]
+    assert [detail(m)[2] for m in got] == [b"m%d" % o for o in range(25, N)]
     second.send(p.rdy(100))
     assert nothing_more(first) and nothing_more(second)
 

@@ -70,6 +70,14 @@ def take(client, n, fin=True):
     return got
 
 
+def detail(message):
+    """(queue offset, raw size, body) of a SUB_ADVANCED or SUB_ORDERED frame's
+    message: Youzan's [8 BE queue offset][4 BE raw size] come before the body
+    (go-nsq strips them whenever EnableTrace or EnableOrdered)."""
+    offset, raw_size = struct.unpack(">QI", message.body[:12])
+    return offset, raw_size, message.body[12:]
+
+
 def nothing_more(client, wait=0.5):
     client.sock.settimeout(wait)
     try:
