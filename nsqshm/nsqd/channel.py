@@ -111,6 +111,7 @@ class Channel:
             self.inflight.enable_latency()
             self.e2e = LatencyStream(self.nsqd.opts, lambda: [self.inflight])
         self._ready = gevent.event.Event()
+        self.wakes = 0  # wake() calls (gevent's Event has no count)
         self._refill_wake = gevent.event.Event()
         # pushes wake the dispatcher, pops and nudges the refiller
         self._waker = RingWaker(self.ring, self._ready, self._refill_wake)
@@ -176,7 +177,9 @@ class Channel:
         self.topic.delete_channel(self.name)
 
     def wake(self):
-        """Something changed that may let the dispatcher deliver."""
+        """Something changed that may let the dispatcher deliver (counted: a
+        dispatcher about to wait checks that nothing came since its round began)."""
+        self.wakes += 1
         self._ready.set()
 
     # -- FIN / REQ / TOUCH --------------------------------------------------------------
@@ -212,7 +215,7 @@ class Channel:
             trace.message_event(self, "FIN", msg_id, client)
         client.in_flight -= 1
         client.finish_count += 1
-        self._ready.set()
+        self.wake()
 
     def requeues_in_c(self):
         """Whether a REQ can be applied by the C command parser: not when a
@@ -236,7 +239,7 @@ class Channel:
         if parser.scan_by >= 0:
             self.nsqd.schedule_scan(parser.scan_by)
         if finished or requeued:
-            self._ready.set()
+            self.wake()
 
     def requeue(self, client, msg_id, delay):
         msg = self.inflight.requeue(msg_id, client.id)
@@ -255,7 +258,7 @@ class Channel:
         else:
             self.put_records(len(msg).to_bytes(4, "little") + msg)
         self.inflight.release()  # stored again: the in-flight block can go
-        self._ready.set()
+        self.wake()
 
     def touch(self, client, msg_id):
         """Move the deadline to now + msg_timeout, but never past delivery +
@@ -308,7 +311,7 @@ class Channel:
                 if self.ring.depth == 0 and self.ring.waiting_for_data:
                     self._refill(DELIVER_BATCH)  # consumers (of any worker) wait on the ring
                 self._start_refiller()
-                self._ready.set()
+                self.wake()
             if err is None:
                 return 0
             view = skip_records(view, done)
@@ -363,6 +366,7 @@ class Channel:
                 ring.disarm()
                 continue
             now = time.monotonic_ns()
+            wakes = self.wakes
             earliest = None
             left_for_tag = False  # a client left the head message for another's tag (ext.py)
             taken_any = False
@@ -398,8 +402,12 @@ class Channel:
                 policy.flush_expired(self)  # what expired in this round's C calls
             if left_for_tag and not taken_any:
                 # the head waits for a consumer of its tag: until a client comes, goes or
-                # is ready again here, or any process pops (another worker's consumer)
+                # is ready again here, or any process pops (another worker's consumer);
+                # a wake during this round (another worker's consumer of the tag left)
+                # makes another round
                 self._ready.clear()
+                if self.wakes != wakes:
+                    continue
                 self._waker.arm(for_space=True)
                 if ring.depth and not self.exiting:
                     self._ready.wait()
@@ -474,7 +482,7 @@ class Channel:
             self.timeout_count += total
             for client in self.clients.values():
                 client.in_flight = self.inflight.client_count(client.id)
-            self._ready.set()
+            self.wake()
         return total
 
     def process_deferred(self, now):
@@ -503,7 +511,7 @@ class Channel:
     def unpause(self):
         self.paused = False
         self.ring.paused = False
-        self._ready.set()
+        self.wake()
         self.nsqd.broadcast_change("channel_unpause", self.topic.name, self.name)
 
     @property
@@ -525,7 +533,7 @@ class Channel:
             self._refill_wake.set()
         for client in self.clients.values():
             client.in_flight = 0
-        self._ready.set()
+        self.wake()
         self.nsqd.broadcast_change("channel_empty", self.topic.name, self.name)
 
     def _stop_greenlets(self):

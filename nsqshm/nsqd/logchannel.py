@@ -245,6 +245,7 @@ class LogChannel(Channel):
                 self._ready.wait()
                 continue
             now = time.monotonic_ns()
+            wakes = self.wakes
             earliest = None
             delivered = False
             left_for_tag = False
@@ -305,6 +306,8 @@ class LogChannel(Channel):
                 # of the tag)
                 wakers = self._wakers(ready)
                 self._ready.clear()
+                if self.wakes != wakes:  # woken during the round: another round
+                    continue
                 for waker in wakers:
                     waker.arm(for_space=True)
                 try:
@@ -461,7 +464,7 @@ class LogChannel(Channel):
         """The log grew, the topic was unpaused: the feeder looks again, and
         the dispatcher (its clients take owned partitions straight from the log)."""
         self._refill_wake.set()
-        self._ready.set()
+        self.wake()
 
     def _room(self, partition):
         """How many records the feeder may push of a partition now: into an
@@ -766,7 +769,7 @@ class LogChannel(Channel):
         self.deferred.release()
         for client in self.clients.values():
             client.in_flight = self.inflight.client_count(client.id)
-        self._ready.set()
+        self.wake()
 
     def _unconfirmed(self, view):
         """The packed records of view whose offset is not below their
