@@ -120,7 +120,7 @@ cdef class InFlight(MessageStore):
                          bytearray out) except -9
     cdef MsgEntry *_find(self, bytes msg_id) noexcept
     cdef uint32_t _draw100(self) noexcept
-    cdef void _dropped(self, const char *msg, uint64_t reason) except *
+    cdef void _dropped(self, const char *msg, uint64_t reason) noexcept
 
 
 cdef class DeferredQueue(MessageStore):

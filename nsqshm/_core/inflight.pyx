@@ -859,10 +859,14 @@ cdef class InFlight(MessageStore):
         self.drop_trace = writer
         self.drop_stream = stream
 
-    cdef void _dropped(self, const char *msg, uint64_t reason) except *:
-        self.drop_trace.add(EV_DROPPED, msg + MSG_ID_OFFSET, self.drop_trace.now,
-                            nsqshm_attempts(msg),
-                            self.drop_stream, reason, NULL)
+    cdef void _dropped(self, const char *msg, uint64_t reason) noexcept:
+        # never a failed delivery: an event the writer cannot hold is lost, as a
+        # failed write's are (deliver() is half way through its output here)
+        try:
+            self.drop_trace.add(EV_DROPPED, msg + MSG_ID_OFFSET, self.drop_trace.now,
+                                nsqshm_attempts(msg), self.drop_stream, reason, NULL)
+        except MemoryError:
+            pass
 
     def deliver(self, records, Py_ssize_t count, bytearray out not None,
                 uint64_t client_id, int64_t deadline_ns, int sample_rate=0,

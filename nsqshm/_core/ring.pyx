@@ -311,6 +311,29 @@ cdef class Ring:
 
         return segment.unlink(name, of, before=remove_fifos)
 
+    @staticmethod
+    def remove_stale_fifos(str prefix):
+        """Remove the waiter FIFOs under /dev/shm of rings named `prefix`.* that
+        no longer exist (their waiter died after the ring was removed or made
+        anew: an unlink finds FIFOs by the header's slots, _waiter_fifos).
+        Returns how many went."""
+        try:
+            names = set(os.listdir("/dev/shm"))
+        except FileNotFoundError:
+            return 0
+        gone = 0
+        for entry in names:
+            if entry.startswith(prefix + ".") and _FIFO_NAME.fullmatch(entry) \
+                    and entry[:-21] not in names:
+                path = f"/dev/shm/{entry}"
+                try:
+                    if stat.S_ISFIFO(os.lstat(path).st_mode):
+                        os.unlink(path)
+                        gone += 1
+                except FileNotFoundError:
+                    pass
+        return gone
+
     def unlink(self):
         """Remove this ring's name, unless it names another ring by now (the
         topic or channel deleted and made again by another worker): mapped

@@ -580,20 +580,42 @@ class Channel:
         self.ring.close()
 
     def leave(self):
-        """Let go of a channel that stays: its clients are closed, in-flight
-        messages go back into its ring, which stays with its disk queue."""
+        """Let go of a channel that stays (made again around its ring: a peer's
+        delete, NSQD.delete_topic): its clients are closed and no longer
+        counted in the ring; in-flight and deferred messages go back into the
+        ring now (a deferred file would wait for the next start), which stays
+        with its disk queue."""
         self.exiting = True
         self._stop_greenlets()
+        held = len(self.clients)
         for client in list(self.clients.values()):
             client.close()
         self.clients.clear()
-        self.give_back()
+        if held:
+            self.ring.add_subscribers(-held)
+        self._return_in_flight()
+        with self.scratch.borrow() as scratch:
+            while True:  # deferred ones due now: delivered early rather than late
+                due = self.deferred.next_due()
+                if due < 0:
+                    break
+                n, nbytes = self.deferred.pop_due(due, scratch)
+                if n:
+                    self.put_records(memoryview(scratch)[:nbytes])
+            self.deferred.release()
         self.close_handles(sync=True)
 
     def give_back(self):
         """Shutdown: in-flight messages back into the channel, deferred ones to
         this worker's deferred file, each block released once stored."""
         self._stop_greenlets()
+        self._return_in_flight()
+        if not self.ephemeral:
+            self._save_deferred()
+
+    def _return_in_flight(self):
+        """Every in-flight message back into the channel, each block released
+        once stored."""
         with self.scratch.borrow() as scratch:
             while True:
                 n, nbytes = self.inflight.drain(scratch)
@@ -601,8 +623,6 @@ class Channel:
                     break
                 self.put_records(memoryview(scratch)[:nbytes])
                 self.inflight.release()
-        if not self.ephemeral:
-            self._save_deferred()
 
     def close_handles(self, sync=False):
         """Stop using the channel, its messages left where they are."""

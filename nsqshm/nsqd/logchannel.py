@@ -355,6 +355,7 @@ class LogChannel(Channel):
             return 0, 0
         view = memoryview(scratch)[:nbytes]
         kept = bytearray()
+        skipped = bytearray()
         count = 0
         pos = 0
         while pos < nbytes:
@@ -364,7 +365,10 @@ class LogChannel(Channel):
                 count += 1
             else:  # consumed for this client without being sent: finished
                 self.cursors.finish(view[pos + 14:pos + 30])
+                skipped += view[pos:pos + 4 + size]
             pos += 4 + size
+        if skipped:
+            trace.queue_dropped(self, skipped, taken - count, trace.DROP_SAMPLED)
         if not count:
             return taken, 0
         return taken, self.inflight.deliver(kept, count, client.out, client.id, deadline, 0,

@@ -195,21 +195,34 @@ class NSQD:
                 raise LogTopicError("TOPIC_EXISTS_AS_CLASSIC_TOPIC")
             if topic.spec["partition_num"] != spec["partition_num"]:
                 raise LogTopicError("TOPIC_EXISTS_WITH_OTHER_PARTITION_NUM")
+            every = spec.get("sync_every", 0)
+            if every and every != topic.spec.get("sync_every", 0):
+                # syncdisk given again (in cluster mode: TopicMeta's, on a topic made before)
+                topic.spec["sync_every"] = every
+                self._persist_log_topics()
+                self._share_log_topic(topic.spec)
             return topic
         topic = LogTopic(self, name, spec)
         self.topics[name] = topic
+        self._persist_log_topics()  # before nsqd.dat lists it (notify_change)
+        self.notify_change(topic=name)
+        self._share_log_topic(spec)
+        return topic
+
+    def _persist_log_topics(self):
         if not self.loading:
             try:
                 self.persist_log_topics()
             except OSError as err:
                 self.set_health(err)
-        self.notify_change(topic=name)
+
+    def _share_log_topic(self, spec):
+        """A log topic made or changed here, sent to the other workers."""
         if self.cluster is not None and not self.loading \
                 and not getattr(self._remote, "active", False):
             self.cluster.broadcast({"op": "logtopic", "spec": spec})
             if not self.exiting:
                 self.cluster.flush()
-        return topic
 
     def log_topic_specs(self):
         return [t.spec for t in self.topics.values() if t.is_log]
@@ -648,6 +661,7 @@ class NSQD:
             raise RuntimeError(f"data path {self.data_path} is not writable")
         from nsqshm.nsqd import recovery
 
+        recovery.remove_stale_fifos(self)
         recovery.recover_orphans(self)
         recovery.recover_overflows(self)
         recovery.recount_subscribers(self)

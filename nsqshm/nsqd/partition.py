@@ -237,11 +237,15 @@ class Partition:
         if not result.successful():
             self.nsqd.set_health(result.exception)
         elif self.log is not None:  # appended during the sync
-            self._sync_when_due()
+            # (in a greenlet: this callback runs in the hub, where sync() could block
+            # on a full thread pool)
+            gevent.spawn(self._sync_when_due)
 
     def _sync_when_due(self):
         """A sync now after the topic's syncdisk (else --sync-every) messages;
         else, when there is something to sync, within --sync-timeout."""
+        if self.log is None:
+            return
         if self.log.unsynced >= (self.topic.spec.get("sync_every") or self.nsqd.opts.sync_every):
             self.sync()
         elif self.log.needs_sync:

@@ -27,6 +27,7 @@ import os
 import time
 
 from nsqshm._core.arena import DEFERRED, Arena, ArenaError
+from nsqshm._core.ring import Ring
 from nsqshm.nsqd import overflow
 from nsqshm.nsqd.topic import TopicError
 
@@ -56,6 +57,14 @@ def orphan_arenas(nsqd):
         if mine:
             names.append(name)
     return names
+
+
+def remove_stale_fifos(nsqd):
+    """Worker 0 at start: waiter FIFOs of rings that are gone (Ring.remove_stale_fifos)."""
+    if nsqd.index == 0:
+        gone = Ring.remove_stale_fifos(nsqd.shm_prefix)
+        if gone:
+            nsqd.logf("info", f"RECOVERY: removed {gone} waiter FIFOs of rings that are gone")
 
 
 def recover_orphans(nsqd):

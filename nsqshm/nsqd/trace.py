@@ -56,6 +56,7 @@ assert [DROP_REASONS[code][:4] for code in sorted(DROP_CODES.values())] == \
 DROP_EPHEMERAL = DROP_CODES["ephemeral"]
 DROP_BOUND = DROP_CODES["bound"]
 DROP_DEAD_LETTER = DROP_CODES["dead_letter"]
+DROP_SAMPLED = DROP_CODES["sampled"]
 
 # [trace record] (_core/tracelog.pyx): ts, event, attempt, stream, id, value, address, port
 RECORD = struct.Struct("=qBxHI16sQ16s2sxxxxxx")

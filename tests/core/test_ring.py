@@ -570,6 +570,25 @@ def test_unlink_of_a_segment_that_is_not_a_ring_still_takes_its_fifos(ring_name)
     assert Ring.unlink_segment(other.name)
 
 
+def test_stale_fifos_of_rings_that_are_gone_are_removed(ring_name):
+    """A FIFO whose ring is gone (its waiter died after the ring was unlinked)
+    goes; a live ring's waiter keeps its FIFO; other prefixes are not looked at."""
+    ring = Ring.create(ring_name + ".t.kept", 4096)
+    ring.arm()
+    stale = f"/dev/shm/{ring_name}.t.gone.w05-00000001deadbeef"
+    os.mkfifo(stale, 0o600)
+    other = f"/dev/shm/{ring_name}x.t.gone.w05-00000001deadbeef"  # another broker's prefix
+    os.mkfifo(other, 0o600)
+    try:
+        assert Ring.remove_stale_fifos(ring_name) == 1
+        assert not os.path.exists(stale) and os.path.exists(other)
+        assert len([n for n in os.listdir("/dev/shm") if n.startswith(ring_name + ".t.kept.w")]) == 1
+    finally:
+        os.unlink(other)
+        ring.close()
+        Ring.unlink_segment(ring.name)
+
+
 def test_the_longest_name_fits_with_its_waiter_fifo(ring_name):
     """nsqd's longest names (64 + #ephemeral each) on a long --shm-prefix."""
     from nsqshm._core.ring import NAME_MAX_LEN

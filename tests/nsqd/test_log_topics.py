@@ -259,6 +259,15 @@ def test_syncdisk_syncs_the_topic_every_n_messages(nsqd_factory, tmp_path):
     with open(tmp_path / "nsqshm.logtopics.json") as f:
         assert {t["name"]: t["sync_every"] for t in json.load(f)["topics"]} == \
             {"lt": 3, "plain": 0}
+    # given again: applied (a cluster node takes TopicMeta's so on a topic made before)
+    create(server, "plain", 1, "&syncdisk=2")
+    create(server, "lt", 1)  # (none given: kept)
+    with open(tmp_path / "nsqshm.logtopics.json") as f:
+        assert {t["name"]: t["sync_every"] for t in json.load(f)["topics"]} == \
+            {"lt": 3, "plain": 2}
+    pub(pc, "plain", b"7")
+    assert wait_for(lambda: stats(server, "plain")["partitions"][0]["synced_offset"] >= 7), \
+        stats(server, "plain")["partitions"]
 
 
 def test_out_of_order_fin_moves_the_cursor(nsqd_factory):
