@@ -398,24 +398,31 @@ cdef struct GrowBuf:
     int64_t cap
 
 
-cdef int _gb_reserve(GrowBuf *b, int64_t extra) except -1:
-    """Room for `extra` more bytes (Arrow int32 offsets: a buffer stays under 2 GiB)."""
-    cdef int64_t cap = b.cap if b.cap else 4096
+cdef int _grow_bytes(char **data, int64_t *cap, int64_t need, int64_t first,
+                     str what) except -1:
+    """A buffer of at least `need` bytes, doubling from `first` (Arrow int32
+    offsets: a batch's buffer stays under 2 GiB)."""
+    cdef int64_t size = cap[0] if cap[0] else first
     cdef char *d
-    if b.len + extra <= b.cap:
+    if data[0] != NULL and need <= cap[0]:  # (an empty batch still gets a buffer)
         return 0
-    if b.len + extra > MAX_VALUES:
-        raise OverflowError("a batch's headers would pass 2 GiB (Arrow int32 offsets)")
-    while cap < b.len + extra:
-        cap *= 2
-    if cap > MAX_VALUES:
-        cap = MAX_VALUES
-    d = <char *>realloc(b.data, cap)
+    if need > MAX_VALUES:
+        raise OverflowError(f"a batch's {what} would pass 2 GiB (Arrow int32 offsets)")
+    while size < need:
+        size *= 2
+    if size > MAX_VALUES:
+        size = MAX_VALUES
+    d = <char *>realloc(data[0], size)
     if d == NULL:
         raise MemoryError()
-    b.data = d
-    b.cap = cap
+    data[0] = d
+    cap[0] = size
     return 0
+
+
+cdef int _gb_reserve(GrowBuf *b, int64_t extra) except -1:
+    """Room for `extra` more bytes of a headers buffer."""
+    return _grow_bytes(&b.data, &b.cap, b.len + extra, 4096, "headers")
 
 
 cdef inline int _gb_i32(GrowBuf *b, int32_t v) except -1:
@@ -600,19 +607,7 @@ cdef class Columns:
         return 0
 
     cdef int _grow_values(self, int64_t nbytes) except -1:
-        cdef int64_t cap = self.vcap if self.vcap else 1 << 16
-        if self.vlen + nbytes > MAX_VALUES:
-            raise OverflowError("a batch's bodies would pass 2 GiB (Arrow int32 offsets)")
-        while cap < self.vlen + nbytes:
-            cap *= 2
-        if cap > MAX_VALUES:
-            cap = MAX_VALUES
-        v = <char *>realloc(self.values, cap)
-        if v == NULL:
-            raise MemoryError()
-        self.values = v
-        self.vcap = cap
-        return 0
+        return _grow_bytes(&self.values, &self.vcap, self.vlen + nbytes, 1 << 16, "bodies")
 
     cdef int _reserve(self, int64_t body) noexcept:
         """Room for one more message of `body` bytes: 0, or -1 if memory ran out."""
