@@ -1,6 +1,7 @@
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from nsqshm._core.arena cimport Arena
+from nsqshm._core.logcursor cimport CursorSet
 from nsqshm._core.tracelog cimport TraceWriter
 from nsqshm._core.includes.system cimport nsqshm_arena_block, nsqshm_msg_entry
 
@@ -105,6 +106,9 @@ cdef class InFlight(MessageStore):
     # a traced channel: deliver() records what it drops (trace_drops)
     cdef TraceWriter drop_trace
     cdef uint32_t drop_stream
+    # a log channel's cursors: deliver() marks a message it samples out
+    # finished there, or the confirmed offset would wait for it forever
+    cdef public CursorSet sampled_cursors
 
     cdef int _insert(self, const char *msg, uint32_t size, uint64_t client_id,
                      int64_t deadline_ns) noexcept

@@ -888,7 +888,8 @@ cdef class InFlight(MessageStore):
         nsqd's odds, rand.Int31n(100) <= sample_rate, as its messagePump
         draws them: a message sampled out is consumed from the channel for
         this client without being framed, put in flight or counted anywhere
-        but `sampled_out`.  0 keeps every message.
+        but `sampled_out` (and finished in `sampled_cursors`, a log
+        channel's, when set).  0 keeps every message.
 
         With ttl_ns set (a channel's or its topic's time to live), a message
         whose timestamp is ttl_ns or more in the past is consumed without
@@ -994,6 +995,8 @@ cdef class InFlight(MessageStore):
                     continue
                 if sampling and <int>self._draw100() > sample_rate:
                     self.sampled_out += 1
+                    if self.sampled_cursors is not None:  # consumed for this client: finished
+                        self.sampled_cursors.finish_id(msg + MSG_ID_OFFSET)
                     if traced:
                         self._dropped(msg, DROP_SAMPLED)
                         dropped += 1

@@ -40,7 +40,6 @@ delivered again before anything later.
 """
 
 import os
-import random
 import time
 
 import gevent
@@ -67,6 +66,7 @@ class LogChannel(Channel):
         self._filling = set()       # rings being topped up: -1 the channel's, else a partition's lane
         super().__init__(topic, name)
         self.cursors = CursorSet(len(topic.partitions))
+        self.inflight.sampled_cursors = self.cursors  # a sample rate's skips: finished
         self.retention_moves = 0    # times a cursor fell below the log start (retention)
         self._checkpointed = {}     # partition -> confirmed at the last checkpoint
         self._held_since = {}       # partition -> when the feeder first found it held
@@ -272,17 +272,13 @@ class LogChannel(Channel):
                             break
                         if not ring.depth:
                             continue
-                        if client.sample_rate:
-                            taken, n = self._deliver_sampled(ring, client, room, scratch,
-                                                             deadline)
-                        else:
-                            base = len(client.out)
-                            taken, n = self.inflight.deliver_from_ring(
-                                ring, min(room, DELIVER_BATCH), scratch, client.out,
-                                client.id, deadline, 0, client.ext_view, client.detail,
-                                client.detail_log)
-                            if taken and traced:
-                                trace.delivered(self, client, client.out, base)
+                        base = len(client.out)
+                        taken, n = self.inflight.deliver_from_ring(
+                            ring, min(room, DELIVER_BATCH), scratch, client.out,
+                            client.id, deadline, client.sample_rate, client.ext_view,
+                            client.detail, client.detail_log)
+                        if n and traced:
+                            trace.delivered(self, client, client.out, base)
                         if not taken:
                             if client.ext_view is not None:
                                 left_for_tag = True  # its head waits for another's tag (ext.py)
@@ -341,38 +337,6 @@ class LogChannel(Channel):
             size = int.from_bytes(view[pos:pos + 4], "little")
             self.cursors.finish(view[pos + 14:pos + 30])
             pos += 4 + size
-
-    def _deliver_sampled(self, ring, client, room, scratch, deadline):
-        """A client with a sample rate (IDENTIFY's): nsqd's messagePump skips
-        a message with odds rand.Int31n(100) > sample_rate, and the channel
-        forgets it.  A log channel must mark it finished in its cursor, or
-        the confirmed offset stays below it (the window then fills and the
-        partition stalls; a restart delivers it again): so the draw is made
-        here, a Python step per message, for sampling clients only.
-        Returns (taken, delivered) as InFlight.deliver_from_ring."""
-        taken, nbytes = ring.pop_many_into(scratch, min(room, DELIVER_BATCH))
-        if not taken:
-            return 0, 0
-        view = memoryview(scratch)[:nbytes]
-        kept = bytearray()
-        skipped = bytearray()
-        count = 0
-        pos = 0
-        while pos < nbytes:
-            size = int.from_bytes(view[pos:pos + 4], "little")
-            if random.randrange(100) <= client.sample_rate:
-                kept += view[pos:pos + 4 + size]
-                count += 1
-            else:  # consumed for this client without being sent: finished
-                self.cursors.finish(view[pos + 14:pos + 30])
-                skipped += view[pos:pos + 4 + size]
-            pos += 4 + size
-        if skipped:
-            trace.queue_dropped(self, skipped, taken - count, trace.DROP_SAMPLED)
-        if not count:
-            return taken, 0
-        return taken, self.inflight.deliver(kept, count, client.out, client.id, deadline, 0,
-                                            None, client.detail, client.detail_log)
 
     def _direct(self, client):
         """The partitions this worker owns that the client takes straight

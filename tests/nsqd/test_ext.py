@@ -438,3 +438,59 @@ def test_sub_advanced_frames_carry_the_queue_offset_and_raw_size(nsqd_factory):
             assert m.headers == b'{"k":"a"}'
         assert (m.queue_offset, m.raw_size) == \
             ((0, 4 + stored[topic]) if verb == "SUB_ADVANCED" else (0, 0)), (topic, verb)
+
+
+def test_a_sampling_client_of_an_ext_log_topic_gets_filters_and_detail_in_place(nsqd_factory):
+    """A log channel's client with a sample rate takes the same C call as any
+    other (InFlight.deliver with its ext view and detail): with
+    extend_support its SUB_ADVANCED frames carry the 12 detail bytes after the
+    ext part, its ext_filter applies, and what it samples out or filters out
+    is finished in the cursor, so the confirmed offset reaches the end."""
+    from nsqshm.youzan.frames import decode_message
+
+    server = nsqd_factory()
+    create_ext(server, "xs", "&partition_num=1")
+    clients = {}
+    for channel, identify in (("all", {"sample_rate": 99}),
+                              ("picky", {"sample_rate": 99, "ext_filter": {
+                                  "type": 1, "filter_ext_key": "k", "filter_data": "yes"}}),
+                              ("few", {"sample_rate": 5})):
+        c = Client(server)
+        c.send(p.identify({"feature_negotiation": True, "extend_support": True, **identify}))
+        assert c.response()[0] == p.FRAME_TYPE_RESPONSE
+        c.send(b"SUB_ADVANCED xs %s 0 msgcount:0\n" % channel.encode())
+        assert c.response() == OK
+        c.send(p.rdy(100))
+        clients[channel] = c
+    pc = Client(server)
+    rows = [(b'{"k":"%s"}' % (b"yes" if i % 3 == 0 else b"no"), b"body %d" % i) for i in range(30)]
+    for headers, body in rows:
+        pc.send(pub_ext("xs", headers, body))
+        assert pc.response() == OK
+    wanted = {"all": list(range(30)), "picky": list(range(0, 30, 3))}
+    for channel, indexes in wanted.items():
+        c = clients[channel]
+        for i in indexes:
+            kind, data = c.frame()
+            while kind != p.FRAME_TYPE_MESSAGE:
+                kind, data = c.frame()
+            m = decode_message(data, ext=True, detail=True)
+            headers, body = rows[i]
+            assert (m.headers, m.body) == (headers, body), channel
+            assert (m.queue_offset, m.raw_size) == (i, 16 + 26 + 3 + len(headers) + len(body))
+            c.send(p.fin(m.id))
+        assert nothing_more(c, wait=0.3), channel
+    few = clients["few"]
+    got = 0
+    few.sock.settimeout(1)
+    try:
+        while True:
+            kind, data = few.frame()
+            if kind == p.FRAME_TYPE_MESSAGE:
+                few.send(p.fin(decode_message(data, ext=True, detail=True).id))
+                got += 1
+    except TimeoutError:
+        pass
+    assert got < 30
+    for channel in ("all", "picky", "few"):
+        assert wait_for(lambda channel=channel: confirmed(server, "xs", channel) == [30]), channel
