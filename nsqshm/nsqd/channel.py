@@ -414,6 +414,7 @@ class Channel:
                 ring.disarm(for_space=True)
                 continue
             if ring.depth:
+                self.nsqd.delivery_rounds += 1  # (publishers yield to it: ProtocolV2._pace)
                 gevent.idle()  # let writers and readers run between rounds
 
     def _start_refiller(self):

@@ -294,6 +294,7 @@ class LogChannel(Channel):
             if self.inflight.expired_out:
                 self._expired()
             if delivered:
+                self.nsqd.delivery_rounds += 1  # (publishers yield to it: ProtocolV2._pace)
                 gevent.idle()  # let writers and readers run between rounds
                 continue
             if left_for_tag:

@@ -81,6 +81,9 @@ class NSQD:
                                     lease_path=os.path.join(self.data_path, ID_LEASE_FILE))
         self.topics = {}
         self.clients = {}
+        # delivery rounds with more to deliver on this worker: publishers yield to
+        # them (ProtocolV2._pace, the scheduler's fair share)
+        self.delivery_rounds = 0
         self.trace_switches = None
         trace.switches(self)  # the tracing switches persisted in the data path
         self.start_time = time.time()

@@ -765,6 +765,8 @@ class ProtocolV2:
         delete from another worker): nsqd's GetTopic then makes a new one.
         Only a broker that stops answers "exiting".  While anything is traced,
         client is named as the publisher (trace.py)."""
+        if client is not None:
+            self._pace(client)
         if client is not None and self.nsqd.trace_switches:
             trace.publisher.client = client.remote_address
             try:
@@ -772,6 +774,23 @@ class ProtocolV2:
             finally:
                 trace.publisher.client = None
         return self._put_retrying(topic_name, put)
+
+    def _pace(self, client):
+        """The fair share between publishers and consumers of a worker.  Each
+        connection is a greenlet, and gevent's hub runs ready ones in turn, a
+        turn being whatever a greenlet does before it waits: a publisher flat
+        out keeps finding bytes in its socket and seldom waits, while a
+        dispatcher yields after every round (gevent.idle), so publishing took
+        most of the worker (and, with the pump's work it makes, most of the
+        CPU the consumers' own processes needed).  So a publisher whose
+        worker has delivered since its last command waits for the loop to go
+        idle once before publishing: the consumers' reads (FINs) and writes
+        run, and each dispatcher gets a round, between two of its commands.
+        With no delivery going on, publishing never waits here."""
+        rounds = self.nsqd.delivery_rounds
+        if rounds != client.rounds_seen:
+            client.rounds_seen = rounds
+            gevent.idle()
 
     def _put_retrying(self, topic_name, put):
         for _ in range(RETRIES):
