@@ -65,6 +65,11 @@ cdef class _Segment:
     cdef void close(self) noexcept
 
 
+# a reader's consumer of whole messages, in place in the mmap'd segment
+# (LogReader.records): 1 takes the message and asks for the next, 0 leaves it
+ctypedef int (*RecordSink)(object ctx, const char *msg, uint32_t size) except -1
+
+
 cdef class LogReader:
     cdef int state_fd
     cdef nsqshm_log_state *state
@@ -82,9 +87,14 @@ cdef class LogReader:
     cdef Py_ssize_t _seg_of(self, uint64_t offset)
     cdef int _map_data(self, _Segment seg) except -1
     cdef uint64_t _pos_of(self, _Segment seg, uint64_t offset) except? 0xFFFFFFFFFFFFFFFF
+    cdef Py_ssize_t _start(self, uint64_t offset, uint64_t *pos) except -2
+    cdef _Segment _segment_at(self, Py_ssize_t *si, uint64_t *pos, const char **base,
+                              uint64_t *end_pos)
     cdef tuple _read_into(self, uint64_t offset, object buffer, Py_ssize_t max_records,
                           Py_ssize_t max_bytes, bint verify)
     cdef uint64_t _ts_at(self, _Segment seg, uint64_t pos)
+    cdef Py_ssize_t records(self, uint64_t offset, Py_ssize_t max_records, RecordSink sink,
+                            object ctx, uint64_t *next_offset) except -1
 
 
 cdef class _Pending:

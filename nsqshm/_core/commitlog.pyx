@@ -462,6 +462,40 @@ cdef class LogReader:
         checks each record's crc (recovery already checked the tail)."""
         return self._read_into(offset, buffer, max_records, max_bytes, verify)
 
+    cdef Py_ssize_t _start(self, uint64_t offset, uint64_t *pos) except -2:
+        """Where a read from msg offset `offset` starts: the segment's index
+        (pos: the byte in it), from where the last read stopped when it is
+        there; -1 at the committed end; OffsetOutOfRange outside the log."""
+        cdef Py_ssize_t si
+        self.refresh()
+        if offset < self.commit.start_offset or offset > self.commit.next_offset:
+            self._out_of_range(offset)
+        if offset == self.commit.next_offset:
+            return -1
+        if self.hint_seg >= 0 and self.hint_offset == offset and self.hint_seg < len(self.segs):
+            pos[0] = self.hint_pos
+            return self.hint_seg
+        si = self._seg_of(offset)
+        pos[0] = self._pos_of(self.segs[si], offset)
+        return si
+
+    cdef _Segment _segment_at(self, Py_ssize_t *si, uint64_t *pos, const char **base,
+                              uint64_t *end_pos):
+        """The segment with committed bytes at (si, pos), mapped (base: its
+        bytes, end_pos: its committed end), stepping on to the next segment's
+        start past the end of one; None past the last."""
+        cdef _Segment seg = self.segs[si[0]]
+        while pos[0] >= seg.end_pos:
+            if si[0] + 1 >= len(self.segs):
+                return None
+            si[0] += 1
+            pos[0] = 0
+            seg = self.segs[si[0]]
+        self._map_data(seg)
+        base[0] = seg.data.base
+        end_pos[0] = seg.end_pos
+        return seg
+
     cdef tuple _read_into(self, uint64_t offset, object buffer, Py_ssize_t max_records,
                           Py_ssize_t max_bytes, bint verify):
         cdef Py_buffer view
@@ -471,32 +505,17 @@ cdef class LogReader:
         cdef const char *base
         cdef char *out
         cdef int bad = 0
-        self.refresh()
-        if offset < self.commit.start_offset or offset > self.commit.next_offset:
-            self._out_of_range(offset)
-        if offset == self.commit.next_offset:
+        si = self._start(offset, &pos)
+        if si < 0:
             return 0, 0, offset
-        if self.hint_seg >= 0 and self.hint_offset == offset and self.hint_seg < len(self.segs):
-            si = self.hint_seg
-            pos = self.hint_pos
-        else:
-            si = self._seg_of(offset)
-            pos = self._pos_of(self.segs[si], offset)
         PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
         try:
             out = <char *>view.buf
             room = view.len if max_bytes < 0 or max_bytes > view.len else max_bytes
             while max_records < 0 or count < max_records:
-                seg = self.segs[si]
-                if pos >= seg.end_pos:
-                    if si + 1 >= len(self.segs):
-                        break
-                    si += 1
-                    pos = 0
-                    continue
-                self._map_data(seg)
-                base = seg.data.base
-                end_pos = seg.end_pos
+                seg = self._segment_at(&si, &pos, &base, &end_pos)
+                if seg is None:
+                    break
                 with nogil:
                     while max_records < 0 or count < max_records:
                         if pos >= end_pos:
@@ -530,6 +549,50 @@ cdef class LogReader:
         self.hint_pos = pos
         self.hint_offset = cur
         return count, written, cur
+
+    cdef Py_ssize_t records(self, uint64_t offset, Py_ssize_t max_records, RecordSink sink,
+                            object ctx, uint64_t *next_offset) except -1:
+        """Hand whole messages from msg offset `offset` on to sink(ctx, msg,
+        size), where they lie in the mmap'd segments (valid while this reader
+        is open), up to max_records (-1: no limit), the committed end, or a
+        message the sink leaves; the count, and in next_offset the msg
+        offset after the last taken.  As read_into, with the copy left to
+        the sink (Columns.add_log: the log's bytes straight into Arrow
+        columns)."""
+        cdef _Segment seg
+        cdef Py_ssize_t si, count = 0
+        cdef uint64_t pos, cur = offset, size, end_pos
+        cdef const char *base
+        cdef bint left = False
+        next_offset[0] = offset
+        si = self._start(offset, &pos)
+        if si < 0:
+            return 0
+        while max_records < 0 or count < max_records:
+            seg = self._segment_at(&si, &pos, &base, &end_pos)
+            if seg is None:
+                break
+            while (max_records < 0 or count < max_records) and pos < end_pos:
+                #   [u32 BE size][u32 BE crc][u64 BE msg offset][message]; size
+                #   counts the offset and the message (PartitionLog's records)
+                size = nsqshm_be32(base + pos)
+                if size < 8 + 26 or pos + 8 + size > end_pos or \
+                        nsqshm_be64(base + pos + 8) != cur:
+                    raise LogCorruptError(f"{seg.data.path}: record {cur} at {pos}: "
+                                          "bad size or msg offset")
+                if not sink(ctx, base + pos + 16, <uint32_t>(size - 8)):
+                    left = True
+                    break
+                pos += 8 + size
+                cur += 1
+                count += 1
+            if left:
+                break
+        self.hint_seg = si
+        self.hint_pos = pos
+        self.hint_offset = cur
+        next_offset[0] = cur
+        return count
 
     def virtual_offset_of(self, uint64_t offset):
         """The virtual offset (byte position in the whole log) of msg offset

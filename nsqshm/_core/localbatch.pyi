@@ -2,6 +2,7 @@ from collections.abc import Buffer
 
 from nsqshm._core.arena import Arena
 from nsqshm._core.codec import IdGenerator
+from nsqshm._core.commitlog import LogReader
 from nsqshm._core.inflight import InFlight
 from nsqshm._core.ring import Ring
 
@@ -30,6 +31,8 @@ class Columns:
     def nbytes(self) -> int: ...
     def add_frames(self, buf: Buffer, pos: int = ..., end: int = ...,
                    detail: bool = ...) -> tuple[int, int]: ...
+    def add_log(self, reader: LogReader, offset: int, max_records: int,
+                bump: bool = ...) -> tuple[int, int]: ...
     def add_records(self, buf: Buffer, count: int, bump: bool = ...) -> int: ...
     def take(self, ring: Ring, arena: Arena, queue: int, max_records: int, max_bytes: int,
              due_wall_ns: int, collect: bool = ...) -> int: ...

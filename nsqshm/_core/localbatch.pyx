@@ -31,6 +31,7 @@ from libc.stdlib cimport free, malloc, realloc
 from nsqshm._core.arena cimport Arena
 from nsqshm._core.ext cimport JSON_HEADER_EXT_VER, ext_prefix, json_member, json_unescape
 from nsqshm._core.codec cimport IdGenerator, MSG_HEADER_SIZE, get_u32be, put_message_header, put_u32be
+from nsqshm._core.commitlog cimport LogReader
 from nsqshm._core.includes.system cimport (
     NSQSHM_EXPIRY_SIZE,
     nsqshm_attempts,
@@ -479,6 +480,7 @@ cdef class Columns:
     # the headers column: row validity bits, row -> pair offsets, keys, values
     cdef GrowBuf hvalid, hrows, koffs, kdata, voffs, vdata
     cdef int32_t npairs
+    cdef bint log_bump                # add_log's bump, for its sink (_take_log_message)
 
     def __cinit__(self, bint ext=False, bint headers=False):
         self._forget()
@@ -692,6 +694,19 @@ cdef class Columns:
         finally:
             PyBuffer_Release(&view)
         return pos, added
+
+    def add_log(self, LogReader reader not None, uint64_t offset, Py_ssize_t max_records,
+                bint bump=False):
+        """Add up to max_records messages of a partition log from msg offset
+        `offset`, copied once, from the mmap'd segment into these columns
+        (LogReader.records); (count, the msg offset after the last)."""
+        cdef uint64_t next_offset = offset
+        cdef Py_ssize_t count
+        if max_records > 0:
+            self._grow_rows(max_records if max_records < 65536 else 65536)
+        self.log_bump = bump
+        count = reader.records(offset, max_records, _take_log_message, self, &next_offset)
+        return count, next_offset
 
     def add_records(self, buf, Py_ssize_t count, bint bump=False):
         """Add `count` packed [u32 native size][message] records (as from
@@ -938,3 +953,10 @@ def arena_due(Arena arena not None):
                 latest = b.due_ns
         off += cap
     return live, latest
+
+
+cdef int _take_log_message(object ctx, const char *msg, uint32_t size) except -1:
+    # LogReader.records' sink for Columns.add_log: every message, in place
+    cdef Columns cols = <Columns>ctx
+    cols._add(msg, size, cols.log_bump)
+    return 1

@@ -99,18 +99,23 @@ def publish_log(target, topic, n, partitions):
 def ceiling_source():
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-    from nsqshm.spark.schema import SCHEMA
+    from nsqshm.spark.schema import LOG_SCHEMA, SCHEMA
 
     class Reader(DataSourceReader):
-        def __init__(self, n, parts, batch):
-            self.n, self.parts, self.batch = n, parts, batch
+        def __init__(self, n, parts, batch, log):
+            self.n, self.parts, self.batch, self.log = n, parts, batch, log
 
         def partitions(self):
             return [InputPartition(i) for i in range(self.parts)]
 
         def read(self, partition):
             # the in-memory list: Arrow batches as the shared-memory source yields
-            # them, built (by the same C code) before the first row is handed over
+            # them (with log: as the log source does, its partition and offset
+            # columns too), built (by the same C code) before the first row is
+            # handed over
+            import numpy as np
+            import pyarrow as pa
+
             from nsqshm._core.localbatch import Columns
             from nsqshm.local.arrow import record_batch
 
@@ -121,6 +126,13 @@ def ceiling_source():
             cols = Columns()
             cols.add_frames(frames * k)
             full = record_batch(cols.export(), "bench", "spark")
+            if self.log:
+                columns = full.columns
+                columns[5] = pa.nulls(k, pa.string())  # a log read's channel: none
+                full = pa.RecordBatch.from_arrays(
+                    [*columns, pa.array(np.full(k, partition.value, dtype=np.int32)),
+                     pa.array(np.arange(k, dtype=np.int64))],
+                    names=[*full.schema.names, "partition", "offset"])
             batches = [full] * (per // k)
             if per % k:
                 batches.append(full.slice(0, per % k))
@@ -132,11 +144,12 @@ def ceiling_source():
             return "nsqshm_ceiling"
 
         def schema(self):
-            return SCHEMA
+            return LOG_SCHEMA if self.options.get("log") == "true" else SCHEMA
 
         def reader(self, schema):
             return Reader(int(self.options["n"]), int(self.options.get("parts", 2)),
-                          int(self.options.get("batch", 65536)))
+                          int(self.options.get("batch", 65536)),
+                          self.options.get("log") == "true")
 
     return Ceiling
 
@@ -167,11 +180,11 @@ def run(ctx):
     if ctx.quick:
         a.messages = min(a.messages, 200_000)
     n, runs = a.messages, ctx.runs(default=5)
-    results = {"log": [], "shm": [], "tcp": [], "ceiling": []}
+    results = {"log": [], "shm": [], "tcp": [], "ceiling": [], "ceiling_log": []}
     spark = _session()
     try:
         with server(a, backlog=(n + 100_000, SIZE)) as target, \
-                ctx.progress.task("spark", 4 * (runs + 1)) as advance:
+                ctx.progress.task("spark", len(results) * (runs + 1)) as advance:
             wait_local(target)
             publish_log(target, "benchlog", n, a.partitions)  # once: a log read consumes nothing
             common = {"numPartitions": a.partitions, "batchSize": a.batch}
@@ -182,9 +195,10 @@ def run(ctx):
                         "nsqdHttpAddress": "{}:{}".format(*target.http), **common}}
 
             def read(name):
-                if name == "ceiling":
+                if name in ("ceiling", "ceiling_log"):
                     df = spark.read.format("nsqshm_ceiling").options(
-                        n=n, parts=a.partitions, batch=a.batch)
+                        n=n, parts=a.partitions, batch=a.batch, log=str(name == "ceiling_log"
+                                                                       ).lower())
                 elif name == "log":
                     df = spark.read.format("nsqshm").option("topic", "benchlog").options(
                         **options[name])
@@ -196,11 +210,11 @@ def run(ctx):
                 rows = df.load().count()
                 return rows, time.perf_counter() - t0
 
-            names = ["ceiling", "log", "shm", "tcp"]
+            names = ["ceiling", "log", "shm", "tcp", "ceiling_log"]
             for i in range(runs + 1):  # run 0 warms the JVM and the Python workers up
                 if i:
                     ctx.settle()
-                for name in names[i % 4:] + names[:i % 4]:  # no source always follows another
+                for name in names[i % len(names):] + names[:i % len(names)]:  # no source always follows another
                     rows, secs = read(name)
                     if rows != n:
                         raise RuntimeError(f"{name}: {rows} rows, expected {n}")
@@ -215,7 +229,9 @@ def run(ctx):
     return {"params": {"messages": n, "size": SIZE, "partitions": a.partitions,
                        "batch": a.batch, "master": "local[2]"},
             "runs": results, "median": med,
-            "ratios": {"log_to_ceiling": med["log"] / med["ceiling"],
+            # the log source's rows have two more columns (partition, offset) than
+            # the others': its ceiling yields them too
+            "ratios": {"log_to_ceiling": med["log"] / med["ceiling_log"],
                        "log_to_shm": med["log"] / med["shm"],
                        "shm_to_ceiling": med["shm"] / med["ceiling"],
                        "tcp_to_ceiling": med["tcp"] / med["ceiling"],
@@ -228,18 +244,24 @@ def render(res):
     out = [f"Rows/s into Spark on `local[2]`: a batch read of {p['messages']:,} messages of "
            f"{p['size']} B ending in `count()`, so every row and every column crosses from the "
            f"Python worker into the JVM; {p['partitions']} partitions, Arrow batches of "
-           f"{p['batch']:,} rows. One warm-up run, then {n}; the order of the four sources "
-           "rotates each run.", "",
+           f"{p['batch']:,} rows. One warm-up run, then {n}; the order of the sources "
+           "rotates each run. "
+           "The log source's ratio is to the ceiling with its columns.", "",
            "| source | median | runs | of ceiling |", "|---|---:|---|---:|"]
-    for key, name in (("log", "`nsqshm`, log topic (mmap'd segments)"),
-                      ("shm", "`nsqshm`, shared memory"), ("tcp", "`nsqshm`, TCP"),
-                      ("ceiling", "ceiling: Python data source over an in-memory list of "
-                                  "Arrow batches")):
+    for key, name, of in (
+            ("log", "`nsqshm`, log topic (mmap'd segments)", "ceiling_log"),
+            ("shm", "`nsqshm`, shared memory", "ceiling"), ("tcp", "`nsqshm`, TCP", "ceiling"),
+            ("ceiling", "ceiling: Python data source over an in-memory list of Arrow batches",
+             "ceiling"),
+            ("ceiling_log", "ceiling with the log source's columns (partition, offset too)",
+             "ceiling_log")):
         if key not in m:  # (results saved before the source read log topics)
             continue
+        if of not in m:  # (results saved before the log's own ceiling)
+            of = "ceiling"
         runs = ", ".join(f"{v / 1e6:.2f}" for v in res["runs"][key])
         out.append(f"| {name} | {m[key] / 1e6:.2f} M rows/s | {runs} | "
-                   f"{m[key] / m['ceiling']:.2f} |")
+                   f"{m[key] / m[of]:.2f} |")
     out += ["", f"Shared memory / TCP: {r['shm_to_tcp']:.1f}x."
                 + (f" Log topic / classic channel through shared memory: {r['log_to_shm']:.2f}x."
                    if "log_to_shm" in r else "")]

@@ -3,8 +3,8 @@ of one log partition, read on the executor.
 
 On the broker's host the task maps the partition's segments read-only
 (commitlog.LogReader, the same reader the broker's feeders use) and builds
-Arrow batches in C: LogReader.read_into copies whole records into a buffer
-and Columns.add_records lays them out column by column, no Python object
+Arrow batches in C: Columns.add_log copies each message from where it lies
+in the segment into the columns (LogReader.records), once, no Python object
 per message.  A range is fixed by the offsets Spark logged before the batch
 ran, so a task run again (a retry, a query restarted from its checkpoint)
 reads exactly the same messages.
@@ -23,8 +23,6 @@ import logging
 import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
-
-READ_BUFFER = 16 << 20   # > the largest record a log takes (partition.MAX_RECORD)
 
 log = logging.getLogger("nsqshm.spark")
 
@@ -134,25 +132,17 @@ def _read_local(rng):
                             f"under {lt.data_path}")
     try:
         offset = check_loss(rng, reader.start_offset)
-        # the range's bytes in the log bound what it packs to (a record's 16
-        # byte header becomes 4): a small range needs no 16 MiB buffer
-        try:
-            span = reader.virtual_offset_of(rng.until) - reader.virtual_offset_of(offset)
-        except OffsetOutOfRange:
-            span = READ_BUFFER
-        buf = bytearray(max(1, min(READ_BUFFER, span)))
         cols = columns_for(rng)
         while offset < rng.until:
-            try:
-                n, _, nxt = reader.read_into(offset, buf, min(rng.batch_size,
-                                                              rng.until - offset))
+            try:  # from the mmap'd segments straight into the columns: one copy
+                n, nxt = cols.add_log(reader, offset, min(rng.batch_size, rng.until - offset),
+                                      True)
             except OffsetOutOfRange as err:  # retention passed us while reading
                 offset = check_loss(rng, err.start_offset)
                 continue
             if not n:
                 raise DataLossError(f"{lt.name} partition {rng.partition}: the log ends at "
                                     f"{offset}, offsets up to {rng.until} were planned")
-            cols.add_records(buf, n, True)
             yield _batch(cols.export(), rng, np.arange(offset, offset + n, dtype=np.int64))
             offset = nxt
     finally:

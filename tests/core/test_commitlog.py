@@ -477,3 +477,55 @@ def test_append_stamps_position_ids_in_the_log(logdir):
     with pytest.raises(ValueError):
         log.append_packed(packed(msgs), 1 << 16)
     log.close()
+
+
+def _exported(cols):
+    n, values, offsets, ids, ts, attempts = cols.export()[:6]
+    return n, bytes(values), bytes(offsets), bytes(ids), bytes(ts), bytes(attempts)
+
+
+def test_columns_take_messages_in_place_as_read_into_copies_them(logdir):
+    """Columns.add_log (LogReader.records: each message where it lies in the
+    mmap'd segment) builds the same columns as read_into then add_records,
+    across segment boundaries, from any offset, up to max_records."""
+    from nsqshm._core.localbatch import Columns
+
+    msgs = [message(i, body_size=50 + i % 90) for i in range(700)]
+    log = PartitionLog(logdir, segment_bytes=16384)
+    for k in range(0, len(msgs), 50):
+        log.append_packed(packed(msgs[k:k + 50]))
+    reader = LogReader(logdir)
+    buf = bytearray(1 << 20)
+    for start, limit in ((0, -1), (0, 700), (1, 333), (137, 1), (699, 10), (250, 5000)):
+        direct = Columns()
+        n, nxt = direct.add_log(reader, start, limit, True)
+        copied = Columns()
+        m, nbytes, after = reader.read_into(start, buf, limit)
+        copied.add_records(buf, m, True)
+        want = len(msgs) - start if limit < 0 else min(limit, len(msgs) - start)
+        assert (n, nxt) == (m, after) == (want, start + want)
+        assert _exported(direct) == _exported(copied)
+    assert Columns().add_log(reader, 700, 10) == (0, 700)  # at the end: nothing
+    with pytest.raises(OffsetOutOfRange):
+        Columns().add_log(reader, 701, 10)
+    reader.close()
+    log.close()
+
+
+def test_columns_from_a_damaged_record_fail(logdir):
+    from nsqshm._core.commitlog import LogCorruptError
+    from nsqshm._core.localbatch import Columns
+
+    log = write(logdir, [message(i) for i in range(10)])
+    log.close()
+    seg = os.path.join(logdir, segment_name(0))
+    record = 16 + len(message(0))
+    with open(seg, "r+b") as f:  # record 3's msg offset, as if it were another's
+        f.seek(3 * record + 8)
+        f.write(struct.pack(">Q", 99))
+    reader = LogReader(logdir)
+    cols = Columns()
+    assert cols.add_log(reader, 0, 3) == (3, 3)
+    with pytest.raises(LogCorruptError, match="record 3 at"):
+        cols.add_log(reader, 3, 5)
+    reader.close()
