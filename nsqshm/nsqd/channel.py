@@ -37,7 +37,7 @@ from nsqshm._core.inflight import (
     latency_percentiles,
 )
 from nsqshm._core.inflight import count_records as count_packed
-from nsqshm.nsqd import bounds, policy, trace
+from nsqshm.nsqd import bounds, fairshare, policy, trace
 from nsqshm.nsqd.backend import (
     RingOnly,
     count_records,
@@ -414,7 +414,7 @@ class Channel:
                 ring.disarm(for_space=True)
                 continue
             if ring.depth:
-                self.nsqd.delivery_rounds += 1  # (publishers yield to it: ProtocolV2._pace)
+                fairshare.delivered(self.nsqd)  # (publishers yield to it)
                 gevent.idle()  # let writers and readers run between rounds
 
     def _start_refiller(self):

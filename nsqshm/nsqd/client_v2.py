@@ -82,7 +82,6 @@ class ClientV2:
         self.finish_count = 0
         self.requeue_count = 0
         self.pub_counts = {}
-        self.rounds_seen = 0  # nsqd.delivery_rounds at this publisher's last yield
         self.channel = None
         # Youzan's IDENTIFY fields and the ExtView of an ext topic (nsqd/ext.py)
         self.extend_support = False

@@ -37,7 +37,7 @@ from nsqshm._core import wire
 from nsqshm._core.commitlog import LogError
 from nsqshm._core.logcursor import ID_OFFSET_BITS
 from nsqshm.httpserver import RAW_HEADERS, HTTPServer
-from nsqshm.nsqd import ext, message_ttl, trace
+from nsqshm.nsqd import ext, fairshare, message_ttl, trace
 from nsqshm.nsqd.listeners import listen
 from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
@@ -570,6 +570,7 @@ class HTTPAPI:
             deferred_ns = wrap_int64(ms * 1_000_000)  # time.Duration(ms) * time.Millisecond
             if deferred_ns < 0 or deferred_ns > round(opts.max_req_timeout * 1e9):
                 raise Err(400, "INVALID_DEFER")
+        fairshare.pace(self.nsqd)
         try:
             if deferred_ns:  # (an ext topic's deferred message: an empty ext part)
                 topic.put_deferred(body, deferred_ns / 1e9, expires_at)
@@ -642,6 +643,7 @@ class HTTPAPI:
                                              max_msg_size, out)
             if too_big >= 0:
                 raise Err(413, "MSG_TOO_BIG")
+        fairshare.pace(self.nsqd)
         try:
             if count:
                 body_bytes = len(out) - count * RECORD_OVERHEAD

@@ -47,7 +47,7 @@ import gevent
 from nsqshm._core.commitlog import OffsetOutOfRange
 from nsqshm._core.logcursor import Cursor, CursorSet, checkpoint_path, decode_message_id
 from nsqshm._core.ring import Ring
-from nsqshm.nsqd import policy, trace
+from nsqshm.nsqd import fairshare, policy, trace
 from nsqshm.nsqd.channel import DELIVER_BATCH, Channel
 from nsqshm.nsqd.loglane import Lane, lane_suffix
 
@@ -294,7 +294,7 @@ class LogChannel(Channel):
             if self.inflight.expired_out:
                 self._expired()
             if delivered:
-                self.nsqd.delivery_rounds += 1  # (publishers yield to it: ProtocolV2._pace)
+                fairshare.delivered(self.nsqd)  # (publishers yield to it)
                 gevent.idle()  # let writers and readers run between rounds
                 continue
             if left_for_tag:

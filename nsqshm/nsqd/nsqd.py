@@ -82,7 +82,7 @@ class NSQD:
         self.topics = {}
         self.clients = {}
         # delivery rounds with more to deliver on this worker: publishers yield to
-        # them (ProtocolV2._pace, the scheduler's fair share)
+        # them (fairshare.py)
         self.delivery_rounds = 0
         self.trace_switches = None
         trace.switches(self)  # the tracing switches persisted in the data path

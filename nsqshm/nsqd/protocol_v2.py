@@ -22,7 +22,7 @@ from nsqshm._core import wire
 from nsqshm._core.codec import FRAME_TYPE_ERROR
 from nsqshm._core.commands import NEED_MORE, CommandParser
 from nsqshm._core.commitlog import RECORD_HEADER as LOG_RECORD_HEADER
-from nsqshm.nsqd import ext, trace
+from nsqshm.nsqd import ext, fairshare, trace
 from nsqshm.nsqd.auth import AuthError
 from nsqshm.nsqd.channel import ChannelError
 from nsqshm.nsqd.client_v2 import (
@@ -766,7 +766,7 @@ class ProtocolV2:
         Only a broker that stops answers "exiting".  While anything is traced,
         client is named as the publisher (trace.py)."""
         if client is not None:
-            self._pace(client)
+            fairshare.pace(self.nsqd)
         if client is not None and self.nsqd.trace_switches:
             trace.publisher.client = client.remote_address
             try:
@@ -774,23 +774,6 @@ class ProtocolV2:
             finally:
                 trace.publisher.client = None
         return self._put_retrying(topic_name, put)
-
-    def _pace(self, client):
-        """The fair share between publishers and consumers of a worker.  Each
-        connection is a greenlet, and gevent's hub runs ready ones in turn, a
-        turn being whatever a greenlet does before it waits: a publisher flat
-        out keeps finding bytes in its socket and seldom waits, while a
-        dispatcher yields after every round (gevent.idle), so publishing took
-        most of the worker (and, with the pump's work it makes, most of the
-        CPU the consumers' own processes needed).  So a publisher whose
-        worker has delivered since its last command waits for the loop to go
-        idle once before publishing: the consumers' reads (FINs) and writes
-        run, and each dispatcher gets a round, between two of its commands.
-        With no delivery going on, publishing never waits here."""
-        rounds = self.nsqd.delivery_rounds
-        if rounds != client.rounds_seen:
-            client.rounds_seen = rounds
-            gevent.idle()
 
     def _put_retrying(self, topic_name, put):
         for _ in range(RETRIES):
