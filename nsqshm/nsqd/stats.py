@@ -281,6 +281,7 @@ def channel_stats(channel, clients, percentiles=(), sketch=False):
     if sketch:  # a part to merge: the ring is everyone's, the disk queue the owner's
         # (a log channel's lanes are everyone's too: logchannel.shared_depth)
         out["ring_depth"] = getattr(channel, "shared_depth", channel.ring.depth)
+        out["ring_owner"] = bool(getattr(channel, "owned", False))
     return out
 
 
@@ -329,6 +330,7 @@ def topic_stats(topic, channels, percentiles=(), sketch=False):
     if sketch:  # a part to merge: the waiting DPUBs and the overflow are this worker's,
         # the disk queue the owner's, the rings everyone's (a log topic's: its inbound rings)
         out["ring_depth"] = topic.depth - topic.backend_depth
+        out["ring_owner"] = bool(getattr(topic, "owned", False))
         out["deferred_waiting"] = waiting
     return out
 
@@ -386,7 +388,12 @@ def broker_stats(nsqd, topic_name="", channel_name="", include_clients=True, inc
 
 # what each worker counts for itself (summed: backend_depth is the owner's
 # disk queue and each worker's overflow) and what they all see (a ring,
-# shared: the largest reading); a depth is then ring + backend (+ waiting)
+# shared: the owner's reading, else the largest); a depth is then ring +
+# backend (+ waiting).  The owner's: it reads the ring and its disk queue in
+# one go, with no yield between, and it alone moves messages from one to the
+# other (Topic._spill_excess, in one C write), so its two readings never
+# count a message on the move twice, as another worker's ring reading taken
+# a moment before the owner's disk depth could.
 _SUMMED = ("message_count", "message_bytes", "in_flight_count", "deferred_count",
            "requeue_count", "timeout_count", "client_count", "deferred_waiting",
            "backend_depth", "retention_moves", "ext_filtered_count", *policy.SUMMED_STATS)
@@ -400,7 +407,12 @@ def _merge_into(into, part):
         if key in into:
             into[key] += part.get(key, 0)  # (a policy's counts: where it is set)
     for key in _SHARED:
-        if key in into:
+        if key not in into:
+            continue
+        if part.get("ring_owner"):
+            into[key] = part[key]
+            into["ring_owner"] = True
+        elif not into.get("ring_owner"):
             into[key] = max(into[key], part[key])
     into["paused"] = into["paused"] or part["paused"]
     mine, theirs = into.get("e2e_processing_latency"), part.get("e2e_processing_latency")
@@ -475,6 +487,7 @@ def merge_stats(parts):
         for x in (t, *t["channels"]):
             if "ring_depth" in x:
                 x["depth"] = x.pop("ring_depth") + x["backend_depth"]
+                x.pop("ring_owner", None)
         t["depth"] += t.pop("deferred_waiting", 0)  # every worker's, on top of the ring's
         t["channels"].sort(key=lambda c: c["channel_name"].encode())
     _drop_sketches(ordered)

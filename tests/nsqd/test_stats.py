@@ -630,6 +630,35 @@ def test_merge_stats_merges_the_workers_e2e_windows():
                                                      {"quantile": 0.9, "value": 5e6}]}
 
 
+@pytest.mark.parametrize("order", ["owner first", "owner last"])
+@pytest.mark.parametrize("other_ring, owner_ring, owner_disk, overflow, want", [
+    # the other worker read the ring before the owner moved 300 of its 1000 to disk
+    (1000, 700, 300, 0, 1000),
+    # the other worker read it after more came in: the owner's reading still counts
+    (1200, 700, 300, 0, 1000),
+    # the other worker's overflow queue is added to the owner's readings
+    (700, 700, 300, 50, 1050),
+])
+def test_merge_stats_takes_the_ring_depth_with_the_owners_disk_depth(
+        order, other_ring, owner_ring, owner_disk, overflow, want):
+    """A depth is the owner's ring and disk readings, taken together (no
+    message on its way from one to the other counted twice), plus the other
+    workers' overflow; the largest ring reading only without an owner."""
+    def part(ring, backend, owner):
+        return [{"topic_name": "t", "channels": [], "depth": ring + backend,
+                 "backend_depth": backend, "message_count": 0, "message_bytes": 0,
+                 "paused": False, "e2e_processing_latency": {"count": 0, "percentiles": None},
+                 "ring_depth": ring, "ring_owner": owner, "deferred_waiting": 0}], None
+
+    parts = [part(owner_ring, owner_disk, True), part(other_ring, overflow, False)]
+    topics, _ = st.merge_stats(parts if order == "owner first" else parts[::-1])
+    assert topics[0]["depth"] == want
+    assert "ring_owner" not in topics[0] and "ring_depth" not in topics[0]
+    # no owner's part (a topic being made): the largest reading
+    topics, _ = st.merge_stats([part(5, 0, False), part(9, 0, False)])
+    assert topics[0]["depth"] == 9
+
+
 def test_merge_memory_sums_the_workers_and_keeps_the_worst_pause():
     a = dict.fromkeys(MEMORY_KEYS, 10) | {"gc_pause_usec_99": 7, "gc_total_runs": 0xFFFFFFFF}
     b = dict.fromkeys(MEMORY_KEYS, 5) | {"gc_pause_usec_99": 9, "gc_total_runs": 3}
