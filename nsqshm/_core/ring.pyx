@@ -1226,6 +1226,14 @@ cdef class Ring:
         self._set_flag(1, value)
 
     @property
+    def popped(self):
+        """Records popped from the ring since it was made, by any process:
+        a dispatcher that saw this before waiting knows whether another
+        consumer took from the ring meanwhile."""
+        self._check()
+        return nsqshm_load_acquire(&self.hdr.pop_records)
+
+    @property
     def depth(self):
         """Records in the ring (pushed minus popped)."""
         self._check()

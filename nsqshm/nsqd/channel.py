@@ -369,6 +369,7 @@ class Channel:
             wakes = self.wakes
             earliest = None
             left_for_tag = False  # a client left the head message for another's tag (ext.py)
+            popped = 0  # the ring's pops when it was left so
             taken_any = False
             traced = self.traced
             self._trace_drops(traced)
@@ -386,6 +387,7 @@ class Channel:
                     if not taken:
                         if client.ext_view is not None and ring.depth:
                             left_for_tag = True
+                            popped = ring.popped
                             continue
                         break
                     taken_any = True
@@ -403,13 +405,14 @@ class Channel:
             if left_for_tag and not taken_any:
                 # the head waits for a consumer of its tag: until a client comes, goes or
                 # is ready again here, or any process pops (another worker's consumer);
-                # a wake during this round (another worker's consumer of the tag left)
+                # a wake during this round (another worker's consumer of the tag left),
+                # or a pop by another process since the head was left (before the arm),
                 # makes another round
                 self._ready.clear()
                 if self.wakes != wakes:
                     continue
                 self._waker.arm(for_space=True)
-                if ring.depth and not self.exiting:
+                if ring.depth and not self.exiting and ring.popped == popped:
                     self._ready.wait()
                 ring.disarm(for_space=True)
                 continue

@@ -249,6 +249,7 @@ class LogChannel(Channel):
             earliest = None
             delivered = False
             left_for_tag = False
+            popped = {}  # id(ring) -> its pops when a client left its head for a tag
             traced = self.traced
             self._trace_drops(traced)
             if self.inflight.ttl_ns and self.inflight.expired_out is None:
@@ -282,6 +283,7 @@ class LogChannel(Channel):
                         if not taken:
                             if client.ext_view is not None:
                                 left_for_tag = True  # its head waits for another's tag (ext.py)
+                                popped[id(ring)] = ring.popped
                             continue
                         delivered = True
                         client.in_flight += n
@@ -300,7 +302,7 @@ class LogChannel(Channel):
             if left_for_tag:
                 # as Channel._dispatch: until a client comes, goes or is ready again here,
                 # or any process pops from one of these rings (another worker's consumer
-                # of the tag)
+                # of the tag); a pop since a head was left (before the arm): another round
                 wakers = self._wakers(ready)
                 self._ready.clear()
                 if self.wakes != wakes:  # woken during the round: another round
@@ -308,7 +310,9 @@ class LogChannel(Channel):
                 for waker in wakers:
                     waker.arm(for_space=True)
                 try:
-                    if not self.exiting and any(waker.ring.depth for waker in wakers):
+                    moved = any(w.ring.popped != popped[id(w.ring)] for w in wakers
+                                if id(w.ring) in popped)
+                    if not self.exiting and not moved and any(w.ring.depth for w in wakers):
                         self._ready.wait()
                 finally:
                     for waker in wakers:
