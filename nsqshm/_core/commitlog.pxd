@@ -1,6 +1,6 @@
 # The commit log's classes and the C layout they share (includes/commitlog_layout.h).
 
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 
 cdef extern from "commitlog_layout.h" nogil:
@@ -93,6 +93,7 @@ cdef class LogReader:
     cdef tuple _read_into(self, uint64_t offset, object buffer, Py_ssize_t max_records,
                           Py_ssize_t max_bytes, bint verify)
     cdef uint64_t _ts_at(self, _Segment seg, uint64_t pos)
+    cdef int64_t virtual_of(self, uint64_t offset) noexcept
     cdef Py_ssize_t records(self, uint64_t offset, Py_ssize_t max_records, RecordSink sink,
                             object ctx, uint64_t *next_offset) except -1
 

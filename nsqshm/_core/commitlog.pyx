@@ -594,6 +594,14 @@ cdef class LogReader:
         next_offset[0] = cur
         return count
 
+    cdef int64_t virtual_of(self, uint64_t offset) noexcept:
+        """virtual_offset_of for the delivery's C path: -1 where it raises
+        (the message gone to retention, a damaged index)."""
+        try:
+            return self.virtual_offset_of(offset)
+        except Exception:
+            return -1
+
     def virtual_offset_of(self, uint64_t offset):
         """The virtual offset (byte position in the whole log) of msg offset
         `offset` (the end offset gives the virtual end)."""

@@ -1,6 +1,7 @@
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from nsqshm._core.arena cimport Arena
+from nsqshm._core.commitlog cimport LogReader
 from nsqshm._core.logcursor cimport CursorSet
 from nsqshm._core.tracelog cimport TraceWriter
 from nsqshm._core.includes.system cimport nsqshm_arena_block, nsqshm_msg_entry
@@ -109,6 +110,9 @@ cdef class InFlight(MessageStore):
     # a log channel's cursors: deliver() marks a message it samples out
     # finished there, or the confirmed offset would wait for it forever
     cdef public CursorSet sampled_cursors
+    # a log channel's LogReader per partition (None: not open yet): a detail
+    # frame's queue offset is then the message's byte (virtual) offset, as Youzan's
+    cdef public list detail_readers
 
     cdef int _insert(self, const char *msg, uint32_t size, uint64_t client_id,
                      int64_t deadline_ns) noexcept
@@ -125,6 +129,7 @@ cdef class InFlight(MessageStore):
     cdef MsgEntry *_find(self, bytes msg_id) noexcept
     cdef uint32_t _draw100(self) noexcept
     cdef void _dropped(self, const char *msg, uint64_t reason) noexcept
+    cdef uint64_t _queue_offset(self, const char *msg_id) noexcept
 
 
 cdef class DeferredQueue(MessageStore):

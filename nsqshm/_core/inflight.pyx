@@ -49,6 +49,7 @@ from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 from nsqshm._core.arena cimport Arena, block_alloc, block_free
 from nsqshm._core.codec cimport MSG_HEADER_SIZE, MSG_ID_SIZE
+from nsqshm._core.logcursor cimport decode_log_id
 from nsqshm._core.ext cimport ACCEPT_LEAVE, ACCEPT_SKIP, EXT_OFFSET, ExtView, ext_prefix
 from nsqshm._core.tracelog cimport (
     DROP_EXPIRED,
@@ -105,22 +106,6 @@ cdef inline nsqshm_arena_block *_block_of(MsgEntry *e) noexcept nogil:
 
 cdef enum:
     DETAIL_SIZE = 12  # Youzan's [8 BE queue offset][4 BE raw size] (SUB_ADVANCED, SUB_ORDERED)
-
-
-cdef inline uint64_t _log_offset(const char *msg_id) noexcept nogil:
-    """The msg offset in a log topic's ID: 16 hex digits of (partition << 48) | offset."""
-    cdef uint64_t v = 0
-    cdef int k
-    cdef char ch
-    for k in range(16):
-        ch = msg_id[k]
-        if c'0' <= ch <= c'9':
-            v = (v << 4) | <uint64_t>(ch - c'0')
-        elif c'a' <= ch <= c'f':
-            v = (v << 4) | <uint64_t>(ch - c'a' + 10)
-        else:
-            return 0
-    return v & ((<uint64_t>1 << 48) - 1)
 
 
 cdef inline void _put_u32be(char *dst, uint32_t v) noexcept nogil:
@@ -868,6 +853,23 @@ cdef class InFlight(MessageStore):
         except MemoryError:
             pass
 
+    cdef uint64_t _queue_offset(self, const char *msg_id) noexcept:
+        # a log message's byte offset in its partition's log (detail_readers),
+        # as Youzan's frames carry it; 0 where it cannot be told (no reader
+        # open for the partition, the message gone to retention)
+        cdef uint64_t offset = 0
+        cdef long long partition = decode_log_id(msg_id, &offset)
+        cdef object reader
+        cdef int64_t v
+        if self.detail_readers is None or partition < 0 or \
+                partition >= len(self.detail_readers):
+            return 0
+        reader = self.detail_readers[partition]
+        if reader is None:
+            return 0
+        v = (<LogReader>reader).virtual_of(offset)
+        return <uint64_t>v if v >= 0 else 0
+
     def deliver(self, records, Py_ssize_t count, bytearray out not None,
                 uint64_t client_id, int64_t deadline_ns, int sample_rate=0,
                 ExtView ext=None, int detail=-1, bint detail_log=False):
@@ -910,7 +912,8 @@ cdef class InFlight(MessageStore):
         carries Youzan's [8 BE queue offset][4 BE raw size] after the ID and
         any ext part it keeps: the raw size is the message's size plus
         `detail` (its record overhead in the queue); the queue offset is, with
-        detail_log, the msg offset in the log ID, else 0.
+        detail_log, the message's byte offset in its partition's log
+        (detail_readers; 0 without a reader), else 0.
 
         Records are checked before anything changes; on MemoryError part
         way, `out` ends after the last message added.
@@ -1040,7 +1043,7 @@ cdef class InFlight(MessageStore):
                     memmove(dst + FRAME_HEADER_SIZE + cut + DETAIL_SIZE,
                             dst + FRAME_HEADER_SIZE + cut, size - cut)
                     _put_u64be(dst + FRAME_HEADER_SIZE + cut,
-                               _log_offset(dst + FRAME_HEADER_SIZE + MSG_ID_OFFSET)
+                               self._queue_offset(dst + FRAME_HEADER_SIZE + MSG_ID_OFFSET)
                                if detail_log else 0)
                     _put_u32be(dst + FRAME_HEADER_SIZE + cut + 8, raw_size + <uint32_t>detail)
                     size += DETAIL_SIZE

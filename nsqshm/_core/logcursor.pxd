@@ -55,3 +55,21 @@ cdef class CursorSet:
     cdef public object fault_path     # tests: see FAULT_DIE_IN_FIN_ENV
     cdef int has_id(self, const char *msg_id) noexcept
     cdef int finish_id(self, const char *msg_id) except -2
+
+
+cdef inline long long decode_log_id(const char *p, uint64_t *offset) noexcept nogil:
+    # the partition of a log message ID, 16 hex digits of (partition << 48) |
+    # msg offset (its offset in *offset), or -1
+    cdef uint64_t v = 0
+    cdef int i
+    cdef char ch
+    for i in range(16):
+        ch = p[i]
+        if 48 <= ch <= 57:
+            v = (v << 4) | <uint64_t>(ch - 48)
+        elif 97 <= ch <= 102:
+            v = (v << 4) | <uint64_t>(ch - 87)
+        else:
+            return -1
+    offset[0] = v & ((<uint64_t>1 << 48) - 1)
+    return <long long>(v >> 48)

@@ -585,21 +585,6 @@ ID_OFFSET_BITS = 48
 FAULT_DIE_IN_FIN_ENV = "NSQSHM_FAULT_DIE_IN_FIN"  # tests: CursorSet._fault
 
 
-cdef inline long long _decode_id(const char *p, uint64_t *offset) noexcept:
-    """The partition of a log message ID (its offset in *offset), or -1."""
-    cdef uint64_t v = 0
-    cdef int i
-    cdef char ch
-    for i in range(16):
-        ch = p[i]
-        if 48 <= ch <= 57:
-            v = (v << 4) | <uint64_t>(ch - 48)
-        elif 97 <= ch <= 102:
-            v = (v << 4) | <uint64_t>(ch - 87)
-        else:
-            return -1
-    offset[0] = v & ((<uint64_t>1 << 48) - 1)
-    return <long long>(v >> 48)
 
 
 def log_message_id(unsigned int partition, unsigned long long offset):
@@ -614,7 +599,7 @@ def decode_message_id(msg_id):
     cdef long long p
     if len(b) != 16:
         return None
-    p = _decode_id(b, &off)
+    p = decode_log_id(b, &off)
     return None if p < 0 else (p, off)
 
 
@@ -641,7 +626,7 @@ cdef class CursorSet:
         """1 when the ID's partition has its cursor here (0: the caller
         attaches it first, in Python)."""
         cdef uint64_t off
-        cdef long long p = _decode_id(msg_id, &off)
+        cdef long long p = decode_log_id(msg_id, &off)
         if p < 0 or p >= len(self.cursors):
             return 1  # not a log message ID: nothing to finish (finish_id ignores it)
         return self.cursors[p] is not None
@@ -650,7 +635,7 @@ cdef class CursorSet:
         """Mark the message finished in its partition's cursor: FINISHED,
         ALREADY, OUT_OF_WINDOW, or -1 (not a log message ID, or no cursor)."""
         cdef uint64_t off = 0
-        cdef long long p = _decode_id(msg_id, &off)
+        cdef long long p = decode_log_id(msg_id, &off)
         cdef Cursor cur
         cdef int r
         if self.fault_path is not None:

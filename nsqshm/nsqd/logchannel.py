@@ -44,7 +44,7 @@ import time
 
 import gevent
 
-from nsqshm._core.commitlog import OffsetOutOfRange
+from nsqshm._core.commitlog import LogError, OffsetOutOfRange
 from nsqshm._core.logcursor import Cursor, CursorSet, checkpoint_path, decode_message_id
 from nsqshm._core.ring import Ring
 from nsqshm.nsqd import fairshare, policy, trace
@@ -224,6 +224,21 @@ class LogChannel(Channel):
             if used < len(records):
                 self._defer_packed(memoryview(records)[used:], 0.1)
         return super().put_records(rest, keep_rest) if rest else 0
+
+    def open_detail_readers(self):
+        """A SUB_ADVANCED or SUB_ORDERED client's frames carry each message's
+        byte offset in its partition's log, as Youzan's (a position
+        `virtual_queue:<it>` finds the message again): InFlight.deliver asks
+        each partition's LogReader in C.  Opened at such a SUB, any partition
+        whose log could not be opened before is tried again."""
+        readers = self.inflight.detail_readers or [None] * len(self.topic.partitions)
+        for partition in self.topic.partitions:
+            if readers[partition.index] is None:
+                try:
+                    readers[partition.index] = partition.reader
+                except (OSError, LogError, ValueError):
+                    pass  # not made by its owner yet: offsets 0 until the next such SUB
+        self.inflight.detail_readers = readers
 
     # -- the dispatcher -------------------------------------------------------------------
 

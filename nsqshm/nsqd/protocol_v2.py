@@ -517,6 +517,8 @@ class ProtocolV2:
             client.detail = LOG_RECORD_HEADER if is_log else 4
             client.detail_log = is_log
         channel = self._subscribe(client, topic_name, channel_name)
+        if client.detail_log:
+            channel.open_detail_readers()
         client.state = STATE_SUBSCRIBED
         client.channel = channel
         ext.subscribed(self.nsqd, client, channel)

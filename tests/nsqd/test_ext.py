@@ -477,7 +477,9 @@ def test_a_sampling_client_of_an_ext_log_topic_gets_filters_and_detail_in_place(
             m = decode_message(data, ext=True, detail=True)
             headers, body = rows[i]
             assert (m.headers, m.body) == (headers, body), channel
-            assert (m.queue_offset, m.raw_size) == (i, 16 + 26 + 3 + len(headers) + len(body))
+            # the byte offset in the log (the records before it) and the record's size
+            sizes = [16 + 26 + 3 + len(h) + len(b) for h, b in rows]
+            assert (m.queue_offset, m.raw_size) == (sum(sizes[:i]), sizes[i])
             c.send(p.fin(m.id))
         assert nothing_more(c, wait=0.3), channel
     few = clients["few"]

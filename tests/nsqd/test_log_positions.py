@@ -44,10 +44,19 @@ def _receives_from(client, first):
     client.send(p.rdy(100))
     got = take(client, N - first)
     assert [decode_message_id(m.id) for m in got] == [(0, o) for o in range(first, N)]
-    # the frames carry each message's msg offset and its size in the log (header, record)
-    assert [detail(m) for m in got] == [(o, 16 + 26 + len(b"m%d" % o), b"m%d" % o)
+    # the frames carry each message's byte offset in the log, as Youzan's (the
+    # records before it: a 16-byte header and the message each), and its size there
+    assert [detail(m) for m in got] == [(_byte_offset(o), _record_size(o), b"m%d" % o)
                                         for o in range(first, N)]
     assert nothing_more(client)
+
+
+def _record_size(offset):
+    return 16 + 26 + len(b"m%d" % offset)
+
+
+def _byte_offset(offset):
+    return sum(_record_size(o) for o in range(offset))
 
 
 def _get(server, path):
@@ -68,6 +77,7 @@ def test_sub_advanced_positions(nsqd_factory):
     later = _publish(server)
     status, seventh = _message_get(server, "partition=0&search_mode=count&search_pos=7")
     assert status == 200 and seventh["body"] == "m7"
+    assert seventh["offset"] == _byte_offset(7)
     cases = [("e", b"special:-2", 0), ("t", b"timestamp:%d" % later, SPLIT),
              ("v", b"virtual_queue:%d" % seventh["offset"], 7), ("m", b"msgcount:12", 12)]
     for channel, position, first in cases:
