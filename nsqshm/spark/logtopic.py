@@ -4,6 +4,7 @@ broker is on this host (the partition logs are read there, through mmap),
 else through its HTTP API.
 
     LogTopic.find(o, topic)      None for a classic topic
+    LogTopic.names(o)            every log topic's name (subscribePattern)
     .partitions                  the partition count
     .offsets()                   {partition: (start, end)} msg offsets now
     .offset_for_time(p, ms)      the first offset at or after ms since the epoch
@@ -67,6 +68,23 @@ class LogTopic:
             return None
         return cls(topic, len(t["partitions"]), http_address=o.http_address,
                    tcp_address=o.tcp_address, ext=bool(t.get("is_ext")))
+
+    @staticmethod
+    def names(o):
+        """The names of the broker's log topics: from its data path on this
+        host, else from its /stats."""
+        broker = local_broker(o)
+        if broker is not None:
+            try:
+                with open(os.path.join(broker.info.get("data_path"), LOG_TOPICS_FILE)) as f:
+                    doc = json.load(f)
+            except FileNotFoundError:
+                return []
+            return [spec["name"] for spec in doc.get("topics") or [] if spec.get("name")]
+        if not o.http_address:
+            raise OptionError("a broker not on this host needs nsqdHttpAddress")
+        doc = http_json(o.http_address, "/stats?format=json&include_clients=false")
+        return [t["topic_name"] for t in doc.get("topics") or [] if "partitions" in t]
 
     @property
     def local(self):

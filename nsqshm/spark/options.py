@@ -2,7 +2,11 @@
 them), modelled on Kafka's source:
 
     topic                  topic(s) to read, comma-separated; the topic to write
-                           (rows may carry their own in a `topic` column)
+                           (rows may carry their own in a `topic` column);
+                           Kafka's `subscribe` is the same
+    subscribePattern       read every log topic whose whole name the regular
+                           expression matches (as Kafka's); one of topic,
+                           subscribe, subscribePattern
     channel                channel to read from (default "spark")
     dataPath / shmPrefix   find the broker on this host: shared memory
     nsqdTcpAddress         host:port: TCP when the broker is not on this host
@@ -148,10 +152,42 @@ class Options:
     min_partitions: int = 0
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    pattern: re.Pattern | None = None   # subscribePattern: topics found by logtopic.names
 
     @property
     def topic(self):
         return self.topics[0] if self.topics else None
+
+
+# Kafka's subscription strategies (KafkaSourceProvider.strategyOptionNames), with
+# nsqshm's `topic`; `assign` (given partitions only) is not built
+STRATEGIES = ("topic", "subscribe", "subscribepattern")
+
+
+def _subscription(opts, o, reading):
+    """The topics (or the pattern) to read, as Kafka's source checks them."""
+    if opts.get("assign") is not None:
+        raise OptionError("option assign is not supported: read a log topic with subscribe "
+                          "(or topic) and choose partitions' offsets with startingOffsets")
+    given = [k for k in STRATEGIES if opts.get(k) is not None]
+    if len(given) > 1:
+        raise OptionError("Only one of the following options can be specified for nsqshm "
+                          "source: topic, subscribe, subscribePattern")
+    if given == ["subscribepattern"]:
+        raw = opts["subscribepattern"]
+        if not raw.strip():
+            raise OptionError("Pattern to subscribe is empty as specified value for option "
+                              f"'subscribePattern' is '{raw}'")
+        try:
+            o.pattern = re.compile(raw.strip())
+        except re.error as err:
+            raise OptionError(f"option subscribePattern={raw!r} is not a regular expression: "
+                              f"{err}") from None
+        return
+    topics = [t.strip() for t in (opts.get(given[0]) or "").split(",")] if given else []
+    o.topics = [_name("topic", t) for t in topics if t]
+    if reading and not o.topics:
+        raise OptionError('option "topic" is required to read')
 
 
 def parse(options, reading=True):
@@ -159,11 +195,7 @@ def parse(options, reading=True):
     opts = {str(k).lower(): (None if v is None else str(v)) for k, v in dict(options).items()}
     o = Options()
     o.raw = {k: v for k, v in opts.items() if v}
-    topics = [t.strip() for t in (opts.get("topic") or opts.get("subscribe") or "").split(",")
-              if t.strip()]
-    o.topics = [_name("topic", t) for t in topics]
-    if reading and not o.topics:
-        raise OptionError('option "topic" is required to read')
+    _subscription(opts, o, reading)
     o.channel = _name("channel", opts.get("channel") or DEFAULT_CHANNEL)
     o.channel_given = bool(opts.get("channel"))
     o.data_path = opts.get("datapath") or None

@@ -31,7 +31,13 @@ LOG_ONLY = ("startingOffsetsByTimestamp", "endingOffsets", "endingOffsetsByTimes
 
 def log_topics(o):
     """{topic: LogTopic} when every topic read is a log topic, {} when none
-    is; reading both kinds in one query is refused."""
+    is; reading both kinds in one query is refused.  subscribePattern: the
+    log topics whose whole name it matches now (Kafka's consumer also picks
+    up topics made later; here a query reads those it found at its start)."""
+    if o.pattern is not None:
+        o.topics = sorted(n for n in LogTopic.names(o) if o.pattern.fullmatch(n))
+        if not o.topics:
+            raise OptionError(f"subscribePattern {o.pattern.pattern!r} matches no log topic")
     found = {t: LogTopic.find(o, t) for t in o.topics}
     logs = {t: lt for t, lt in found.items() if lt is not None}
     if logs and len(logs) != len(found):

@@ -40,7 +40,9 @@ def cursor(broker, topic, channel):
 
 
 def load(spark, broker, topic, **options):
-    r = spark.read.format("nsqshm").option("topic", topic).option("shmPrefix", broker.prefix)
+    r = spark.read.format("nsqshm").option("shmPrefix", broker.prefix)
+    if topic is not None:
+        r = r.option("topic", topic)
     for key, value in options.items():
         r = r.option(key, value)
     return r.load()
@@ -134,6 +136,12 @@ OPTION_ERRORS = [
     ({"minOffsetsPerTrigger": "5", "maxTriggerDelay": "soon"},
      "option maxTriggerDelay='soon' is not a time"),
     ({"maxTriggerDelay": "1s"}, "maxTriggerDelay applies only with minOffsetsPerTrigger"),
+    ({"subscribePattern": "o.*"}, "Only one of the following options can be specified"),
+    ({"topic": None, "subscribePattern": " "}, "Pattern to subscribe is empty"),
+    ({"topic": None, "subscribePattern": "(op"}, "is not a regular expression"),
+    ({"topic": None, "subscribePattern": "nothing.*"}, "matches no log topic"),
+    ({"topic": None, "subscribePattern": "op"}, "matches no log topic"),  # a whole name
+    ({"assign": '{"opt":[0]}'}, "option assign is not supported"),
 ]
 
 
@@ -144,6 +152,21 @@ def test_option_errors(spark, log_broker):
         options = dict(options)
         with pytest.raises(Exception, match=error):
             load(spark, log_broker, options.pop("topic", "opt"), **options).collect()
+
+
+@pytest.mark.workers(2)
+def test_subscribe_pattern_reads_every_log_topic_it_matches(spark, log_broker):
+    """Kafka's subscribePattern: the log topics whose whole name matches, not
+    a classic topic, not a name it matches only in part."""
+    for topic, n in (("pa.1", 10), ("pa.2", 20), ("pax", 5), ("xpa.3", 7)):
+        make(log_broker, topic, 2)
+        publish(log_broker, topic, 0, [topic.encode()] * n)
+    log_broker.post("/topic/create?topic=pa.classic")
+    rows = load(spark, log_broker, None, subscribePattern=r"pa\.\d+").collect()
+    assert sorted((r.topic, r.body) for r in rows) == \
+        [("pa.1", b"pa.1")] * 10 + [("pa.2", b"pa.2")] * 20
+    rows = load(spark, log_broker, None, subscribePattern="pa.*").collect()
+    assert sorted({r.topic for r in rows}) == ["pa.1", "pa.2", "pax"]
 
 
 def _stream(spark, broker, topic, checkpoint, sink_path, **options):
