@@ -28,6 +28,7 @@ SUITES = {
     "clients": "nsqshm.bench.clients",
     "headers": "nsqshm.bench.headers",
     "logtopic": "nsqshm.bench.logtopic",
+    "commitlog": "nsqshm.bench.commitlog",
 }
 
 # the load generator's modes, after NSQ's bench_writer / bench_reader / pubsub

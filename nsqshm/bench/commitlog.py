@@ -1,6 +1,7 @@
 """The commit log of a log topic's partition against raw file I/O, in one run.
 
-    python -m nsqshm.bench.commitlog [--append N] [--read N] [--runs 5] [--dir PATH]
+    nsqshm bench commitlog [--append N] [--read N] [--runs 5] [--dir PATH]
+    python -m nsqshm.bench.commitlog (the same, printed)
 
 Append: N messages of 200-byte bodies (nsqd's encoding, 226 bytes) through
 PartitionLog.append_packed in batches of 200 messages and of 1 MiB, against
@@ -8,7 +9,8 @@ os.write of the same packed bytes to one file in the same batch sizes.  No
 fsync on either side (sync_every and sync_timeout off): both measure the
 page cache, as the broker's default --sync-every does between syncs.
 
-Read: a log of --read messages (2 M by default, in 100 MiB segments) read
+Read (issue 15's replay): a log of --read messages (10 M by default, in 100
+MiB segments) read
 from the earliest offset with LogReader.read_into into a 1 MiB buffer (a
 fresh reader per run, as a new consumer: its mappings are made on the
 way), against a sequential readinto of the same segment files into a
@@ -16,17 +18,29 @@ way), against a sequential readinto of the same segment files into a
 """
 
 import argparse
+import json
 import os
 import shutil
 import statistics
 import struct
+import sys
 import tempfile
 import time
 
 from nsqshm._core.commitlog import LogReader, PartitionLog, partition_dir
 
+TITLE = "The commit log against raw file I/O: append, and replay from the earliest (issue 15)"
+ISSUE = "15"
+HELP = "a log partition's append and replay against os.write and a sequential read (issue 15)"
 BODY = 200
 TARGET_READ_RATIO = 0.6   # issue 15: replay at >= 60 % of a raw sequential read
+
+
+def add_arguments(ap):
+    ap.add_argument("--append", type=int, default=500_000, help="messages per append run")
+    ap.add_argument("--read", type=int, default=10_000_000,
+                    help="messages in the log replayed (issue 15: 10 M)")
+    ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
 
 
 def packed_batch(count, first=0):
@@ -98,25 +112,26 @@ def time_raw_read(files):
     return time.perf_counter() - t0, total
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--append", type=int, default=500_000, help="messages per append run")
-    ap.add_argument("--read", type=int, default=2_000_000, help="messages in the log read")
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    args = ap.parse_args(argv)
+def measure(args, runs, settle=lambda: None, say=print):
+    """Append in two batch sizes, then the replay; each against raw I/O."""
     root = tempfile.mkdtemp(prefix="nsqshm-bench-log-", dir=args.dir)
+    res = {"params": {"body": BODY, "append": args.append, "read": args.read, "runs": runs},
+           "append": []}
     try:
-        print(f"commit log vs raw file I/O: {BODY}-byte bodies, medians of {args.runs} runs")
         for label, nbytes in (("200 msgs", 200 * (4 + 26 + BODY)), ("1 MiB", 1 << 20)):
             batch, per, calls = batches_for(args.append, nbytes)
             n = per * calls
-            log_t = statistics.median(time_append(root, batch, calls) for _ in range(args.runs))
-            raw_t = statistics.median(time_raw_write(root, batch, calls) for _ in range(args.runs))
-            print(f"append, batches of {label:>8}: log {n / log_t / 1e6:6.2f} M msg/s "
-                  f"({n * len(batch) / per / log_t / 1e6:6.0f} MB/s), raw write "
-                  f"{n / raw_t / 1e6:6.2f} M msg/s: ratio {raw_t / log_t:.2f}")
-        # the log to read
+            settle()
+            log_t = statistics.median(time_append(root, batch, calls) for _ in range(runs))
+            raw_t = statistics.median(time_raw_write(root, batch, calls) for _ in range(runs))
+            row = {"batch": label, "messages": n, "log_msgs_per_s": n / log_t,
+                   "log_MB_per_s": n * len(batch) / per / log_t / 1e6,
+                   "raw_msgs_per_s": n / raw_t, "ratio": raw_t / log_t}
+            res["append"].append(row)
+            say(f"append, batches of {label:>8}: log {row['log_msgs_per_s'] / 1e6:6.2f} M msg/s "
+                f"({row['log_MB_per_s']:6.0f} MB/s), raw write "
+                f"{row['raw_msgs_per_s'] / 1e6:6.2f} M msg/s: ratio {row['ratio']:.2f}")
+        # the log to replay
         path = partition_dir(root, "read", 0)
         log = PartitionLog(path, sync_every=1 << 62, sync_timeout=-1)
         batch, per, calls = batches_for(args.read, 1 << 20)
@@ -126,20 +141,71 @@ def main(argv=None):
         log.close()
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".log"))
         size = sum(os.path.getsize(f) for f in files)
+        settle()
         time_raw_read(files)  # both read from the page cache
-        reads = [time_read(path) for _ in range(args.runs)]
+        reads = [time_read(path) for _ in range(runs)]
         assert all(total == n for _, total in reads)
         log_t = statistics.median(t for t, _ in reads)
-        raw_t = statistics.median(time_raw_read(files)[0] for _ in range(args.runs))
-        ratio = raw_t / log_t
-        print(f"read {n} msgs ({size / 1e6:.0f} MB, {len(files)} segments) from the earliest: "
-              f"log {n / log_t / 1e6:6.2f} M msg/s ({size / log_t / 1e9:5.2f} GB/s), raw read "
-              f"{size / raw_t / 1e9:5.2f} GB/s: ratio {ratio:.2f} "
-              f"({'meets' if ratio >= TARGET_READ_RATIO else 'misses'} the "
-              f"{TARGET_READ_RATIO} target)")
+        raw_t = statistics.median(time_raw_read(files)[0] for _ in range(runs))
+        res["read"] = {"messages": n, "bytes": size, "segments": len(files),
+                       "log_msgs_per_s": n / log_t, "log_GB_per_s": size / log_t / 1e9,
+                       "raw_GB_per_s": size / raw_t / 1e9, "ratio": raw_t / log_t}
+        r = res["read"]
+        say(f"read {n} msgs ({size / 1e6:.0f} MB, {len(files)} segments) from the earliest: "
+            f"log {r['log_msgs_per_s'] / 1e6:6.2f} M msg/s ({r['log_GB_per_s']:5.2f} GB/s), "
+            f"raw read {r['raw_GB_per_s']:5.2f} GB/s: ratio {r['ratio']:.2f}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return res
+
+
+def run(ctx):
+    a = ctx.args
+    if ctx.quick:
+        a.append, a.read = min(a.append, 100_000), min(a.read, 500_000)
+    return measure(a, ctx.runs(default=5), ctx.settle, ctx.say)
+
+
+def render(res):
+    p, r = res["params"], res["read"]
+    out = [f"{p['body']}-byte bodies (nsqd's encoding, {p['body'] + 26} bytes); no fsync on "
+           "either side (the page cache, as the broker's default --sync-every between syncs); "
+           f"medians of {p['runs']} runs.", "",
+           "| | log | raw file I/O | log / raw |", "|---|---:|---:|---:|"]
+    for row in res["append"]:
+        out.append(f"| append, batches of {row['batch']} | {row['log_msgs_per_s'] / 1e6:.2f} M "
+                   f"msg/s ({row['log_MB_per_s']:,.0f} MB/s) | "
+                   f"{row['raw_msgs_per_s'] / 1e6:.2f} M msg/s | {row['ratio']:.2f} |")
+    out.append(f"| replay {r['messages']:,} messages ({r['bytes'] / 1e6:,.0f} MB, "
+               f"{r['segments']} segments) from the earliest offset | "
+               f"{r['log_msgs_per_s'] / 1e6:.2f} M msg/s ({r['log_GB_per_s']:.2f} GB/s) | "
+               f"{r['raw_GB_per_s']:.2f} GB/s | {r['ratio']:.2f} |")
+    out += ["", "Replay: LogReader.read_into (whole records into a 1 MiB buffer, a fresh reader "
+                "per run, its mappings made on the way) against a sequential readinto of the "
+                "same segment files into a 1 MiB buffer; both from the page cache."]
+    return out
+
+
+def targets(res):
+    r = res["read"]
+    return [("15", f"replay of {r['messages'] / 1e6:.0f} M messages from the earliest, of a "
+                   "raw sequential read", f">= {TARGET_READ_RATIO}", f"{r['ratio']:.2f}",
+             r["ratio"] >= TARGET_READ_RATIO)]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(ap)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = ap.parse_args(argv)
+    print(f"commit log vs raw file I/O: {BODY}-byte bodies, medians of {args.runs} runs")
+    res = measure(args, args.runs, say=(lambda _: None) if args.json else print)
+    if args.json:
+        json.dump(res, sys.stdout, indent=1)
+        print()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

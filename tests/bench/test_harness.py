@@ -91,13 +91,23 @@ def test_suites_that_start_nsqshm_skip_for_an_external_server(suite, capsys):
     assert rc == 0 and "starts nsqshm itself" in res["skipped"]
 
 
+def test_commitlog_measures_append_and_replay_against_raw_io(capsys, tmp_path):
+    rc, res = _run(["commitlog", "--quick", "--append", "20000", "--read", "50000",
+                    "--dir", str(tmp_path)], capsys)
+    assert rc == 0 and [row["batch"] for row in res["append"]] == ["200 msgs", "1 MiB"]
+    read = res["read"]
+    assert 50_000 - 4_600 < read["messages"] <= 50_000 and read["bytes"] >= read["messages"] * 230
+    assert read["ratio"] > 0 and read["log_GB_per_s"] > 0
+    assert not any(tmp_path.iterdir())  # the logs are removed
+
+
 def test_help_lists_every_suite(capsys):
     with pytest.raises(SystemExit) as exc:
         bench_main.main(["--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
     for name in ("ring", "tcp", "latency", "disk", "transport", "workers", "local", "spark",
-                 "clients", "all", "writer", "reader", "fanout", "report"):
+                 "clients", "commitlog", "all", "writer", "reader", "fanout", "report"):
         assert name in text
 
 
