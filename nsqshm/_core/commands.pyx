@@ -214,8 +214,8 @@ cdef class CommandParser:
             if not self.cursors.has_id(msg_id):
                 return 1  # a cursor not attached yet: the Python path attaches it
             # marked before the in-flight block is freed, and only once the client is
-            # known to hold the message (touch_raw checks it): see wire.fin_lines
-            if self.inflight.touch_raw(msg_id, self.client_id, INT64_MAX) != STATUS_OK:
+            # known to hold the message (holds): see wire.fin_lines
+            if self.inflight.holds(msg_id, self.client_id) != STATUS_OK:
                 return 1
             self.cursors.finish_id(msg_id)
         if self.inflight.finish_raw(msg_id, self.client_id) != STATUS_OK:

@@ -121,6 +121,8 @@ cdef class InFlight(MessageStore):
                      int64_t deadline_ns) except -1
     cdef int finish_raw(self, const char *msg_id, uint64_t client_id) noexcept
     cdef void _record_latency(self, const char *msg) noexcept
+    cdef int _held(self, const char *msg_id, uint64_t client_id, MsgEntry **entry) noexcept
+    cdef int holds(self, const char *msg_id, uint64_t client_id) noexcept
     cdef int touch_raw(self, const char *msg_id, uint64_t client_id,
                        int64_t new_deadline_ns) noexcept
     cdef int64_t first_deadline_raw(self, const char *msg_id) noexcept

@@ -734,16 +734,27 @@ cdef class InFlight(MessageStore):
                 raise MemoryError()
             self.lat_cap = samples
 
-    cdef int touch_raw(self, const char *msg_id, uint64_t client_id,
-                       int64_t new_deadline_ns) noexcept:
-        cdef size_t slot = _ids_probe(&self.ids, _hash_id(msg_id), msg_id)
-        cdef MsgEntry *e = self.ids.slots[slot].entry
+    cdef int _held(self, const char *msg_id, uint64_t client_id, MsgEntry **entry) noexcept:
+        cdef MsgEntry *e = self.ids.slots[_ids_probe(&self.ids, _hash_id(msg_id), msg_id)].entry
+        entry[0] = e
         if e == NULL:
             return STATUS_NOT_IN_FLIGHT
-        if e.client_id != client_id:
-            return STATUS_NOT_OWNER
-        _heap_rekey(&self.heap, e.heap_index, new_deadline_ns)
-        return STATUS_OK
+        return STATUS_OK if e.client_id == client_id else STATUS_NOT_OWNER
+
+    cdef int holds(self, const char *msg_id, uint64_t client_id) noexcept:
+        """Whether client_id holds msg_id in flight: STATUS_OK,
+        STATUS_NOT_IN_FLIGHT or STATUS_NOT_OWNER; nothing changes (a log
+        channel's FIN checks it before it marks the cursor)."""
+        cdef MsgEntry *e
+        return self._held(msg_id, client_id, &e)
+
+    cdef int touch_raw(self, const char *msg_id, uint64_t client_id,
+                       int64_t new_deadline_ns) noexcept:
+        cdef MsgEntry *e
+        cdef int status = self._held(msg_id, client_id, &e)
+        if status == STATUS_OK:
+            _heap_rekey(&self.heap, e.heap_index, new_deadline_ns)
+        return status
 
     cdef int64_t first_deadline_raw(self, const char *msg_id) noexcept:
         """The deadline msg_id (16 bytes) was given at delivery, or -1."""

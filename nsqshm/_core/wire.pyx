@@ -254,11 +254,9 @@ def fin_lines(bytearray buf, Py_ssize_t pos, InFlight inflight, uint64_t client_
             # between the two then leaves the block, which is delivered again
             # (at least once; a second finish of the offset is ALREADY), where
             # the other order would leave an offset nothing ever finishes (the
-            # partition stalls once the window fills).  touch_raw is the check
-            # that the client holds the message (so a stray FIN marks nothing);
-            # its deadline only moves the node in this process's heap, which
-            # finish_raw removes next.
-            if inflight.touch_raw(p + pos + 4, client_id, INT64_MAX) != 0:
+            # partition stalls once the window fills).  holds is the check that
+            # the client holds the message (so a stray FIN marks nothing).
+            if inflight.holds(p + pos + 4, client_id) != 0:
                 break
             cursors.finish_id(p + pos + 4)
         if inflight.finish_raw(p + pos + 4, client_id) != 0:
