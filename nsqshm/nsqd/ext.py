@@ -41,7 +41,7 @@ from nsqshm._core.ext import (
     split_ext,
 )
 from nsqshm._core.wire import pack_message
-from nsqshm.nsqd import fairshare, message_ttl, trace
+from nsqshm.nsqd import message_ttl, trace
 from nsqshm.nsqd.errors import BAD_PARTITION, ClientErr, FatalClientErr
 from nsqshm.nsqd.logtopic import PartitionError
 from nsqshm.nsqd.reader import Disconnect
@@ -150,7 +150,6 @@ def _partition(topic, pub):
 
 def _put(topic, packed, count, nbytes, partition, code, client=None, trace_ids=None):
     """Store the records: the queue offset of the first (trace.queue_offset)."""
-    fairshare.pace(topic.nsqd)  # (as ProtocolV2._publish: a publisher yields to consumers)
     trace.publisher.client = client.remote_address if client is not None else None
     trace.publisher.trace_ids = trace_ids if trace_ids and any(trace_ids) else None
     trace.publisher.queue_offset = 0

@@ -549,6 +549,9 @@ class HTTPAPI:
         }
 
     def pub(self, req):
+        # the fair share (fairshare.py) before the topic is looked up: a yield between
+        # the two could find it deleted meanwhile
+        fairshare.pace(self.nsqd)
         opts = self.nsqd.opts
         if (req.content_length or 0) > opts.max_msg_size:
             raise Err(413, "MSG_TOO_BIG")
@@ -570,7 +573,6 @@ class HTTPAPI:
             deferred_ns = wrap_int64(ms * 1_000_000)  # time.Duration(ms) * time.Millisecond
             if deferred_ns < 0 or deferred_ns > round(opts.max_req_timeout * 1e9):
                 raise Err(400, "INVALID_DEFER")
-        fairshare.pace(self.nsqd)
         try:
             if deferred_ns:  # (an ext topic's deferred message: an empty ext part)
                 topic.put_deferred(body, deferred_ns / 1e9, expires_at)
@@ -612,6 +614,7 @@ class HTTPAPI:
         return int(value) if value.isascii() and value.isdigit() else value
 
     def mpub(self, req):
+        fairshare.pace(self.nsqd)  # (before the topic is looked up, as pub)
         nsqd = self.nsqd
         opts = nsqd.opts
         if (req.content_length or 0) > opts.max_body_size:
@@ -643,7 +646,6 @@ class HTTPAPI:
                                              max_msg_size, out)
             if too_big >= 0:
                 raise Err(413, "MSG_TOO_BIG")
-        fairshare.pace(self.nsqd)
         try:
             if count:
                 body_bytes = len(out) - count * RECORD_OVERHEAD
