@@ -93,6 +93,7 @@ cdef class LogReader:
     cdef tuple _read_into(self, uint64_t offset, object buffer, Py_ssize_t max_records,
                           Py_ssize_t max_bytes, bint verify)
     cdef uint64_t _ts_at(self, _Segment seg, uint64_t pos)
+    cdef uint64_t _virtual(self, uint64_t offset) except? 0xFFFFFFFFFFFFFFFF
     cdef int64_t virtual_of(self, uint64_t offset) noexcept
     cdef Py_ssize_t records(self, uint64_t offset, Py_ssize_t max_records, RecordSink sink,
                             object ctx, uint64_t *next_offset) except -1

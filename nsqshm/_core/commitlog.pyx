@@ -594,24 +594,31 @@ cdef class LogReader:
         next_offset[0] = cur
         return count
 
+    cdef uint64_t _virtual(self, uint64_t offset) except? 0xFFFFFFFFFFFFFFFF:
+        """The virtual offset (byte position in the whole log) of msg offset
+        `offset`, in C: the delivery path asks this per message for clients
+        whose frames carry the queue offset."""
+        cdef _Segment seg
+        self.refresh()
+        if offset < self.commit.start_offset or offset > self.commit.next_offset:
+            self._out_of_range(offset)
+        if offset == self.commit.next_offset:
+            return self.commit.virtual_end
+        seg = <_Segment>self.segs[self._seg_of(offset)]
+        return seg.base_virtual + self._pos_of(seg, offset)
+
     cdef int64_t virtual_of(self, uint64_t offset) noexcept:
-        """virtual_offset_of for the delivery's C path: -1 where it raises
-        (the message gone to retention, a damaged index)."""
+        """_virtual for the delivery's C path: -1 where it raises (the
+        message gone to retention, a damaged index)."""
         try:
-            return self.virtual_offset_of(offset)
+            return <int64_t>self._virtual(offset)
         except Exception:
             return -1
 
     def virtual_offset_of(self, uint64_t offset):
         """The virtual offset (byte position in the whole log) of msg offset
         `offset` (the end offset gives the virtual end)."""
-        self.refresh()
-        if offset < self.commit.start_offset or offset > self.commit.next_offset:
-            self._out_of_range(offset)
-        if offset == self.commit.next_offset:
-            return self.commit.virtual_end
-        cdef _Segment seg = self.segs[self._seg_of(offset)]
-        return seg.base_virtual + self._pos_of(seg, offset)
+        return self._virtual(offset)
 
     def find_by_virtual_offset(self, uint64_t virtual):
         """The msg offset of the record starting at byte `virtual` of the log;

@@ -1,6 +1,7 @@
 from collections.abc import Buffer
 
 from nsqshm._core.arena import Arena
+from nsqshm._core.commitlog import LogReader
 from nsqshm._core.logcursor import CursorSet
 from nsqshm._core.ring import Ring
 from nsqshm._core.tracelog import TraceWriter
@@ -24,6 +25,7 @@ class InFlight(MessageStore):
     expired: int  # read-only: messages deliver() dropped as expired
     expired_out: bytearray | None  # where deliver() appends expired messages, if set
     sampled_cursors: CursorSet | None  # a log channel's: what deliver() samples out is finished
+    detail_readers: list[LogReader] | None  # a log channel's, per partition: detail frames' queue offsets
     def __init__(self, capacity_hint: int = 1024) -> None: ...
     def add(self, msg: Buffer, client_id: int, deadline_ns: int) -> None: ...
     def finish(self, msg_id: Buffer, client_id: int) -> int: ...

@@ -57,6 +57,8 @@ cdef enum:
 
 # Arrow binary arrays have int32 offsets: a batch's bodies stay under 2 GiB.
 cdef int64_t MAX_VALUES = 0x7FFFFFFF
+# Columns.add_log's bound on a batch's bodies (the old read buffer's 16 MiB)
+LOG_BATCH_BYTES = 16 << 20
 cdef const char *HEX_DIGITS = b"0123456789abcdef"
 
 
@@ -481,6 +483,8 @@ cdef class Columns:
     cdef GrowBuf hvalid, hrows, koffs, kdata, voffs, vdata
     cdef int32_t npairs
     cdef bint log_bump                # add_log's bump, for its sink (_take_log_message)
+    cdef int64_t log_budget           # add_log's bytes left; its first message always fits
+    cdef Py_ssize_t log_taken         # messages add_log's sink took in this call
 
     def __cinit__(self, bint ext=False, bint headers=False):
         self._forget()
@@ -696,15 +700,20 @@ cdef class Columns:
         return pos, added
 
     def add_log(self, LogReader reader not None, uint64_t offset, Py_ssize_t max_records,
-                bint bump=False):
+                bint bump=False, int64_t max_bytes=LOG_BATCH_BYTES):
         """Add up to max_records messages of a partition log from msg offset
         `offset`, copied once, from the mmap'd segment into these columns
-        (LogReader.records); (count, the msg offset after the last)."""
+        (LogReader.records), and no more than max_bytes of messages (but
+        always the first: one message past it is still a row); (count, the
+        msg offset after the last).  The byte bound keeps a batch of large
+        messages within Arrow's 32-bit offsets and a task's memory."""
         cdef uint64_t next_offset = offset
         cdef Py_ssize_t count
         if max_records > 0:
             self._grow_rows(max_records if max_records < 65536 else 65536)
         self.log_bump = bump
+        self.log_budget = max_bytes
+        self.log_taken = 0
         count = reader.records(offset, max_records, _take_log_message, self, &next_offset)
         return count, next_offset
 
@@ -956,7 +965,12 @@ def arena_due(Arena arena not None):
 
 
 cdef int _take_log_message(object ctx, const char *msg, uint32_t size) except -1:
-    # LogReader.records' sink for Columns.add_log: every message, in place
+    # LogReader.records' sink for Columns.add_log: each message in place,
+    # until the byte budget is spent (the first is taken whatever its size)
     cdef Columns cols = <Columns>ctx
+    if cols.log_taken and <int64_t>size > cols.log_budget:
+        return 0
+    cols.log_budget -= size
+    cols.log_taken += 1
     cols._add(msg, size, cols.log_bump)
     return 1

@@ -9,6 +9,7 @@ One module per suite.  A suite module has
                             {"skipped": reason} when it cannot run here
     render(result) -> list  markdown lines for bench/RESULTS.md
     targets(result) -> list optional: (issue, figure, target, measured, met) rows
+    SERVER = False          optional: the suite starts no broker (RESULTS.md says so)
 
 so a later suite (the workers mode, local shared-memory clients, Spark) is
 filled in by editing its module only.
@@ -30,6 +31,9 @@ SUITES = {
     "logtopic": "nsqshm.bench.logtopic",
     "commitlog": "nsqshm.bench.commitlog",
 }
+
+# the server line of a suite with SERVER = False
+NO_SERVER = {"kind": "none (the suite measures files, not a broker)"}
 
 # the load generator's modes, after NSQ's bench_writer / bench_reader / pubsub
 TOOLS = {

@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 
-from . import SUITES, TOOLS, load
+from . import NO_SERVER, SUITES, TOOLS, load
 from .common import Context, cpu_ticks, machine, median, steal_share
 from .progress import make as make_progress
 from .server import RETRIED
@@ -100,7 +100,8 @@ def run_suite(name, args, progress, command, json_stdout):
         started["busy_before_runs"] = {"median": median(ctx.busy), "max": max(ctx.busy),
                                        "runs": len(ctx.busy)}
     res = {"suite": name, "command": command, "machine": started, "quick": ctx.quick,
-           "server": describe_server(args), **res, "seconds": round(time.monotonic() - t0, 1),
+           "server": describe_server(args) if getattr(module, "SERVER", True) else NO_SERVER,
+           **res, "seconds": round(time.monotonic() - t0, 1),
            "loadavg_after": os.getloadavg()[0]}
     if "skipped" in res:
         ctx.say(f"{name}: skipped: {res['skipped']}")

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from . import SUITES, load
+from . import NO_SERVER, SUITES, load
 
 PLOTS = ("throughput_vs_size.png", "throughput_vs_workers.png", "latency_vs_rate.png")
 
@@ -167,7 +167,7 @@ def markdown(results, out, plots):
                      f"{m['loadavg']:.2f} at the start, steal {m.get('steal_share', 0):.1%} during "
                      "it" + (f", others kept {busy['median']:.0%} (median; max {busy['max']:.0%}) "
                              "of the cores busy just before a run" if busy else "")
-                     + f"; server: {res['server']['kind']}"
+                     + f"; server: {_server_kind(module, res)}"
                      + (" (quick run)" if res.get("quick") else "") + ".")
         lines.append("")
         if "skipped" in res:
@@ -213,3 +213,9 @@ def main(args):
     written = write(args.out or "bench")
     print("wrote " + ", ".join(written), file=sys.stderr)
     return 0
+
+
+def _server_kind(module, res):
+    # a suite without a server (SERVER = False) says so, in runs saved before
+    # the flag existed too
+    return res["server"]["kind"] if getattr(module, "SERVER", True) else NO_SERVER["kind"]

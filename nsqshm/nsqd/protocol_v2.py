@@ -719,16 +719,23 @@ class ProtocolV2:
         self._count_pub(client, topic_name.decode(), 1)
         return OK
 
+    # Youzan's publishes take the fair share (fairshare.py) before ext looks
+    # the topic up and holds it: a yield between the lookup and the put could
+    # find the topic deleted meanwhile
     def PUB_EXT(self, client, params, reader):
+        fairshare.pace(self.nsqd)
         return ext.pub_ext(self, client, params, reader)
 
     def MPUB_EXT(self, client, params, reader):
+        fairshare.pace(self.nsqd)
         return ext.mpub_ext(self, client, params, reader)
 
     def PUB_TRACE(self, client, params, reader):
+        fairshare.pace(self.nsqd)
         return ext.pub_trace(self, client, params, reader)
 
     def MPUB_TRACE(self, client, params, reader):
+        fairshare.pace(self.nsqd)
         return ext.mpub_trace(self, client, params, reader)
 
     def INTERNAL_CREATE_TOPIC(self, client, params, reader):

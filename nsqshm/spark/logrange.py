@@ -54,13 +54,20 @@ class LogRange(InputPartition):
 
 def plan(log_topics, start, end, o):
     """The LogRanges between two offset maps ({topic: {p: offset}}), split by
-    minPartitions."""
+    minPartitions.  A partition that `start` lacks (a topic subscribePattern
+    found after the query began) is read from its earliest offset, as
+    Kafka's source reads a new partition."""
     from nsqshm.spark.logoffsets import split_ranges
 
     spans = []
     for topic, parts in sorted(end.items()):
+        known = start.get(topic)
+        log_starts = log_topics[topic].offsets() if known is None else {}
         for p, until in sorted(parts.items()):
-            frm = start.get(topic, {}).get(p, until)
+            frm = known.get(p) if known is not None else None
+            if frm is None:
+                frm = min(log_starts[p][0] if p in log_starts
+                          else log_topics[topic].offsets()[p][0], until)
             spans.append((topic, p, frm, until))
     channel = o.channel if o.channel_given else None
     return [LogRange(log_topics[t], p, f, u, channel, o.fail_on_data_loss, o.batch_size,

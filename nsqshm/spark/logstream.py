@@ -50,12 +50,16 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.channel_made = False
         self.last_trigger_ms = 0  # Kafka's lastTriggerMillis: the first check triggers
 
-    def _ends(self):
-        ends = {}
+    def _spans(self):
+        """{(topic, p): (log start, log end)}."""
+        spans = {}
         for name, lt in self.log_topics.items():
-            for p, (_, end) in lt.offsets().items():
-                ends[(name, p)] = end
-        return ends
+            for p, span in lt.offsets().items():
+                spans[(name, p)] = span
+        return spans
+
+    def _ends(self):
+        return {tp: end for tp, (_, end) in self._spans().items()}
 
     def initialOffset(self):
         o = self.o
@@ -82,7 +86,13 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # batch later, and never for the last batch of an availableNow query)
         self._advance_cursor(start)
         begin = {(t, p): off for t, parts in decode(start).items() for p, off in parts.items()}
-        latest = self._check_went_back(begin, self._ends())
+        spans = self._spans()
+        for tp, (log_start, _) in spans.items():
+            if tp not in begin:  # a topic the pattern found after the query began
+                log.info("%s partition %d is new to the query: read from its earliest "
+                         "offset %d", tp[0], tp[1], log_start)
+                begin[tp] = log_start
+        latest = self._check_went_back(begin, {tp: end for tp, (_, end) in spans.items()})
         if self.target is not None:
             latest = {tp: min(end, self.target.get(tp, end)) for tp, end in latest.items()}
         minimum = limit.min_rows if isinstance(limit, ReadMinRows) else \
@@ -103,7 +113,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if now - self.last_trigger_ms >= self.o.max_trigger_delay_ms:
             self.last_trigger_ms = now
             return False
-        if sum(latest[tp] - begin.get(tp, 0) for tp in latest) < minimum:
+        if sum(latest[tp] - begin[tp] for tp in latest) < minimum:
             return True
         self.last_trigger_ms = now
         return False
@@ -116,7 +126,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from nsqshm.spark.logrange import DataLossError
 
         for (t, p), end in latest.items():
-            at = begin.get((t, p), 0)
+            at = begin[(t, p)]
             if end >= at:
                 continue
             text = (f"{t} partition {p} ends at offset {end}, before offset {at} that the "

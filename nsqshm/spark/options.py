@@ -159,9 +159,10 @@ class Options:
         return self.topics[0] if self.topics else None
 
 
-# Kafka's subscription strategies (KafkaSourceProvider.strategyOptionNames), with
+# Kafka's subscription strategies (KafkaSourceProvider.STRATEGY_OPTION_KEYS), with
 # nsqshm's `topic`; `assign` (given partitions only) is not built
 STRATEGIES = ("topic", "subscribe", "subscribepattern")
+STRATEGY_NAMES = "topic, subscribe, subscribePattern"
 
 
 def _subscription(opts, o, reading):
@@ -172,7 +173,7 @@ def _subscription(opts, o, reading):
     given = [k for k in STRATEGIES if opts.get(k) is not None]
     if len(given) > 1:
         raise OptionError("Only one of the following options can be specified for nsqshm "
-                          "source: topic, subscribe, subscribePattern")
+                          f"source: {STRATEGY_NAMES}. See the docs for more details.")
     if given == ["subscribepattern"]:
         raw = opts["subscribepattern"]
         if not raw.strip():
@@ -184,10 +185,17 @@ def _subscription(opts, o, reading):
             raise OptionError(f"option subscribePattern={raw!r} is not a regular expression: "
                               f"{err}") from None
         return
-    topics = [t.strip() for t in (opts.get(given[0]) or "").split(",")] if given else []
-    o.topics = [_name("topic", t) for t in topics if t]
+    if not given:
+        if reading:
+            raise OptionError("One of the following options must be specified for nsqshm "
+                              f"source: {STRATEGY_NAMES}. See the docs for more details.")
+        return
+    raw = opts[given[0]]
+    o.topics = [_name("topic", t) for t in (t.strip() for t in raw.split(",")) if t]
     if reading and not o.topics:
-        raise OptionError('option "topic" is required to read')
+        name = "subscribe" if given[0] == "subscribe" else "topic"
+        raise OptionError(f"No topics to subscribe to as specified value for option "
+                          f"'{name}' is '{raw}'")
 
 
 def parse(options, reading=True):

@@ -512,6 +512,32 @@ def test_columns_take_messages_in_place_as_read_into_copies_them(logdir):
     log.close()
 
 
+def test_columns_from_the_log_stop_at_their_byte_budget(logdir):
+    """add_log takes no more than max_bytes of messages (Arrow's offsets are
+    32-bit; a task's memory is bounded), but always a first one however
+    large, and the next call goes on from the message it left."""
+    from nsqshm._core.localbatch import LOG_BATCH_BYTES, Columns
+
+    msgs = [message(i, body_size=1000) for i in range(40)]
+    size = len(msgs[0])
+    log = write(logdir, msgs)
+    reader = LogReader(logdir)
+    offset, taken = 0, []
+    while offset < len(msgs):
+        cols = Columns()
+        n, offset = cols.add_log(reader, offset, 1000, False, 10 * size + size // 2)
+        taken.append(n)
+        assert cols.export()[0] == n
+    assert taken == [10, 10, 10, 10]
+    cols = Columns()
+    assert cols.add_log(reader, 5, 1000, False, 1) == (1, 6)  # one, past the budget
+    assert bytes(cols.export()[1]) == msgs[5][26:]
+    assert Columns().add_log(reader, 0, 1000) == (40, 40)  # the default: 16 MiB
+    assert LOG_BATCH_BYTES == 16 << 20
+    reader.close()
+    log.close()
+
+
 def test_columns_from_a_damaged_record_fail(logdir):
     from nsqshm._core.commitlog import LogCorruptError
     from nsqshm._core.localbatch import Columns

@@ -451,6 +451,8 @@ def test_a_sampling_client_of_an_ext_log_topic_gets_filters_and_detail_in_place(
     server = nsqd_factory()
     create_ext(server, "xs", "&partition_num=1")
     clients = {}
+    # sample_rate 99 delivers everything (nsqd drops when rand(100) > rate) yet
+    # takes the sampling client's path; 5 delivers about one in 17
     for channel, identify in (("all", {"sample_rate": 99}),
                               ("picky", {"sample_rate": 99, "ext_filter": {
                                   "type": 1, "filter_ext_key": "k", "filter_data": "yes"}}),
@@ -493,6 +495,8 @@ def test_a_sampling_client_of_an_ext_log_topic_gets_filters_and_detail_in_place(
                 got += 1
     except TimeoutError:
         pass
-    assert got < 30
+    assert got <= 15  # (binomial, n 30, p 0.06: more than 15 has odds below 1e-12)
     for channel in ("all", "picky", "few"):
         assert wait_for(lambda channel=channel: confirmed(server, "xs", channel) == [30]), channel
+    for c in (*clients.values(), pc):
+        c.close()

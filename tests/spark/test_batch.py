@@ -102,7 +102,9 @@ def test_max_messages_and_starting_timestamp(spark, broker):
 
 
 @pytest.mark.parametrize("options,error", [
-    ({}, 'option "topic" is required'),
+    ({}, "One of the following options must be specified for nsqshm source: topic, subscribe, "
+         "subscribePattern"),
+    ({"topic": " , "}, "No topics to subscribe to as specified value for option 'topic' is ' , '"),
     ({"topic": "t", "channel": "bad/name"}, "invalid channel name"),
     ({"topic": "t", "numPartitions": "0"}, "must be >= 1"),
 ])

@@ -142,6 +142,8 @@ OPTION_ERRORS = [
     ({"topic": None, "subscribePattern": "nothing.*"}, "matches no log topic"),
     ({"topic": None, "subscribePattern": "op"}, "matches no log topic"),  # a whole name
     ({"assign": '{"opt":[0]}'}, "option assign is not supported"),
+    ({"topic": None, "subscribe": ","},
+     "No topics to subscribe to as specified value for option 'subscribe' is ','"),
 ]
 
 
@@ -167,6 +169,34 @@ def test_subscribe_pattern_reads_every_log_topic_it_matches(spark, log_broker):
         [("pa.1", b"pa.1")] * 10 + [("pa.2", b"pa.2")] * 20
     rows = load(spark, log_broker, None, subscribePattern="pa.*").collect()
     assert sorted({r.topic for r in rows}) == ["pa.1", "pa.2", "pax"]
+
+
+def test_subscribe_pattern_restarted_reads_a_new_topic_from_its_earliest(
+        spark, log_broker, tmp_path):
+    """A topic made while the query was stopped matches its pattern at the
+    restart: read from its earliest offset (as Kafka's source reads a new
+    partition), not from its end, which would skip what it already holds."""
+    make(log_broker, "pn.1", 2)
+    publish(log_broker, "pn.1", 0, [b"one"] * 10)
+    out, cp = str(tmp_path / "out"), str(tmp_path / "cp")
+
+    def run():
+        (spark.readStream.format("nsqshm").option("subscribePattern", r"pn\.\d")
+         .option("shmPrefix", log_broker.prefix).option("startingOffsets", "earliest")
+         .load().writeStream.format("parquet").option("path", out)
+         .option("checkpointLocation", cp).trigger(availableNow=True).start()
+         .awaitTermination(120))
+
+    run()
+    assert spark.read.parquet(out).count() == 10
+    make(log_broker, "pn.2", 2)
+    publish(log_broker, "pn.2", 1, [b"two"] * 7)
+    publish(log_broker, "pn.1", 1, [b"one"] * 5)
+    run()
+    rows = spark.read.parquet(out).select("topic", "partition", "offset").collect()
+    assert len(rows) == len(set(rows)) == 22
+    assert sorted((r.topic, r.partition) for r in rows) == \
+        [("pn.1", 0)] * 10 + [("pn.1", 1)] * 5 + [("pn.2", 1)] * 7
 
 
 def _stream(spark, broker, topic, checkpoint, sink_path, **options):
