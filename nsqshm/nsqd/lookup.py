@@ -9,6 +9,14 @@ and REGISTERs every topic and channel this nsqd has.  Reads and writes have
 1 s deadlines; any failure closes the connection, and the next command
 (at the latest the next PING) reconnects and re-registers everything.
 
+nsqshm's nsqd adds "topic_partitions": true to its IDENTIFY.  An nsqshm
+nsqlookupd answers with the same field, and to it REGISTER and UNREGISTER
+name a partition, as Youzan's nsqd registers: `REGISTER <topic> <n>` for
+each partition of a log topic, partition -11 (Youzan's OLD_VERSION_PID) for
+a classic topic, for channels, and for a topic that goes.  Its /lookup can
+then tell Youzan's clients which partitions there are (`partitions`).  Any
+other nsqlookupd (Go's ignores the field) gets NSQ's lines, as nsqd sends.
+
 One greenlet (nsqd's lookupLoop) owns the peers and handles, in order:
 topic/channel changes from NSQD.notify_change (REGISTER when created,
 UNREGISTER when deleted; ephemeral ones too, as nsqd), a PING to every peer
@@ -66,12 +74,22 @@ def identify(data):
     return Command("IDENTIFY", body=go_json(data))
 
 
-def register(topic, channel=""):
-    return Command("REGISTER", [topic, channel] if channel else [topic])
+OLD_VERSION_PID = "-11"  # Youzan's partition of a registration without one
 
 
-def unregister(topic, channel=""):
-    return Command("UNREGISTER", [topic, channel] if channel else [topic])
+def register(topic, channel="", partition=None):
+    return _registration("REGISTER", topic, channel, partition)
+
+
+def unregister(topic, channel="", partition=None):
+    return _registration("UNREGISTER", topic, channel, partition)
+
+
+def _registration(verb, topic, channel, partition):
+    """NSQ's `VERB <topic> [<channel>]`, or with a partition (a peer that
+    reads them) Youzan's `VERB <topic> <partition> [<channel>]`."""
+    params = [topic] if partition is None else [topic, partition]
+    return Command(verb, params + [channel] if channel else params)
 
 
 def ping():
@@ -94,6 +112,7 @@ class LookupPeer:
         self.state = STATE_DISCONNECTED
         self.sock = None
         self.info = {"tcp_port": 0, "http_port": 0, "version": "", "broadcast_address": ""}
+        self.partitioned = False  # its IDENTIFY answer had "topic_partitions": true
 
     def __str__(self):
         return self.addr
@@ -293,6 +312,7 @@ class Lookup:
             "hostname": self.hostname,
             "http_port": opts.broadcast_http_port,
             "tcp_port": opts.broadcast_tcp_port,
+            "topic_partitions": True,  # (nsqshm's: see the module docstring)
             "version": NSQD_COMPAT_VERSION,
         })
         try:
@@ -314,6 +334,7 @@ class Lookup:
                     if not isinstance(info[key], kind) or isinstance(info[key], bool):
                         raise ValueError(key)
                     lp.info[key] = info[key]
+            lp.partitioned = info.get("topic_partitions") is True
         except ValueError:
             self.log.error(f"LOOKUPD({lp}): parsing response - "
                            f"{resp.decode('utf-8', 'replace')}")
@@ -324,10 +345,10 @@ class Lookup:
             self.log.error(f"LOOKUPD({lp}): no broadcast address")
         commands = []
         for topic in list(self.nsqd.topics.values()):
-            if not topic.channels:
-                commands.append(register(topic.name))
-            else:
-                commands.extend(register(topic.name, c) for c in list(topic.channels))
+            if not topic.channels or (lp.partitioned and topic.is_log):
+                commands += self._changes(lp, topic.name, "", False)
+            for channel in list(topic.channels):
+                commands += self._changes(lp, topic.name, channel, False)
         for cmd in commands:
             self.log.info(f"LOOKUPD({lp}): {cmd}")
             try:
@@ -349,16 +370,36 @@ class Lookup:
                 pass  # retried by the next command
             self.peers.append(lp)
 
-    def _send(self, cmd, branch=None):
+    def _changes(self, lp, topic_name, channel, deleted):
+        """The lines that tell lp a topic or channel came or went: NSQ's one,
+        or for a peer that reads partitions, a log topic's partitions when
+        it comes (partition -11 for everything else)."""
+        if not lp.partitioned:
+            return [(unregister if deleted else register)(topic_name, channel)]
+        if not channel and not deleted:
+            topic = self.nsqd.topics.get(topic_name)
+            if topic is not None and topic.is_log:
+                return [register(topic_name, partition=str(p.index)) for p in topic.partitions]
+        return [(unregister if deleted else register)(topic_name, channel, OLD_VERSION_PID)]
+
+    def _send(self, cmd):
+        """A PING to every peer."""
         for lp in list(self.peers):
-            if branch is None:
-                self.log.debug(f"LOOKUPD({lp}): sending heartbeat")
-            else:
-                self.log.info(f"LOOKUPD({lp}): {branch} {cmd}")
+            self.log.debug(f"LOOKUPD({lp}): sending heartbeat")
             try:
                 lp.command(cmd)
             except (OSError, LookupdError) as err:
                 self.log.error(f"LOOKUPD({lp}): {cmd} - {err}")
+
+    def _send_change(self, branch, topic, channel, deleted):
+        for lp in list(self.peers):
+            for cmd in self._changes(lp, topic, channel, deleted):
+                self.log.info(f"LOOKUPD({lp}): {branch} {cmd}")
+                try:
+                    lp.command(cmd)
+                except (OSError, LookupdError) as err:
+                    self.log.error(f"LOOKUPD({lp}): {cmd} - {err}")
+                    break
 
     def _loop(self):
         opts = self.nsqd.opts
@@ -389,9 +430,7 @@ class Lookup:
                     self.peers = keep
                     connect = True
                 else:
-                    branch, topic, channel, deleted = event
-                    cmd = (unregister if deleted else register)(topic, channel)
-                    self._send(cmd, branch)
+                    self._send_change(*event)
         finally:
             self.log.info("LOOKUP: closing")
 

@@ -20,6 +20,8 @@ from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqlookupd.registration_db import filter_by_active, filter_registrations, keys, subkeys
+from nsqshm.youzan.http import HTTPError
+from nsqshm.youzan.lookup import lookup_data, lookup_query
 
 GO_ZERO_TIME_UNIX_NANO = -6795364578871345152  # time.Time{}.UnixNano(), overflowed as in Go
 
@@ -93,9 +95,39 @@ class LookupHTTPAPI(HTTPAPI):
             raise Err(404, "TOPIC_NOT_FOUND")
         channels = subkeys(self.db.find_registrations("channel", topic, "*"))
         opts = self.lookupd.opts
+        if "access" in values or "metainfo" in values:
+            return self._partitioned_lookup(topic, values, channels)
         producers = filter_by_active(self.db.find_producers("topic", topic, ""),
                                      opts.inactive_producer_timeout, opts.tombstone_lifetime)
         return {"channels": channels, "producers": [p.peer_info.to_json() for p in producers]}
+
+    def _partitioned_lookup(self, topic, values, channels):
+        """Youzan's lookup (a request with `access` or `metainfo`, as Youzan's
+        go-nsq sends; youzan.lookup's codec): `partitions` maps each partition
+        of a log topic to the nsqd holding it; `producers` the nsqds (those of
+        `partition` alone when given).  access=w leaves tombstoned producers
+        out, access=r keeps them (Youzan's: readers drain a node being
+        emptied).  Without a coordinator there is no `meta`, as Youzan's
+        standalone nsqlookupd."""
+        try:
+            query = lookup_query(values)
+        except HTTPError as err:
+            raise Err(err.status, err.text) from None
+        opts = self.lookupd.opts
+        tombstones = opts.tombstone_lifetime if query.access == "w" else 0
+        # (a tombstone is set on the topic's producer: it rules its partitions too)
+        active = {p.peer_info.id: p for p in filter_by_active(
+            self.db.find_producers("topic", topic, ""), opts.inactive_producer_timeout,
+            tombstones)}
+        partitions = {}
+        holders = {}
+        for reg in self.db.find_registrations("partition", topic, query.partition):
+            for p in self.db.find_producers(*reg):
+                if p.peer_info.id in active:
+                    partitions.setdefault(reg[2], p.peer_info.to_json())
+                    holders.setdefault(p.peer_info.id, active[p.peer_info.id])
+        found = active.values() if query.partition == "*" else holders.values()
+        return lookup_data(channels, [p.peer_info.to_json() for p in found], partitions)
 
     def topic_create(self, req):
         values = self._req_params(req)
@@ -157,6 +189,8 @@ class LookupHTTPAPI(HTTPAPI):
 
     def topic_delete(self, req):
         topic = self._arg(self._req_params(req), "topic", "MISSING_ARG_TOPIC")
+        for reg in self.db.find_registrations("partition", topic, "*"):
+            self.db.remove_registration(reg)
         for reg in self.db.find_registrations("channel", topic, "*"):
             self._log("info", f"DB: removing channel({reg[2]}) from topic({topic})")
             self.db.remove_registration(reg)

@@ -7,6 +7,18 @@ The client sends the 4-byte magic "  V1", then lines:
     REGISTER <topic> [<channel>]\\n
     UNREGISTER <topic> [<channel>]\\n
 
+An nsqshm nsqd adds "topic_partitions": true to its IDENTIFY; this lookupd
+then answers with "topic_partitions": true too, and that nsqd's REGISTER and
+UNREGISTER name a partition as Youzan's nsqlookupd reads them:
+
+    REGISTER <topic> <partition> [<channel>]\n
+    UNREGISTER <topic> <partition> [<channel>]\n
+
+with partition -11 (Youzan's OLD_VERSION_PID) for a classic topic, and for
+a log topic's channels and for the whole topic when it goes.  A peer that
+did not ask (any NSQ nsqd) keeps NSQ's form and NSQ's answers, byte for byte.
+A Go nsqlookupd ignores the field, so an nsqshm nsqd speaks NSQ's form to it.
+
 Every answer, error or not, is <int32 BE size><data> (protocol.SendResponse,
 no frame type): "OK", the IDENTIFY JSON, or "E_CODE description".  Every
 error is fatal: the connection is closed right after it.  A line is read up
@@ -21,13 +33,17 @@ import time
 
 from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm.flags import format_duration
+from nsqshm.nsqd.errors import ClientErr
 from nsqshm.nsqd.names import is_valid_name
 from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqlookupd.registration_db import PeerInfo, Producer
+from nsqshm.youzan import lookup as youzan_lookup
+from nsqshm.youzan.lookup import parse_registration
 
 MAGIC_V1 = b"  V1"
 OK = b"OK"
 CLIENT_REG = ("client", "", "")
+OLD_VERSION_PID = int(youzan_lookup.OLD_VERSION_PID)  # a registration without a partition
 
 # unicode.IsSpace beyond ASCII (what strings.TrimSpace trims)
 _UNICODE_SPACES = frozenset("\u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
@@ -76,7 +92,8 @@ def send_response(sock, data):
 
 _STRING_FIELDS = ("remote_address", "hostname", "broadcast_address", "version")
 _INT_FIELDS = ("tcp_port", "http_port")
-_FIELDS = _STRING_FIELDS + _INT_FIELDS
+_BOOL_FIELDS = ("topic_partitions",)  # nsqshm's (the module docstring)
+_FIELDS = _STRING_FIELDS + _INT_FIELDS + _BOOL_FIELDS
 
 
 class _Float(str):
@@ -116,6 +133,10 @@ def decode_identify(body):
             continue
         if field in _STRING_FIELDS:
             if isinstance(value, str) and not isinstance(value, _Float):
+                out[field] = value
+                continue
+        elif field in _BOOL_FIELDS:
+            if isinstance(value, bool):
                 out[field] = value
                 continue
         elif (isinstance(value, int) and not isinstance(value, bool)
@@ -305,10 +326,26 @@ class LookupProtocolV1:
                                  + channel + b"' is not valid")
         return topic.decode("ascii"), channel.decode("ascii")
 
+    @staticmethod
+    def _partition(command, params):
+        """Youzan's getTopicChan for a partitioned peer (youzan.lookup's
+        codec): (topic, channel, partition) from <topic> <partition> [<channel>]."""
+        words = [w.decode("utf-8", "surrogateescape") for w in params]
+        try:
+            reg = parse_registration(command, words, old_peer=False)
+        except ClientErr as err:
+            raise FatalClientErr(err.code, err.desc) from None
+        return reg.topic, reg.channel, int(reg.partition)
+
     def register(self, client, params):
         if client.peer_info is None:
             raise FatalClientErr("E_INVALID", "client must IDENTIFY")
+        if client.peer_info.topic_partitions:
+            return self._register_partition(client, params)
         topic, channel = self._topic_channel("REGISTER", params)
+        return self._register(client, topic, channel)
+
+    def _register(self, client, topic, channel):
         producer = Producer(client.peer_info)
         if channel:
             if self.db.add_producer(("channel", topic, channel), producer):
@@ -318,10 +355,35 @@ class LookupProtocolV1:
             self._log("info", f"DB: client({client}) REGISTER category:topic key:{topic} subkey:")
         return OK
 
+    def _register_partition(self, client, params):
+        topic, channel, pid = self._partition("REGISTER", params)
+        if pid != OLD_VERSION_PID:
+            if self.db.add_producer(("partition", topic, str(pid)), Producer(client.peer_info)):
+                self._log("info", f"DB: client({client}) REGISTER category:partition "
+                                  f"key:{topic} subkey:{pid}")
+        return self._register(client, topic, channel)
+
     def unregister(self, client, params):
         if client.peer_info is None:
             raise FatalClientErr("E_INVALID", "client must IDENTIFY")
+        if client.peer_info.topic_partitions:
+            topic, channel, pid = self._partition("UNREGISTER", params)
+            if pid != OLD_VERSION_PID and not channel:
+                # one partition of a log topic: the topic stays registered
+                removed, _ = self.db.remove_producer(("partition", topic, str(pid)),
+                                                     client.peer_info.id)
+                if removed:
+                    self._log("info", f"DB: client({client}) UNREGISTER category:partition "
+                                      f"key:{topic} subkey:{pid}")
+                return OK
+            if not channel:  # the whole topic: its partitions too
+                for reg in self.db.find_registrations("partition", topic, "*"):
+                    self.db.remove_producer(reg, client.peer_info.id)
+            return self._unregister(client, topic, channel)
         topic, channel = self._topic_channel("UNREGISTER", params)
+        return self._unregister(client, topic, channel)
+
+    def _unregister(self, client, topic, channel):
         peer_id = client.peer_info.id
         if channel:
             reg = ("channel", topic, channel)
@@ -382,13 +444,16 @@ class LookupProtocolV1:
         if self.db.add_producer(CLIENT_REG, Producer(peer)):
             self._log("info", f"DB: client({client}) REGISTER category:client key: subkey:")
         lookupd = self.lookupd
-        return go_json({  # a Go map: keys sorted
+        answer = {  # a Go map: keys sorted
             "broadcast_address": lookupd.opts.broadcast_address,
             "hostname": lookupd.hostname,
             "http_port": lookupd.http_port,
             "tcp_port": lookupd.tcp_port,
-            "version": NSQD_COMPAT_VERSION,
-        })
+        }
+        if peer.topic_partitions:  # (only to a peer that asked: NSQ's answer otherwise)
+            answer["topic_partitions"] = True
+        answer["version"] = NSQD_COMPAT_VERSION
+        return go_json(answer)
 
     def ping(self, client, params):
         peer = client.peer_info

@@ -2,7 +2,9 @@
 (producer) has which topic and channel.
 
 A registration is (category, key, subkey): ("client", "", "") for every
-identified nsqd, ("topic", topic, "") and ("channel", topic, channel).  Each
+identified nsqd, ("topic", topic, "") and ("channel", topic, channel), and
+("partition", topic, "<n>") for each partition of a log topic that an nsqshm
+nsqd registered (Youzan's partitioned REGISTER).  Each
 maps to its producers by peer id (the nsqd connection's remote address).  A
 registration may have no producers: /topic/create and /channel/create make
 such ones, and producers unregistering leave them behind, as in nsqlookupd.
@@ -18,7 +20,7 @@ class PeerInfo:
     """One identified nsqd connection (PeerInfo)."""
 
     __slots__ = ("id", "last_update", "remote_address", "hostname", "broadcast_address",
-                 "tcp_port", "http_port", "version")
+                 "tcp_port", "http_port", "version", "topic_partitions")
 
     def __init__(self, peer_id):
         self.id = peer_id
@@ -29,6 +31,8 @@ class PeerInfo:
         self.tcp_port = 0
         self.http_port = 0
         self.version = ""
+        # an nsqshm nsqd that names partitions in REGISTER (lookup_protocol_v1)
+        self.topic_partitions = False
 
     def to_json(self):
         """The JSON object nsqlookupd marshals for a PeerInfo (struct order)."""

@@ -56,7 +56,8 @@ class FakeLookupd:
     """Accepts nsqd's connections, answers IDENTIFY with nsqlookupd's JSON and
     everything else with OK, and records (time, command line, body)."""
 
-    def __init__(self):
+    def __init__(self, partitioned=False):
+        self.partitioned = partitioned  # answer IDENTIFY as nsqshm's lookupd does
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(8)
@@ -87,9 +88,11 @@ class FakeLookupd:
                 body = None
                 if line == b"IDENTIFY\n":
                     body = f.read(struct.unpack(">i", f.read(4))[0])
-                    answer = json.dumps({"broadcast_address": "127.0.0.1", "hostname": "fake",
-                                         "http_port": 1, "tcp_port": self.port,
-                                         "version": "1.3.0"}).encode()
+                    info = {"broadcast_address": "127.0.0.1", "hostname": "fake",
+                            "http_port": 1, "tcp_port": self.port, "version": "1.3.0"}
+                    if self.partitioned:
+                        info["topic_partitions"] = True
+                    answer = json.dumps(info).encode()
                 else:
                     answer = b"OK"
                 self.commands.append((time.monotonic(), line, body))
@@ -113,6 +116,13 @@ def fake():
     server.close()
 
 
+@pytest.fixture
+def fake_partitioned():
+    server = FakeLookupd(partitioned=True)
+    yield server
+    server.close()
+
+
 def test_identify_register_and_ping_bytes(nsqd_factory, fake):
     node = nsqd_factory(f"--lookupd-tcp-address={fake.address}", "--broadcast-address=bc.example",
                         "--lookupd-ping-interval=400ms")
@@ -120,9 +130,10 @@ def test_identify_register_and_ping_bytes(nsqd_factory, fake):
     assert fake.magics == [b"  V1"]
     _, line, body = fake.commands[0]
     assert line == b"IDENTIFY\n"
-    # go-nsq's Identify of nsqd's map: keys sorted, compact
+    # go-nsq's Identify of nsqd's map: keys sorted, compact; nsqshm's one field
+    # more (topic_partitions), which nsqlookupd's decoder ignores
     assert body == (b'{"broadcast_address":"bc.example","hostname":"%s","http_port":%d,'
-                    b'"tcp_port":%d,"version":"1.3.0"}'
+                    b'"tcp_port":%d,"topic_partitions":true,"version":"1.3.0"}'
                     % (socket.gethostname().encode(), node.http_port, node.tcp_port))
     node.post("/topic/create?topic=bytes_t")
     node.post("/channel/create?topic=bytes_t&channel=c1")
@@ -139,6 +150,37 @@ def test_identify_register_and_ping_bytes(nsqd_factory, fake):
     pings = [t for t, line, _ in fake.commands if line == b"PING\n"]
     period = (pings[-1] - pings[0]) / (len(pings) - 1)  # a fixed-rate ticker
     assert 0.3 < period < 0.7, pings
+
+
+@pytest.mark.workers(1, 2)
+def test_a_lookupd_that_reads_partitions_gets_youzans_lines(nsqd_factory, fake_partitioned):
+    """To a lookupd that answered "topic_partitions": Youzan's REGISTER <topic>
+    <partition> [<channel>]: each partition of a log topic, -11 for a classic
+    topic, for channels and for a topic that goes; on a reconnect too."""
+    fake = fake_partitioned
+    node = nsqd_factory(f"--lookupd-tcp-address={fake.address}", FAST_PING)
+    assert wait_for(lambda: fake.commands)
+    node.post("/topic/create?topic=yz_c")
+    node.post("/channel/create?topic=yz_c&channel=c1")
+    node.post("/topic/create?topic=yz_log&partition_num=3")
+    node.post("/channel/create?topic=yz_log&channel=c2")
+    node.post("/channel/delete?topic=yz_log&channel=c2")
+    node.post("/topic/delete?topic=yz_log")
+    expected = [b"REGISTER yz_c -11\n", b"REGISTER yz_c -11 c1\n",
+                b"REGISTER yz_log 0\n", b"REGISTER yz_log 1\n", b"REGISTER yz_log 2\n",
+                b"REGISTER yz_log -11 c2\n", b"UNREGISTER yz_log -11 c2\n",
+                b"UNREGISTER yz_log -11\n"]
+    assert wait_for(lambda: [li for li in fake.lines() if b"REGISTER" in li] == expected)
+    node.post("/topic/create?topic=yz_log2&partition_num=2")
+    node.post("/channel/create?topic=yz_log2&channel=c3")
+    assert wait_for(lambda: b"REGISTER yz_log2 -11 c3\n" in fake.lines())
+    start = len(fake.commands)
+    for conn in fake.conns:
+        conn.shutdown(socket.SHUT_RDWR)
+    assert wait_for(lambda: b"REGISTER yz_log2 -11 c3\n" in fake.lines()[start:], timeout=15)
+    again = [li for li in fake.lines()[start:] if b"REGISTER" in li]
+    assert sorted(again) == sorted([b"REGISTER yz_c -11 c1\n", b"REGISTER yz_log2 0\n",
+                                    b"REGISTER yz_log2 1\n", b"REGISTER yz_log2 -11 c3\n"])
 
 
 def test_reconnect_registers_everything_again(nsqd_factory, fake):
@@ -281,6 +323,79 @@ def test_tombstoned_node_is_left_out_of_lookups(nsqd_factory, lookupd_factory):
     (n,) = lookupd.get_json("/nodes")["producers"]
     assert n["tombstones"] == [True]
     assert wait_for(lambda: producers(lookupd, "tomb") == [me(node)], timeout=3)
+
+
+def youzan_lookup(lookupd, topic, **params):
+    query = "".join(f"&{k}={v}" for k, v in params.items())
+    return lookupd.get_json(f"/lookup?topic={quote(topic, safe='')}{query}")
+
+
+@pytest.mark.workers(1, 2)
+def test_youzans_lookup_names_a_log_topics_partitions(nsqd_factory, lookupd_factory):
+    """/lookup with access= (and metainfo=, as youzan/go-nsq asks): the
+    partitions of a log topic and the nsqd of each; a consumer that SUBs each
+    partition it names, as Youzan's does, gets every message; NSQ's /lookup
+    keeps its shape; a tombstone hides the node from writers only."""
+    lookupd = lookupd_factory("--tombstone-lifetime=30s")
+    node = start_node(nsqd_factory, lookupd)
+    assert node.post("/topic/create?topic=yl&partition_num=3")[0] == 200
+    assert node.post("/channel/create?topic=yl&channel=c")[0] == 200
+    node.post("/topic/create?topic=yl_classic")
+    peer = (node.tcp_port, node.http_port, "127.0.0.1")
+
+    def partitions(doc):
+        return {k: (v["tcp_port"], v["http_port"], v["broadcast_address"])
+                for k, v in doc["partitions"].items()}
+
+    assert wait_for(lambda: channels(lookupd, "yl") == ["c"] and
+                    len(youzan_lookup(lookupd, "yl", access="r")["partitions"]) == 3)
+    doc = youzan_lookup(lookupd, "yl", access="r", metainfo="true")
+    assert list(doc) == ["channels", "partitions", "producers"]  # no meta: no coordinator
+    assert partitions(doc) == {"0": peer, "1": peer, "2": peer}
+    assert [(p["tcp_port"], p["http_port"]) for p in doc["producers"]] == [peer[:2]]
+    one = youzan_lookup(lookupd, "yl", access="w", partition=1)
+    assert partitions(one) == {"1": peer} and len(one["producers"]) == 1
+    assert partitions(youzan_lookup(lookupd, "yl", access="r", partition=7)) == {}
+    plain = lookupd.get_json("/lookup?topic=yl")  # NSQ's request: NSQ's answer
+    assert list(plain) == ["channels", "producers"] and plain["channels"] == ["c"]
+    assert [(p["tcp_port"], p["http_port"]) for p in plain["producers"]] == [peer[:2]]
+    classic = youzan_lookup(lookupd, "yl_classic", access="r", metainfo="false")
+    assert classic["partitions"] == {} and len(classic["producers"]) == 1
+    status, _, body = request(lookupd, "GET", "/lookup?topic=yl&access=x")
+    assert (status, json.loads(body)) == (400, {"message": "INVALID_ACCESS_MODE"})
+
+    # a consumer as Youzan's: SUB <topic> <channel> <partition> for each partition named
+    for p in range(3):
+        status, _ = node.post(f"/mpub?topic=yl&partition={p}",
+                              b"\n".join(b"p%d-%d" % (p, i) for i in range(5)))
+        assert status == 200
+    got = []
+    conns = []
+    for pid, info in sorted(doc["partitions"].items()):
+        c = TCP(node)
+        conns.append(c)
+        assert c.sock.getpeername()[1] == info["tcp_port"]
+        c.send(b"SUB yl c " + pid.encode())
+        c.expect_ok()
+        c.send(b"RDY 10")
+        for _ in range(5):
+            msg_id, _, body = c.message()
+            got.append(body)
+            c.send(b"FIN " + msg_id)
+    assert sorted(got) == sorted(b"p%d-%d" % (p, i) for p in range(3) for i in range(5))
+    for c in conns:
+        c.close()
+
+    # a tombstone: writers (access=w) no longer see the node, readers do
+    status, _ = lookupd.post(f"/topic/tombstone?topic=yl&node=127.0.0.1:{node.http_port}")
+    assert status == 200
+    writers = youzan_lookup(lookupd, "yl", access="w")
+    assert (writers["partitions"], writers["producers"]) == ({}, [])
+    assert len(youzan_lookup(lookupd, "yl", access="r")["partitions"]) == 3
+
+    node.post("/topic/delete?topic=yl")
+    assert wait_for(lambda: youzan_lookup(lookupd, "yl", access="r")["partitions"] == {})
+    assert youzan_lookup(lookupd, "yl", access="r")["producers"] == []
 
 
 def test_producers_expire_without_pings(nsqd_factory, lookupd_factory, tmp_path):

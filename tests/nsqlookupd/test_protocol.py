@@ -287,3 +287,75 @@ def test_an_error_closes_after_earlier_answers(srv):
     conn.send(b"PING\nNOPE\nPING\n")
     assert conn.response() == b"OK"
     expect_fatal(conn, b"E_INVALID invalid command NOPE")
+
+
+# ---------------------------------------------------------------------------
+# nsqshm's partitioned registrations (Youzan's REGISTER <topic> <partition> [<channel>])
+
+
+def test_a_peer_that_asks_for_partitions_is_answered_so(srv):
+    conn = LookupConn(srv)
+    conn.send(b"IDENTIFY\n" + sized(json.dumps({
+        "broadcast_address": "p.example", "tcp_port": 1, "http_port": 2, "version": "1.3.0",
+        "topic_partitions": True}).encode()))
+    expected = (b'{"broadcast_address":"127.0.0.1","hostname":"%s","http_port":%d,'
+                b'"tcp_port":%d,"topic_partitions":true,"version":"1.3.0"}'
+                % (socket.gethostname().encode(), srv.http_port, srv.tcp_port))
+    assert conn.raw_response() == sized(expected)
+    conn.close()
+    conn = LookupConn(srv)  # a wrong type is json.Unmarshal's error, as for any field
+    conn.send(b"IDENTIFY\n" + sized(b'{"broadcast_address":"x","tcp_port":1,"http_port":2,'
+                                    b'"version":"v","topic_partitions":"yes"}'))
+    expect_fatal(conn, b"E_BAD_BODY IDENTIFY failed to decode JSON body")
+
+
+@pytest.mark.parametrize("command", [b"REGISTER", b"UNREGISTER"])
+@pytest.mark.parametrize("args,error", [
+    (b" t", b"E_INVALID %s insufficient number of params"),
+    (b" t x", b"E_BAD_PARTITIONID %s partition id 'x' is not valid"),
+    (b" t 255", b"E_BAD_PARTITIONID %s partition id '255' is not valid"),
+    (b" t -1", b"E_BAD_PARTITIONID %s partition id '-1' is not valid"),
+    (b" t 0 bad*chan", b"E_BAD_CHANNEL %s channel name 'bad*chan' is not valid"),
+    (b" bad! 0", b"E_BAD_TOPIC %s topic name 'bad!' is not valid"),
+])
+def test_partitioned_register_errors(srv, command, args, error):
+    conn = LookupConn(srv)
+    conn.identify(topic_partitions=True)
+    conn.send(command + args + b"\n")
+    expect_fatal(conn, error % command)
+
+
+def test_partitioned_register_and_unregister(srv):
+    conn = LookupConn(srv)
+    conn.identify(broadcast_address="part.example", tcp_port=6150, http_port=6151,
+                  topic_partitions=True)
+    for line in (b"REGISTER pt 0", b"REGISTER pt 1", b"REGISTER pt -11 c",
+                 b"REGISTER pt_classic -11"):
+        assert conn.command(line) == b"OK"
+    assert {"pt", "pt_classic"} <= set(srv.get_json("/topics")["topics"])
+    assert srv.get_json("/channels?topic=pt") == {"channels": ["c"]}
+    doc = srv.get_json("/lookup?topic=pt&access=r")
+    assert sorted(doc["partitions"]) == ["0", "1"]
+    assert doc["partitions"]["1"]["tcp_port"] == 6150
+    assert srv.get_json("/lookup?topic=pt_classic&access=r")["partitions"] == {}
+    assert "partition:pt:0" in srv.get_json("/debug")
+
+    assert conn.command(b"UNREGISTER pt 0") == b"OK"  # one partition: the topic stays
+    doc = srv.get_json("/lookup?topic=pt&access=r")
+    assert sorted(doc["partitions"]) == ["1"] and len(doc["producers"]) == 1
+    assert conn.command(b"UNREGISTER pt -11 c") == b"OK"
+    assert "channel:pt:c" not in srv.get_json("/debug")
+    assert conn.command(b"UNREGISTER pt -11") == b"OK"  # the whole topic, partitions too
+    doc = srv.get_json("/lookup?topic=pt&access=r")
+    assert (doc["partitions"], doc["producers"]) == ({}, [])
+    assert not [k for k in srv.get_json("/debug") if k.startswith("partition:pt:")]
+    conn.close()
+
+
+def test_partitioned_registrations_go_with_the_connection(srv):
+    conn = LookupConn(srv)
+    conn.identify(broadcast_address="pgone.example", topic_partitions=True)
+    conn.command(b"REGISTER pgone 3")
+    assert sorted(srv.get_json("/lookup?topic=pgone&access=r")["partitions"]) == ["3"]
+    conn.close()
+    assert wait_for(lambda: srv.get_json("/lookup?topic=pgone&access=r")["partitions"] == {})
