@@ -384,17 +384,19 @@ class Lookup:
 
     def _send(self, cmd):
         """A PING to every peer."""
-        for lp in list(self.peers):
-            self.log.debug(f"LOOKUPD({lp}): sending heartbeat")
-            try:
-                lp.command(cmd)
-            except (OSError, LookupdError) as err:
-                self.log.error(f"LOOKUPD({lp}): {cmd} - {err}")
+        self._send_each(lambda lp: [cmd],
+                        lambda lp, cmd: self.log.debug(f"LOOKUPD({lp}): sending heartbeat"))
 
     def _send_change(self, branch, topic, channel, deleted):
+        self._send_each(lambda lp: self._changes(lp, topic, channel, deleted),
+                        lambda lp, cmd: self.log.info(f"LOOKUPD({lp}): {branch} {cmd}"))
+
+    def _send_each(self, commands_for, say):
+        """Each peer's commands in turn; a failure ends that peer's (its next
+        connection registers everything again)."""
         for lp in list(self.peers):
-            for cmd in self._changes(lp, topic, channel, deleted):
-                self.log.info(f"LOOKUPD({lp}): {branch} {cmd}")
+            for cmd in commands_for(lp):
+                say(lp, cmd)
                 try:
                     lp.command(cmd)
                 except (OSError, LookupdError) as err:
