@@ -75,9 +75,9 @@ class V1Client:
         except ValueError:
             raise ClientError(json_error(body)) from None
 
-    def post_v1(self, endpoint):
+    def post_v1(self, endpoint, body=b""):
         """POSTV1: None on a 200, else ClientError."""
-        self._v1("POST", endpoint)
+        self._v1("POST", endpoint, body)
 
     def get_raw(self, endpoint, headers=None):
         """(status, content type, body) of a GET, whatever the status (the graphite proxy)."""
@@ -89,9 +89,9 @@ class V1Client:
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def _v1(self, method, endpoint):
+    def _v1(self, method, endpoint, data=b""):
         while True:
-            status, ctype, body, reason = self._request(method, endpoint, b"" if method == "POST"
+            status, ctype, body, reason = self._request(method, endpoint, data if method == "POST"
                                                         else None, {"Accept": ACCEPT_V1})
             if status == 200:
                 return status, ctype, body

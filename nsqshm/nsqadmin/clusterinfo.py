@@ -248,13 +248,13 @@ class ClusterInfo:
 
     # -- actions --------------------------------------------------------------------------
 
-    def _post(self, kind, addrs, uri, qs):
+    def _post(self, kind, addrs, uri, qs, body=b""):
         errs = []
         for addr in addrs:
             endpoint = f"http://{addr}/{uri}?{qs}"
             self._logf(f"CI: querying {kind} {endpoint}")
             try:
-                self.client.post_v1(endpoint)
+                self.client.post_v1(endpoint, body)
             except ClientError as err:
                 errs.append(str(err))
         return errs
@@ -262,8 +262,8 @@ class ClusterInfo:
     def _post_lookupd(self, lookupd, uri, qs):
         return self._post("nsqlookupd", lookupd, uri, qs)
 
-    def _post_producers(self, producers, uri, qs):
-        return self._post("nsqd", [p.http_address() for p in producers], uri, qs)
+    def _post_producers(self, producers, uri, qs, body=b""):
+        return self._post("nsqd", [p.http_address() for p in producers], uri, qs, body)
 
     def tombstone_node_for_topic(self, topic, node, lookupd):
         errs = self._post_lookupd(lookupd, "topic/tombstone", _qs(topic=topic, node=node))
@@ -295,6 +295,14 @@ class ClusterInfo:
         """pause, unpause or empty a topic on every node that has it."""
         producers, errs = self.get_topic_producers(topic, lookupd, nsqd)
         return errs + self._post_producers(producers, f"topic/{action}", _qs(topic=topic))
+
+    def channel_setoffset(self, position, topic, channel, lookupd, nsqd):
+        """Move a log topic's channel to `position` (Youzan's "<type>:<value>")
+        in every partition, on every node that has the topic (nsqd's POST
+        /channel/setoffset)."""
+        producers, errs = self.get_topic_producers(topic, lookupd, nsqd)
+        return errs + self._post_producers(producers, "channel/setoffset",
+                                           _qs(topic=topic, channel=channel), position.encode())
 
     def channel_action(self, action, topic, channel, lookupd, nsqd):
         """pause, unpause or empty a channel on every node that has its topic."""

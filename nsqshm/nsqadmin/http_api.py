@@ -14,6 +14,8 @@
     GET    /api/graphite?metric=rate&target=...
     POST   /api/topics                    {"topic":..,"channel":..} creates
     POST   /api/topics/:t[/:c]            {"action":"pause|unpause|empty"}
+    POST   /api/topics/:t/:c              {"action":"setoffset","position":"earliest|latest|
+                                           timestamp:<s>"} (a log topic's channel; nsqshm's)
     DELETE /api/topics/:t[/:c]            deletes
     DELETE /api/nodes/:n                  {"topic":..} tombstones the node for the topic
     GET|PUT /config/:opt                  options (from --allow-config-from-cidr only)
@@ -321,10 +323,14 @@ class AdminHTTPAPI(HTTPAPI):
         check_topic(topic)
         if channel:
             check_channel(channel)
-        action = self._decode(req, ("action",))["action"]
-        if action not in ("pause", "unpause", "empty"):
+        body = self._decode(req, ("action", "position"))
+        action = body["action"]
+        if action not in ("pause", "unpause", "empty") and not (action == "setoffset" and channel):
             raise Err(400, "INVALID_ACTION")
-        if channel:
+        if action == "setoffset":  # a log topic's channel (nsqshm's): its cursors move
+            fn, args, kind = (self.view.ci.channel_setoffset,
+                              (offset_position(body["position"]), topic, channel), "channel")
+        elif channel:
             fn, args, kind = self.view.ci.channel_action, (action, topic, channel), "channel"
         else:
             fn, args, kind = self.view.ci.topic_action, (action, topic), "topic"
@@ -409,6 +415,21 @@ def _parse_addresses(body):
         except ValueError:
             raise Err(400, "INVALID_VALUE") from None
     return addresses
+
+
+# the channel page's resets: where a log topic's channel goes (Youzan's setoffset body)
+POSITIONS = {"earliest": "special:-2", "latest": "special:-1"}
+
+
+def offset_position(text):
+    """"earliest", "latest" or "timestamp:<seconds>": the setoffset body;
+    400 INVALID_POSITION otherwise."""
+    if text in POSITIONS:
+        return POSITIONS[text]
+    kind, _, value = text.partition(":")
+    if kind == "timestamp" and value.isdigit() and len(value) <= 12:
+        return f"timestamp:{int(value)}"
+    raise Err(400, "INVALID_POSITION")
 
 
 def create_app(admin):

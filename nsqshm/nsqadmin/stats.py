@@ -276,6 +276,7 @@ class _QueueStats:
         setattr(self, self.PARTS, None)
         self.paused = False
         self.e2e = None
+        self.partitions = None  # a log topic's (nsqshm's /stats): [{partition, ...}] per node
 
     @classmethod
     def from_json(cls, doc):
@@ -287,6 +288,8 @@ class _QueueStats:
         raw = _list(doc, cls.PARTS)
         setattr(s, cls.PARTS, None if raw is None else [cls.PART.from_json(x) for x in raw])
         s.paused = _bool(doc, "paused")
+        raw = _list(doc, "partitions")
+        s.partitions = None if raw is None else [dict(_object(x)) for x in raw]
         raw = doc.get("e2e_processing_latency")
         s.e2e = None if raw is None else E2eLatency.from_json(raw)
         return s
@@ -317,6 +320,8 @@ class _QueueStats:
         out[self.PARTS] = None if parts is None else [x.to_json() for x in parts]
         out["paused"] = self.paused
         out["e2e_processing_latency"] = None if self.e2e is None else self.e2e.to_json()
+        if self.partitions is not None:  # (a classic topic's JSON stays nsqadmin's)
+            out["partitions"] = self.partitions
         return out
 
 

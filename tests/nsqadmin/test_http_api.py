@@ -5,6 +5,7 @@ nodes, errors, /config, the notification webhook, --base-path and
 
 import json
 import socket
+import time
 
 import pytest
 
@@ -222,6 +223,50 @@ def test_pause_empty_delete_topic(cluster, admin):
     assert "tact" not in cluster.lookupd.get_json("/topics")["topics"]
 
 
+def make_log_topic(cluster, topic, channel, per_partition):
+    """A log topic of 2 partitions on the first node, a channel, messages."""
+    node = cluster.nodes[0]
+    assert node.post(f"/topic/create?topic={topic}&partition_num=2")[0] == 200
+    assert node.post(f"/channel/create?topic={topic}&channel={channel}")[0] == 200
+    for part in range(2):
+        body = b"\n".join(b"m%d" % i for i in range(per_partition))
+        assert node.post(f"/mpub?topic={topic}&partition={part}", body)[0] == 200
+    assert wait_for(lambda: cluster.lookupd.producers(topic) == [("127.0.0.1", node.tcp_port)])
+    return node
+
+
+def cursors(node, topic, channel):
+    return [(e["partition"], e["confirmed_offset"], e["lag"])
+            for e in channel_of(node, topic, channel)["partitions"]]
+
+
+def test_a_log_topics_partitions_and_a_channel_reset(cluster, admin):
+    """A log topic's partitions in the topic and channel JSON (absent from a
+    classic topic's, which stays nsqadmin's), and the channel moved to the
+    end, the start and a time on its nodes (nsqd's /channel/setoffset)."""
+    node = make_log_topic(cluster, "alog", "c", 4)
+    assert cursors(node, "alog", "c") == [(0, 0, 4), (1, 0, 4)]
+    status, doc = admin.json("GET", "/api/topics/alog")
+    (n,) = doc["nodes"]
+    assert [(e["partition"], e["start_offset"], e["end_offset"]) for e in n["partitions"]] == \
+        [(0, 0, 4), (1, 0, 4)]
+    status, doc = admin.json("GET", "/api/topics/alog/c")
+    assert [(e["partition"], e["lag"]) for e in doc["nodes"][0]["partitions"]] == [(0, 4), (1, 4)]
+    cluster.make_topic("aclassic", channel="c")
+    assert "partitions" not in admin.json("GET", "/api/topics/aclassic")[1]["nodes"][0]
+
+    path = "/api/topics/alog/c"
+    assert admin.json("POST", path, {"action": "setoffset", "position": "latest"}) == \
+        (200, {"message": ""})
+    assert cursors(node, "alog", "c") == [(0, 4, 0), (1, 4, 0)]
+    assert admin.json("POST", path, {"action": "setoffset", "position": "earliest"})[0] == 200
+    assert cursors(node, "alog", "c") == [(0, 0, 4), (1, 0, 4)]
+    future = int(time.time()) + 3600  # no message at or after it: the end
+    assert admin.json("POST", path, {"action": "setoffset",
+                                     "position": f"timestamp:{future}"})[0] == 200
+    assert cursors(node, "alog", "c") == [(0, 4, 0), (1, 4, 0)]
+
+
 def test_create_topic_and_channel(cluster, admin):
     cluster.make_topic("mk")
     status, doc = admin.json("POST", "/api/topics", {"topic": "mk", "channel": "fresh"})
@@ -244,6 +289,11 @@ def test_tombstone_node_for_topic(cluster, admin):
 
 @pytest.mark.parametrize("method, path, body, status, message", [
     ("POST", "/api/topics/agg/ch", {"action": "explode"}, 400, "INVALID_ACTION"),
+    ("POST", "/api/topics/agg", {"action": "setoffset", "position": "latest"}, 400,
+     "INVALID_ACTION"),  # a channel's, not a topic's
+    ("POST", "/api/topics/agg/ch", {"action": "setoffset", "position": "yesterday"}, 400,
+     "INVALID_POSITION"),
+    ("POST", "/api/topics/agg/ch", {"action": "setoffset"}, 400, "INVALID_POSITION"),
     ("POST", "/api/topics/agg/ch", b"", 400, "EOF"),
     ("POST", "/api/topics/agg/ch", b"pause", 400,
      "invalid character 'p' looking for beginning of value"),

@@ -162,6 +162,44 @@ def test_empty_waits_for_the_confirmation(cluster, admin, page):
     assert page.js_errors == []
 
 
+def test_reset_a_log_channel_to_a_time_in_the_page(cluster, admin, page):
+    """The channel page of a log topic lists its partitions' cursors and
+    resets them to the end, the start, and a time chosen in the form, each
+    after a confirmation."""
+    from datetime import datetime
+
+    from tests.nsqadmin.test_http_api import cursors, make_log_topic
+
+    node = make_log_topic(cluster, "ui-log", "c", 3)
+    time.sleep(1.1)
+    since = int(time.time()) + 1
+    time.sleep(max(0.0, since - time.time()) + 0.1)
+    for part in range(2):  # published at or after `since`
+        assert node.post(f"/mpub?topic=ui-log&partition={part}", b"n1\nn2")[0] == 200
+    asked = []
+
+    def confirm(dialog):
+        asked.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", confirm)
+    page.goto(admin.url("/topics/ui-log/c"))
+    assert page.locator("#channel-partitions tr[data-row]").count() == 2
+    page.click("button[data-position=latest]")
+    assert wait_for(lambda: cursors(node, "ui-log", "c") == [(0, 5, 0), (1, 5, 0)])
+    page.click("button[data-position=earliest]")
+    assert wait_for(lambda: cursors(node, "ui-log", "c") == [(0, 0, 5), (1, 0, 5)])
+    page.fill("#reset-time", datetime.fromtimestamp(since).strftime("%Y-%m-%dT%H:%M:%S"))
+    page.click("button[data-position=time]")
+    assert wait_for(lambda: cursors(node, "ui-log", "c") == [(0, 3, 2), (1, 3, 2)])
+    assert asked == [f"Are you sure you want to reset channel ui-log/c to {where}?"
+                     for where in ("latest", "earliest", f"timestamp:{since}")]
+    page.goto(admin.url("/topics/ui-log"))
+    assert page.locator("#topic-partitions tr[data-row]").count() == 2
+    shot(page, "log-topic")
+    assert page.js_errors == []
+
+
 def test_delete_channel_then_topic(cluster, admin, page):
     cluster.make_topic("ui-del", channel="c")
     page.on("dialog", lambda dialog: dialog.accept())

@@ -4,7 +4,8 @@
  *  - refreshes the #live part in place (the page fetched again with ?partial=1),
  *  - polls the JSON API named by the chart's data-api and draws messages/s,
  *  - sends the actions of [data-action] buttons to the JSON API, asking for
- *    confirmation before the destructive ones (empty, delete, tombstone).
+ *    confirmation before the destructive ones (empty, delete, tombstone, a
+ *    log channel's reset to a position: setoffset).
  * No libraries, no build step. */
 (function () {
   "use strict";
@@ -15,7 +16,7 @@
   var live = document.getElementById("live");
   var flash = document.getElementById("flash");
   var canvas = document.getElementById("rate-chart");
-  var DESTRUCTIVE = { empty: true, delete: true, tombstone: true };
+  var DESTRUCTIVE = { empty: true, delete: true, tombstone: true, setoffset: true };
   var MAX_POINTS = 60;
 
   function apiUrl(path) { return base + path; }
@@ -41,7 +42,11 @@
     return fetch(window.location.pathname + "?" + params.toString(), { cache: "no-store" })
       .then(function (resp) { return resp.text(); })
       .then(function (html) {
+        var picked = document.getElementById("reset-time");  // a time being chosen stays
+        var kept = picked ? picked.value : "";
         live.innerHTML = html;
+        picked = document.getElementById("reset-time");
+        if (picked && kept) { picked.value = kept; }
         refreshes += 1;
         live.setAttribute("data-refreshes", String(refreshes));
       })
@@ -153,7 +158,16 @@
     var channel = btn.getAttribute("data-channel");
     var node = btn.getAttribute("data-node");
     var next = btn.getAttribute("data-next");
-    if (DESTRUCTIVE[action]) {
+    var position = btn.getAttribute("data-position");
+    if (position === "time") {  // the reset form's time, in the browser's time zone
+      var ms = Date.parse(document.getElementById("reset-time").value);
+      if (isNaN(ms)) { showFlash("error", "choose a time to reset to"); return; }
+      position = "timestamp:" + Math.floor(ms / 1000);
+    }
+    if (action === "setoffset") {
+      if (!window.confirm("Are you sure you want to reset " + describe(topic, channel) +
+                          " to " + position + "?")) { return; }
+    } else if (DESTRUCTIVE[action]) {
       var what = action === "tombstone" ? "node " + node + " for topic " + topic
                                           : describe(topic, channel);
       if (!window.confirm("Are you sure you want to " + action + " " + what + "?")) { return; }
@@ -164,6 +178,8 @@
       request = send("DELETE", "/api/nodes/" + enc(node), { topic: topic });
     } else if (action === "delete") {
       request = send("DELETE", path, null);
+    } else if (action === "setoffset") {
+      request = send("POST", path, { action: action, position: position });
     } else {
       request = send("POST", path, { action: action });
     }
