@@ -19,6 +19,12 @@ format (an nsqshm addition; nsqd 1.3 has only /stats and statsd).
     nsq_channel_dead_lettered_total{topic,channel} counter  to the dead-letter topic } channels
     nsq_{topic,channel}_rejected_total{...}     counter  refused by a bound        } with a
     nsq_{topic,channel}_dropped_total{...}      counter  dropped by a bound        } policy
+    nsq_partition_start_offset{topic,partition} gauge    a log topic's first offset held
+    nsq_partition_end_offset{topic,partition}   gauge    its next offset (messages appended)
+    nsq_channel_partition_confirmed_offset{topic,channel,partition}
+                                                gauge    a log channel's cursor: all below done
+    nsq_channel_partition_lag{topic,channel,partition}
+                                                gauge    end offset - confirmed offset
     nsq_clients                                 gauge    connected TCP clients
     nsq_producers                               gauge    of which have published
     nsq_health                                  gauge    1 when /ping answers OK
@@ -96,6 +102,16 @@ class NSQDCollector:
         c_dead = CounterMetricFamily("nsq_channel_dead_lettered",
                                      "Messages moved to the dead-letter topic",
                                      labels=c_labels)
+        p_labels, cp_labels = ["topic", "partition"], ["topic", "channel", "partition"]
+        p_start = GaugeMetricFamily("nsq_partition_start_offset",
+                                    "A log topic partition's first offset held", labels=p_labels)
+        p_end = GaugeMetricFamily("nsq_partition_end_offset",
+                                  "A log topic partition's next offset", labels=p_labels)
+        cp_confirmed = GaugeMetricFamily("nsq_channel_partition_confirmed_offset",
+                                         "A log channel's cursor: every offset below it finished",
+                                         labels=cp_labels)
+        cp_lag = GaugeMetricFamily("nsq_channel_partition_lag",
+                                   "A log channel's offsets not yet confirmed", labels=cp_labels)
         bound = {(kind, what): CounterMetricFamily(
             f"nsq_{kind}_{what}", f"Messages {what} by a bounded queue (bounds.py)",
             labels=t_labels if kind == "topic" else c_labels)
@@ -107,6 +123,9 @@ class NSQDCollector:
             t_msgs.add_metric(name, t["message_count"])
             t_bytes.add_metric(name, t["message_bytes"])
             t_paused.add_metric(name, 1 if t["paused"] else 0)
+            for part in t.get("partitions") or ():  # a log topic's (logtopic.partition_stats)
+                p_start.add_metric([*name, str(part["partition"])], part["start_offset"])
+                p_end.add_metric([*name, str(part["partition"])], part["end_offset"])
             if "rejected_count" in t:  # a topic with a policy (policy.topic_stats)
                 bound["topic", "rejected"].add_metric(name, t["rejected_count"])
                 bound["topic", "dropped"].add_metric(name, t["dropped_count"])
@@ -121,6 +140,10 @@ class NSQDCollector:
                 c_timed_out.add_metric(names, c["timeout_count"])
                 c_clients.add_metric(names, c["client_count"])
                 c_paused.add_metric(names, 1 if c["paused"] else 0)
+                for part in c.get("partitions") or ():  # a log channel's cursors
+                    cp_confirmed.add_metric([*names, str(part["partition"])],
+                                            part["confirmed_offset"])
+                    cp_lag.add_metric([*names, str(part["partition"])], part["lag"])
                 if "expired_count" in c:  # a channel with a policy (policy.channel_stats)
                     c_expired.add_metric(names, c["expired_count"])
                     c_dead.add_metric(names, c["dead_letter_count"])
@@ -128,7 +151,7 @@ class NSQDCollector:
                     bound["channel", "dropped"].add_metric(names, c["dropped_count"])
         yield from (t_depth, t_backend, t_msgs, t_bytes, t_paused, c_depth, c_backend,
                     c_inflight, c_deferred, c_msgs, c_requeued, c_timed_out, c_clients, c_paused,
-                    c_expired, c_dead, *bound.values())
+                    c_expired, c_dead, *bound.values(), p_start, p_end, cp_confirmed, cp_lag)
         yield GaugeMetricFamily("nsq_clients", "Connected TCP clients",
                                 value=broker["client_count"])
         yield GaugeMetricFamily("nsq_producers", "Connected TCP clients that have published",

@@ -12,6 +12,23 @@ from tests.nsqd.conftest import wait_for
 from tests.nsqd.test_http_api import TCP, request
 
 
+def scrape_each_worker(server):
+    """{worker index: samples} of GET /metrics asked of each worker."""
+    from tests.nsqd.conftest import http_call, http_on_each_worker
+
+    out = {}
+    for index, conn in http_on_each_worker(server).items():
+        status, body = http_call(conn, "GET", "/metrics")
+        assert status == 200
+        samples = {}
+        for family in text_string_to_metric_families(body.decode()):
+            for s in family.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        out[index] = samples
+        conn.close()
+    return out
+
+
 def scrape(server):
     status, headers, body = request(server, "GET", "/metrics")
     assert status == 200
@@ -133,19 +150,12 @@ def test_metrics_route_follows_nsqd_routing(nsqd):
 def test_metrics_on_each_worker_describe_the_whole_broker(nsqd_factory):
     """Clients and producers of both workers, and the processes of the broker
     (the supervisor and both workers), whichever worker answers the scrape."""
-    from tests.nsqd.conftest import http_call, http_on_each_worker
     from tests.nsqd.test_workers import client_on_worker
 
     server = nsqd_factory()
     clients = [client_on_worker(server, i, "whole", "ch") for i in (0, 1)]
     clients += [client_on_worker(server, i, "whole") for i in (0, 1)]  # producers (PUB probe)
-    for index, conn in http_on_each_worker(server).items():
-        status, body = http_call(conn, "GET", "/metrics")
-        assert status == 200
-        samples = {}
-        for family in text_string_to_metric_families(body.decode()):
-            for s in family.samples:
-                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    for index, samples in scrape_each_worker(server).items():
         assert value(samples, "nsq_clients") == 4, index
         assert value(samples, "nsq_producers") == 2, index
         assert value(samples, "nsq_workers") == 2, index
@@ -155,6 +165,34 @@ def test_metrics_on_each_worker_describe_the_whole_broker(nsqd_factory):
         assert all(v > 0 for v in rss.values()), rss
         assert value(samples, "process_resident_memory_bytes") == sum(rss.values())
         assert value(samples, "nsq_memory_heap_objects") > 0
-        conn.close()
     for c in clients:
         c.close()
+
+
+@pytest.mark.workers(1, 2)
+def test_a_log_topics_partitions_and_cursors(nsqd_factory):
+    """A log topic's partitions (start and end offsets) and its channel's
+    cursor per partition (confirmed offset, lag), as /stats has them, on
+    whichever worker answers."""
+    server = nsqd_factory()
+    assert request(server, "POST", "/topic/create?topic=mlog&partition_num=2")[0] == 200
+    assert request(server, "POST", "/channel/create?topic=mlog&channel=c")[0] == 200
+    for part, n in ((0, 7), (1, 3)):
+        body = b"\n".join(b"m%d" % i for i in range(n))
+        assert request(server, "POST", f"/mpub?topic=mlog&partition={part}", body)[0] == 200
+    assert request(server, "POST", "/channel/setoffset?topic=mlog&channel=c&partition=0",
+                   b"msgcount:5")[0] == 200
+    want = {("nsq_partition_end_offset", "0"): 7, ("nsq_partition_end_offset", "1"): 3,
+            ("nsq_partition_start_offset", "0"): 0, ("nsq_partition_start_offset", "1"): 0}
+    for index, samples in scrape_each_worker(server).items():
+        got = {(name, p): value(samples, name, topic="mlog", partition=p) for name, p in want}
+        assert got == want, index
+        cursor = {p: (value(samples, "nsq_channel_partition_confirmed_offset", topic="mlog",
+                            channel="c", partition=p),
+                      value(samples, "nsq_channel_partition_lag", topic="mlog", channel="c",
+                            partition=p)) for p in ("0", "1")}
+        assert cursor == {"0": (5, 2), "1": (0, 3)}, index
+    request(server, "POST", "/topic/create?topic=mclassic")  # a classic topic: none of them
+    samples = scrape(server)[0]
+    assert value(samples, "nsq_topic_depth", topic="mclassic") == 0
+    assert not [k for k in samples if "partition" in k[0] and ("topic", "mclassic") in k[1]]
