@@ -37,6 +37,7 @@ class LogTopic:
         self.data_path = data_path          # set: the logs are on this host
         self.http_address = http_address
         self.tcp_address = tcp_address
+        self.assigned = None                # Kafka's assign: the partitions read (None: all)
         self._readers = {}
 
     def __getstate__(self):
@@ -115,18 +116,21 @@ class LogTopic:
     # -- positions -------------------------------------------------------------------------
 
     def offsets(self):
-        """{partition: (start, end)}: what each log holds now."""
+        """{partition: (start, end)}: what each log read holds now (with
+        assign, only the partitions assigned)."""
         if self.local:
             out = {}
             for p in range(self.partitions):
-                r = self.reader(p)
-                out[p] = (r.start_offset, r.end_offset) if r is not None else (0, 0)
+                if self.assigned is None or p in self.assigned:
+                    r = self.reader(p)
+                    out[p] = (r.start_offset, r.end_offset) if r is not None else (0, 0)
             return out
         t = _stats(self.http_address, self.name)
         if t is None:
             raise OptionError(f"log topic {self.name!r} is gone")
         return {int(e["partition"]): (int(e["start_offset"]), int(e["end_offset"]))
-                for e in t.get("partitions") or []}
+                for e in t.get("partitions") or []
+                if self.assigned is None or int(e["partition"]) in self.assigned}
 
     def offset_for_time(self, partition, ms):
         """The first msg offset whose message was published at or after `ms`

@@ -60,6 +60,7 @@ Messages skipped by a starting position are consumed (finished) without
 being returned, as Kafka's offsets skip them.
 """
 
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -153,6 +154,7 @@ class Options:
     fail_on_data_loss: bool = True
     include_headers: bool = False
     pattern: re.Pattern | None = None   # subscribePattern: topics found by logtopic.names
+    assigned: dict | None = None        # assign: {topic: [partition, ...]}
 
     @property
     def topic(self):
@@ -160,20 +162,43 @@ class Options:
 
 
 # Kafka's subscription strategies (KafkaSourceProvider.STRATEGY_OPTION_KEYS), with
-# nsqshm's `topic`; `assign` (given partitions only) is not built
-STRATEGIES = ("topic", "subscribe", "subscribepattern")
-STRATEGY_NAMES = "topic, subscribe, subscribePattern"
+# nsqshm's `topic`
+STRATEGIES = ("topic", "subscribe", "subscribepattern", "assign")
+STRATEGY_NAMES = "topic, subscribe, subscribePattern, assign"
+ASSIGN_EXAMPLE = '{"topicA":[0,1],"topicB":[0,1]}'
+
+
+def _assignment(raw):
+    """Kafka's assign: {"topic": [partition, ...]} -> {topic: sorted partitions}
+    (JsonUtils.partitions' error text for anything else)."""
+    if not raw.strip().startswith("{"):
+        raise OptionError("No topicpartitions to assign as specified value for option "
+                          f"'assign' is '{raw}'")
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or not all(
+            isinstance(ps, list) and all(isinstance(p, int) and not isinstance(p, bool)
+                                         and p >= 0 for p in ps) for ps in doc.values()):
+        raise OptionError(f"Expected e.g. {ASSIGN_EXAMPLE}, got {raw}")
+    out = {_name("topic", t): sorted(set(ps)) for t, ps in doc.items() if ps}
+    if not out:
+        raise OptionError("No topicpartitions to assign as specified value for option "
+                          f"'assign' is '{raw}'")
+    return out
 
 
 def _subscription(opts, o, reading):
     """The topics (or the pattern) to read, as Kafka's source checks them."""
-    if opts.get("assign") is not None:
-        raise OptionError("option assign is not supported: read a log topic with subscribe "
-                          "(or topic) and choose partitions' offsets with startingOffsets")
     given = [k for k in STRATEGIES if opts.get(k) is not None]
     if len(given) > 1:
         raise OptionError("Only one of the following options can be specified for nsqshm "
                           f"source: {STRATEGY_NAMES}. See the docs for more details.")
+    if given == ["assign"]:  # given partitions of log topics (source.log_topics checks them)
+        o.assigned = _assignment(opts["assign"])
+        o.topics = list(o.assigned)
+        return
     if given == ["subscribepattern"]:
         raw = opts["subscribepattern"]
         if not raw.strip():

@@ -24,7 +24,7 @@ from nsqshm.spark.logtopic import LogTopic
 from nsqshm.spark.options import OptionError, parse
 from nsqshm.spark.schema import schema_of
 
-LOG_ONLY = ("startingOffsetsByTimestamp", "endingOffsets", "endingOffsetsByTimestamp",
+LOG_ONLY = ("assign", "startingOffsetsByTimestamp", "endingOffsets", "endingOffsetsByTimestamp",
             "endingTimestamp", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
             "failOnDataLoss")
 
@@ -44,6 +44,14 @@ def log_topics(o):
         classic = sorted(t for t, lt in found.items() if lt is None)
         raise OptionError(f"topics {sorted(logs)} are log topics and {classic} are not: "
                           "read them in separate queries")
+    if logs and o.assigned is not None:
+        for t, parts in o.assigned.items():
+            lt = logs[t]
+            beyond = [p for p in parts if p >= lt.partitions]
+            if beyond:
+                raise OptionError(f"assign names partitions {beyond} of log topic {t!r}, which "
+                                  f"has partitions 0..{lt.partitions - 1}")
+            lt.assigned = frozenset(parts)
     if not logs:
         given = {k.lower() for k in o.raw}
         used = [k for k in LOG_ONLY if k.lower() in given]

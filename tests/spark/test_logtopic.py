@@ -2,6 +2,7 @@
 options), with a real local[2] session and real brokers."""
 
 import json
+import re
 import time
 
 import pytest
@@ -141,7 +142,14 @@ OPTION_ERRORS = [
     ({"topic": None, "subscribePattern": "(op"}, "is not a regular expression"),
     ({"topic": None, "subscribePattern": "nothing.*"}, "matches no log topic"),
     ({"topic": None, "subscribePattern": "op"}, "matches no log topic"),  # a whole name
-    ({"assign": '{"opt":[0]}'}, "option assign is not supported"),
+    ({"assign": '{"opt":[0]}'}, "Only one of the following options can be specified"),
+    ({"topic": None, "assign": "opt"},
+     "No topicpartitions to assign as specified value for option 'assign' is 'opt'"),
+    ({"topic": None, "assign": '{"opt":[0,"x"]}'},
+     re.escape('Expected e.g. {"topicA":[0,1],"topicB":[0,1]}, got {"opt":[0,"x"]}')),
+    ({"topic": None, "assign": '{"opt":[2]}'},
+     r"assign names partitions \[2\] of log topic 'opt', which has partitions 0..1"),
+    ({"topic": None, "assign": '{"classic":[0]}'}, r"\['assign'\] need a log topic"),
     ({"topic": None, "subscribe": ","},
      "No topics to subscribe to as specified value for option 'subscribe' is ','"),
 ]
@@ -197,6 +205,30 @@ def test_subscribe_pattern_restarted_reads_a_new_topic_from_its_earliest(
     assert len(rows) == len(set(rows)) == 22
     assert sorted((r.topic, r.partition) for r in rows) == \
         [("pn.1", 0)] * 10 + [("pn.1", 1)] * 5 + [("pn.2", 1)] * 7
+
+
+@pytest.mark.workers(2)
+def test_assign_reads_only_the_partitions_given(spark, log_broker, tmp_path):
+    """Kafka's assign: {"topic": [partitions]}: a batch read and a stream read
+    those partitions only, with startingOffsets JSON naming just them."""
+    make(log_broker, "as.a", 3)
+    make(log_broker, "as.b", 2)
+    for topic, parts in (("as.a", 3), ("as.b", 2)):
+        for p in range(parts):
+            publish(log_broker, topic, p, [f"{topic}-{p}".encode()] * (p + 2))
+    rows = load(spark, log_broker, None, assign='{"as.a":[0,2],"as.b":[1]}').collect()
+    assert sorted((r.topic, r.partition) for r in rows) == \
+        [("as.a", 0)] * 2 + [("as.a", 2)] * 4 + [("as.b", 1)] * 3
+    rows = load(spark, log_broker, None, assign='{"as.a":[2]}',
+                startingOffsets='{"as.a":{"2":3}}').collect()
+    assert [(r.partition, r.offset) for r in rows] == [(2, 3)]
+    out, cp = str(tmp_path / "out"), str(tmp_path / "cp")
+    (spark.readStream.format("nsqshm").option("assign", '{"as.a":[1]}')
+     .option("shmPrefix", log_broker.prefix).option("startingOffsets", "earliest").load()
+     .writeStream.format("parquet").option("path", out).option("checkpointLocation", cp)
+     .trigger(availableNow=True).start().awaitTermination(120))
+    streamed = spark.read.parquet(out).select("topic", "partition").collect()
+    assert sorted((r.topic, r.partition) for r in streamed) == [("as.a", 1)] * 3
 
 
 def _stream(spark, broker, topic, checkpoint, sink_path, **options):
