@@ -183,7 +183,13 @@ def test_a_restarted_broker_never_repeats_an_id(id_name, tmp_path):
     restart that started at the wall clock repeats IDs -- checked first."""
     lease = str(tmp_path / codec.LEASE_FILE)
     gen = codec.IdGenerator.open(id_name, node_id=5, lease_path=lease)
-    issued = ids_of(draw(gen, 1_000_000))
+    issued = []
+    for _ in range(10):  # until its clock is ahead of the wall clock (a slow machine: more)
+        issued += ids_of(draw(gen, 1_000_000))
+        ahead_ms = ((codec.id_to_int(issued[-1]) >> 22) + codec.NSQD_EPOCH_MS
+                    - time.time() * 1000)
+        if ahead_ms > 50:
+            break
     gen.close()
     assert codec.IdGenerator.unlink(id_name)
     bare = codec.IdGenerator.open(id_name, node_id=5)  # no lease: starts at the wall clock
@@ -198,7 +204,7 @@ def test_a_restarted_broker_never_repeats_an_id(id_name, tmp_path):
     later = ids_of(draw(gen, 500_000))
     gen.close()
     every = issued + after + later
-    assert len(set(every)) == len(every) == 2_000_000
+    assert len(set(every)) == len(every) == len(issued) + 1_000_000
     value = codec.id_to_int
     assert min(map(value, after)) > max(map(value, issued))
     assert min(map(value, later)) > max(map(value, after))
