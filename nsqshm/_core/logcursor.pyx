@@ -27,6 +27,7 @@ import os
 import re
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint32_t, uint64_t
 
@@ -516,14 +517,21 @@ cdef class Cursor:
 
     # -- checkpoint ---------------------------------------------------------------------------
 
-    def checkpoint(self):
-        """Write confirmed and the window to the checkpoint file: a temp
-        file, fsynced, renamed over it (a crash leaves the old or the new)."""
+    def snapshot(self):
+        """(confirmed, the window's bytes) taken together: a checkpoint's, and
+        what a partition's leader sends its followers (ReplicaHost.cursor_states;
+        window_offsets reads it back)."""
         cdef bytes window = PyBytes_FromStringAndSize(NULL, self.bits // 8)
         self._lock()
         confirmed = self.h.confirmed
         memcpy(PyBytes_AS_STRING(window), <void *>self.h.window, self.bits // 8)
         self._unlock()
+        return confirmed, window
+
+    def checkpoint(self):
+        """Write confirmed and the window to the checkpoint file: a temp
+        file, fsynced, renamed over it (a crash leaves the old or the new)."""
+        confirmed, window = self.snapshot()
         body = confirmed.to_bytes(8, "big") + self.bits.to_bytes(4, "big") + window
         data = CHECKPOINT_MAGIC + nsqshm_crc32c(0, <const char *>body, len(body)).to_bytes(
             4, "big") + body
@@ -601,6 +609,37 @@ def decode_message_id(msg_id):
         return None
     p = decode_log_id(b, &off)
     return None if p < 0 else (p, off)
+
+
+def window_offsets(unsigned long long confirmed, window, unsigned long long end):
+    """The msg offsets a snapshot's window (Cursor.snapshot: native u64 words,
+    a power-of-two number of bits) marks finished above `confirmed`, those
+    below `end` only, as a bytearray of native u64s (Cursor.finish_many's
+    input).  ValueError for a window that is not a power of two of bits."""
+    cdef Py_buffer view
+    cdef const uint64_t *w
+    cdef uint64_t bits, mask, i, o, base
+    cdef Py_ssize_t n = 0
+    PyObject_GetBuffer(window, &view, 0)
+    try:
+        bits = <uint64_t>view.len * 8
+        if view.len % 8 or bits == 0 or bits & (bits - 1):
+            raise ValueError(f"a cursor window of {view.len} bytes")
+        mask = bits - 1
+        w = <const uint64_t *>view.buf
+        out = bytearray(_popcount(w, bits >> 6) * 8)
+        n = 0
+        base = confirmed & mask
+        for i in range(bits):
+            if _bit(w, i):
+                o = confirmed + ((i - base) & mask)
+                if o < end:
+                    (<uint64_t *>PyByteArray_AS_STRING(out))[n] = o
+                    n += 1
+        del out[n * 8:]
+        return out
+    finally:
+        PyBuffer_Release(&view)
 
 
 cdef class CursorSet:

@@ -95,7 +95,8 @@ class NsqdCoordinator:
         except ValueError:  # a host name: any interface, connections from the route's
             bind, self._source = "0.0.0.0", None
         self.rpc = rpc.RPCServer((bind, rpc_port + host.worker), self.cluster_id, self.node.id,
-                                 self.is_peer, self.on_append, self.on_publish, logf)
+                                 self.is_peer, self.on_append, self.on_publish, logf,
+                                 on_cursors=self.on_cursors)
         self._idle = {}  # worker index -> [RPCClient]: connections to this node's workers
         host.forwarder = self.forward
 
@@ -301,24 +302,46 @@ class NsqdCoordinator:
         return rpc.RPCClient(node.ip, port, self.cluster_id, self.node.id, self.lag_timeout,
                              source=self._source)
 
-    def on_append(self, peer, topic, partition, epoch, first, records):
-        """A leader's APPEND: taken only from the leader this node knows, at a write
-        epoch no older than the one it knows.  -> (status, end, tail crc or None)."""
+    def _from_leader(self, peer, topic, partition, epoch):
+        """Whether a frame from `peer` at write `epoch` comes from the partition's
+        leader as this node knows it: (partition, None) if so, else (partition or
+        None, the status to answer).  A newer leader's frame deposes ours."""
         key = (topic, partition)
         part = self.host.partition(topic, partition)
         watch = self.roles.get(key) if part is not None else None
         if watch is None or watch.state is None:
-            return rpc.UNKNOWN, 0, None
-        end = self.host.end_offset(part)
+            return None, rpc.UNKNOWN
         known = watch.state.replicas
         if epoch < known.epoch_for_write or (epoch == known.epoch_for_write
                                              and peer != known.leader):
-            return rpc.FENCED, end, None
+            return part, rpc.FENCED
         mine = self.leaders.get(key)
         if mine is not None and mine.fenced is None:
             if epoch <= mine.epoch:
-                return rpc.FENCED, end, None
+                return part, rpc.FENCED
             mine.fence(f"{peer} leads at write epoch {epoch}")
+        return part, None
+
+    def on_cursors(self, peer, topic, partition, epoch, cursors):
+        """The leader's channel cursors of a partition: the channels here take
+        them (ReplicaHost.adopt_cursors) -> (status, end)."""
+        part, refused = self._from_leader(peer, topic, partition, epoch)
+        if refused is not None:
+            return refused, self.host.end_offset(part) if part is not None else 0
+        self.host.adopt_cursors(part, cursors)
+        return rpc.OK, self.host.end_offset(part)
+
+    def on_append(self, peer, topic, partition, epoch, first, records):
+        """A leader's APPEND: taken only from the leader this node knows, at a write
+        epoch no older than the one it knows.  -> (status, end, tail crc or None)."""
+        part, refused = self._from_leader(peer, topic, partition, epoch)
+        if part is None:
+            return rpc.UNKNOWN, 0, None
+        end = self.host.end_offset(part)
+        if refused is not None:
+            return refused, end, None
+        known = self.roles[(topic, partition)].state.replicas
+        mine = self.leaders.get((topic, partition))
         if first == rpc.PROBE:  # where the log ends, and what its last record is
             return rpc.MISMATCH, end, self.host.tail_crc(part, end)
         if first == rpc.RESET:  # our log diverged from the leader's: start again

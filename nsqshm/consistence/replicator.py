@@ -7,6 +7,9 @@
     sender (one per follower or catch-up replica):
         probe the follower's end; then loop: read_into(next) from the leader's log ->
         one APPEND frame with the whole batch -> ACK(end); acked[node] = end
+        and, at most every CURSOR_INTERVAL, the channels' cursors that moved since
+        the last ones it sent (one CURSORS frame): a follower's channels take them,
+        so after a failover consumers go on from there
     monitor (every MONITOR_INTERVAL):
         an ISR follower behind the leader's end for longer than lag_timeout (dead,
         cut off, slow) is moved out of the ISR in etcd (epoch bumped): the PUBs that
@@ -41,6 +44,7 @@ from nsqshm.nsqd.replica import NotLeader
 BATCH_BYTES = MAX_RECORD + 4 + (2 << 20)  # the largest record fits, with room for more
 MONITOR_INTERVAL = 0.2
 RETRY = 0.3
+CURSOR_INTERVAL = 0.5  # s: cursors go at most this often while records flow (1 s idle)
 _BUFFERS = []  # batch buffers not on the wire, shared by the senders of this process
 
 
@@ -147,6 +151,8 @@ class PartitionLeader:
         last_error = None
         while self.fenced is None:
             client = None
+            sent = {}  # channel -> the cursor last sent on this connection
+            next_cursors = 0.0
             try:
                 client = self.coordinator.connect(node, topic, index)
                 status, end, crc = client.append(rpc.encode_append(topic, index, self.epoch,
@@ -165,10 +171,15 @@ class PartitionLeader:
                     if self.acked.get(node) != end:
                         self.acked[node] = end
                         self._notify()
+                    if time.monotonic() >= next_cursors:
+                        next_cursors = time.monotonic() + CURSOR_INTERVAL
+                        if self._send_cursors(client, sent) == rpc.FENCED:
+                            status = rpc.FENCED
+                            continue
                     if end == leader_end:  # up to date: wait for the next append
                         wake.clear()
                         if host.end_offset(self.partition) == end:
-                            wake.wait(1.0)
+                            wake.wait(1.0)  # (the cursors then go within 1 s)
                         continue
                     buf = _take_buffer()  # only while a batch is on the wire
                     try:
@@ -189,6 +200,23 @@ class PartitionLeader:
                 if client is not None:
                     client.close()
             gevent.sleep(RETRY)
+
+    def _send_cursors(self, client, sent):
+        """The cursors that moved since `sent` (this connection's last), in one
+        CURSORS frame: the ACK's status, or None when none moved."""
+        topic, index = self.partition.topic.name, self.partition.index
+        states = self.coordinator.host.cursor_states(self.partition)
+        moved = [name for name, state in states.items() if sent.get(name) != state]
+        if not moved:
+            return None
+        frame = rpc.encode_cursors(topic, index, self.epoch, [
+            (name, states[name][0], states[name][1] if states[name][1].strip(b"\0") else b"")
+            for name in moved])
+        status, _ = client.cursors(frame)
+        if status == rpc.OK:
+            for name in moved:
+                sent[name] = states[name]
+        return status
 
     def _diverged(self, end, crc):
         """Whether a follower's log, ending at `end` with a last record of crc32 `crc`,

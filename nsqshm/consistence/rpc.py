@@ -31,6 +31,14 @@ Every frame:
       a PUB that landed on another worker of the node: the owner appends and
       replicates it as its own, then answers
     PUBLISHED | u8 status | text |   status OK, NOT_LEADER or FAILED (text: why)
+    CURSORS  (leader -> follower)   the partition's channel cursors, answered by an ACK
+        | u16 BE topic len | topic | u16 BE partition | u64 BE write epoch |
+        | u16 BE count | count x ( u8 name len | name | u64 BE confirmed |
+        |                          u32 BE window len | window ) |
+      window: the cursor's finished-above bits as Cursor.snapshot gives them (native
+      u64 words; empty when nothing above confirmed is finished).  The follower's
+      channel takes them (ReplicaHost.adopt_cursors), so a new leader resumes where
+      the old one's consumers were.
 
 The server takes only peers registered in etcd for the cluster: the HELLO's node ID
 must be a live nsqd node whose NodeIP is the connection's source address.
@@ -44,7 +52,7 @@ import gevent
 import gevent.socket
 from gevent.server import StreamServer
 
-HELLO, WELCOME, ERROR, APPEND, ACK, PUBLISH, PUBLISHED = 1, 2, 3, 4, 5, 6, 7
+HELLO, WELCOME, ERROR, APPEND, ACK, PUBLISH, PUBLISHED, CURSORS = 1, 2, 3, 4, 5, 6, 7, 8
 OK, MISMATCH, FENCED, UNKNOWN = 0, 1, 2, 3  # ACK
 NOT_LEADER, FAILED = 1, 2  # PUBLISHED (OK: 0)
 PUBLISH_FIXED = struct.Struct(">H")
@@ -104,6 +112,50 @@ def decode_publish(body):
     return topic, partition, view[2 + n + PUBLISH_FIXED.size:]
 
 
+CURSORS_FIXED = struct.Struct(">HQH")  # partition, write epoch, count
+CURSOR_ENTRY = struct.Struct(">QI")  # confirmed, window length
+MAX_WINDOW = 1 << 20  # bytes: a cursor's window is 8 KiB (logcursor's 64 Ki bits)
+
+
+def encode_cursors(topic, partition, epoch, cursors):
+    """A CURSORS frame: cursors [(channel name, confirmed, window bytes)]."""
+    parts = [_topic(topic), CURSORS_FIXED.pack(partition, epoch, len(cursors))]
+    for name, confirmed, window in cursors:
+        raw = name.encode()
+        parts += [bytes((len(raw),)), raw, CURSOR_ENTRY.pack(confirmed, len(window)), window]
+    return frame(CURSORS, b"".join(parts))
+
+
+def decode_cursors(body):
+    """-> (topic, partition, epoch, [(channel name, confirmed, window bytes)]);
+    RPCError for a body that does not hold what it announces."""
+    view = memoryview(body)
+    (n,) = struct.unpack_from(">H", view, 0)
+    pos = 2 + n + CURSORS_FIXED.size
+    if pos > len(view):
+        raise RPCError("short CURSORS")
+    topic = bytes(view[2:2 + n]).decode()
+    partition, epoch, count = CURSORS_FIXED.unpack_from(view, 2 + n)
+    out = []
+    for _ in range(count):
+        if pos >= len(view):
+            raise RPCError("short CURSORS entry")
+        size = view[pos]
+        name = bytes(view[pos + 1:pos + 1 + size]).decode()
+        pos += 1 + size
+        if pos + CURSOR_ENTRY.size > len(view):
+            raise RPCError("short CURSORS entry")
+        confirmed, wlen = CURSOR_ENTRY.unpack_from(view, pos)
+        pos += CURSOR_ENTRY.size
+        if wlen > MAX_WINDOW or pos + wlen > len(view):
+            raise RPCError(f"bad CURSORS window length {wlen}")
+        out.append((name, confirmed, bytes(view[pos:pos + wlen])))
+        pos += wlen
+    if pos != len(view):
+        raise RPCError("trailing bytes after CURSORS")
+    return topic, partition, epoch, out
+
+
 def encode_ack(status, topic, partition, end, tail_crc=None):
     body = bytes((status,)) + _topic(topic) + ACK_END.pack(partition, end)
     if tail_crc is not None:
@@ -150,14 +202,17 @@ def hello_body(cluster_id, node_id):
 class RPCServer:
     """A follower worker's listener.  is_peer(node_id, ip) -> bool checks the peer
     against etcd; on_append(peer, topic, partition, epoch, first, records) -> (status,
-    end) applies a batch."""
+    end) applies a batch; on_cursors(peer, topic, partition, epoch, cursors) ->
+    (status, end) takes the leader's channel cursors."""
 
-    def __init__(self, address, cluster_id, node_id, is_peer, on_append, on_publish, logf):
+    def __init__(self, address, cluster_id, node_id, is_peer, on_append, on_publish, logf,
+                 on_cursors=None):
         self.cluster_id = cluster_id
         self.node_id = node_id
         self.is_peer = is_peer
         self.on_append = on_append
         self.on_publish = on_publish
+        self.on_cursors = on_cursors
         self.logf = logf
         self.server = StreamServer(address, self._handle)
         self.server.init_socket()
@@ -184,6 +239,11 @@ class RPCServer:
                 if kind == PUBLISH and peer == self.node_id:  # another worker of this node
                     status, text = self.on_publish(*decode_publish(body))
                     sock.sendall(frame(PUBLISHED, bytes((status,)) + text.encode()))
+                    continue
+                if kind == CURSORS and self.on_cursors is not None:
+                    topic, partition, epoch, cursors = decode_cursors(body)
+                    status, end = self.on_cursors(peer, topic, partition, epoch, cursors)
+                    sock.sendall(encode_ack(status, topic, partition, end))
                     continue
                 if kind != APPEND:
                     raise RPCError(f"unexpected frame kind {kind}")
@@ -248,6 +308,15 @@ class RPCClient:
             raise RPCError(f"expected ACK, got kind {kind}")
         status, _, _, end, crc = decode_ack(body)
         return status, end, crc
+
+    def cursors(self, frame_bytes):
+        """Send a CURSORS frame (encode_cursors') and wait for its ACK: (status, end)."""
+        self.sock.sendall(frame_bytes)
+        kind, body = read_frame(self.sock)
+        if kind != ACK:
+            raise RPCError(f"expected ACK, got kind {kind}")
+        status, _, _, end, _ = decode_ack(body)
+        return status, end
 
     def publish(self, topic, partition, records):
         """PUBLISH to the owner worker: (status, text)."""

@@ -546,11 +546,25 @@ class LogChannel(Channel):
                                f"{SEEK_HOLD_LIMIT:.0f}s; reading on from {cursor.confirmed}")
         cursor.release(cursor.confirmed)
 
+    def _following(self, partition):
+        """A partition this node follows (cluster mode) and nobody consumes on
+        any worker: the feeder leaves it, so that the cursors its leader sends
+        (ReplicaHost.adopt_cursors) find nothing pushed from an older position."""
+        return not partition.writable and self.ring.subscribers == 0
+
+    def add_client(self, client):
+        super().add_client(client)
+        # a first consumer of a followed partition: its owner's feeder looks again
+        self.feed_wake()
+        if self.nsqd.cluster is not None and getattr(self.nsqd, "replica_gate", None) is not None:
+            for owner in sorted({p.owner for p in self.topic.partitions if not p.owned}):
+                self.nsqd.cluster.tell(owner, {"op": "want", "topic": self.topic.name})
+
     def _feedable(self):
         """Whether an owned partition has something the feeder could push now."""
         for partition in self._owned:
             log = partition.log
-            if log is None:
+            if log is None or self._following(partition):
                 continue
             cursor = self.cursors[partition.index]
             pos = cursor.read_pos
@@ -568,6 +582,8 @@ class LogChannel(Channel):
                 with self.scratch.borrow() as scratch:
                     for i in range(len(self._owned)):
                         partition = self._owned[(turn + i) % len(self._owned)]
+                        if self._following(partition):
+                            continue
                         room = self._room(partition)
                         if room <= 0:
                             continue

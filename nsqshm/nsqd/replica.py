@@ -17,6 +17,8 @@ import shutil
 import zlib
 
 from nsqshm._core.commitlog import PartitionLog
+from nsqshm._core.logcursor import window_offsets
+from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.partition import MAX_RECORD
 from nsqshm.nsqd.topic import TopicError
 
@@ -105,6 +107,49 @@ class ReplicaHost:
 
     def set_gate(self, partition, gate):
         partition.replica = gate
+        # a follower's channels push nothing of it (LogChannel._feedable); a new
+        # leader's start from the cursors the old one sent (adopt_cursors)
+        for channel in list(partition.topic.channels.values()):
+            channel.feed_wake()
+
+    # -- channel cursors (rpc CURSORS) ------------------------------------------------
+
+    def cursor_states(self, partition):
+        """The leader: {channel name: (confirmed, window bytes)} of the partition's
+        durable channels (an ephemeral one is not kept across a failover)."""
+        out = {}
+        for channel in list(partition.topic.channels.values()):
+            if not channel.ephemeral and not channel.exiting:
+                out[channel.name] = channel.cursors[partition.index].snapshot()
+        return out
+
+    def adopt_cursors(self, partition, cursors):
+        """A follower: the leader's cursors [(channel, confirmed, window)] become its
+        channels' (made here when missing), so that if it leads next, consumers go on
+        from there: what the old leader's consumers had finished by its last send is
+        not delivered again.  A confirmed offset past this log's end waits for the
+        records (the next send); finished offsets are taken below the end only (an
+        offset this log lacks may hold another message after a failover).  A channel
+        with consumers here is left alone: they move its cursor themselves."""
+        topic = partition.topic
+        end = partition.log.end_offset
+        for name, confirmed, window in cursors:
+            if not is_valid_name(name) or is_ephemeral(name) or confirmed > end:
+                continue
+            channel = topic.channels.get(name)
+            if channel is None:
+                channel = topic.get_channel(name)
+            elif channel.clients:
+                continue
+            cursor = channel.cursors[partition.index]
+            try:
+                finished = window_offsets(confirmed, window, end) if window else b""
+            except ValueError:
+                continue
+            if cursor.confirmed != confirmed or cursor.read_pos != confirmed:
+                channel.seek([(partition, confirmed)])
+            if finished:
+                cursor.finish_many(finished)
 
     def forward_gate(self, name, index):
         """The gate of a partition another worker of this node owns, its own (so that

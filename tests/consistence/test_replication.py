@@ -107,6 +107,54 @@ def test_acknowledged_messages_survive_the_leader_sigkill(make_cluster, workers)
     assert got == [*bodies, b"after"]
 
 
+def channel_cursor(node, topic, channel, partition=0):
+    """(confirmed offset, finished above) of a channel on a node, or None."""
+    for t in node.get_json(f"/stats?format=json&topic={topic}")["topics"]:
+        for c in t["channels"]:
+            if c["channel_name"] == channel:
+                e = c["partitions"][partition]
+                return e["confirmed_offset"], e["finished_above"]
+    return None
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_a_new_leader_resumes_the_channel_where_the_old_one_was(make_cluster, workers):
+    """The leader sends its channels' cursors to the followers (rpc CURSORS): after
+    its SIGKILL the new leader delivers what the old one's consumers had not
+    finished (in flight, or not delivered yet), not what they had."""
+    cluster = make_cluster(workers)
+    assert cluster.create_topic("orders", 1, 3)[0] == 200
+    leader = cluster.leader("orders")
+    followers = [n for n in cluster.nodes if n is not leader]
+    bodies = [b"m%04d" % i for i in range(300)]
+    publish(leader, "orders", bodies)
+    client = Client(leader)
+    client.send(p.sub("orders", "audit"))
+    assert client.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    client.send(p.rdy(1000))
+    kept = {5, *range(100, 120)}  # received, not finished: in flight at the kill
+    for _ in range(120):
+        m = client.message()
+        if int(m.body[1:]) not in kept:
+            client.send(p.fin(m.id))
+    wait_until(lambda: all(channel_cursor(f, "orders", "audit") == (5, 94) for f in followers),
+               10, "the followers' channel takes the leader's cursor")
+
+    leader.kill()
+    client.close()
+    new = cluster.leader("orders", not_in=(leader.id,), timeout=20)
+    publish(new, "orders", [b"after"])
+    want = [b"m0005", *bodies[100:], b"after"]
+    survivor = Client(new)
+    try:
+        assert survivor.consume("orders", "audit", len(want)) == want
+        survivor.sock.settimeout(1.0)  # and nothing else: m0000..m0099 but 5 were done
+        with pytest.raises(TimeoutError):
+            survivor.message()
+    finally:
+        survivor.close()
+
+
 def test_a_follower_down_and_back_catches_up(make_cluster):
     cluster = make_cluster()
     assert cluster.create_topic("audit", 1, 3)[0] == 200

@@ -71,6 +71,34 @@ def test_codec_round_trips():
     assert rpc.decode_ack(body) == (rpc.OK, "t", 2, 10, None)
 
 
+def test_cursors_codec_round_trips_and_refuses_short_bodies():
+    cursors = [("audit", 5, bytes(range(8)) * 1024), ("other", 0, b"")]
+    kind, body = rpc.read_frame(_Bytes(rpc.encode_cursors("orders", 3, 7, cursors)))
+    assert kind == rpc.CURSORS
+    assert rpc.decode_cursors(body) == ("orders", 3, 7, cursors)
+    for cut in (3, len(body) - 1, len(body) - 8193):
+        with pytest.raises(rpc.RPCError):
+            rpc.decode_cursors(body[:cut])
+    with pytest.raises(rpc.RPCError, match="trailing"):
+        rpc.decode_cursors(body + b"x")
+
+
+def test_cursors_reach_the_follower_and_its_ack_comes_back():
+    seen = []
+    srv = rpc.RPCServer(("127.0.0.1", 0), "c1", "follower:1", lambda node, ip: True,
+                        None, None, lambda level, msg: None,
+                        on_cursors=lambda *args: seen.append(args) or (rpc.OK, 9))
+    srv.start()
+    try:
+        client = rpc.RPCClient("127.0.0.1", srv.address[1], "c1", "leader:1", timeout=5)
+        frame = rpc.encode_cursors("orders", 0, 4, [("audit", 3, b"")])
+        assert client.cursors(frame) == (rpc.OK, 9)
+        assert seen == [("leader:1", "orders", 0, 4, [("audit", 3, b"")])]
+        client.close()
+    finally:
+        srv.stop()
+
+
 class _Bytes:
     """recv_into over bytes (read_frame's only need of a socket)."""
 

@@ -24,6 +24,7 @@ from nsqshm._core.logcursor import (
     decode_message_id,
     log_message_id,
     validate_name,
+    window_offsets,
 )
 
 
@@ -137,6 +138,25 @@ def test_set_moves_and_clears(cursor_args):
     assert not c.is_finished(500) and not c.is_finished(503)
     c.set(2)
     assert not c.is_finished(3)
+    c.close()
+
+
+def test_a_snapshot_read_back_gives_the_finished_offsets(cursor_args):
+    """snapshot() (what a leader sends its followers) and window_offsets (what a
+    follower finishes from it): the offsets above confirmed finished, across the
+    window's wrap, below an end; another cursor takes them (finish_many)."""
+    c = Cursor.open(*cursor_args, start_offset=60, window_bits=64)
+    for o in (61, 62, 100, 123):  # 123: past the wrap of a 64-bit window from 60
+        assert c.finish(o) == FINISHED
+    confirmed, window = c.snapshot()
+    assert (confirmed, len(window)) == (60, 8)
+    got = window_offsets(confirmed, window, 1000)
+    assert sorted(struct.unpack(f"={len(got) // 8}Q", got)) == [61, 62, 100, 123]
+    got = window_offsets(confirmed, window, 101)  # an end below some: left out
+    assert sorted(struct.unpack(f"={len(got) // 8}Q", got)) == [61, 62, 100]
+    assert window_offsets(7, bytes(8), 100) == bytearray()
+    with pytest.raises(ValueError):
+        window_offsets(0, bytes(12), 100)  # 96 bits: not a power of two
     c.close()
 
 
