@@ -205,15 +205,20 @@ class PartitionLeader:
         """The cursors that moved since `sent` (this connection's last), in one
         CURSORS frame: the ACK's status, or None when none moved."""
         topic, index = self.partition.topic.name, self.partition.index
-        states = self.coordinator.host.cursor_states(self.partition)
+        host = self.coordinator.host
+        states = host.cursor_states(self.partition)
+        # every offset those cursors name is below this end (read after them)
+        leader_end = host.end_offset(self.partition)
         moved = [name for name, state in states.items() if sent.get(name) != state]
         if not moved:
             return None
         frame = rpc.encode_cursors(topic, index, self.epoch, [
             (name, states[name][0], states[name][1] if states[name][1].strip(b"\0") else b"")
             for name in moved])
-        status, _ = client.cursors(frame)
-        if status == rpc.OK:
+        status, follower_end = client.cursors(frame)
+        # the follower takes a cursor only as far as its log goes: one it could not
+        # take whole is sent again (next interval) until its log has caught up
+        if status == rpc.OK and follower_end >= leader_end:
             for name in moved:
                 sent[name] = states[name]
         return status

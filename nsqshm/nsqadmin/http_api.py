@@ -323,13 +323,13 @@ class AdminHTTPAPI(HTTPAPI):
         check_topic(topic)
         if channel:
             check_channel(channel)
-        body = self._decode(req, ("action", "position"))
-        action = body["action"]
+        action = self._decode(req, ("action",))["action"]
         if action not in ("pause", "unpause", "empty") and not (action == "setoffset" and channel):
             raise Err(400, "INVALID_ACTION")
         if action == "setoffset":  # a log topic's channel (nsqshm's): its cursors move
-            fn, args, kind = (self.view.ci.channel_setoffset,
-                              (offset_position(body["position"]), topic, channel), "channel")
+            position = offset_position(self._decode(req, ("position",))["position"])
+            fn, args, kind = (self.view.ci.channel_setoffset, (position, topic, channel),
+                              "channel")
         elif channel:
             fn, args, kind = self.view.ci.channel_action, (action, topic, channel), "channel"
         else:
@@ -427,7 +427,7 @@ def offset_position(text):
     if text in POSITIONS:
         return POSITIONS[text]
     kind, _, value = text.partition(":")
-    if kind == "timestamp" and value.isdigit() and len(value) <= 12:
+    if kind == "timestamp" and value.isascii() and value.isdigit() and len(value) <= 12:
         return f"timestamp:{int(value)}"
     raise Err(400, "INVALID_POSITION")
 

@@ -370,12 +370,12 @@ class LogChannel(Channel):
             # tags are applied on the ring's path, channel.py)
             return ()
         if client.partition is None:
-            return [p for p in self._owned
-                    if p.index not in self.lanes or not self.lanes[p.index].ordered]
+            return [p for p in self._owned if not self._following(p)
+                    and (p.index not in self.lanes or not self.lanes[p.index].ordered)]
         lane = self.lanes.get(client.partition)
         if lane is not None and lane.ordered:
             return ()
-        return [p for p in self._owned if p.index == client.partition]
+        return [p for p in self._owned if p.index == client.partition and not self._following(p)]
 
     def _deliver_direct(self, partition, client, room, scratch, deadline):
         """Deliver up to `room` unread, unfinished messages of an owned
@@ -547,18 +547,12 @@ class LogChannel(Channel):
         cursor.release(cursor.confirmed)
 
     def _following(self, partition):
-        """A partition this node follows (cluster mode) and nobody consumes on
-        any worker: the feeder leaves it, so that the cursors its leader sends
-        (ReplicaHost.adopt_cursors) find nothing pushed from an older position."""
-        return not partition.writable and self.ring.subscribers == 0
-
-    def add_client(self, client):
-        super().add_client(client)
-        # a first consumer of a followed partition: its owner's feeder looks again
-        self.feed_wake()
-        if self.nsqd.cluster is not None and getattr(self.nsqd, "replica_gate", None) is not None:
-            for owner in sorted({p.owner for p in self.topic.partitions if not p.owned}):
-                self.nsqd.cluster.tell(owner, {"op": "want", "topic": self.topic.name})
+        """A partition this node follows (cluster mode): its leader's node
+        delivers it, so the feeder here pushes nothing of it (consumers find
+        leaders through /lookup, as Youzan's), and the cursors the leader sends
+        (ReplicaHost.adopt_cursors) find nothing pushed from another position.
+        Promoted (ReplicaHost.set_gate), it delivers from there."""
+        return not partition.writable
 
     def _feedable(self):
         """Whether an owned partition has something the feeder could push now."""

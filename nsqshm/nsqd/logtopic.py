@@ -45,7 +45,7 @@ from nsqshm.nsqd.partition import Partition
 from nsqshm.nsqd.topic import Topic, TopicError
 
 LOG_TOPICS_FILE = "nsqshm.logtopics.json"
-MAX_PARTITIONS = 256
+MAX_PARTITIONS = 255  # Youzan's MAX_PARTITION_NUM: partition ids 0..254 (its lookupd's too)
 RETENTION_INTERVAL = 1.0   # seconds between retention passes (on partition owners)
 MAX_RETENTION_DAYS = 36500
 

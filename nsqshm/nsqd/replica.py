@@ -128,28 +128,29 @@ class ReplicaHost:
         channels' (made here when missing), so that if it leads next, consumers go on
         from there: what the old leader's consumers had finished by its last send is
         not delivered again.  A confirmed offset past this log's end waits for the
-        records (the next send); finished offsets are taken below the end only (an
-        offset this log lacks may hold another message after a failover).  A channel
-        with consumers here is left alone: they move its cursor themselves."""
+        records (the leader sends it again); finished offsets are taken below the end
+        only (an offset this log lacks may hold another message after a failover).
+        A follower delivers nothing of the partition (LogChannel._following), so its
+        cursor is only the leader's: set when nothing of it was pushed here, else a
+        seek that takes back what was (this node led it before)."""
         topic = partition.topic
         end = partition.log.end_offset
         for name, confirmed, window in cursors:
             if not is_valid_name(name) or is_ephemeral(name) or confirmed > end:
                 continue
-            channel = topic.channels.get(name)
-            if channel is None:
-                channel = topic.get_channel(name)
-            elif channel.clients:
-                continue
-            cursor = channel.cursors[partition.index]
             try:
                 finished = window_offsets(confirmed, window, end) if window else b""
-            except ValueError:
-                continue
-            if cursor.confirmed != confirmed or cursor.read_pos != confirmed:
-                channel.seek([(partition, confirmed)])
-            if finished:
-                cursor.finish_many(finished)
+                channel = topic.channels.get(name) or topic.get_channel(name)
+                cursor = channel.cursors[partition.index]
+                if cursor.read_pos != cursor.confirmed:
+                    channel.seek([(partition, confirmed)])
+                elif cursor.confirmed != confirmed or cursor.finished_above:
+                    cursor.set(confirmed)
+                if finished:
+                    cursor.finish_many(finished)
+            except Exception as err:  # (a channel being deleted, a bad window): the next send
+                self.nsqd.logf("warn", f"{partition}: channel {name}'s cursor from the "
+                                       f"leader not taken: {err}")
 
     def forward_gate(self, name, index):
         """The gate of a partition another worker of this node owns, its own (so that

@@ -135,10 +135,10 @@ def decode_identify(body):
             if isinstance(value, str) and not isinstance(value, _Float):
                 out[field] = value
                 continue
-        elif field in _BOOL_FIELDS:
+        elif field in _BOOL_FIELDS:  # nsqshm's: nsqlookupd would not know it, so no error
             if isinstance(value, bool):
                 out[field] = value
-                continue
+            continue
         elif (isinstance(value, int) and not isinstance(value, bool)
               and -(1 << 63) <= value < (1 << 63)):
             out[field] = value

@@ -155,6 +155,40 @@ def test_a_new_leader_resumes_the_channel_where_the_old_one_was(make_cluster, wo
         survivor.close()
 
 
+def test_a_node_delivers_only_the_partitions_it_leads(make_cluster):
+    """Three partitions on three nodes, leaders spread: a plain SUB on every node
+    (what a lookupd-driven NSQ client does) gets each message once, from its
+    partition's leader; a follower's copy is not delivered a second time."""
+    cluster = make_cluster()
+    assert cluster.create_topic("spread", 3, 3)[0] == 200
+    leaders = {part: cluster.leader("spread", part) for part in range(3)}
+    sent = []
+    for part, node in leaders.items():
+        bodies = [b"p%d-%02d" % (part, i) for i in range(20)]
+        publish(node, "spread", bodies, partition=part)
+        sent += bodies
+    got = []
+    clients = [Client(node) for node in cluster.nodes]
+    try:
+        for c in clients:
+            c.send(p.sub("spread", "all"))
+            assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+            c.send(p.rdy(100))
+        for c, node in zip(clients, cluster.nodes, strict=True):
+            led = sum(1 for n in leaders.values() if n is node)
+            for _ in range(20 * led):
+                m = c.message()
+                got.append(m.body)
+                c.send(p.fin(m.id))
+            c.sock.settimeout(1.0)  # and nothing of the partitions it follows
+            with pytest.raises(TimeoutError):
+                c.message()
+    finally:
+        for c in clients:
+            c.close()
+    assert sorted(got) == sorted(sent)
+
+
 def test_a_follower_down_and_back_catches_up(make_cluster):
     cluster = make_cluster()
     assert cluster.create_topic("audit", 1, 3)[0] == 200

@@ -98,7 +98,7 @@ def confirmed(server, topic, channel):
 
 def test_create_validates_and_persists(nsqd_factory, tmp_path):
     server = nsqd_factory()
-    for bad in ("0", "257", "x", ""):
+    for bad in ("0", "256", "x", ""):
         assert server.post(f"/topic/create?topic=lt&partition_num={bad}") == \
             (400, b'{"message":"INVALID_PARTITION_NUM"}')
     assert server.post("/topic/create?topic=lt&partition_num=2&retention_days=0")[0] == 400

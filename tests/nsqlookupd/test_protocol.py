@@ -303,10 +303,13 @@ def test_a_peer_that_asks_for_partitions_is_answered_so(srv):
                 % (socket.gethostname().encode(), srv.http_port, srv.tcp_port))
     assert conn.raw_response() == sized(expected)
     conn.close()
-    conn = LookupConn(srv)  # a wrong type is json.Unmarshal's error, as for any field
+    conn = LookupConn(srv)  # not a bool: ignored, as nsqlookupd ignores a field it lacks
     conn.send(b"IDENTIFY\n" + sized(b'{"broadcast_address":"x","tcp_port":1,"http_port":2,'
                                     b'"version":"v","topic_partitions":"yes"}'))
-    expect_fatal(conn, b"E_BAD_BODY IDENTIFY failed to decode JSON body")
+    assert "topic_partitions" not in json.loads(conn.response())
+    assert conn.command(b"REGISTER plain_t c") == b"OK"  # NSQ's form: a channel, not a partition
+    assert srv.get_json("/channels?topic=plain_t") == {"channels": ["c"]}
+    conn.close()
 
 
 @pytest.mark.parametrize("command", [b"REGISTER", b"UNREGISTER"])
