@@ -8,7 +8,8 @@ the output holds every message once.
     initialOffset        startingOffsets / startingOffsetsByTimestamp /
                          startingTimestamp resolved against the logs
                          (default latest, as Kafka's)
-    latestOffset         the logs' ends, capped by the read limit (Kafka's
+    latestOffset         subscribePattern's topics made since (_discover), then
+                         the logs' ends, capped by the read limit (Kafka's
                          maxOffsetsPerTrigger shared in proportion to what each
                          partition has; minOffsetsPerTrigger waits, at most
                          maxTriggerDelay since the last batch) and, with
@@ -37,6 +38,7 @@ from pyspark.sql.streaming.datasource import (
 from nsqshm.spark import logrange
 from nsqshm.spark.logbatch import positions
 from nsqshm.spark.logoffsets import decode, encode, rate_limit
+from nsqshm.spark.logtopic import LogTopic
 
 log = logging.getLogger("nsqshm.spark")
 
@@ -80,11 +82,29 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self):
         self.target = self._ends()
 
+    def _discover(self):
+        """subscribePattern: a log topic made since the query began that the
+        pattern matches joins it, read from its earliest offset (Kafka's
+        consumer finds new topics by its metadata refresh; here at every
+        trigger).  Not under Trigger.AvailableNow: that reads what there was
+        when it began."""
+        o = self.o
+        if o.pattern is None or self.target is not None:
+            return
+        for name in LogTopic.names(o):
+            if name not in self.log_topics and o.pattern.fullmatch(name):
+                lt = LogTopic.find(o, name)
+                if lt is not None:
+                    log.info("log topic %s matches subscribePattern %r: read from its "
+                             "earliest offset", name, o.pattern.pattern)
+                    self.log_topics[name] = lt
+
     def latestOffset(self, start, limit):
         # Spark asks for the batch after `start` once the batch ending there
         # is in its commit log: the cursor may follow now (commit() comes a
         # batch later, and never for the last batch of an availableNow query)
         self._advance_cursor(start)
+        self._discover()
         begin = {(t, p): off for t, parts in decode(start).items() for p, off in parts.items()}
         spans = self._spans()
         for tp, (log_start, _) in spans.items():

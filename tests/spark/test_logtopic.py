@@ -231,6 +231,29 @@ def test_assign_reads_only_the_partitions_given(spark, log_broker, tmp_path):
     assert sorted((r.topic, r.partition) for r in streamed) == [("as.a", 1)] * 3
 
 
+def test_subscribe_pattern_picks_up_a_topic_made_while_the_query_runs(
+        spark, log_broker, tmp_path):
+    """A log topic made while a processing-time query runs joins it at a
+    trigger, from its earliest offset (Kafka's consumer finds new topics too)."""
+    make(log_broker, "pr.1", 1)
+    publish(log_broker, "pr.1", 0, [b"one"] * 5)
+    seen = []
+    q = (spark.readStream.format("nsqshm").option("subscribePattern", r"pr\.\d")
+         .option("shmPrefix", log_broker.prefix).option("startingOffsets", "earliest").load()
+         .writeStream.foreachBatch(lambda df, _: seen.extend(
+             (r.topic, r.partition) for r in df.select("topic", "partition").collect()))
+         .option("checkpointLocation", str(tmp_path / "cp"))
+         .trigger(processingTime="0.2 seconds").start())
+    try:
+        assert wait_for(lambda: len(seen) >= 5, timeout=60)
+        make(log_broker, "pr.2", 2)
+        publish(log_broker, "pr.2", 1, [b"two"] * 7)
+        assert wait_for(lambda: len(seen) >= 12, timeout=60)
+    finally:
+        q.stop()
+    assert sorted(seen) == [("pr.1", 0)] * 5 + [("pr.2", 1)] * 7
+
+
 def _stream(spark, broker, topic, checkpoint, sink_path, **options):
     r = (spark.readStream.format("nsqshm").option("topic", topic)
          .option("shmPrefix", broker.prefix))
