@@ -85,7 +85,7 @@ def test_pub_through_a_non_owner_never_fails_while_the_owner_is_stopped(nsqd_fac
                    for tag, c in conns.items()]
         for t in threads:
             t.start()
-        time.sleep(8)  # longer than the old 5 s wait for room
+        time.sleep(6)  # longer than the old 5 s wait for room
         spilled = [n for n in os.listdir(tmp_path) if n.startswith(f"{topic}@w1.diskqueue.")]
         stop.set()
         for t in threads:
