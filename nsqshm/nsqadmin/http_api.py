@@ -59,6 +59,7 @@ from nsqshm.nsqd.http_api import (
 from nsqshm.nsqd.log import LEVELS
 from nsqshm.nsqd.names import is_valid_name
 from nsqshm.nsqd.stats import go_json
+from nsqshm.youzan.offset import SPECIAL, SPECIAL_EARLIEST, SPECIAL_END, TIMESTAMP, ConsumeOffset
 
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
 ASSET_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*\Z")
@@ -418,7 +419,8 @@ def _parse_addresses(body):
 
 
 # the channel page's resets: where a log topic's channel goes (Youzan's setoffset body)
-POSITIONS = {"earliest": "special:-2", "latest": "special:-1"}
+POSITIONS = {"earliest": str(ConsumeOffset(SPECIAL, SPECIAL_EARLIEST)),
+             "latest": str(ConsumeOffset(SPECIAL, SPECIAL_END))}
 
 
 def offset_position(text):
@@ -427,8 +429,8 @@ def offset_position(text):
     if text in POSITIONS:
         return POSITIONS[text]
     kind, _, value = text.partition(":")
-    if kind == "timestamp" and value.isascii() and value.isdigit() and len(value) <= 12:
-        return f"timestamp:{int(value)}"
+    if kind == TIMESTAMP and value.isascii() and value.isdigit() and len(value) <= 12:
+        return str(ConsumeOffset(TIMESTAMP, int(value)))
     raise Err(400, "INVALID_POSITION")
 
 

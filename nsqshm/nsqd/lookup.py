@@ -43,6 +43,7 @@ from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm.flags import split_host_port
 from nsqshm.nsqd.names import is_ephemeral
 from nsqshm.nsqd.stats import go_json
+from nsqshm.youzan.lookup import OLD_VERSION_PID  # a registration without a partition
 
 MAGIC_V1 = b"  V1"
 STATE_DISCONNECTED = 1
@@ -72,9 +73,6 @@ class Command:
 
 def identify(data):
     return Command("IDENTIFY", body=go_json(data))
-
-
-OLD_VERSION_PID = "-11"  # Youzan's partition of a registration without one
 
 
 def register(topic, channel="", partition=None):

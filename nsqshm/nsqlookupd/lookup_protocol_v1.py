@@ -37,13 +37,13 @@ from nsqshm.nsqd.errors import ClientErr
 from nsqshm.nsqd.names import is_valid_name
 from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqlookupd.registration_db import PeerInfo, Producer
-from nsqshm.youzan import lookup as youzan_lookup
+from nsqshm.youzan.lookup import OLD_VERSION_PID as NO_PARTITION
 from nsqshm.youzan.lookup import parse_registration
 
 MAGIC_V1 = b"  V1"
 OK = b"OK"
 CLIENT_REG = ("client", "", "")
-OLD_VERSION_PID = int(youzan_lookup.OLD_VERSION_PID)  # a registration without a partition
+OLD_VERSION_PID = int(NO_PARTITION)  # Youzan's: a registration without a partition
 
 # unicode.IsSpace beyond ASCII (what strings.TrimSpace trims)
 _UNICODE_SPACES = frozenset("\u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
