@@ -122,10 +122,11 @@ class Leadership:
 
     # -- the ISR, fenced by the epoch -------------------------------------------------
 
-    def update_replicas(self, state, isr, catchup):
-        """Set the ISR and catch-up list, as the partition's leader holding state.
-        Fenced if the epoch moved or the leader session is no longer ours.
-        -> the new PartitionState (its epoch for the next change)."""
+    def update_replicas(self, state, isr, catchup, designated=None):
+        """Set the ISR and catch-up list, as the partition's leader holding state (and
+        the designated leader, who goes first at the next election: this node unless
+        it hands off).  Fenced if the epoch moved or the leader session is no longer
+        ours.  -> the new PartitionState (its epoch for the next change)."""
         own = state.leader_session
         if own is None or own.leader.id != self.node.id:
             raise Fenced(f"{state.topic}/{state.partition}: {self.node.id} is not the leader")
@@ -133,7 +134,10 @@ class Leadership:
         catchup = tuple(check_node_id(n) for n in catchup if n not in isr)
         if self.node.id not in isr:
             raise ValueError("the leader cannot leave the ISR it leads")
-        replicas = ReplicaInfo(leader=self.node.id, isr=isr, catchup=catchup,
+        designated = check_node_id(designated) if designated else self.node.id
+        if designated not in isr:
+            raise ValueError("the designated leader must be in the ISR")
+        replicas = ReplicaInfo(leader=designated, isr=isr, catchup=catchup,
                                epoch_for_write=state.replicas.epoch_for_write)
         topic, partition = state.topic, state.partition
         info_key = self.keys.replica_info(topic, partition)
@@ -172,7 +176,8 @@ class Leadership:
 
     def watch_role(self, topic, partition, callback):
         """callback(role, state) now and each time this node's role in the partition
-        changes (or the partition goes: role NONE, state None).  -> RoleWatch."""
+        changes (or the partition goes: role NONE, state None), and, while it leads,
+        each time a move request comes or goes.  -> RoleWatch."""
         return RoleWatch(self, topic, partition, callback)
 
 
@@ -226,8 +231,10 @@ class RoleWatch:
                 role = role_of(state, self.leadership.node.id)
             except TopicNotFound:
                 state, role = None, NONE
+            moved = role == LEADER and state is not None and (
+                self.state is None or state.move != self.state.move)
             self.state = state
-            if role == self.role:
+            if role == self.role and not moved:
                 return
             self.role = role
         self.callback(role, state)

@@ -6,8 +6,12 @@ for `/lookup?access=w`.
 Any nsqlookupd can create a topic: the creation is one etcd transaction that fails
 when the topic exists, so two concurrent creations cannot both succeed.  Elections
 are run by the ISR members themselves (nsqd_coordinator.py) as etcd transactions;
-the master stands ready for the moves and balancing that are not built yet.
+an operator's move (`/topic/partition/move`) is a MoveRequest key the
+partition's leader carries out; the master stands ready for the automatic
+balancing that is not built yet.
 """
+
+import time
 
 import gevent
 
@@ -15,10 +19,12 @@ from nsqshm.consistence.errors import CoordinationError
 from nsqshm.consistence.master import Master
 from nsqshm.consistence.options import endpoints
 from nsqshm.consistence.session import EtcdSession
-from nsqshm.consistence.topology import NodeInfo, TopicMeta, Topology
+from nsqshm.consistence.topology import MoveRequest, NodeInfo, TopicMeta, Topology
 
 RETRY = 0.5
 MAX_REPLICATOR = 8
+MOVE_WAIT = 70.0  # s: the leader's MOVE_TIMEOUT for the catch-up, the hand-off, the election
+MOVE_POLL = 0.1
 
 
 class LookupdCoordinator:
@@ -70,6 +76,59 @@ class LookupdCoordinator:
         self.logf("info", f"cluster: topic {topic} created: {partition_num} partitions x "
                           f"{replicator} replicas on {placement}")
         return placement
+
+    def move_partition(self, topic, partition, move_leader, from_, to):
+        """Youzan's `/topic/partition/move`: `to` takes `from_`'s replica of the
+        partition (catching up first), or with move_leader its leadership.  The
+        partition's leader carries the move out; this waits until it is done.
+        ValueError (Youzan's texts) when refused or given up; TimeoutError;
+        TopicNotFound; CoordinationError.  -> the PartitionState after."""
+        state = self.topology.partition(topic, partition)
+        replicas = state.replicas
+        leader = state.leader or replicas.leader
+        if from_ == to:
+            raise ValueError("move to and from node can not be the same")
+        if move_leader and from_ != leader:
+            raise ValueError("move from not the topic leader")
+        if not move_leader:
+            if from_ == leader:
+                raise ValueError("can not move leader without moveleader param")
+            if from_ not in replicas.isr:
+                raise ValueError("the move source node has no replica for the topic")
+            if to in replicas.isr:
+                raise ValueError("the move destination has the topic data already")
+        live = {node.id for node in self.topology.nodes()}
+        if to not in live:
+            raise ValueError("the move destination is not found in cluster")
+        if from_ not in live:
+            raise ValueError("the move source data is lost in cluster")
+        if state.leader_session is None:
+            raise ValueError("the partition has no leader now: no move until one is elected")
+        revision = self.topology.request_move(state, MoveRequest(from_, to, move_leader))
+        if not revision:
+            raise ValueError("another balance is running, should wait")
+        self.logf("info", f"cluster: {topic}-{partition}: moving "
+                          f"{'the leadership' if move_leader else 'a replica'} "
+                          f"from {from_} to {to}")
+        deadline = time.monotonic() + MOVE_WAIT
+        while True:
+            state = self.topology.partition(topic, partition)
+            if state.move is None or state.move.create_revision != revision:
+                if move_leader and state.leader == to:
+                    return state
+                if not move_leader and to in state.replicas.isr \
+                        and from_ not in (*state.replicas.isr, *state.replicas.catchup):
+                    return state
+                if state.move is None and move_leader and state.leader_session is None \
+                        and time.monotonic() < deadline:
+                    gevent.sleep(MOVE_POLL)  # handed off: the election runs
+                    continue
+                raise ValueError(f"the move was given up by the partition's leader "
+                                 f"{leader} (its log says why); leader now "
+                                 f"{state.leader or 'none'}, ISR {list(state.replicas.isr)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("timeout waiting move data")
+            gevent.sleep(MOVE_POLL)
 
     def topic_layout(self, topic):
         """(TopicMeta, [PartitionState]) -- TopicNotFound when it is not in etcd."""

@@ -36,7 +36,7 @@ from nsqshm.consistence.errors import (
 )
 from nsqshm.consistence.leadership import CANDIDATE, LEADER, Leadership
 from nsqshm.consistence.options import endpoints
-from nsqshm.consistence.replicator import PartitionLeader
+from nsqshm.consistence.replicator import HAND_OFF_TIMEOUT, PartitionLeader
 from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import NodeInfo, Topology
 from nsqshm.nsqd.partition import partition_owner
@@ -108,9 +108,14 @@ class NsqdCoordinator:
         return self
 
     def close(self, resign=True):
-        """A graceful stop: hand the leaderships off at once (a follower is elected
-        without waiting for the TTL), give the lease up."""
+        """A graceful stop: hand the leaderships off at once (to the most caught-up ISR
+        follower, with the log's end and the cursors: it is elected without waiting
+        for the TTL and its consumers go on from here), give the lease up."""
         self.stopped = True
+        if resign:
+            handing = [gevent.spawn(self._hand_off, leader)
+                       for leader in list(self.leaders.values())]
+            gevent.joinall(handing, timeout=HAND_OFF_TIMEOUT + 1.0)
         for leader in list(self.leaders.values()):
             leader.stop("stopping")
             if resign:
@@ -124,6 +129,17 @@ class NsqdCoordinator:
             self._loop.kill(block=False)
         self.rpc.stop()
         self.session.close(revoke=resign)
+
+    def _hand_off(self, leader):
+        to = leader.successor()
+        if to is None:
+            return
+        try:
+            why_not = leader.hand_off(to)
+        except (CoordinationError, ValueError) as err:
+            why_not = str(err)
+        if why_not:
+            self.logf("info", f"cluster: {leader!r} not handed off: {why_not}")
 
     def lease_alive(self):
         lease = self.session.lease
@@ -256,6 +272,8 @@ class NsqdCoordinator:
         gate.writable = role == LEADER  # (the owner worker runs the election)
 
     def _elect(self, key):
+        if self.stopped:  # (a stopping node that handed off: it must not win it back)
+            return
         try:
             # the partition's designated leader (the placement's at creation, the last
             # one after) goes first while it is alive: leaders stay spread as placed

@@ -16,6 +16,13 @@
         waited for it are answered; a catch-up replica that reached the end joins the
         ISR (while it joins, PUBs wait for it too, so it has every message acked
         after it is in).
+    move (an operator's MoveRequest in etcd, or a graceful stop):
+        the new replica joins the catch-up list and, once it has caught up, the
+        ISR; then the old one leaves the replicas, or, for the leadership, the
+        hand-off: writes refused (E_FAILED_ON_NOT_LEADER), the new leader has the
+        log's end and the channels' cursors sent after the refusal began, it is
+        made the designated leader (who goes first at the election), and this
+        leader resigns its session: the election is immediate, not a TTL later.
 
 Batching: a sender reads as many records as the log holds past the follower's end
 (up to BATCH_BYTES) into one buffer, in C, and sends it as one frame; the follower
@@ -45,6 +52,8 @@ BATCH_BYTES = MAX_RECORD + 4 + (2 << 20)  # the largest record fits, with room f
 MONITOR_INTERVAL = 0.2
 RETRY = 0.3
 CURSOR_INTERVAL = 0.5  # s: cursors go at most this often while records flow (1 s idle)
+MOVE_TIMEOUT = 60.0  # s: a moved replica has this long to catch up (Youzan's minute)
+HAND_OFF_TIMEOUT = 2.0  # s: the new leader has this long to take the end and the cursors
 _BUFFERS = []  # batch buffers not on the wire, shared by the senders of this process
 
 
@@ -66,6 +75,9 @@ class PartitionLeader:
         self.behind_since = {}  # node ID -> monotonic time it was first seen behind
         self.joining = None  # a catch-up node moving into the ISR: PUBs wait for it too
         self.fenced = None  # why this leader may acknowledge nothing more
+        self.handing_off = None  # the node it hands its leadership to: writes refused
+        self.cursors_synced = {}  # node ID -> when it last held every cursor (monotonic)
+        self._moving = None  # the create_revision of the MoveRequest being carried out
         self._progress = gevent.event.Event()  # set (and replaced) at each ack or change
         self._wakes = {}  # node ID -> Event: wakes its sender at an append
         self._senders = {}
@@ -81,6 +93,8 @@ class PartitionLeader:
     def check_writable(self, partition):
         if self.fenced is not None:
             raise NotLeader(f"{self._name} {self.fenced}")
+        if self.handing_off is not None:
+            raise NotLeader(f"{self._name} hands its leadership to {self.handing_off}")
         if not self.coordinator.lease_alive():
             raise NotLeader(f"{self._name} lost its etcd lease")
 
@@ -130,6 +144,11 @@ class PartitionLeader:
             self.state = state
             self._update_senders()
             self._notify()
+            move = state.move
+            if move is not None and move.create_revision != self._moving \
+                    and self.fenced is None:
+                self._moving = move.create_revision
+                gevent.spawn(self._move, move)
 
     def _update_senders(self):
         wanted = {n for n in (*self.state.replicas.isr, *self.state.replicas.catchup)
@@ -171,9 +190,9 @@ class PartitionLeader:
                     if self.acked.get(node) != end:
                         self.acked[node] = end
                         self._notify()
-                    if time.monotonic() >= next_cursors:
+                    if time.monotonic() >= next_cursors or self.handing_off == node:
                         next_cursors = time.monotonic() + CURSOR_INTERVAL
-                        if self._send_cursors(client, sent) == rpc.FENCED:
+                        if self._send_cursors(client, sent, node) == rpc.FENCED:
                             status = rpc.FENCED
                             continue
                     if end == leader_end:  # up to date: wait for the next append
@@ -201,16 +220,18 @@ class PartitionLeader:
                     client.close()
             gevent.sleep(RETRY)
 
-    def _send_cursors(self, client, sent):
+    def _send_cursors(self, client, sent, node):
         """The cursors that moved since `sent` (this connection's last), in one
         CURSORS frame: the ACK's status, or None when none moved."""
         topic, index = self.partition.topic.name, self.partition.index
         host = self.coordinator.host
+        read_at = time.monotonic()
         states = host.cursor_states(self.partition)
         # every offset those cursors name is below this end (read after them)
         leader_end = host.end_offset(self.partition)
         moved = [name for name, state in states.items() if sent.get(name) != state]
         if not moved:
+            self.cursors_synced[node] = read_at
             return None
         frame = rpc.encode_cursors(topic, index, self.epoch, [
             (name, states[name][0], states[name][1] if states[name][1].strip(b"\0") else b"")
@@ -221,7 +242,96 @@ class PartitionLeader:
         if status == rpc.OK and follower_end >= leader_end:
             for name in moved:
                 sent[name] = states[name]
+            self.cursors_synced[node] = read_at
         return status
+
+    # -- moves -----------------------------------------------------------------------------
+
+    def _move(self, move):
+        """Carry out an operator's MoveRequest (in its own greenlet), then delete it."""
+        topology = self.coordinator.topology
+        key = (self.partition.topic.name, self.partition.index)
+        try:
+            error = self._carry_out(move)
+        except (CoordinationError, ValueError) as err:
+            error = str(err)
+        if error:
+            self.coordinator.logf("warn", f"{self._name}: move of {move.from_} to {move.to} "
+                                          f"given up: {error}")
+        try:
+            topology.end_move(*key, move)
+        except CoordinationError:
+            pass
+
+    def _carry_out(self, move):
+        """-> None when done, else why not (Youzan's texts where it has them)."""
+        leadership = self.coordinator.leadership
+        replicas = self.state.replicas
+        if move.from_ == move.to:
+            return "move to and from node can not be the same"
+        if move.leader and move.from_ != self.me:
+            return "move from not the topic leader"
+        if not move.leader and move.from_ == self.me:
+            return "can not move leader without moveleader param"
+        if move.to not in replicas.isr:
+            if move.to not in replicas.catchup:
+                self.set_state(leadership.add_catchup(self.state, move.to))
+            deadline = time.monotonic() + MOVE_TIMEOUT
+            while move.to not in self.state.replicas.isr:  # (the monitor moves it in)
+                if self.fenced is not None:
+                    return f"no longer leading: {self.fenced}"
+                if time.monotonic() > deadline:
+                    return "timeout waiting move data"
+                gevent.sleep(0.1)
+        if move.leader:
+            return self.hand_off(move.to, move)
+        replicas = self.state.replicas
+        if move.from_ in replicas.isr or move.from_ in replicas.catchup:
+            self.set_state(leadership.update_replicas(
+                self.state, [n for n in replicas.isr if n != move.from_],
+                [n for n in replicas.catchup if n != move.from_]))
+        return None
+
+    def hand_off(self, to, move=None, timeout=HAND_OFF_TIMEOUT):
+        """Give the leadership to `to`, an ISR member: refuse writes, wait (at most
+        `timeout`) until it has this log's end and the cursors read after the refusal
+        began, make it the designated leader, end the move, resign.  Past the timeout
+        it is handed anyway: as an ISR member it holds every acknowledged message,
+        and the cursors of the last interval at least.  -> None, or why not."""
+        if self.fenced is not None:
+            return f"no longer leading: {self.fenced}"
+        if to not in self.state.replicas.isr:
+            return f"{to} is not in the ISR"
+        host = self.coordinator.host
+        leadership = self.coordinator.leadership
+        self.handing_off = to
+        began = time.monotonic()
+        while time.monotonic() - began < timeout and self.fenced is None:
+            if self.acked.get(to, -1) >= host.end_offset(self.partition) \
+                    and self.cursors_synced.get(to, 0.0) > began:
+                break
+            wake = self._wakes.get(to)
+            if wake is not None:
+                wake.set()
+            gevent.sleep(0.05)
+        if self.fenced is not None:
+            return f"no longer leading: {self.fenced}"
+        replicas = self.state.replicas
+        self.set_state(leadership.update_replicas(self.state, replicas.isr, replicas.catchup,
+                                                  designated=to))
+        if move is not None:
+            self.coordinator.topology.end_move(self.partition.topic.name,
+                                               self.partition.index, move)
+        self.coordinator.logf("info", f"{self._name}: hands its leadership to {to} "
+                                      f"({time.monotonic() - began:.2f}s)")
+        leadership.resign(self.state)
+        self.fence(f"handed its leadership to {to}")
+        return None
+
+    def successor(self):
+        """The ISR follower that has acknowledged the most (a graceful stop's pick)."""
+        followers = [n for n in self.state.replicas.isr if n != self.me and n in self.acked]
+        return max(followers, key=lambda n: self.acked[n], default=None)
 
     def _diverged(self, end, crc):
         """Whether a follower's log, ending at `end` with a last record of crc32 `crc`,
@@ -264,6 +374,8 @@ class PartitionLeader:
                 self.coordinator.logf("info", f"{self._name}: ISR check failed: {err}")
 
     def _check_isr(self, leadership):
+        if self.handing_off is not None:  # (its designated-leader change comes next)
+            return
         end = self.coordinator.host.end_offset(self.partition)
         now = time.monotonic()
         replicas = self.state.replicas

@@ -8,6 +8,8 @@ v3 API instead of v2):
         Topics/<topic>/TopicMeta                  TopicMeta JSON (partitions, replicas, ...)
         Topics/<topic>/<partition>/ReplicaInfo    ReplicaInfo JSON: Leader, ISR, CatchupList
         Topics/<topic>/<partition>/LeaderSession  LeaderSession JSON, on the leader's lease
+        Topics/<topic>/<partition>/MoveRequest    nsqshm's: MoveRequest JSON, an operator's
+                                                  move the partition's leader carries out
 
 A partition's **epoch** is the mod_revision of its ReplicaInfo key, as Youzan's is
 the key's ModifiedIndex: every change of leader or ISR is a compare-and-set on it, so
@@ -148,6 +150,28 @@ class LeaderSession:
 
 
 @dataclass(frozen=True)
+class MoveRequest:
+    """An operator's move of a partition (nsqlookupd's `/topic/partition/move`, after
+    Youzan's): `to` joins the replicas (catching up first), then `from_` leaves them;
+    with `leader`, `from_` is the leader and hands its leadership to `to`.  The
+    partition's leader carries it out (replicator.py) and deletes the key when done
+    or given up; create_revision tells one request from the next."""
+    from_: str
+    to: str
+    leader: bool
+    create_revision: int = 0
+
+    def to_json(self):
+        return {"From": self.from_, "To": self.to, "Leader": self.leader}
+
+    @classmethod
+    def from_kv(cls, kv):
+        d = json.loads(kv.value)
+        return cls(from_=check_node_id(d["From"]), to=check_node_id(d["To"]),
+                   leader=bool(d.get("Leader")), create_revision=kv.create_revision)
+
+
+@dataclass(frozen=True)
 class PartitionState:
     """A partition as read at one revision: its replicas and its live leader, if any."""
     topic: str
@@ -155,6 +179,7 @@ class PartitionState:
     replicas: ReplicaInfo
     leader_session: LeaderSession | None = None
     revision: int = 0  # the store revision the state was read at
+    move: MoveRequest | None = None  # a move under way
 
     @property
     def epoch(self):
@@ -206,6 +231,9 @@ class Keys:
 
     def leader_session(self, topic, partition):
         return self.partition(topic, partition) + "LeaderSession"
+
+    def move_request(self, topic, partition):
+        return self.partition(topic, partition) + "MoveRequest"
 
 
 class Topology:
@@ -310,12 +338,38 @@ class Topology:
 
     def state_from(self, topic, partition, kvs, revision=0):
         """A PartitionState from the KeyValues of the partition's prefix."""
-        replicas = session = None
+        replicas = session = move = None
         for kv in kvs:
             if kv.key.endswith("/ReplicaInfo"):
                 replicas = ReplicaInfo.from_kv(kv)
             elif kv.key.endswith("/LeaderSession"):
                 session = LeaderSession.from_kv(kv)
+            elif kv.key.endswith("/MoveRequest"):
+                try:
+                    move = MoveRequest.from_kv(kv)
+                except (ValueError, KeyError, TypeError, InvalidName):
+                    move = None  # (not one of ours: ignored, as an unknown key)
         if replicas is None:
             raise TopicNotFound(f"{topic} partition {partition}")
-        return PartitionState(topic, partition, replicas, session, revision)
+        return PartitionState(topic, partition, replicas, session, revision, move)
+
+    # -- moves (an operator's, carried out by the partition's leader) ------------------
+
+    def request_move(self, state, move):
+        """Put a MoveRequest for the partition read as `state`: only if nobody changed
+        its replicas since and no other move is under way.  -> the request's revision
+        (its create_revision), or 0 if not put."""
+        topic, partition = state.topic, state.partition
+        key = self.keys.move_request(topic, partition)
+        result = self.session.txn(
+            [Compare.mod_revision(self.keys.replica_info(topic, partition), "=", state.epoch),
+             Compare.absent(key)],
+            [Op.put(key, json.dumps(move.to_json()))])
+        return result.revision if result.succeeded else 0
+
+    def end_move(self, topic, partition, move):
+        """Delete the MoveRequest `move` (not a later one).  -> True if deleted."""
+        key = self.keys.move_request(topic, partition)
+        result = self.session.txn([Compare.create_revision(key, "=", move.create_revision)],
+                                  [Op.delete(key)])
+        return result.succeeded

@@ -5,8 +5,28 @@ failed everywhere is a 502 UPSTREAM_ERROR (``Err``), each logged with
 nsqadmin's words ("failed to get topic producers - ...")."""
 
 from nsqshm.nsqadmin.clusterinfo import UpstreamError
-from nsqshm.nsqadmin.stats import TopicStats, search
+from nsqshm.nsqadmin.stats import Producer, TopicStats, search
 from nsqshm.nsqd.http_api import Err
+
+
+def _replication_row(part, nodes, ends):
+    """One partition of the layout, each member with its lag behind the leader's end."""
+    index = part.get("partition")
+    leader = part.get("leader") or ""
+    leader_end = ends.get((leader, index))
+
+    def member(node_id, role):
+        end = ends.get((node_id, index))
+        producer = nodes.get(node_id)
+        return {"id": node_id, "role": role, "end_offset": end,
+                "lag": None if leader_end is None or end is None else leader_end - end,
+                "node": producer.http_address() if producer else "",
+                "hostname": producer.hostname if producer else node_id}
+
+    return {"partition": index, "leader": leader, "epoch": part.get("epoch"),
+            "leader_epoch": part.get("leader_epoch"), "moving": part.get("moving"),
+            "isr": [member(n, "leader" if n == leader else "isr") for n in part.get("isr") or ()],
+            "catchup": [member(n, "catchup") for n in part.get("catchup") or ()]}
 
 
 def maybe_warn(messages):
@@ -84,6 +104,36 @@ class ClusterView:
         for t in per_node:
             total.add(t)
         return total
+
+    def replication(self, topic, total, messages):
+        """A replicated log topic's partitions (cluster mode): per partition its
+        leader, epochs, a move under way, and each ISR and catch-up member with its
+        log's end and its lag behind the leader's end, from the members' /stats.
+        None when no lookupd has a layout of the topic."""
+        lookupd, _ = self.lists()
+        layout = self.ci.get_cluster_topic(topic, lookupd) if lookupd else None
+        if not isinstance(layout, dict) or not isinstance(layout.get("partitions"), list):
+            return None
+        nodes = {n["id"]: Producer.from_json(n) for n in layout.get("nodes") or ()
+                 if isinstance(n, dict) and isinstance(n.get("id"), str)}
+        stats = {t.node: t for t in total.node_stats or ()}
+        missing = [p for p in nodes.values() if p.http_address() not in stats]
+        if missing:
+            try:
+                found, _, errs = self.ci.get_nsqd_stats(missing, topic, "", False)
+            except UpstreamError as err:
+                found, errs = [], [str(err)]
+            for t in found:
+                stats[t.node] = t
+            if errs:
+                messages.append("\n".join(errs))
+        ends = {}  # (node ID, partition) -> its log's end offset
+        for node_id, producer in nodes.items():
+            t = stats.get(producer.http_address())
+            for entry in (t.partitions if t is not None else None) or ():
+                ends[node_id, entry.get("partition")] = entry.get("end_offset")
+        return [_replication_row(part, nodes, ends) for part in layout["partitions"]
+                if isinstance(part, dict)]
 
     def channel_stats(self, topic, channel, messages):
         """The channel aggregated across nodes, clients included; None if no node has it."""

@@ -128,6 +128,17 @@ class ClusterInfo:
                     producers.append(producer)
         return producers, errs
 
+    def get_cluster_topic(self, topic, lookupd):
+        """A replicated topic's layout (nsqshm's lookupd in cluster mode: GET
+        /cluster/topic), from the first lookupd that has it; None when none does
+        (standalone lookupds, NSQ's, a classic topic): not an error."""
+        for addr in lookupd:
+            try:
+                return self._get("nsqlookupd", f"http://{addr}/cluster/topic?{_qs(topic=topic)}")
+            except QUERY_ERRORS as err:
+                self._logf(f"CI: no cluster layout of {topic} from {addr}: {err}")
+        return None
+
     # -- nsqd ---------------------------------------------------------------------------
 
     def _topic_names(self, addr, topic=""):

@@ -115,9 +115,11 @@ class Pages:
         def build(messages):
             check_topic(topic)
             total = self.view.topic_stats(topic, messages)
-            return {"total": total}
+            return {"total": total,
+                    "replication": self.view.replication(topic, total, messages)}
 
-        return self._page(req, "topic.html", build, topic=topic, total=None, section="topics",
+        return self._page(req, "topic.html", build, topic=topic, total=None, replication=None,
+                          section="topics",
                           chart_api=f"/api/topics/{quote(topic, safe='')}",
                           chart_kind="message_count")
 

@@ -8,6 +8,9 @@ routes differ:
     GET  /ping /info /debug /lookup /topics /channels /nodes
     POST /topic/create /topic/delete /topic/tombstone /channel/create /channel/delete
 
+and in cluster mode Youzan's `POST /topic/partition/move` and nsqshm's
+`GET /cluster/topic` (a topic's partitions: leader, ISR, catch-up, epochs).
+
 JSON objects that nsqlookupd builds from Go maps have their keys sorted, as
 Go's encoder writes them; structs keep their field order.
 """
@@ -15,7 +18,7 @@ Go's encoder writes them; structs keep their field order.
 from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm.consistence.errors import CoordinationError, InvalidName, TopicExists, TopicNotFound
 from nsqshm.consistence.lookupd_coordinator import MAX_REPLICATOR
-from nsqshm.consistence.topology import MAX_PARTITIONS
+from nsqshm.consistence.topology import MAX_PARTITIONS, NODE_ID
 from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -45,6 +48,8 @@ class LookupHTTPAPI(HTTPAPI):
         add(Route("POST", "/channel/create", self.channel_create))
         add(Route("POST", "/channel/delete", self.channel_delete))
         add(Route("POST", "/topic/tombstone", self.topic_tombstone))
+        add(Route("POST", "/topic/partition/move", self.topic_partition_move))
+        add(Route("GET", "/cluster/topic", self.cluster_topic))
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -187,6 +192,55 @@ class LookupHTTPAPI(HTTPAPI):
                 "meta": {"partition_num": meta.partition_num, "replica": meta.replica},
                 "partitions": partitions, "producers": list(producers.values())}
 
+    def _coordinator(self):
+        if self.lookupd.coordinator is None:
+            raise Err(500, "MISSING_COORDINATOR")
+        return self.lookupd.coordinator
+
+    def topic_partition_move(self, req):
+        """Youzan's: topic, partition, move_leader=true|false, move_from, move_to
+        (node IDs); answers once the move is done."""
+        coordinator = self._coordinator()
+        values = self._req_params(req)
+        topic = self._arg(values, "topic", "MISSING_ARG_TOPIC")
+        raw = self._arg(values, "partition", "MISSING_ARG_TOPIC_PARTITION")
+        if not raw.isdigit() or not 0 <= int(raw) < MAX_PARTITIONS:
+            raise Err(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+        move_leader = values.get("move_leader", [""])[0] == "true"
+        ends = [values.get(k, [""])[0] for k in ("move_from", "move_to")]
+        if not all(NODE_ID.match(n) for n in ends):
+            raise Err(400, "INVALID_ARG_NODE")
+        try:
+            coordinator.move_partition(topic, int(raw), move_leader, *ends)
+        except (TopicNotFound, InvalidName):
+            raise Err(404, "TOPIC_NOT_FOUND") from None
+        except ValueError as err:
+            raise Err(400, str(err)) from None
+        except TimeoutError as err:
+            raise Err(500, str(err)) from None
+        except CoordinationError as err:
+            raise Err(500, f"E_CLUSTER {err}") from None
+
+    def cluster_topic(self, req):
+        """A topic's layout as etcd has it, with the nodes it names: what nsqadmin
+        shows (each partition's leader, ISR, catch-up, a move under way)."""
+        coordinator = self._coordinator()
+        topic = self._arg(self._req_params(req), "topic", "MISSING_ARG_TOPIC")
+        try:
+            meta, states = coordinator.topic_layout(topic)
+            nodes = coordinator.topology.nodes()
+        except (TopicNotFound, InvalidName):
+            raise Err(404, "TOPIC_NOT_FOUND") from None
+        except CoordinationError as err:
+            raise Err(500, f"E_CLUSTER {err}") from None
+        named = {n for st in states
+                 for n in (st.leader, *st.replicas.isr, *st.replicas.catchup) if n}
+        return {"topic": topic,
+                "meta": {"partition_num": meta.partition_num, "replica": meta.replica,
+                         "sync_every": meta.sync_every},
+                "partitions": [_layout(st) for st in states],
+                "nodes": [{"id": n.id, **_peer(n)} for n in nodes if n.id in named]}
+
     def topic_delete(self, req):
         topic = self._arg(self._req_params(req), "topic", "MISSING_ARG_TOPIC")
         for reg in self.db.find_registrations("partition", topic, "*"):
@@ -281,6 +335,16 @@ def _peer(node):
     return {"remote_address": f"{node.ip}:{node.tcp_port}", "hostname": node.ip,
             "broadcast_address": node.ip, "tcp_port": node.tcp_port,
             "http_port": node.http_port, "version": node.version}
+
+
+def _layout(state):
+    move = state.move
+    return {"partition": state.partition, "leader": state.leader,
+            "designated_leader": state.replicas.leader, "isr": list(state.replicas.isr),
+            "catchup": list(state.replicas.catchup), "epoch": state.epoch,
+            "leader_epoch": state.replicas.epoch_for_write,
+            "moving": None if move is None else {"from": move.from_, "to": move.to,
+                                                 "leader": move.leader}}
 
 
 def create_app(lookupd):

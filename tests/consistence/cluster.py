@@ -72,7 +72,7 @@ class Node:
 
     def end_offset(self, topic, partition=0):
         doc = self.get_json(f"/stats?format=json&topic={topic}")
-        for t in doc["topics"]:
+        for t in doc["topics"] or ():
             if t["topic_name"] == topic:
                 return t["partitions"][partition]["end_offset"]
         return None

@@ -1,0 +1,198 @@
+"""Moving a partition's leadership or a replica by HTTP (Youzan's nsqlookupd
+`POST /topic/partition/move`), a graceful stop's hand-off, and the layout the
+lookupd and nsqadmin show (`GET /cluster/topic`, the topic page's replication
+table): three nsqd in network namespaces, a real etcd (cluster.py)."""
+
+import json
+import re
+import time
+import urllib.parse
+
+import pytest
+
+from nsqshm import protocol as p
+from tests.consistence.cluster import Client, Cluster
+from tests.consistence.etcd_server import ETCD
+from tests.consistence.netns import available
+from tests.consistence.test_replication import channel_cursor, publish, wait_until
+from tests.nsqadmin.conftest import Admin
+
+pytestmark = [
+    pytest.mark.skipif(bool(available()), reason=available() or "available"),
+    pytest.mark.skipif(ETCD is None, reason="etcd not installed (scripts/setup.sh)"),
+    pytest.mark.timeout(120),
+]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    # a TTL far above what a move takes: a move must not wait for a lease to run out
+    made = Cluster(tmp_path, ttl="10s")
+    yield made
+    made.close()
+
+
+def move(cluster, topic, partition, src, dst, leader):
+    query = urllib.parse.urlencode({"topic": topic, "partition": partition,
+                                    "move_leader": "true" if leader else "false",
+                                    "move_from": src, "move_to": dst})
+    status, body = cluster.lookupd.post(f"/topic/partition/move?{query}")
+    return status, json.loads(body or b"null")
+
+
+def layout(cluster, topic):
+    return cluster.lookupd.get_json(f"/cluster/topic?topic={topic}")
+
+
+def consume_some(node, topic, channel, count):
+    """SUB with RDY count, take and FIN `count` messages, and keep the connection
+    (a consumer that is still there when the leadership moves)."""
+    client = Client(node)
+    client.send(p.sub(topic, channel))
+    assert client.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    client.send(p.rdy(count))
+    bodies = []
+    for _ in range(count):
+        m = client.message()
+        bodies.append(m.body)
+        client.send(p.fin(m.id))
+    return client, bodies
+
+
+def rest_of_channel(node, topic, channel, count):
+    """Exactly `count` messages from node (FINished), then nothing more for 1 s."""
+    client = Client(node)
+    try:
+        got = client.consume(topic, channel, count)
+        client.sock.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            client.message()
+        return got
+    finally:
+        client.close()
+
+
+def test_the_leadership_moves_by_http_and_the_channel_goes_on_where_it_was(cluster):
+    assert cluster.create_topic("orders", 1, 3)[0] == 200
+    old = cluster.leader("orders")
+    new = next(n for n in cluster.nodes if n is not old)
+    bodies = [b"m%03d" % i for i in range(100)]
+    publish(old, "orders", bodies)
+    consumer, first = consume_some(old, "orders", "audit", 40)
+    assert first == bodies[:40]
+    wait_until(lambda: channel_cursor(old, "orders", "audit") == (40, 0), 5,
+               "the leader's channel confirmed the 40")
+
+    began = time.monotonic()
+    status, body = move(cluster, "orders", 0, old.id, new.id, leader=True)
+    took = time.monotonic() - began
+    assert (status, body) == (200, None)
+    assert took < 5, took  # a hand-off and an election, not the 10 s lease
+    assert cluster.leader("orders", timeout=1) is new
+    doc = layout(cluster, "orders")["partitions"][0]
+    assert (doc["leader"], doc["designated_leader"], doc["moving"]) == (new.id, new.id, None)
+    assert set(doc["isr"]) == {n.id for n in cluster.nodes}
+
+    # the old leader refuses writes with Youzan's code and delivers no more
+    client = Client(old)
+    kind, data = client.pub("orders", b"refused")
+    assert (kind, data.split()[0]) == (p.FRAME_TYPE_ERROR, b"E_FAILED_ON_NOT_LEADER")
+    client.close()
+    consumer.close()
+    publish(new, "orders", [b"after"])
+    # the new leader took the cursor with the hand-off: the 40 are not delivered again
+    assert rest_of_channel(new, "orders", "audit", 61) == [*bodies[40:], b"after"]
+
+
+def test_a_refused_move_says_why(cluster):
+    assert cluster.create_topic("orders", 1, 2)[0] == 200
+    leader = cluster.leader("orders")
+    doc = layout(cluster, "orders")["partitions"][0]
+    follower = next(n for n in doc["isr"] if n != leader.id)
+    outside = next(n.id for n in cluster.nodes if n.id not in doc["isr"])
+    for args, want in [
+        ((leader.id, leader.id, True), (400, "move to and from node can not be the same")),
+        ((follower, outside, True), (400, "move from not the topic leader")),
+        ((leader.id, outside, False), (400, "can not move leader without moveleader param")),
+        ((outside, follower, False), (400, "the move source node has no replica for the topic")),
+        ((follower, leader.id, False), (400, "the move destination has the topic data already")),
+        ((leader.id, "10.9.9.9:4250", True), (400, "the move destination is not found in cluster")),
+        ((leader.id, "no/such", True), (400, "INVALID_ARG_NODE")),
+    ]:
+        status, body = move(cluster, "orders", 0, *args)
+        assert (status, body["message"]) == want, args
+    status, body = cluster.lookupd.post("/topic/partition/move?topic=nope&partition=0"
+                                        f"&move_leader=true&move_from={leader.id}"
+                                        f"&move_to={follower}")
+    assert (status, json.loads(body)["message"]) == (404, "TOPIC_NOT_FOUND")
+    status, body = cluster.lookupd.post("/topic/partition/move?topic=orders&partition=x")
+    assert (status, json.loads(body)["message"]) == (400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+    assert layout(cluster, "orders")["partitions"][0]["leader"] == leader.id  # nothing moved
+
+
+def test_a_replica_moves_to_another_node_and_catches_up_first(cluster):
+    assert cluster.create_topic("orders", 1, 2)[0] == 200
+    leader = cluster.leader("orders")
+    doc = layout(cluster, "orders")["partitions"][0]
+    src = cluster.node(next(n for n in doc["isr"] if n != leader.id))
+    dst = next(n for n in cluster.nodes if n.id not in doc["isr"])
+    bodies = [b"m%03d" % i for i in range(200)]
+    publish(leader, "orders", bodies)
+    assert dst.end_offset("orders") is None  # it holds nothing of the topic yet
+
+    status, _ = move(cluster, "orders", 0, src.id, dst.id, leader=False)
+    assert status == 200
+    doc = layout(cluster, "orders")["partitions"][0]
+    assert (doc["leader"], set(doc["isr"]), doc["catchup"], doc["moving"]) == \
+        (leader.id, {leader.id, dst.id}, [], None)
+    assert dst.end_offset("orders") == 200  # caught up before it joined the ISR
+    publish(leader, "orders", [b"after"])  # acknowledged by the new ISR: dst has it
+    assert dst.end_offset("orders") == 201
+    time.sleep(0.5)
+    assert src.end_offset("orders") == 200  # the old replica gets nothing more
+
+
+def test_a_leader_stopped_gracefully_hands_off_the_log_and_the_cursors(cluster):
+    """SIGTERM: the leader hands each partition to its most caught-up follower with
+    the channels' cursors read after it stopped taking writes, then resigns: the new
+    leader is elected at once (the TTL is 10 s) and its consumers go on exactly
+    where the old one's were."""
+    assert cluster.create_topic("orders", 1, 3)[0] == 200
+    old = cluster.leader("orders")
+    bodies = [b"m%03d" % i for i in range(100)]
+    publish(old, "orders", bodies)
+    consumer, first = consume_some(old, "orders", "audit", 30)
+    wait_until(lambda: channel_cursor(old, "orders", "audit") == (30, 0), 5,
+               "the leader's channel confirmed the 30")
+    stopped_at = time.monotonic()
+    assert old.server.stop() == 0
+    new = cluster.leader("orders", not_in=(old.id,), timeout=10)
+    assert time.monotonic() - stopped_at < 5
+    consumer.close()
+    publish(new, "orders", [b"after"])
+    assert rest_of_channel(new, "orders", "audit", 71) == [*bodies[30:], b"after"]
+
+
+def test_nsqadmin_shows_each_partitions_leader_isr_and_lag(cluster):
+    assert cluster.create_topic("orders", 2, 2)[0] == 200
+    leaders = [cluster.leader("orders", partition=i) for i in range(2)]
+    for i, node in enumerate(leaders):
+        publish(node, "orders", [b"x"] * (10 + i), partition=i)
+    admin = Admin([f"--lookupd-http-address={cluster.lookupd.http_address}"])
+    try:
+        doc = layout(cluster, "orders")
+        status, _, page = admin.get("/topics/orders")
+        assert status == 200
+        html = page.decode()
+        table = html[html.index('id="topic-replication"'):]
+        table = table[:table.index("</table>")]
+        for part in doc["partitions"]:
+            row = re.search(rf'<tr data-row="{part["partition"]}">(.*?)</tr>', table, re.S)
+            assert row, table
+            cells = row.group(1)
+            assert f'<td class="leader">{part["leader"]}</td>' in cells
+            for member in part["isr"]:  # every member has it all: lag 0
+                assert re.search(rf'data-node="{re.escape(member)}">.*?'
+                                 r'<span class="lag">0</span>', cells, re.S), cells
+    finally:
+        admin.stop()
