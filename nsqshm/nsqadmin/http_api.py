@@ -1,4 +1,4 @@
-"""nsqadmin's HTTP API (nsqadmin/http.go) on Flask and gevent, mounted under
+"""nsqadmin's HTTP API (nsqadmin/http.go) on werkzeug and gevent, mounted under
 --base-path:
 
     GET    /ping                          "OK"

@@ -44,7 +44,6 @@ the supervisor's start time (the broker's) and max fds.
 
 import os
 
-from flask import request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
@@ -208,7 +207,7 @@ def process_metrics(processes):
 
 
 def register(app):
-    """Add GET /metrics to the nsqd Flask app made by http_api.create_app."""
+    """Add GET /metrics to the nsqd app made by http_api.create_app."""
     from nsqshm.nsqd.http_api import Route
 
     api = app.nsq_api
@@ -222,8 +221,8 @@ def register(app):
     api.router.add(Route("GET", "/metrics", metrics, plain=True))
 
     @app.after_request
-    def content_type(response):
-        if request.environ.get(ENVIRON_KEY) and response.status_code == 200:
+    def content_type(req, response):
+        if req.environ.get(ENVIRON_KEY) and response.status_code == 200:
             response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 

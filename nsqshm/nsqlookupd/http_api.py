@@ -1,4 +1,4 @@
-"""nsqlookupd's HTTP API (nsqlookupd/http.go) on Flask and gevent.
+"""nsqlookupd's HTTP API (nsqlookupd/http.go) on werkzeug and gevent.
 
 Routing, V1 responses, error bodies and the access log are nsqd's
 (nsqshm.nsqd.http_api: httprouter's 404/405/redirect/OPTIONS rules,
