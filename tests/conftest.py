@@ -4,6 +4,7 @@ import uuid
 import pytest
 
 from nsqshm.ring import Ring
+from tests.nsqd.conftest import Spares
 
 
 @pytest.fixture
@@ -19,3 +20,13 @@ def ring(ring_name):
     r = Ring.create(ring_name, capacity=1 << 16)
     yield r
     r.close()
+
+
+@pytest.fixture(scope="session")
+def nsqd_spares(tmp_path_factory):
+    """One pool of spare servers for the whole run (tests/nsqd/conftest.py's
+    nsqd_factory takes from it, in every directory that uses that factory)."""
+    spares = Spares(tmp_path_factory)
+    spares.DEPTH = int(os.environ.get("NSQSHM_TEST_SPARES", Spares.DEPTH))  # 0: none
+    yield spares
+    spares.close()

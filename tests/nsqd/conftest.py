@@ -116,13 +116,97 @@ def nsqd_workers(request):
     return getattr(request, "param", 1)
 
 
+class Spares:
+    """Servers started ahead, for the tests that start one with the same flags as
+    an earlier test did: a start costs ~0.5 s of the run's wall time (imports,
+    fork), and most tests start one.  Spares start in threads while tests run; one
+    is handed out only to a test that would start exactly that server (same flags
+    and worker count, its own temporary data path, shm prefix and the environment
+    as it is) -- so the test sees the server it asked for, started a moment
+    earlier.  Flags are pre-started once seen twice (a one-off start is not
+    wasted), DEPTH ahead; spares of at most KEYS flag sets are kept."""
+
+    DEPTH = 2
+    KEYS = 2
+
+    def __init__(self, tmp_path_factory):
+        self.tmp_path_factory = tmp_path_factory
+        self.seen = {}  # key -> requests so far
+        self.ready = {}  # key -> [(thread, box)]: box["server"] or box["error"]
+        self.hits = self.misses = 0
+        self.waited = 0.0
+
+    def take(self, args, workers):
+        key = (tuple(args), workers)
+        self.seen[key] = self.seen.get(key, 0) + 1
+        queue = self.ready.pop(key, [])
+        server = None
+        if queue:
+            thread, box = queue.pop(0)
+            t0 = time.monotonic()
+            thread.join()
+            self.waited += time.monotonic() - t0
+            server = box.get("server")
+            self.hits += 1
+        else:
+            self.misses += 1
+        if self.seen[key] >= 2 and self.DEPTH > 0:
+            while len(self.ready) >= self.KEYS:  # the flags seen longest ago go
+                self._drop(self.ready.pop(next(iter(self.ready))))
+            while len(queue) < self.DEPTH:
+                queue.append(self._start(key))
+            self.ready[key] = queue  # (re-inserted: the most recent last)
+        else:
+            self._drop(queue)
+        return server
+
+    def _start(self, key):
+        box = {}
+        data_path = str(self.tmp_path_factory.mktemp("spare"))
+
+        def run():
+            try:
+                box["server"] = Server(list(key[0]), data_path, workers=key[1])
+            except RuntimeError as err:  # the test then starts its own (and sees why)
+                box["error"] = err
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread, box
+
+    @staticmethod
+    def _drop(queue):
+        for thread, box in queue:
+            thread.join()
+            if box.get("server") is not None:
+                box["server"].cleanup()
+
+    def close(self):
+        if os.environ.get("NSQSHM_TEST_SPARES_REPORT"):
+            print(f"\nspares: {self.hits} taken (waited {self.waited:.1f}s), "
+                  f"{self.misses} started on demand")
+        for queue in self.ready.values():
+            self._drop(queue)
+        self.ready.clear()
+
+
+# a test that asks for these itself may look at the data path or change the
+# environment before it starts a server: it gets a server started then, not a spare
+NOT_FOR_SPARES = frozenset({"tmp_path", "tmp_path_factory", "monkeypatch"})
+
+
 @pytest.fixture
-def nsqd_factory(tmp_path, nsqd_workers):
+def nsqd_factory(request, tmp_path, nsqd_workers, nsqd_spares):
     servers = []
+    spares_ok = not NOT_FOR_SPARES & set(request.node._fixtureinfo.argnames)
 
     def start(*args, data_path=None, env=None, prefix=None, wrap=()):
-        server = Server(list(args), str(data_path or tmp_path), env=env, prefix=prefix,
-                        workers=nsqd_workers, wrap=wrap)
+        server = None
+        if spares_ok and data_path is None and env is None and prefix is None and not wrap:
+            server = nsqd_spares.take(args, nsqd_workers)
+        if server is None:
+            server = Server(list(args), str(data_path or tmp_path), env=env, prefix=prefix,
+                            workers=nsqd_workers, wrap=wrap)
         servers.append(server)
         return server
 
