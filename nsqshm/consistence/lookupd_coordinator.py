@@ -126,7 +126,8 @@ class LookupdCoordinator:
                 raise ValueError(f"the move was given up by the partition's leader "
                                  f"{leader} (its log says why); leader now "
                                  f"{state.leader or 'none'}, ISR {list(state.replicas.isr)}")
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline:  # withdrawn: the next move is not refused
+                self.topology.end_move(topic, partition, state.move)
                 raise TimeoutError("timeout waiting move data")
             gevent.sleep(MOVE_POLL)
 

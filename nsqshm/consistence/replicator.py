@@ -83,6 +83,9 @@ class PartitionLeader:
         self._senders = {}
         self._monitor = gevent.spawn(self._monitor_loop)
         self._update_senders()
+        if state.move is not None:  # (asked of the last leader: carried out or given up)
+            self._moving = state.move.create_revision
+            gevent.spawn(self._move, state.move)
 
     def __repr__(self):
         return f"<PartitionLeader {self.partition.topic.name}-{self.partition.index} " \

@@ -65,8 +65,11 @@ def test_sub_with_a_partition_gets_only_that_partition(nsqd_factory):
     c1 = _sub(server, b"SUB lt ch 1\n")
     for partition in range(3):
         _publish(server, "lt", partition, 10)
-    assert _where(take(c0, 10)) == [(0, o) for o in range(10)]
-    assert _where(take(c1, 10)) == [(1, o) for o in range(10)]
+    # (sorted: the first SUB naming a partition moves it to its lane, which pushes again
+    # what the owner had read before the lane was ready -- those come after what it
+    # reads next; docs/logtopics.md, "Partitions on the wire")
+    assert sorted(_where(take(c0, 10))) == [(0, o) for o in range(10)]
+    assert sorted(_where(take(c1, 10))) == [(1, o) for o in range(10)]
     assert nothing_more(c0) and nothing_more(c1)
     # a plain SUB takes every partition: here what nobody took, partition 2
     everything = _sub(server, b"SUB lt ch\n")
