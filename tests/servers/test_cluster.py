@@ -113,9 +113,13 @@ def test_cluster_starts_serves_through_lookupd_and_stops_cleanly(cluster):
     assert up.returncode == 0, up.stderr
     for port in [*lookupd_http, *nsqd_http, moved[4271]]:
         assert wait_for(lambda port=port: get(port, "/ping") == b"OK"), port
-    status = subprocess.run([*ctl, "status"], capture_output=True, text=True, timeout=30)
-    assert sorted(line.split()[:2][0] for line in status.stdout.splitlines()
-                  if " RUNNING " in line) == sorted(PROGRAMS), status.stdout
+
+    def running():  # (supervisord says RUNNING once a program has lived startsecs, 1 s)
+        status = subprocess.run([*ctl, "status"], capture_output=True, text=True, timeout=30)
+        return sorted(line.split()[0] for line in status.stdout.splitlines()
+                      if " RUNNING " in line), status.stdout
+
+    assert wait_for(lambda: running()[0] == sorted(PROGRAMS)), running()[1]
     for port in lookupd_http:  # every nsqd registered with every lookupd
         assert wait_for(lambda port=port: len(get(port, "/nodes")["producers"]) == 3)
 
