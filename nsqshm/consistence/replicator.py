@@ -305,9 +305,16 @@ class PartitionLeader:
             return f"no longer leading: {self.fenced}"
         if to not in self.state.replicas.isr:
             return f"{to} is not in the ISR"
+        self.handing_off = to
+        try:
+            return self._hand_off(to, move, timeout)
+        finally:
+            if self.fenced is None:  # not handed (etcd refused or did not answer): it
+                self.handing_off = None  # leads on, and takes writes again
+
+    def _hand_off(self, to, move, timeout):
         host = self.coordinator.host
         leadership = self.coordinator.leadership
-        self.handing_off = to
         began = time.monotonic()
         while time.monotonic() - began < timeout and self.fenced is None:
             if self.acked.get(to, -1) >= host.end_offset(self.partition) \

@@ -25,11 +25,15 @@ pytestmark = [
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, request):
     # a TTL far above what a move takes: a move must not wait for a lease to run out
-    made = Cluster(tmp_path, ttl="10s")
+    made = Cluster(tmp_path, workers=getattr(request, "param", 1), ttl="10s")
     yield made
     made.close()
+
+
+ON_1_AND_2_WORKERS = pytest.mark.parametrize("cluster", [1, 2], ids=["w1", "w2"],
+                                             indirect=True)
 
 
 def move(cluster, topic, partition, src, dst, leader):
@@ -72,6 +76,7 @@ def rest_of_channel(node, topic, channel, count):
         client.close()
 
 
+@ON_1_AND_2_WORKERS
 def test_the_leadership_moves_by_http_and_the_channel_goes_on_where_it_was(cluster):
     assert cluster.create_topic("orders", 1, 3)[0] == 200
     old = cluster.leader("orders")
@@ -152,6 +157,7 @@ def test_a_replica_moves_to_another_node_and_catches_up_first(cluster):
     assert src.end_offset("orders") == 200  # the old replica gets nothing more
 
 
+@ON_1_AND_2_WORKERS
 def test_a_leader_stopped_gracefully_hands_off_the_log_and_the_cursors(cluster):
     """SIGTERM: the leader hands each partition to its most caught-up follower with
     the channels' cursors read after it stopped taking writes, then resigns: the new
