@@ -46,6 +46,7 @@ from nsqshm._core.includes.system cimport (
     nsqshm_store_release,
 )
 from nsqshm._core.inflight cimport InFlight
+from nsqshm._core.logcursor cimport CursorSet
 from nsqshm._core.ring cimport Ring
 
 cdef enum:
@@ -898,10 +899,13 @@ def index_frames(buf, Py_ssize_t pos, Py_ssize_t end, starts, sizes):
 
 
 def finish_frames(InFlight inflight not None, buf, starts, Py_ssize_t count,
-                  uint64_t client_id):
+                  uint64_t client_id, CursorSet cursors=None):
     """FIN the messages at buf[starts[i]] (i < count) held by client_id in
     one C loop; returns how many were in flight and are finished now (the
-    others timed out or were finished or requeued before)."""
+    others timed out or were finished or requeued before).  With `cursors`
+    (a log topic's channel) each offset is marked in its cursor first, once
+    the client is known to hold the message, as the broker's FIN does
+    (commands.pyx): a death in between delivers it again, never loses it."""
     cdef Py_buffer view, sv
     cdef const char *p
     cdef const int64_t *s
@@ -918,6 +922,10 @@ def finish_frames(InFlight inflight not None, buf, starts, Py_ssize_t count,
                 if s[i] < 0 or s[i] + MSG_HEADER_SIZE > view.len:
                     raise ValueError(f"message {i} at {s[i]} is outside the buffer")
             for i in range(count):
+                if cursors is not None:
+                    if inflight.holds(p + s[i] + ID_OFFSET, client_id) != 0:
+                        continue
+                    cursors.finish_id(p + s[i] + ID_OFFSET)
                 if inflight.finish_raw(p + s[i] + ID_OFFSET, client_id) == 0:
                     done += 1
         finally:

@@ -50,6 +50,12 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_:#][A-Za-z0-9_.:#-]{0,199}$")
 _CHANNEL_RE = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
 
 
+# nsqd's message encoding: [8 BE timestamp][2 BE attempts][16 ID][body]
+cdef enum:
+    RECORD_ID_OFFSET = 10
+    RECORD_ID_END = 26
+
+
 class CursorError(Exception):
     """A cursor segment or checkpoint cannot be used."""
 
@@ -59,6 +65,12 @@ def validate_name(str name):
     '.' or '-' (a file directly in /dev/shm)."""
     if not _NAME_RE.match(name) or not name.isascii():
         raise ValueError(f"invalid cursor name {name!r}")
+
+
+def segment_name(str prefix, str topic, str channel, int partition):
+    """The shared-memory name of `channel`'s cursor in partition `partition`
+    of log topic `topic` (the broker makes it; local consumers attach)."""
+    return f"{prefix}.k.{topic}:{channel}:p{partition}"
 
 
 def checkpoint_path(str partition_dir, str channel):
@@ -175,6 +187,20 @@ cdef class Cursor:
             if self._create(confirmed, window, window_bits):
                 return self
         raise CursorError(f"cursor {name!r}: could not attach nor create")
+
+    @staticmethod
+    def attach(str name):
+        """Attach to the cursor segment `name` that the broker made (a local
+        consumer's FINs mark it); CursorError when there is none."""
+        validate_name(name)
+        cdef Cursor self = Cursor.__new__(Cursor)
+        self.name = name
+        self.checkpoint_file = ""
+        try:
+            self._attach()
+        except FileNotFoundError:
+            raise CursorError(f"cursor {name!r} does not exist") from None
+        return self
 
     cdef int _map(self, int fd, size_t size) except -1:
         cdef void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
@@ -531,6 +557,8 @@ cdef class Cursor:
     def checkpoint(self):
         """Write confirmed and the window to the checkpoint file: a temp
         file, fsynced, renamed over it (a crash leaves the old or the new)."""
+        if not self.checkpoint_file:  # Cursor.attach: a client's view, not its owner's
+            raise CursorError(f"cursor {self.name!r} has no checkpoint file here")
         confirmed, window = self.snapshot()
         body = confirmed.to_bytes(8, "big") + self.bits.to_bytes(4, "big") + window
         data = CHECKPOINT_MAGIC + nsqshm_crc32c(0, <const char *>body, len(body)).to_bytes(
@@ -698,6 +726,33 @@ cdef class CursorSet:
         except FileNotFoundError:
             return
         kill(getpid(), 9)
+
+    def finish_records(self, packed):
+        """Mark finished, each in its cursor, the messages of packed
+        [u32 native size][message] records: messages that left the channel
+        without a FIN (a time to live, the dead-letter topic), else its
+        confirmed offset would stay below them.  One C loop; returns how
+        many were newly finished."""
+        cdef Py_buffer view
+        cdef const char *p
+        cdef Py_ssize_t pos = 0
+        cdef uint32_t size
+        cdef Py_ssize_t done = 0
+        PyObject_GetBuffer(packed, &view, 0)
+        try:
+            p = <const char *>view.buf
+            while pos < view.len:
+                if view.len - pos < 4:
+                    raise ValueError(f"a record cut short at byte {pos}")
+                memcpy(&size, p + pos, 4)
+                if size < RECORD_ID_END or view.len - pos - 4 < <Py_ssize_t>size:
+                    raise ValueError(f"a record of {size} bytes at byte {pos}")
+                if self.finish_id(p + pos + 4 + RECORD_ID_OFFSET) == 0:
+                    done += 1
+                pos += 4 + size
+        finally:
+            PyBuffer_Release(&view)
+        return done
 
     def finish(self, msg_id):
         """finish_id for one ID (the lone FIN path)."""

@@ -10,6 +10,7 @@ HEADER_SIZE: int
 RECORD_OVERHEAD: int
 LAYOUT_VERSION: int
 MAX_WAITERS: int
+SUBSCRIBERS_RETIRED: int
 NAME_MAX_LEN: int
 
 class RingError(Exception): ...

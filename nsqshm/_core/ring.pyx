@@ -62,6 +62,10 @@ HEADER_SIZE = NSQSHM_RING_HEADER_SIZE
 RECORD_OVERHEAD = NSQSHM_RECORD_HEADER
 LAYOUT_VERSION = NSQSHM_RING_VERSION
 MAX_WAITERS = NSQSHM_RING_WAITERS
+# added to a channel ring's subscriber count by the worker deleting the
+# channel (nsqd/channel.py _delete_if_unused): a subscriber that then adds 1
+# sees a count this high and does not subscribe
+SUBSCRIBERS_RETIRED = 1 << 40
 # a file name is at most 255 bytes and a waiter FIFO adds 21 to the ring's
 # ("<prefix>.c.<topic>:<channel>" is up to 152 + the prefix with nsqd's names)
 NAME_MAX_LEN = 234

@@ -3,6 +3,7 @@
 channels (it only pumps those it knows), and the names of its segments."""
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -10,6 +11,7 @@ from urllib.parse import quote
 
 import posix_ipc
 
+from nsqshm._core.logcursor import segment_name
 from nsqshm.nsqd import instance
 from nsqshm.nsqd.instance import NoBroker
 from nsqshm.nsqd.names import is_valid_name
@@ -54,10 +56,13 @@ class Broker:
     # -- the HTTP API ------------------------------------------------------------------
 
     def _post(self, path):
+        return self._request(path, b"", "POST")
+
+    def _request(self, path, data=None, method="GET"):
         if not self.http_address:
             raise LocalError(f"broker {self.prefix} has no HTTP listener to create queues with")
-        req = urllib.request.Request(f"http://{self.http_address}{path}", data=b"",
-                                     method="POST")
+        req = urllib.request.Request(f"http://{self.http_address}{path}", data=data,
+                                     method=method)
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 return resp.read()
@@ -67,9 +72,9 @@ class Broker:
                 text = json.loads(body).get("message", body)
             except ValueError:
                 text = body
-            raise LocalError(f"POST {path}: {err.code} {text}") from None
+            raise LocalError(f"{method} {path}: {err.code} {text}") from None
         except OSError as err:
-            raise LocalError(f"POST {path}: broker at {self.http_address} unreachable "
+            raise LocalError(f"{method} {path}: broker at {self.http_address} unreachable "
                              f"({err})") from None
 
     def create_topic(self, topic):
@@ -79,6 +84,33 @@ class Broker:
         self.create_topic(topic)  # nsqd's /channel/create wants an existing topic
         self._post(f"/channel/create?topic={quote(check_name('topic', topic), safe='')}"
                    f"&channel={quote(check_name('channel', channel), safe='')}")
+
+    def log_partitions(self, topic):
+        """How many partitions `topic` has if it is a log topic (its /stats
+        entry lists them); 0 for a classic topic or none of that name."""
+        name = check_name("topic", topic)
+        body = self._request(f"/stats?format=json&include_clients=false"
+                             f"&topic={quote(name, safe='')}")
+        for entry in json.loads(body).get("topics") or ():
+            if entry.get("topic_name") == name:
+                return len(entry.get("partitions") or ())
+        return 0
+
+    def channel_cursors(self, topic, channel):
+        """The names of a log topic's channel cursors, one per partition in
+        order (the broker makes them with the channel); [] for a classic
+        topic's channel."""
+        names = []
+        while True:
+            name = self.cursor_name(topic, channel, len(names))
+            if not os.path.exists(f"/dev/shm/{name}"):
+                return names
+            names.append(name)
+
+    def cursor_name(self, topic, channel, partition):
+        """A log topic's channel cursor in one partition (nsqd/logchannel.py)."""
+        return segment_name(self.prefix, check_name("topic", topic),
+                            check_name("channel", channel), int(partition))
 
     # -- rings -------------------------------------------------------------------------
 
@@ -97,7 +129,12 @@ class Broker:
     def topic_ring(self, topic, create=True):
         if create:
             self.create_topic(topic)
-        return self.attach(self.topic_ring_name(topic))
+        name = self.topic_ring_name(topic)
+        if not Ring.exists(name) and self.http_address and self.log_partitions(topic):
+            raise LocalError(f"topic {topic!r} is a log topic: a local Producer publishes into "
+                             "classic topics only; publish to it over TCP or HTTP (PUB, MPUB, "
+                             "/mpub), which appends to its partitions' logs")
+        return self.attach(name)
 
     def ids(self):
         from nsqshm._core.codec import IdGenerator

@@ -35,6 +35,10 @@ class BulkConsumer:
         self.broker = broker or Broker(data_path, shm_prefix)
         if create:
             self.broker.create_channel(topic, channel)
+        if self.broker.channel_cursors(topic, channel):
+            # finish() forgets a whole lot at once (arena_reset): no cursor would learn of it
+            raise LocalError(f"{self.queue}: a log topic's channel: a BulkConsumer reads classic "
+                             "channels only; use Consumer, or the Spark source's log reads")
         self.ring = self.broker.attach(self.broker.channel_ring_name(topic, channel))
         self.arena = Arena.create(arenas.local_name(self.broker.prefix), size=arena_size,
                                   max_queues=4, label=label)

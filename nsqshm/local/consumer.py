@@ -14,6 +14,16 @@ the channel's (the ring header's ttl_ns, set by the broker) is dropped, and
 counted in the ring for the broker's expired_count.  A channel's max
 attempts is not applied here: a local requeue goes back to the ring.
 
+A log topic's channel (docs/logtopics.md) is consumed the same way: the
+owners of its partitions feed the channel ring from their logs while a
+consumer they do not serve themselves is subscribed, which this consumer
+counts itself as (the ring's subscriber count, given back at close or, if
+it dies, by the broker's recovery of its arena).  A FIN marks the message's
+offset in its partition's cursor (shared memory, attached here) before the
+message leaves the in-flight table, as the broker's FIN does, and a message
+a time to live drops is marked too; so the channel's cursors, its lag in
+/stats and what a restart delivers again are those of a TCP consumer's FINs.
+
 Fork safety: every entry point checks the pid.  A forked child (a Spark
 worker) never touches its parent's arena or table; it gets its own on
 first use, and batches fetched by the parent cannot be finished there.
@@ -31,13 +41,17 @@ from nsqshm import __version__
 from nsqshm._core.arena import Arena
 from nsqshm._core.inflight import NOT_IN_FLIGHT, DeferredQueue, InFlight
 from nsqshm._core.localbatch import finish_frames
+from nsqshm._core.logcursor import Cursor, CursorError, CursorSet
+from nsqshm._core.ring import SUBSCRIBERS_RETIRED
 from nsqshm.local import arenas
 from nsqshm.local.batch import Batch
 from nsqshm.local.broker import Broker, LocalError, check_name
+from nsqshm.nsqd.local_clients import LOCAL_LABEL
 
 CLIENT = 1                      # the one client id of this consumer's table
 MAX_MSG_TIMEOUT = 15 * 60.0     # nsqd's default --max-msg-timeout caps TOUCH
 RETRY_NS = 100_000_000          # a full channel ring: retry a requeue after 0.1 s
+HELD_UNTIL_FINISHED = 2**63 - 1  # a deadline no timeout reaches (a log FIN's hold check)
 USER_AGENT = f"nsqshm.local/{__version__}"
 STATUS_TEXT = {NOT_IN_FLIGHT: "ID not in flight"}
 
@@ -63,6 +77,8 @@ class Consumer:
         self.closed = False
         if create:
             self.broker.create_channel(topic, channel)
+        # a log topic's channel: its cursors, one per partition (none: classic)
+        self._cursor_names = self.broker.channel_cursors(topic, channel)
         self._open()
 
     def _open(self):
@@ -70,7 +86,7 @@ class Consumer:
         self._pid = os.getpid()
         self.ring = self.broker.attach(self.broker.channel_ring_name(self.topic, self.channel))
         self.arena = Arena.create(arenas.local_name(self.broker.prefix), size=self.arena_size,
-                                  max_queues=4, label="local")
+                                  max_queues=4, label=LOCAL_LABEL)
         self._inflight = InFlight()
         self._inflight.use_arena(self.arena, self.queue)
         self._deferred = DeferredQueue()
@@ -79,6 +95,7 @@ class Consumer:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._timer = None
+        self._cursors = self._attach_cursors() if self._cursor_names else None
         self.message_count = self.finish_count = self.requeue_count = self.timeout_count = 0
         self.connect_ts = int(time.time())
         self.arena.set_client_info(
@@ -86,6 +103,32 @@ class Consumer:
             queue=self.queue, ready_count=self.max_in_flight, connect_ts=self.connect_ts,
             message_count=0, finish_count=0, requeue_count=0, in_flight=0)
         _live.add(self)
+        if self._cursors is not None:
+            self._subscribe()
+
+    def _attach_cursors(self):
+        cursors = CursorSet(len(self._cursor_names))
+        try:
+            for partition, name in enumerate(self._cursor_names):
+                cursors[partition] = Cursor.attach(name)
+        except CursorError as err:
+            raise LocalError(f"{self.queue}: {err} (was the channel deleted?)") from None
+        self._inflight.expired_out = bytearray()  # marked finished in their cursors
+        return cursors
+
+    def _subscribe(self):
+        """Count this consumer among the channel's subscribers (every
+        worker's, in the ring's header): the partitions' owners then feed
+        the ring for it.  Nudged, a sleeping owner looks at once."""
+        if self.ring.add_subscribers(1) >= SUBSCRIBERS_RETIRED:  # an ephemeral channel being deleted
+            self.ring.add_subscribers(-1)
+            raise LocalError(f"channel {self.queue} is being deleted")
+        self.ring.nudge()
+
+    @property
+    def is_log(self):
+        """Whether this consumes a log topic's channel (cursors per partition)."""
+        return self._cursors is not None
 
     def _check(self):
         if self.closed:
@@ -126,6 +169,8 @@ class Consumer:
         want = self.max_in_flight if max_messages is None else int(max_messages)
         batch = self._deliver(want)
         if batch or timeout <= 0:
+            if not batch and self._cursors is not None:
+                self.ring.nudge()  # the owners' feeders: a consumer here waits
             return batch
         end = time.monotonic() + timeout
         ring = self.ring
@@ -136,8 +181,8 @@ class Consumer:
                 remaining = end - time.monotonic()
                 if batch or remaining <= 0:
                     return batch
-                if ring.disk_backlog and not ring.paused:
-                    ring.nudge()  # the owner refills the ring from disk
+                if (ring.disk_backlog or self._cursors is not None) and not ring.paused:
+                    ring.nudge()  # the owner refills the ring from disk, or from its logs
                 # paused: an unpause does not push, so look again now and then
                 ring.sleep(min(remaining, 0.1) if ring.paused else remaining)
                 ring.drain()
@@ -164,6 +209,9 @@ class Consumer:
                 added += a
             if self._inflight.expired != expired:  # dropped, counted in the broker's /stats
                 self.ring.count_local_expired(self._inflight.expired - expired)
+                if self._cursors is not None:  # consumed without a FIN: finished
+                    self._cursors.finish_records(self._inflight.expired_out)
+                    del self._inflight.expired_out[:]
             if added:
                 self.message_count += added
                 self._publish_info()
@@ -180,6 +228,12 @@ class Consumer:
     def finish(self, msg_id):
         self._check()
         with self._lock:
+            if self._cursors is not None:
+                # the cursor first, once the message is known to be held here
+                # (touch checks it): a death in between delivers it again
+                status = self._inflight.touch(msg_id, CLIENT, HELD_UNTIL_FINISHED)
+                if not status:
+                    self._cursors.finish(msg_id)
             status = self._inflight.finish(msg_id, CLIENT)
             if status:
                 raise LocalError(f"E_FIN_FAILED FIN {_text(msg_id)} failed "
@@ -191,7 +245,8 @@ class Consumer:
         self._check()
         self._own(batch)
         with self._lock:
-            done = finish_frames(self._inflight, batch._frames, batch._starts, len(batch), CLIENT)
+            done = finish_frames(self._inflight, batch._frames, batch._starts, len(batch), CLIENT,
+                                 self._cursors)
             self.finish_count += done
             self._publish_info()
         return done
@@ -313,6 +368,13 @@ class Consumer:
         with self._lock:
             _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout)
             self.arena.set_client_info(in_flight=left)
+            if self._cursors is not None:
+                # ready 0 first: the broker's recovery of this arena then
+                # knows it has nothing to give back (a death in between
+                # leaves the count one high, which only costs ring copies)
+                self.arena.set_client_info(ready_count=0)
+                self.ring.add_subscribers(-1)
+                self.ring.nudge()  # the owners look again: maybe nobody needs the ring now
             if not left:
                 self.arena.unlink()
             # the tables point into the arena: drop them before unmapping it
@@ -320,6 +382,9 @@ class Consumer:
             self._deferred = DeferredQueue()
             self.arena.close()
             self.ring.close()
+            if self._cursors is not None:
+                for partition in range(len(self._cursors)):
+                    self._cursors[partition].close()
         _live.discard(self)
 
     def __del__(self):

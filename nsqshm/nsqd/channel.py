@@ -37,6 +37,7 @@ from nsqshm._core.inflight import (
     latency_percentiles,
 )
 from nsqshm._core.inflight import count_records as count_packed
+from nsqshm._core.ring import SUBSCRIBERS_RETIRED
 from nsqshm.nsqd import bounds, fairshare, policy, trace
 from nsqshm.nsqd.backend import (
     RingOnly,
@@ -50,8 +51,7 @@ from nsqshm.nsqd.names import is_ephemeral
 from nsqshm.nsqd.waiting import RingWaker
 
 DELIVER_BATCH = 1024
-# added to a channel ring's subscriber count by the worker deleting it (see _delete_if_unused)
-RETIRED = 1 << 40
+RETIRED = SUBSCRIBERS_RETIRED  # (see _delete_if_unused)
 STATUS_TEXT = {NOT_IN_FLIGHT: "ID not in flight", NOT_OWNER: "client does not own message"}
 
 
@@ -81,6 +81,7 @@ class Channel:
     # a log topic's channel (logchannel.py) has no disk queue (the log is its
     # disk) and finishes messages in its partitions' cursors too
     disk_queue = True
+    local_subscribers = False  # (logchannel.py: local consumers count in the ring's subscribers)
     cursors = None
 
     def __init__(self, topic, name):

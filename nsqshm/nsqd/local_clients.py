@@ -20,6 +20,7 @@ from nsqshm._core.arena import Arena, ArenaError
 from nsqshm._core.localbatch import arena_due
 
 TAGS = ("f.l", "f.s")
+LOCAL_LABEL = "local"  # the label of a Consumer's arena (nsqshm/local/consumer.py)
 
 
 def local_arenas(prefix):
@@ -28,6 +29,27 @@ def local_arenas(prefix):
     for tag in TAGS:
         names.extend(Arena.list(f"{prefix}.{tag}"))
     return names
+
+
+def local_subscribers(prefix):
+    """{"topic:channel": n}: the live local Consumers of broker `prefix`
+    still subscribed (ready_count > 0; close() sets it to 0).  A log
+    channel counts them among its ring's subscribers."""
+    counts = {}
+    for name in Arena.list(f"{prefix}.f.l"):
+        arena = _attach(name)
+        if arena is None:
+            continue
+        try:
+            if arena.label == LOCAL_LABEL and arena.owner_alive():
+                info = arena.client_info()
+                if info["ready_count"] > 0:
+                    counts[info["queue"]] = counts.get(info["queue"], 0) + 1
+        except ArenaError:
+            pass
+        finally:
+            arena.close()
+    return counts
 
 
 def _attach(name):

@@ -45,7 +45,13 @@ import time
 import gevent
 
 from nsqshm._core.commitlog import LogError, OffsetOutOfRange
-from nsqshm._core.logcursor import Cursor, CursorSet, checkpoint_path, decode_message_id
+from nsqshm._core.logcursor import (
+    Cursor,
+    CursorSet,
+    checkpoint_path,
+    decode_message_id,
+    segment_name,
+)
 from nsqshm._core.ring import Ring
 from nsqshm.nsqd import fairshare, policy, trace
 from nsqshm.nsqd.channel import DELIVER_BATCH, Channel
@@ -60,6 +66,9 @@ WINDOW_RETRY = 0.5      # a cursor's window is full: look again after this (FINs
 
 class LogChannel(Channel):
     disk_queue = False
+    # a local consumer (nsqshm.local) counts itself among the ring's
+    # subscribers: the owners feed the ring for it (_room)
+    local_subscribers = True
 
     def __init__(self, topic, name):
         self.lanes = {}             # partition -> Lane (loglane.py), on every worker
@@ -82,7 +91,7 @@ class LogChannel(Channel):
         return f"<LogChannel {self.topic.name}:{self.name}>"
 
     def _cursor_name(self, partition):
-        return f"{self.nsqd.shm_prefix}.k.{self.topic.name}:{self.name}:p{partition.index}"
+        return segment_name(self.nsqd.shm_prefix, self.topic.name, self.name, partition.index)
 
     def _open_cursor(self, partition):
         """Attach to the cursor, or make it: from its checkpoint, else at the
@@ -350,13 +359,8 @@ class LogChannel(Channel):
     def records_gone(self, packed):
         """Packed records that left the channel without a FIN (expired, or
         moved to the dead-letter topic at max attempts: policy.dead_letter):
-        finished in their cursors.  Not a delivery path: a step per record."""
-        view = memoryview(packed)
-        pos = 0
-        while pos < len(view):
-            size = int.from_bytes(view[pos:pos + 4], "little")
-            self.cursors.finish(view[pos + 14:pos + 30])
-            pos += 4 + size
+        finished in their cursors, in one C loop."""
+        self.cursors.finish_records(packed)
 
     def _direct(self, client):
         """The partitions this worker owns that the client takes straight

@@ -28,7 +28,7 @@ import time
 
 from nsqshm._core.arena import DEFERRED, Arena, ArenaError
 from nsqshm._core.ring import Ring
-from nsqshm.nsqd import overflow
+from nsqshm.nsqd import local_clients, overflow
 from nsqshm.nsqd.topic import TopicError
 
 
@@ -91,6 +91,7 @@ def recover_arena(nsqd, name):
         if arena.owner_alive():
             return 0
         label, pid = arena.label, arena.owner_pid
+        _unsubscribe(nsqd, arena)
         moved = dropped = 0
         now_wall = time.time_ns()
         for offset, queue, state, due_wall, msg in arena.blocks():
@@ -115,6 +116,23 @@ def recover_arena(nsqd, name):
         return moved
     finally:
         arena.close()
+
+
+def _unsubscribe(nsqd, arena):
+    """A dead local Consumer of a log channel counted itself among the
+    ring's subscribers (nsqshm/local/consumer.py): take it out.  Once: the
+    count goes to 0 with it, before its messages go back."""
+    if arena.label != local_clients.LOCAL_LABEL:
+        return
+    info = arena.client_info()
+    if info["ready_count"] <= 0:  # closed: it took itself out
+        return
+    topic_name, _, channel_name = info["queue"].partition(":")
+    topic = nsqd.topics.get(topic_name)
+    channel = topic.channels.get(channel_name) if topic is not None else None
+    if channel is not None and channel.local_subscribers:
+        arena.set_client_info(ready_count=0)
+        channel.ring.add_subscribers(-1)
 
 
 def recover_overflows(nsqd):
@@ -171,6 +189,9 @@ def recount_subscribers(nsqd):
             for queue, n in (reply or {}).items():
                 if isinstance(n, int):
                     counts[queue] = counts.get(queue, 0) + n
+    local = local_clients.local_subscribers(nsqd.shm_prefix)
     for topic in nsqd.topics.values():
         for channel in topic.channels.values():
-            channel.ring.subscribers = counts.get(f"{topic.name}:{channel.name}", 0)
+            queue = f"{topic.name}:{channel.name}"
+            channel.ring.subscribers = counts.get(queue, 0) + (
+                local.get(queue, 0) if channel.local_subscribers else 0)

@@ -4,7 +4,12 @@ import os
 
 import pytest
 
-from tests.nsqd.conftest import nsqd_factory, nsqd_workers, wait_for  # noqa: F401
+from tests.nsqd.conftest import (  # noqa: F401
+    nsqd_factory,
+    nsqd_workers,
+    pytest_generate_tests,
+    wait_for,
+)
 
 
 def started(server):

@@ -1,0 +1,254 @@
+"""nsqshm.local's Consumer on a log topic's channel (docs/local.md, "Log
+topics"): the partitions' owners feed the channel ring for it, its FINs mark
+the channel's cursors, and what it held comes back when it dies; on real
+servers of one and two workers.  Producer and BulkConsumer refuse log topics
+with a clear error."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from nsqshm._core.logcursor import decode_message_id
+from nsqshm.local import BulkConsumer, Consumer, LocalError, Producer
+from nsqshm.ring import Ring
+
+from .conftest import started, wait_for
+from .test_clients import gnsq
+
+WORKER_COUNTS = (1, 2)
+
+
+def create(server, topic, partitions):
+    status, body = server.post(f"/topic/create?topic={topic}&partition_num={partitions}")
+    assert status == 200, body
+
+
+def mpub(server, topic, bodies, partition=None):
+    where = "" if partition is None else f"&partition={partition}"
+    status, body = server.post(f"/mpub?topic={topic}{where}", b"\n".join(bodies))
+    assert status == 200, body
+
+
+def partitions(server, topic, channel):
+    """(log end offsets, the channel's confirmed offsets) by partition."""
+    doc = json.loads(server.get(f"/stats?format=json&topic={topic}")[1])
+    entry = next(t for t in doc["topics"] if t["topic_name"] == topic)
+    chan = next(c for c in entry["channels"] if c["channel_name"] == channel)
+    return ([p["end_offset"] for p in entry["partitions"]],
+            [p["confirmed_offset"] for p in chan["partitions"]])
+
+
+def caught_up(server, topic, channel):
+    ends, confirmed = partitions(server, topic, channel)
+    return ends == confirmed
+
+
+def fetch_all(consumer, n, timeout=15.0, finish=True):
+    """Messages (body, id, attempts) until n came, each batch finished."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        batch = consumer.fetch(n - len(got), timeout=0.5)
+        got += [(bytes(m.body), m.id, m.attempts) for m in batch]
+        if finish and batch:
+            assert batch.finish() == len(batch)
+    return got
+
+
+def nothing_more(consumer, wait=0.5):
+    batch = consumer.fetch(100, timeout=wait)
+    assert not batch, [bytes(b) for b in batch.bodies()]
+
+
+def test_consumes_every_partition_and_moves_the_cursors(nsqd_factory):
+    server = started(nsqd_factory())
+    create(server, "lt", 3)
+    mpub(server, "lt", [b"before%03d" % i for i in range(90)])
+    # the topic's first channel starts at the log start (nsqd keeps what came before it)
+    with Consumer("lt", "c", shm_prefix=server.prefix) as c:
+        assert c.is_log
+        for partition, first in enumerate(range(0, 210, 70)):
+            mpub(server, "lt", [b"after%03d" % i for i in range(first, first + 70)], partition)
+        got = fetch_all(c, 300)
+        assert sorted(b for b, _, _ in got) == sorted(
+            [b"before%03d" % i for i in range(90)] + [b"after%03d" % i for i in range(210)])
+        # the IDs are log positions: every partition, every offset once
+        where = {decode_message_id(i) for _, i, _ in got}
+        assert len(where) == 300 and {p for p, _ in where} == {0, 1, 2}
+        assert all(a == 1 for _, _, a in got)
+        assert wait_for(lambda: caught_up(server, "lt", "c"), 5), partitions(server, "lt", "c")
+        nothing_more(c)
+        ends, confirmed = partitions(server, "lt", "c")
+        assert sum(ends) == 300 and confirmed == ends
+
+
+def test_a_second_channel_starts_at_the_end_and_copies_nothing_of_the_first(nsqd_factory):
+    server = started(nsqd_factory())
+    create(server, "lt", 2)
+    with Consumer("lt", "one", shm_prefix=server.prefix) as one:
+        mpub(server, "lt", [b"old%d" % i for i in range(50)])
+        with Consumer("lt", "two", shm_prefix=server.prefix) as two:
+            nothing_more(two)  # a new channel sees only new messages
+            mpub(server, "lt", [b"new%d" % i for i in range(50)])
+            assert sorted(b for b, _, _ in fetch_all(two, 50)) == sorted(
+                b"new%d" % i for i in range(50))
+            assert len(fetch_all(one, 100)) == 100
+            assert wait_for(lambda: caught_up(server, "lt", "two") and
+                            caught_up(server, "lt", "one"), 5)
+
+
+def test_shares_a_channel_with_a_tcp_consumer(nsqd_factory):
+    server = started(nsqd_factory())
+    create(server, "lt", 2)
+    with Consumer("lt", "c", shm_prefix=server.prefix, max_in_flight=50) as c:
+        mpub(server, "lt", [b"s%03d" % i for i in range(400)])
+        local = [b for b, _, _ in fetch_all(c, 100)]
+        got = gnsq("consume", f"127.0.0.1:{server.tcp_port}", "lt", "c", "300")
+        tcp = [b.encode() for b in got["bodies"]]
+        assert sorted(local + tcp) == sorted(b"s%03d" % i for i in range(400))
+        assert wait_for(lambda: caught_up(server, "lt", "c"), 5), partitions(server, "lt", "c")
+
+
+def test_out_of_order_fin_requeue_and_timeout(nsqd_factory):
+    server = started(nsqd_factory())
+    create(server, "lt", 1)
+    with Consumer("lt", "c", shm_prefix=server.prefix, msg_timeout=1.0) as c:
+        mpub(server, "lt", [b"m%02d" % i for i in range(20)])
+        msgs = []
+        while len(msgs) < 20:  # (the feeder may push them in more than one go)
+            more = list(c.fetch(20 - len(msgs), timeout=5))
+            assert more
+            msgs += more
+        msgs.sort(key=lambda m: bytes(m.body))
+        # FIN the last ten first: the confirmed offset stays at 0 (offsets 0..9 are out)
+        for m in msgs[10:]:
+            m.finish()
+        assert partitions(server, "lt", "c")[1] == [0]
+        msgs[0].requeue(delay=0.3)     # comes back after 0.3 s
+        msgs[1].requeue()              # comes back now
+        for m in msgs[2:9]:
+            m.finish()
+        # msgs[9] is left to time out (1 s)
+        again = sorted(fetch_all(c, 3, timeout=10))  # each finished as it comes
+        assert [(b, a) for b, _, a in again] == [(b"m00", 2), (b"m01", 2), (b"m09", 2)]
+        assert wait_for(lambda: partitions(server, "lt", "c")[1] == [20], 5)
+        nothing_more(c)
+
+
+@pytest.mark.parametrize("sig", ["close", "kill"])
+def test_what_a_consumer_held_comes_back_and_finished_stays_finished(nsqd_factory, sig):
+    """A consumer process finishes 30 of 50 fetched and then closes, or is
+    SIGKILLed holding 20: the next consumer gets exactly the 70 unfinished,
+    and the ring's subscriber count comes back down."""
+    server = started(nsqd_factory())
+    create(server, "lt", 2)
+    mpub(server, "lt", [b"k%03d" % i for i in range(100)])
+    script = textwrap.dedent(f"""
+        import os, sys
+        from nsqshm.local import Consumer
+        c = Consumer("lt", "c", shm_prefix={server.prefix!r}, max_in_flight=50)
+        held = []
+        while len(held) < 50:
+            held += list(c.fetch(50 - len(held), timeout=5))
+        for m in held[:30]:
+            m.finish()
+        print(" ".join(bytes(m.body).decode() for m in held[:30]), flush=True)
+        if {sig!r} == "kill":
+            os.kill(os.getpid(), 9)
+        c.close()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == (-signal.SIGKILL if sig == "kill" else 0), out.stderr
+    finished = set(out.stdout.split())
+    assert len(finished) == 30
+    ring = Ring.attach(f"{server.prefix}.c.lt:c")
+    try:
+        # the dead consumer's count is taken out by the broker's recovery of its arena
+        assert wait_for(lambda: ring.subscribers == 0, 10), ring.subscribers
+        with Consumer("lt", "c", shm_prefix=server.prefix) as c:
+            assert ring.subscribers == 1
+            got = fetch_all(c, 70)
+            assert sorted(b.decode() for b, _, _ in got) == sorted(
+                b for b in (f"k{i:03d}" for i in range(100)) if b not in finished)
+            nothing_more(c)
+            assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+        assert ring.subscribers == 0
+    finally:
+        ring.close()
+
+
+@pytest.mark.parametrize("how", ["graceful", "kill"])
+def test_the_cursors_survive_a_restart_of_the_broker(nsqd_factory, tmp_path, how):
+    data = tmp_path / "data"
+    data.mkdir()
+    server = started(nsqd_factory(data_path=data))
+    create(server, "lt", 2)
+    mpub(server, "lt", [b"r%03d" % i for i in range(60)])
+    with Consumer("lt", "c", shm_prefix=server.prefix) as c:
+        batch = []
+        while len(batch) < 60:
+            batch += list(c.fetch(60 - len(batch), timeout=5))
+        finished = set()
+        for m in batch:
+            if int(bytes(m.body)[1:]) % 3:  # out of order: two in three
+                m.finish()
+                finished.add(bytes(m.body))
+        if how == "kill":  # the whole group, with 20 in flight here
+            import psutil
+
+            procs = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children()]
+            for proc in procs:
+                proc.kill()
+            server.proc.wait(10)
+    if how == "graceful":
+        assert server.stop() == 0
+    again = started(nsqd_factory(data_path=data, prefix=server.prefix))
+    with Consumer("lt", "c", shm_prefix=again.prefix) as c:
+        got = fetch_all(c, 20)
+        assert sorted(b for b, _, _ in got) == sorted(
+            b"r%03d" % i for i in range(60) if b"r%03d" % i not in finished)
+        nothing_more(c)
+        assert wait_for(lambda: caught_up(again, "lt", "c"), 5)
+
+
+def test_a_time_to_live_finishes_what_it_drops(nsqd_factory):
+    server = started(nsqd_factory())
+    create(server, "lt", 1)
+    with Consumer("lt", "c", shm_prefix=server.prefix) as c:
+        assert server.post("/channel/policy?topic=lt&channel=c&ttl=300")[0] == 200
+        mpub(server, "lt", [b"stale%d" % i for i in range(5)])
+        time.sleep(0.5)  # past the channel's 300 ms: taken, dropped
+        assert wait_for(lambda: c.ring.depth == 5, 5)
+        nothing_more(c, 0.3)
+        assert server.post("/channel/policy?topic=lt&channel=c&ttl=0")[0] == 200
+        mpub(server, "lt", [b"fresh"])
+        got = fetch_all(c, 6, timeout=3)
+        assert [b for b, _, _ in got] == [b"fresh"]
+        # the five dropped were consumed without a FIN: finished in the cursor
+        assert wait_for(lambda: partitions(server, "lt", "c")[1] == [6], 5), \
+            partitions(server, "lt", "c")
+
+
+def test_producer_and_bulk_consumer_refuse_a_log_topic(nsqd_factory):
+    server = started(nsqd_factory())
+    create(server, "lt", 2)
+    with pytest.raises(LocalError, match=r"topic 'lt' is a log topic: a local Producer "
+                                         r"publishes into classic topics only"):
+        Producer("lt", shm_prefix=server.prefix)
+    with pytest.raises(LocalError, match=r"lt:c: a log topic's channel: a BulkConsumer reads "
+                                         r"classic channels only"):
+        BulkConsumer("lt", "c", shm_prefix=server.prefix)
+    # a classic topic is as it was
+    with Producer("classic", shm_prefix=server.prefix) as p:
+        p.publish(b"x")
+    with Consumer("classic", "c", shm_prefix=server.prefix) as c:
+        assert not c.is_log
+        assert [b for b, _, _ in fetch_all(c, 1)] == [b"x"]
+    assert os.path.exists(f"/dev/shm/{server.prefix}.k.lt:c:p0")
