@@ -31,6 +31,7 @@ stats), and checkpoints the cursors that moved.
 import json
 import os
 import random
+import time
 
 import gevent
 import gevent.event
@@ -48,6 +49,8 @@ LOG_TOPICS_FILE = "nsqshm.logtopics.json"
 MAX_PARTITIONS = 255  # Youzan's MAX_PARTITION_NUM: partition ids 0..254 (its lookupd's too)
 RETENTION_INTERVAL = 1.0   # seconds between retention passes (on partition owners)
 MAX_RETENTION_DAYS = 36500
+DEFERRED_RETRY = 0.1       # seconds: a due DPUB message that could not be appended waits this
+RECORD_OVERHEAD = 4 + 26   # a packed record's size field and nsqd's message header
 
 
 class LogTopicError(Exception):
@@ -158,7 +161,13 @@ class LogTopic(Topic):
         self.exiting = False
         self.message_count = 0
         self.message_bytes = 0
-        self.deferred_waiting = DeferredQueue()  # (empty: DPUB with a delay is refused)
+        # DPUB messages waiting for their time, in the worker's arena as queue
+        # "<topic>:" (put_deferred); appended to a partition's log when due
+        self.deferred_waiting = DeferredQueue()
+        if nsqd.arena is not None:
+            self.deferred_waiting.use_arena(nsqd.arena, f"{name}:")
+        self._deferred_wake = gevent.event.Event()
+        self._deferred = None
         # delivery policies (policy.py) apply to a log topic's channels only: a
         # bound or a TTL of the topic would need the topic ring it has not
         self.policy = None
@@ -222,8 +231,53 @@ class LogTopic(Topic):
         trace.published(self.nsqd, self.name, packed, count,
                         target.index if first >= 0 else -1, max(first, 0))
 
+    # -- DPUB -----------------------------------------------------------------------------
+
     def put_deferred(self, body, delay_s, expires_at=0):
-        raise TopicError("deferred publish is not supported on a log topic")
+        """DPUB: the message waits in this worker's arena (so a dead worker's
+        replacement takes it back: recovery.recover_arena, defer_waiting) and
+        is appended to a partition's log when due, as a PUB then: every
+        channel's cursor meets it there, as each of nsqd's channels gets a
+        DPUB message after its delay.  Counted in the topic when appended."""
+        if self.exiting:
+            raise TopicError("exiting")
+        if any(p.replica is not None for p in self.partitions):
+            raise TopicError("deferred publish is not supported on a replicated log topic")
+        self.defer_waiting(bytes(self.pack_one(body, expires_at)[4:]),
+                           time.monotonic_ns() + int(delay_s * 1e9))
+
+    def defer_waiting(self, msg, due):
+        """A DPUB message (a recovered one too) waits until `due` (monotonic ns)."""
+        self.deferred_waiting.push(msg, due)
+        if self._deferred is None:
+            self._deferred = gevent.spawn(self._deferred_loop)
+        self._deferred_wake.set()
+
+    def _deferred_loop(self):
+        """Append the DPUB messages that came due, a batch per wake-up; what
+        cannot be appended now (an inbound ring full) is tried again shortly."""
+        waiting = self.deferred_waiting
+        while not self.exiting:
+            self._deferred_wake.clear()
+            due = waiting.next_due()
+            now = time.monotonic_ns()
+            if due < 0 or due > now:
+                self._deferred_wake.wait(None if due < 0 else (due - now) / 1e9)
+                continue
+            with self.nsqd.scratch.borrow() as scratch:
+                n, nbytes = waiting.pop_due(now, scratch)
+                if not n:
+                    continue
+                records = memoryview(scratch)[:nbytes]
+                try:
+                    self.put_packed(records, n, nbytes - n * RECORD_OVERHEAD)
+                except TopicError as err:
+                    if self.exiting:
+                        return  # (still in the arena: recovered at the next start)
+                    self.nsqd.logf("warn", f"TOPIC({self.name}): {n} deferred messages wait "
+                                           f"{DEFERRED_RETRY}s more - {err}")
+                    _push_back(waiting, records, now + int(DEFERRED_RETRY * 1e9))
+                waiting.release()  # (appended or pushed back: the blocks go)
 
     def appended(self, partition):
         for channel in self.channels.values():
@@ -297,6 +351,11 @@ class LogTopic(Topic):
         if self._retention is not None:
             self._retention.kill(block=False)
             self._retention = None
+        if self._deferred is not None:
+            # what still waits stays in the worker's arena: the next start's
+            # recovery takes it back with its due time (nsqd.close_arena keeps it)
+            self._deferred.kill(block=False)
+            self._deferred = None
         for p in self.partitions:
             p.stop()
 
@@ -308,6 +367,9 @@ class LogTopic(Topic):
             channel.close(delete=delete)
         if delete:
             self.channels.clear()
+            self._drop_waiting()
+            if self.nsqd.arena is not None:  # its entry in the arena's queue table: free
+                self.nsqd.arena.forget_queue(f"{self.name}:")
             for p in self.partitions:
                 p.delete()
         else:
@@ -320,3 +382,13 @@ class LogTopic(Topic):
             channel.close_handles(sync)
         for p in self.partitions:
             p.close()
+
+
+def _push_back(waiting, records, due):
+    """Packed records back into a deferred queue, due at `due` (not a
+    delivery path: a step per record, only when the logs refuse them)."""
+    pos = 0
+    while pos < len(records):
+        size = int.from_bytes(records[pos:pos + 4], "little")
+        waiting.push(records[pos + 4:pos + 4 + size], due)
+        pos += 4 + size

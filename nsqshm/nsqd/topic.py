@@ -156,21 +156,20 @@ class Topic:
         """PUB (partition: a log topic's; a classic topic ignores it, as
         nsqd ignores a PUB's extra parameters; expires_at: the message's own
         deadline, message_ttl.py)."""
+        self.put_packed(self.pack_one(body, expires_at), 1, len(body), partition)
+
+    def pack_one(self, body, expires_at=0):
+        """One message packed [u32 size][message]: a fresh ID, now's
+        timestamp, its own deadline if it has one (message_ttl.py)."""
         out = bytearray()
         pack_message(body, self.nsqd.ids, time.time_ns(), out)
-        if expires_at:
-            out = message_ttl.add(out, expires_at)
-        self.put_packed(out, 1, len(body), partition)
+        return message_ttl.add(out, expires_at) if expires_at else out
 
     def put_deferred(self, body, delay_s, expires_at=0):
         """DPUB: a message due in delay_s seconds, for every channel."""
         if self.exiting:
             raise TopicError("exiting")
-        out = bytearray()
-        pack_message(body, self.nsqd.ids, time.time_ns(), out)
-        if expires_at:
-            out = message_ttl.add(out, expires_at)
-        msg = bytes(self.ext_records(out, 1)[4:])
+        msg = bytes(self.ext_records(self.pack_one(body, expires_at), 1)[4:])
         due = time.monotonic_ns() + int(delay_s * 1e9)
         self.message_count += 1
         self.message_bytes += len(body)

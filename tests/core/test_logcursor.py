@@ -383,6 +383,43 @@ def test_fin_lines_marks_the_cursor(cursor_args):
     cur.close()
 
 
+def test_finish_records_marks_each_packed_record(cursor_args):
+    """CursorSet.finish_records: packed [u32 size][message] records that left
+    the channel without a FIN, finished in one C loop; a torn buffer is an
+    error, not a read past its end."""
+    name, ckpt = cursor_args
+    cur = Cursor.open(name, ckpt, 0)
+    cursors = CursorSet(1)
+    cursors[0] = cur
+    records = bytearray()
+    for o in (2, 0, 1, 2):  # the second 2 is finished already
+        msg = struct.pack(">QH", 1, 1) + log_message_id(0, o) + b"x" * o
+        records += struct.pack("=I", len(msg)) + msg
+    assert cursors.finish_records(records) == 3
+    assert cur.confirmed == 3
+    assert cursors.finish_records(b"") == 0
+    with pytest.raises(ValueError, match="a record of 100 bytes at byte 0"):
+        cursors.finish_records(struct.pack("=I", 100) + bytes(30))
+    with pytest.raises(ValueError, match="a record of 4 bytes"):
+        cursors.finish_records(struct.pack("=I", 4) + bytes(4))
+    with pytest.raises(ValueError, match="cut short at byte 0"):
+        cursors.finish_records(b"\x01\x00")
+    cur.close()
+
+
+def test_attach_takes_the_brokers_segment_only(cursor_args):
+    name, ckpt = cursor_args
+    with pytest.raises(CursorError, match="does not exist"):
+        Cursor.attach(name)
+    owner = Cursor.open(name, ckpt, 5)
+    client = Cursor.attach(name)
+    assert client.finish(5) == FINISHED and owner.confirmed == 6
+    with pytest.raises(CursorError, match="no checkpoint file here"):
+        client.checkpoint()
+    client.close()
+    owner.close()
+
+
 def test_unfinished_run_stops_at_max_run(cursor_args):
     c = Cursor.open(*cursor_args, start_offset=0, window_bits=256)
     c.finish(10)

@@ -192,11 +192,66 @@ def test_pub_mpub_and_partition_then_sub_gets_each_once(nsqd_factory):
     assert bad.response() == (p.FRAME_TYPE_ERROR, b'E_BAD_PARTITION topic partition is not '
                                                   b'valid: strconv.Atoi: parsing "x": invalid '
                                                   b'syntax')
-    # a DPUB with a delay is refused, one without is a PUB
+
+
+def test_dpub_appends_when_due(nsqd_factory):
+    """DPUB (and /pub?defer=) on a log topic: the message waits in the
+    worker's arena and is appended to a partition's log when due, then
+    delivered as any other: a log position as its ID, counted once."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    c = consumer(server, "lt", "ch")
     d = Client(server)
-    d.send(p.dpub("lt", 100, b"later"))
-    kind, data = d.response()
-    assert kind == p.FRAME_TYPE_ERROR and data.startswith(b"E_DPUB_FAILED")
+    sent = time.monotonic()
+    d.send(p.dpub("lt", 600, b"later"))
+    assert d.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert server.post("/pub?topic=lt&defer=300", b"sooner") == (200, b"OK")
+    d.send(p.dpub("lt", 0, b"now"))  # no delay: a PUB
+    assert d.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert take(c, 1)[0].body == b"now"
+    waiting = stats(server, "lt")
+    assert sum(x["end_offset"] for x in waiting["partitions"]) == 1   # not in the log yet
+    assert waiting["depth"] == 2                                       # but counted as held
+    soon, later = take(c, 2)
+    assert (soon.body, later.body) == (b"sooner", b"later")
+    assert time.monotonic() - sent >= 0.55
+    assert decode_message_id(later.id) is not None
+    assert nothing_more(c)
+    t = stats(server, "lt")
+    assert sum(x["end_offset"] for x in t["partitions"]) == 3 and t["message_count"] == 3
+    assert t["depth"] == 0
+    assert wait_for(lambda: sum(confirmed(server, "lt", "ch")) == 3)
+    # out of range as nsqd's
+    d.send(p.dpub("lt", 3_600_001, b"x"))
+    assert d.response() == (p.FRAME_TYPE_ERROR, b"E_INVALID DPUB timeout 3600001 out of "
+                                                b"range 0-3600000")
+
+
+def test_dpub_survives_a_group_kill_and_a_graceful_restart(nsqd_factory, tmp_path):
+    """What waits for its time is in the workers' arenas (shared memory): after
+    a SIGKILL of every process, and after a graceful stop (which leaves the
+    arena holding it), the next start takes it back and appends it when due."""
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    create(server, "lt", 2)
+    consumer(server, "lt", "ch").close()  # the channel, before the DPUBs
+    d = Client(server)
+    for i in range(4):
+        d.send(p.dpub("lt", 1500, b"k%d" % i))
+        assert d.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    _kill_all(server)
+    again = nsqd_factory(data_path=data, prefix=server.prefix)
+    d = Client(again)
+    for i in range(3):
+        d.send(p.dpub("lt", 1500, b"g%d" % i))
+        assert d.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert again.stop() == 0
+    third = nsqd_factory(data_path=data, prefix=server.prefix)
+    c = consumer(third, "lt", "ch")
+    got = take(c, 7)
+    assert sorted(m.body for m in got) == [b"g0", b"g1", b"g2", b"k0", b"k1", b"k2", b"k3"]
+    assert nothing_more(c)
 
 
 def test_mpub_to_explicit_partition(nsqd_factory):
