@@ -95,16 +95,23 @@ class Consumer:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._timer = None
-        self._cursors = self._attach_cursors() if self._cursor_names else None
+        self._cursors = None
+        self._subscribed = False
         self.message_count = self.finish_count = self.requeue_count = self.timeout_count = 0
         self.connect_ts = int(time.time())
+        # a log channel's consumer says it is subscribed (ready_count > 0) only
+        # once it is: the broker's recovery gives back the count of a dead one
+        # that says so (recovery._unsubscribe), so never one it did not add
         self.arena.set_client_info(
             client_id=self.client_id, hostname=self.hostname, user_agent=self.user_agent,
-            queue=self.queue, ready_count=self.max_in_flight, connect_ts=self.connect_ts,
-            message_count=0, finish_count=0, requeue_count=0, in_flight=0)
+            queue=self.queue, ready_count=0 if self._cursor_names else self.max_in_flight,
+            connect_ts=self.connect_ts, message_count=0, finish_count=0, requeue_count=0,
+            in_flight=0)
         _live.add(self)
-        if self._cursors is not None:
+        if self._cursor_names:
+            self._cursors = self._attach_cursors()
             self._subscribe()
+            self.arena.set_client_info(ready_count=self.max_in_flight)
 
     def _attach_cursors(self):
         cursors = CursorSet(len(self._cursor_names))
@@ -123,6 +130,7 @@ class Consumer:
         if self.ring.add_subscribers(1) >= SUBSCRIBERS_RETIRED:  # an ephemeral channel being deleted
             self.ring.add_subscribers(-1)
             raise LocalError(f"channel {self.queue} is being deleted")
+        self._subscribed = True
         self.ring.nudge()
 
     @property
@@ -368,12 +376,13 @@ class Consumer:
         with self._lock:
             _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout)
             self.arena.set_client_info(in_flight=left)
-            if self._cursors is not None:
+            if self._subscribed:
                 # ready 0 first: the broker's recovery of this arena then
                 # knows it has nothing to give back (a death in between
                 # leaves the count one high, which only costs ring copies)
                 self.arena.set_client_info(ready_count=0)
                 self.ring.add_subscribers(-1)
+                self._subscribed = False
                 self.ring.nudge()  # the owners look again: maybe nobody needs the ring now
             if not left:
                 self.arena.unlink()

@@ -32,16 +32,17 @@ def local_arenas(prefix):
 
 
 def local_subscribers(prefix):
-    """{"topic:channel": n}: the live local Consumers of broker `prefix`
-    still subscribed (ready_count > 0; close() sets it to 0).  A log
-    channel counts them among its ring's subscribers."""
+    """{"topic:channel": n}: the local Consumers of broker `prefix` counted
+    among a log channel's subscribers (ready_count > 0: close() and the
+    recovery of a dead one's arena set it to 0 as they give the count back).
+    A dead one not recovered yet counts too: its recovery takes it out."""
     counts = {}
     for name in Arena.list(f"{prefix}.f.l"):
         arena = _attach(name)
         if arena is None:
             continue
         try:
-            if arena.label == LOCAL_LABEL and arena.owner_alive():
+            if arena.label == LOCAL_LABEL:
                 info = arena.client_info()
                 if info["ready_count"] > 0:
                     counts[info["queue"]] = counts.get(info["queue"], 0) + 1

@@ -36,6 +36,7 @@ import time
 import gevent
 import gevent.event
 
+from nsqshm._core.commitlog import MESSAGE_HEADER
 from nsqshm._core.inflight import DeferredQueue
 from nsqshm.nsqd import trace
 from nsqshm.nsqd.backend import DummyBackend
@@ -50,7 +51,6 @@ MAX_PARTITIONS = 255  # Youzan's MAX_PARTITION_NUM: partition ids 0..254 (its lo
 RETENTION_INTERVAL = 1.0   # seconds between retention passes (on partition owners)
 MAX_RETENTION_DAYS = 36500
 DEFERRED_RETRY = 0.1       # seconds: a due DPUB message that could not be appended waits this
-RECORD_OVERHEAD = 4 + 26   # a packed record's size field and nsqd's message header
 
 
 class LogTopicError(Exception):
@@ -249,13 +249,23 @@ class LogTopic(Topic):
     def defer_waiting(self, msg, due):
         """A DPUB message (a recovered one too) waits until `due` (monotonic ns)."""
         self.deferred_waiting.push(msg, due)
-        if self._deferred is None:
+        if self._deferred is None or self._deferred.dead:
             self._deferred = gevent.spawn(self._deferred_loop)
         self._deferred_wake.set()
 
+    def _hand_over_waiting(self, channel):
+        """(Topic's: a classic topic's first channel takes the DPUB messages
+        that waited for a channel.  A log topic's wait for their time, then
+        go into the log, where every channel meets them.)"""
+
     def _deferred_loop(self):
-        """Append the DPUB messages that came due, a batch per wake-up; what
-        cannot be appended now (an inbound ring full) is tried again shortly."""
+        """Append the DPUB messages that came due.  Each is appended on its
+        own (a DPUB is a command of its own anyway), so one the log refuses
+        (an inbound ring full, a disk error) waits DEFERRED_RETRY more
+        without holding back the others, and a batch half pushed into an
+        inbound ring is never pushed back whole.  The popped blocks are
+        released only once each message is appended or pushed back: a death
+        in between repeats messages, never loses one."""
         waiting = self.deferred_waiting
         while not self.exiting:
             self._deferred_wake.clear()
@@ -268,16 +278,26 @@ class LogTopic(Topic):
                 n, nbytes = waiting.pop_due(now, scratch)
                 if not n:
                     continue
-                records = memoryview(scratch)[:nbytes]
-                try:
-                    self.put_packed(records, n, nbytes - n * RECORD_OVERHEAD)
-                except TopicError as err:
-                    if self.exiting:
-                        return  # (still in the arena: recovered at the next start)
-                    self.nsqd.logf("warn", f"TOPIC({self.name}): {n} deferred messages wait "
-                                           f"{DEFERRED_RETRY}s more - {err}")
-                    _push_back(waiting, records, now + int(DEFERRED_RETRY * 1e9))
-                waiting.release()  # (appended or pushed back: the blocks go)
+                self._append_due(memoryview(scratch)[:nbytes], now)
+                waiting.release()
+
+    def _append_due(self, records, now):
+        waiting = self.deferred_waiting
+        retry = now + int(DEFERRED_RETRY * 1e9)
+        pos = 0
+        while pos < len(records):
+            size = int.from_bytes(records[pos:pos + 4], "little")
+            one = records[pos:pos + 4 + size]
+            pos += 4 + size
+            if self.exiting:  # (kept in the arena: the next start takes it back)
+                waiting.push(one[4:], now)
+                continue
+            try:
+                self.put_packed(one, 1, size - MESSAGE_HEADER)
+            except Exception as err:  # whatever refused it, the message stays
+                self.nsqd.logf("warn", f"TOPIC({self.name}): a deferred message waits "
+                                       f"{DEFERRED_RETRY}s more - {err}")
+                waiting.push(one[4:], retry)
 
     def appended(self, partition):
         for channel in self.channels.values():
@@ -382,13 +402,3 @@ class LogTopic(Topic):
             channel.close_handles(sync)
         for p in self.partitions:
             p.close()
-
-
-def _push_back(waiting, records, due):
-    """Packed records back into a deferred queue, due at `due` (not a
-    delivery path: a step per record, only when the logs refuse them)."""
-    pos = 0
-    while pos < len(records):
-        size = int.from_bytes(records[pos:pos + 4], "little")
-        waiting.push(records[pos + 4:pos + 4 + size], due)
-        pos += 4 + size

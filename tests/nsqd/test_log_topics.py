@@ -206,6 +206,8 @@ def test_dpub_appends_when_due(nsqd_factory):
     d.send(p.dpub("lt", 600, b"later"))
     assert d.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
     assert server.post("/pub?topic=lt&defer=300", b"sooner") == (200, b"OK")
+    # a channel made meanwhile (on every worker): the waiting messages stay the topic's
+    assert server.post("/channel/create?topic=lt&channel=other")[0] == 200
     d.send(p.dpub("lt", 0, b"now"))  # no delay: a PUB
     assert d.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
     assert take(c, 1)[0].body == b"now"
@@ -221,6 +223,9 @@ def test_dpub_appends_when_due(nsqd_factory):
     assert sum(x["end_offset"] for x in t["partitions"]) == 3 and t["message_count"] == 3
     assert t["depth"] == 0
     assert wait_for(lambda: sum(confirmed(server, "lt", "ch")) == 3)
+    other = consumer(server, "lt", "other")
+    assert sorted(m.body for m in take(other, 3)) == [b"later", b"now", b"sooner"]
+    assert nothing_more(other)
     # out of range as nsqd's
     d.send(p.dpub("lt", 3_600_001, b"x"))
     assert d.response() == (p.FRAME_TYPE_ERROR, b"E_INVALID DPUB timeout 3600001 out of "
