@@ -28,6 +28,7 @@ whose cursor fell below the log start to the start (logged, counted in its
 stats), and checkpoints the cursors that moved.
 """
 
+import base64
 import json
 import os
 import random
@@ -38,6 +39,7 @@ import gevent.event
 
 from nsqshm._core.commitlog import MESSAGE_HEADER
 from nsqshm._core.inflight import DeferredQueue
+from nsqshm._core.logcursor import log_message_id
 from nsqshm.nsqd import trace
 from nsqshm.nsqd.backend import DummyBackend
 from nsqshm.nsqd.channel import LatencyStream
@@ -140,6 +142,33 @@ class _NoOverflow:
         pass
 
 
+def append_for_peer(nsqd, msg):
+    """Peer op "log_append": a traced publish another worker took for a
+    partition this worker owns (LogTopic._append_on_owner)."""
+    topic = nsqd.topics.get(msg.get("topic"))
+    if not isinstance(topic, LogTopic):
+        return {"moved": "no such log topic here"}
+    try:
+        target = topic.partition(int(msg["partition"]))
+        records = bytearray(base64.b64decode(msg["records"], validate=True))
+        count, body_bytes = int(msg["count"]), int(msg["bytes"])
+    except (KeyError, TypeError, ValueError, PartitionError) as err:
+        return {"error": f"bad log_append: {err}"}
+    if not target.owned or topic.exiting:
+        return {"moved": "not the owner"}
+    trace.publisher.client = msg.get("client")
+    trace.publisher.trace_ids = msg.get("trace_ids")
+    try:
+        first = target.log.end_offset if target.log is not None else 0
+        topic.append_here(target, records, count, body_bytes)
+        return {"first": first, "queue_offset": trace.queue_offset()}
+    except TopicError as err:
+        return {"error": str(err)}
+    finally:
+        trace.publisher.client = trace.publisher.trace_ids = None
+        trace.publisher.queue_offset = 0
+
+
 class LogTopic(Topic):
     channel_class = LogChannel
     is_log = True
@@ -207,29 +236,60 @@ class LogTopic(Topic):
             pool = [p for p in led if p.owned] or led or self._owned or self.partitions
             target = pool[self._turn % len(pool)]
             self._turn += 1
-        first = -1  # (the msg offset of the first record, when appended here)
         if target.owned:
-            first = target.log.end_offset if target.log is not None else 0
-            # Youzan's traced answer names where the first message went: its
-            # virtual (byte) offset in the partition, BackendOffset
-            trace.publisher.queue_offset = target.log.virtual_end if target.log is not None \
-                else 0
-            try:
-                target.append(packed)
-            except ValueError as err:  # a message larger than a segment takes
-                raise TopicError(str(err)) from None
-            except OSError as err:
-                self.nsqd.set_health(err)
-                raise TopicError(str(err)) from None
-        elif target.replica is not None:  # cluster mode: the owner replicates (replica.py)
+            self.append_here(target, packed, count, body_bytes)
+            return
+        if target.replica is not None:  # cluster mode: the owner replicates (replica.py)
             target.replica.forward(target, packed)
+        elif trace.wanted(self.nsqd, self.name) and self._append_on_owner(
+                target, packed, count, body_bytes):
+            return
         elif not target.push_inbound(packed):
             raise TopicError(f"partition {target.index} inbound ring is full")
         self.message_count += count
         self.message_bytes += body_bytes
-        # stored; appended here: its IDs in packed become the log's (a traced answer's)
-        trace.published(self.nsqd, self.name, packed, count,
-                        target.index if first >= 0 else -1, max(first, 0))
+        trace.published(self.nsqd, self.name, packed, count)
+
+    def append_here(self, target, packed, count, body_bytes):
+        """Append to a partition this worker owns; its IDs in packed become
+        the log's (a traced answer's and the trace's)."""
+        first = target.log.end_offset if target.log is not None else 0
+        # Youzan's traced answer names where the first message went: its
+        # virtual (byte) offset in the partition, BackendOffset
+        trace.publisher.queue_offset = target.log.virtual_end if target.log is not None else 0
+        try:
+            target.append(packed)
+        except ValueError as err:  # a message larger than a segment takes
+            raise TopicError(str(err)) from None
+        except OSError as err:
+            self.nsqd.set_health(err)
+            raise TopicError(str(err)) from None
+        self.message_count += count
+        self.message_bytes += body_bytes
+        trace.published(self.nsqd, self.name, packed, count, target.index, first)
+
+    def _append_on_owner(self, target, packed, count, body_bytes):
+        """A traced publish to a partition another worker owns: the owner
+        appends it now (peer op "log_append", append_for_peer), so the answer
+        names the log's ID and queue offset, as on the owner, and the trace
+        its log IDs.  False when the owner does not answer: the inbound ring
+        then takes it (offset 0 in the answer)."""
+        ids = getattr(trace.publisher, "trace_ids", None)
+        reply = self.nsqd.cluster.call(target.owner, {
+            "op": "log_append", "topic": self.name, "partition": target.index,
+            "records": base64.b64encode(packed).decode(), "count": count,
+            "bytes": body_bytes, "client": getattr(trace.publisher, "client", None),
+            "trace_ids": [int(i) for i in ids] if ids else None})
+        if not isinstance(reply, dict) or "moved" in reply:
+            self.nsqd.logf("warn", f"TOPIC({self.name}): partition {target.index}'s owner "
+                                   f"did not append a traced publish ({reply}); inbound ring")
+            return False
+        if "error" in reply:
+            raise TopicError(str(reply["error"]))
+        trace.publisher.queue_offset = int(reply["queue_offset"])
+        if isinstance(packed, bytearray):  # the first ID as the log's (the traced answer's)
+            packed[14:30] = log_message_id(target.index, int(reply["first"]))
+        return True
 
     # -- DPUB -----------------------------------------------------------------------------
 

@@ -38,7 +38,14 @@ from nsqshm._core.codec import LEASE_FILE as ID_LEASE_FILE
 from nsqshm._core.codec import IdGenerator
 from nsqshm.nsqd import ext, instance, listeners, peek, policy, trace
 from nsqshm.nsqd.log import LEVELS, Logger
-from nsqshm.nsqd.logtopic import LogTopic, LogTopicError, load_specs, make_spec, write_specs
+from nsqshm.nsqd.logtopic import (
+    LogTopic,
+    LogTopicError,
+    append_for_peer,
+    load_specs,
+    make_spec,
+    write_specs,
+)
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.scratch import ScratchPool
 from nsqshm.nsqd.topic import Topic
@@ -330,6 +337,8 @@ class NSQD:
         if op == "health":
             self._peer_health[msg.get("index")] = msg.get("health", "OK")
             return None
+        if op == "log_append":  # a traced publish another worker took for our partition
+            return append_for_peer(self, msg)
         if op == "subscribers":  # a starting worker recounts every channel's (recovery.py)
             return {f"{t.name}:{c.name}": len(c.clients)
                     for t in self.topics.values() for c in t.channels.values() if c.clients}

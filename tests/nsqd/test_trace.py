@@ -11,6 +11,7 @@ import pytest
 
 from nsqshm import protocol as p
 
+from .conftest import http_call, http_on_worker
 from .test_ext import OK, consumer, create_ext, history, pub_ext
 from .test_workers import Client
 
@@ -140,6 +141,41 @@ def test_traced_answers_give_the_log_queue_offset(nsqd_factory):
         assert status == 200, got
         got = json.loads(got)
         assert (got["body"], got["id"], got["offset"]) == (body.decode(), msg_id, queue_offset)
+
+
+@pytest.mark.workers(2)
+def test_a_traced_publish_taken_by_a_worker_without_the_partition(nsqd_factory):
+    """One partition, two workers: the worker that does not own it has the
+    owner append a traced publish (peer op log_append), so whichever worker
+    takes it, the answer names the message's log ID and queue offset, and
+    its history is found by that ID."""
+    server = nsqd_factory()
+    assert server.post("/topic/create?topic=one&partition_num=1")[0] == 200
+    assert server.post("/mpub?topic=one", b"\n".join([b"before"] * 5))[0] == 200
+    answers = []
+    for index in range(2):  # /pubtrace on each worker in turn
+        conn = http_on_worker(server, index)
+        status, body = http_call(conn, "POST", f"/pubtrace?topic=one&trace_id={70 + index}",
+                                 b"w%d" % index)
+        conn.close()
+        assert status == 200, body
+        doc = json.loads(body)
+        answers.append((doc["id"], doc["queue_offset"], b"w%d" % index))
+    for i in range(6):  # and PUB_TRACE on connections the kernel spreads
+        pc = Client(server)
+        pc.send(pub_trace("one", 80 + i, b"t%d" % i))
+        msg_id, trace_id, queue_offset, _ = traced_reply(pc.response()[1])
+        assert trace_id == 80 + i
+        answers.append((msg_id, queue_offset, b"t%d" % i))
+    for msg_id, queue_offset, body in answers:
+        assert msg_id >> 48 == 0 and 5 <= msg_id & 0xFFFF_FFFF_FFFF < 13, (body, msg_id)
+        status, got = server.get(f"/message/get?topic=one&partition=0"
+                                 f"&search_mode=virtual_offset&search_pos={queue_offset}")
+        assert status == 200, got
+        got = json.loads(got)
+        assert (got["body"], got["id"]) == (body.decode(), msg_id)
+        events = history(server, f"topic=one&id={msg_id:016x}")
+        assert [e["event"] for e in events] == ["PUB"], (body, events)
 
 
 def _events_of(server, topic, ids, want_last, tries=200):
