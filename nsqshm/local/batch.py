@@ -7,7 +7,14 @@ once or message by message.
     batch.ids                numpy 'S16' array
     batch.timestamps         int64 ns;  batch.attempts: uint16 (this delivery counted)
     batch.to_arrow()         pyarrow.RecordBatch (body, id, timestamp, attempts, topic, channel)
+
+A Consumer(headers=True) of an ext topic gets frames with Youzan's ext part
+after the header ([1 version][2 BE n][JSON], or [0] alone): the bodies start
+after it (found for the whole batch with numpy), message.headers parses its
+JSON, and to_arrow() adds a headers column (Kafka's type).
 """
+
+import json
 
 import numpy as np
 
@@ -27,6 +34,10 @@ class Batch:
         n = index_frames(frames, 0, len(frames), starts, sizes) if count else 0
         self._starts = starts[:n]
         self._sizes = sizes[:n]
+        self._headers = getattr(consumer, "headers", False)
+        # bytes after the 26-byte header before the body: the ext part, or none
+        self._pre = _ext_lengths(frames, self._starts, self._sizes) if self._headers else \
+            np.zeros(n, dtype=np.int64)
         self._pid = consumer._pid
         self.done = False
 
@@ -47,11 +58,11 @@ class Batch:
 
     @property
     def offsets(self):
-        return self._starts + HEADER
+        return self._starts + HEADER + self._pre
 
     @property
     def lengths(self):
-        return self._sizes - HEADER
+        return self._sizes - HEADER - self._pre
 
     def _field(self, at, width):
         raw = np.frombuffer(self._frames, dtype=np.uint8)
@@ -72,7 +83,16 @@ class Batch:
 
     def body(self, i):
         start = int(self._starts[i])
-        return self.buffer[start + HEADER:start + int(self._sizes[i])]
+        return self.buffer[start + HEADER + int(self._pre[i]):start + int(self._sizes[i])]
+
+    def headers(self, i):
+        """Message i's headers (a dict; {} when it has none, or the topic is
+        not ext, or the consumer did not ask for them)."""
+        pre = int(self._pre[i])
+        if pre <= 3:
+            return {}
+        start = int(self._starts[i]) + HEADER + 3
+        return json.loads(bytes(self._frames[start:start + pre - 3]))
 
     def bodies(self):
         """A memoryview per body (a Python object each: for convenience)."""
@@ -88,11 +108,11 @@ class Batch:
 
     def to_arrow(self):
         """A pyarrow.RecordBatch of the messages (bodies copied once, in C)."""
-        from nsqshm.local.arrow import record_batch
+        from nsqshm.local.arrow import with_headers
 
-        cols = Columns()
+        cols = Columns(ext=self._headers, headers=self._headers)
         cols.add_frames(self._frames)
-        return record_batch(cols.export(), self.topic, self.channel)
+        return with_headers(cols.export(), self.topic, self.channel, self._headers)
 
     # -- FIN / REQ / TOUCH of the whole batch ------------------------------------------
 
@@ -110,6 +130,22 @@ class Batch:
     def touch(self):
         """TOUCH every message: returns how many were still in flight."""
         return self.consumer._touch_ids(self.ids)
+
+
+def _ext_lengths(frames, starts, sizes):
+    """The length of each frame's ext part ([0]: 1; [v][2 BE n][JSON]: 3 + n),
+    for the whole batch at once."""
+    if not len(starts):
+        return np.zeros(0, dtype=np.int64)
+    raw = np.frombuffer(frames, dtype=np.uint8)
+    last = len(raw) - 1
+    ver = raw[np.minimum(starts + HEADER, last)]
+    n = (raw[np.minimum(starts + HEADER + 1, last)].astype(np.int64) << 8) | \
+        raw[np.minimum(starts + HEADER + 2, last)]
+    pre = np.where(ver == 0, 1, 3 + n)
+    if (sizes < HEADER + pre).any():
+        raise ValueError("a frame shorter than its ext part")
+    return pre
 
 
 class Message:
@@ -134,6 +170,10 @@ class Message:
     def timestamp(self):
         start = int(self.batch._starts[self.index])
         return int.from_bytes(self.batch._frames[start:start + 8], "big")
+
+    @property
+    def headers(self):
+        return self.batch.headers(self.index)
 
     @property
     def attempts(self):

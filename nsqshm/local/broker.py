@@ -85,16 +85,21 @@ class Broker:
         self._post(f"/channel/create?topic={quote(check_name('topic', topic), safe='')}"
                    f"&channel={quote(check_name('channel', channel), safe='')}")
 
-    def log_partitions(self, topic):
-        """How many partitions `topic` has if it is a log topic (its /stats
-        entry lists them); 0 for a classic topic or none of that name."""
+    def topic_kind(self, topic):
+        """(partitions, ext) of `topic` from its /stats entry: how many
+        partitions it has if it is a log topic (0: a classic topic, or none
+        of that name), and whether it was made with ext=true (its records
+        carry Youzan's ext part).  (0, False) when the broker has no HTTP
+        listener to ask."""
         name = check_name("topic", topic)
+        if not self.http_address:
+            return 0, False
         body = self._request(f"/stats?format=json&include_clients=false"
                              f"&topic={quote(name, safe='')}")
         for entry in json.loads(body).get("topics") or ():
             if entry.get("topic_name") == name:
-                return len(entry.get("partitions") or ())
-        return 0
+                return len(entry.get("partitions") or ()), bool(entry.get("is_ext"))
+        return 0, False
 
     def channel_cursors(self, topic, channel):
         """The names of a log topic's channel cursors, one per partition in
@@ -130,7 +135,7 @@ class Broker:
         if create:
             self.create_topic(topic)
         name = self.topic_ring_name(topic)
-        if not Ring.exists(name) and self.http_address and self.log_partitions(topic):
+        if not Ring.exists(name) and self.topic_kind(topic)[0]:
             raise LocalError(f"topic {topic!r} is a log topic: a local Producer publishes into "
                              "classic topics only; publish to it over TCP or HTTP (PUB, MPUB, "
                              "/mpub), which appends to its partitions' logs")

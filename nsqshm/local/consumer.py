@@ -39,6 +39,7 @@ import weakref
 
 from nsqshm import __version__
 from nsqshm._core.arena import Arena
+from nsqshm._core.ext import ExtView
 from nsqshm._core.inflight import NOT_IN_FLIGHT, DeferredQueue, InFlight
 from nsqshm._core.localbatch import finish_frames
 from nsqshm._core.logcursor import Cursor, CursorError, CursorSet
@@ -61,7 +62,13 @@ _live = weakref.WeakSet()
 class Consumer:
     def __init__(self, topic, channel, data_path=None, shm_prefix=None, *,
                  max_in_flight=10_000, msg_timeout=None, client_id=None, hostname=None,
-                 user_agent=USER_AGENT, create=True, arena_size=1 << 30, broker=None):
+                 user_agent=USER_AGENT, create=True, arena_size=1 << 30, broker=None,
+                 headers=False):
+        """headers: on a topic made with ext=true, frames keep Youzan's ext
+        part (what IDENTIFY extend_support asks of nsqd), so each message
+        has its headers (Message.headers; bodies still without it); without
+        it the bodies are plain, cut in C, as a TCP client that did not ask
+        gets them.  Ignored on other topics."""
         self.topic = check_name("topic", topic)
         self.channel = check_name("channel", channel)
         self.queue = f"{topic}:{channel}"
@@ -79,6 +86,8 @@ class Consumer:
             self.broker.create_channel(topic, channel)
         # a log topic's channel: its cursors, one per partition (none: classic)
         self._cursor_names = self.broker.channel_cursors(topic, channel)
+        self.ext = self.broker.topic_kind(topic)[1]
+        self.headers = bool(headers) and self.ext
         self._open()
 
     def _open(self):
@@ -89,6 +98,8 @@ class Consumer:
                                   max_queues=4, label=LOCAL_LABEL)
         self._inflight = InFlight()
         self._inflight.use_arena(self.arena, self.queue)
+        # an ext topic's frames: the ext part cut (plain bodies) or kept (headers)
+        self._ext_view = ExtView(strip=not self.headers) if self.ext else None
         self._deferred = DeferredQueue()
         self._deferred.use_arena(self.arena, self.queue)
         self._scratch = bytearray(max(4 << 20, 2 * (self.ring.max_record + 4)))
@@ -210,7 +221,7 @@ class Consumer:
             taken = 0
             while taken < n:
                 t, a = self._inflight.deliver_from_ring(self.ring, n - taken, self._scratch,
-                                                        out, CLIENT, deadline)
+                                                        out, CLIENT, deadline, 0, self._ext_view)
                 if not t:
                     break
                 taken += t

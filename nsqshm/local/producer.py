@@ -1,5 +1,8 @@
 """Producer: publish into a topic's ring, as a PUB or MPUB does in the
 broker (the topic's pump then copies each message into every channel).
+Into a topic made with ext=true each record gets Youzan's empty ext part
+(a plain publish's stored form, as a PUB to it is stored), in C.  Log
+topics are refused (they append to their partitions' logs: TCP or HTTP).
 
 Bodies are packed into ring records in C (fresh IDs from the broker's
 shared ID generator, attempts 0, one timestamp per call): a list of
@@ -13,6 +16,7 @@ import time
 
 import numpy as np
 
+from nsqshm._core.ext import plain_to_ext
 from nsqshm._core.localbatch import pack_bodies
 from nsqshm.local.broker import Broker, LocalError, check_name
 
@@ -46,12 +50,14 @@ class Producer:
         if self._pid != os.getpid():  # new, or a forked child: handles of its own
             self._pid = os.getpid()
             self._rings = {}
+            self._ext = {}   # topic -> made with ext=true (plain records get [0] after the header)
             self._ids = self.broker.ids()
             self._buf = bytearray()
         ring = self._rings.get(topic)
         if ring is None:
             check_name("topic", topic)
             ring = self._rings[topic] = self.broker.topic_ring(topic, create=self.create)
+            self._ext[topic] = self.broker.topic_kind(topic)[1]
         return ring
 
     def __enter__(self):
@@ -120,12 +126,19 @@ class Producer:
                 buf = self._buf = bytearray()
             pack_bodies(data, offsets, lengths, start + done, n, width, self._ids,
                         time.time_ns(), self.max_msg_size, buf)
-            self._push(ring, buf, n, deadline, done)
+            if self._ext[topic]:  # (a new buffer, each record one byte longer)
+                try:
+                    records = plain_to_ext(buf, n, self.max_msg_size)
+                except ValueError as err:
+                    raise ValueError(f"{err} (topic {topic!r} stores an ext part)") from None
+                self._push(ring, records, n, deadline, done, RECORD_BYTES + 1)
+            else:
+                self._push(ring, buf, n, deadline, done)
             done += n
             self.published += n
         return count
 
-    def _push(self, ring, buf, n, deadline, before):
+    def _push(self, ring, buf, n, deadline, before, overhead=RECORD_BYTES):
         view = memoryview(buf)
         pushed = 0
         while True:
@@ -140,8 +153,8 @@ class Producer:
                 k, used = ring.push_packed_wait(view, timeout=remaining)
             if k:
                 # for the topic's message_count and message_bytes in /stats: each
-                # record is [u32 size][26-byte message header][body]
-                ring.count_local(k, used - k * RECORD_BYTES)
+                # record is [u32 size][26-byte message header]([0])[body]
+                ring.count_local(k, used - k * overhead)
             pushed += k
             view = view[used:]
             if pushed == n:
