@@ -6,6 +6,7 @@ from nsqshm._core.commitlog import LogReader
 from nsqshm._core.inflight import InFlight
 from nsqshm._core.logcursor import CursorSet
 from nsqshm._core.ring import Ring
+from nsqshm._core.tracelog import TraceWriter
 
 def pack_bodies(data: Buffer, offsets: Buffer, lengths: Buffer | None, start: int, count: int,
                 width: int, ids: IdGenerator, timestamp: int, max_size: int,
@@ -46,6 +47,7 @@ class Columns:
 
 def index_frames(buf: Buffer, pos: int, end: int, starts: Buffer, sizes: Buffer) -> int: ...
 def finish_frames(inflight: InFlight, buf: Buffer, starts: Buffer, count: int,
-                  client_id: int, cursors: CursorSet | None = ...) -> int: ...
+                  client_id: int, cursors: CursorSet | None = ...,
+                  trace: TraceWriter | None = ..., stream: int = ...) -> int: ...
 def arena_reset(arena: Arena) -> int: ...
 def arena_due(arena: Arena) -> tuple[int, int]: ...

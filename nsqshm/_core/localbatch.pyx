@@ -36,6 +36,7 @@ from nsqshm._core.includes.system cimport (
     NSQSHM_EXPIRY_SIZE,
     nsqshm_attempts,
     nsqshm_has_expiry,
+    nsqshm_be16,
     nsqshm_be64,
     NSQSHM_BLOCK_LIVE,
     NSQSHM_RECORD_HEADER,
@@ -47,6 +48,7 @@ from nsqshm._core.includes.system cimport (
 )
 from nsqshm._core.inflight cimport InFlight
 from nsqshm._core.logcursor cimport CursorSet
+from nsqshm._core.tracelog cimport EV_FIN, TraceWriter
 from nsqshm._core.ring cimport Ring
 
 cdef enum:
@@ -899,13 +901,16 @@ def index_frames(buf, Py_ssize_t pos, Py_ssize_t end, starts, sizes):
 
 
 def finish_frames(InFlight inflight not None, buf, starts, Py_ssize_t count,
-                  uint64_t client_id, CursorSet cursors=None):
+                  uint64_t client_id, CursorSet cursors=None, TraceWriter trace=None,
+                  uint32_t stream=0):
     """FIN the messages at buf[starts[i]] (i < count) held by client_id in
     one C loop; returns how many were in flight and are finished now (the
     others timed out or were finished or requeued before).  With `cursors`
     (a log topic's channel) each offset is marked in its cursor first, once
     the client is known to hold the message, as the broker's FIN does
-    (commands.pyx): a death in between delivers it again, never loses it."""
+    (commands.pyx): a death in between delivers it again, never loses it.
+    With `trace` (a traced channel) each message finished now is recorded,
+    FIN in `stream`, one write for the batch."""
     cdef Py_buffer view, sv
     cdef const char *p
     cdef const int64_t *s
@@ -928,10 +933,15 @@ def finish_frames(InFlight inflight not None, buf, starts, Py_ssize_t count,
                     cursors.finish_id(p + s[i] + ID_OFFSET)
                 if inflight.finish_raw(p + s[i] + ID_OFFSET, client_id) == 0:
                     done += 1
+                    if trace is not None:
+                        trace.add(EV_FIN, p + s[i] + ID_OFFSET, trace.clock(),
+                                  nsqshm_be16(p + s[i] + 8), stream, 0, NULL)
         finally:
             PyBuffer_Release(&sv)
     finally:
         PyBuffer_Release(&view)
+        if trace is not None:
+            trace.flush()  # (a failed write is counted in the writer)
     return done
 
 

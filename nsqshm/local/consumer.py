@@ -44,7 +44,7 @@ from nsqshm._core.inflight import NOT_IN_FLIGHT, DeferredQueue, InFlight
 from nsqshm._core.localbatch import finish_frames
 from nsqshm._core.logcursor import Cursor, CursorError, CursorSet
 from nsqshm._core.ring import SUBSCRIBERS_RETIRED
-from nsqshm.local import arenas
+from nsqshm.local import arenas, tracing
 from nsqshm.local.batch import Batch
 from nsqshm.local.broker import Broker, LocalError, check_name
 from nsqshm.nsqd.local_clients import LOCAL_LABEL
@@ -100,6 +100,7 @@ class Consumer:
         self._inflight.use_arena(self.arena, self.queue)
         # an ext topic's frames: the ext part cut (plain bodies) or kept (headers)
         self._ext_view = ExtView(strip=not self.headers) if self.ext else None
+        self._trace_log = tracing.for_broker(self.broker)  # (this process's)
         self._deferred = DeferredQueue()
         self._deferred.use_arena(self.arena, self.queue)
         self._scratch = bytearray(max(4 << 20, 2 * (self.ring.max_record + 4)))
@@ -143,6 +144,12 @@ class Consumer:
             raise LocalError(f"channel {self.queue} is being deleted")
         self._subscribed = True
         self.ring.nudge()
+
+    def _tracing(self):
+        """(writer, stream) while tracing is on for this channel or its topic, else None."""
+        if self._trace_log.traced(self.topic, self.channel):
+            return self._trace_log.stream(self.topic, self.channel)
+        return None
 
     @property
     def is_log(self):
@@ -234,6 +241,9 @@ class Consumer:
             if added:
                 self.message_count += added
                 self._publish_info()
+                tracing_on = self._tracing()
+                if tracing_on is not None:
+                    tracing_on[0].delivered(out, 0, tracing_on[1])
         if added:
             self._start_timer()
         return Batch(self, out, added)
@@ -257,6 +267,7 @@ class Consumer:
             if status:
                 raise LocalError(f"E_FIN_FAILED FIN {_text(msg_id)} failed "
                                  f"{STATUS_TEXT.get(status, status)}")
+            self._trace_event(tracing.FIN, msg_id)
             self.finish_count += 1
             self._publish_info()
 
@@ -264,8 +275,9 @@ class Consumer:
         self._check()
         self._own(batch)
         with self._lock:
+            writer, stream = self._tracing() or (None, 0)
             done = finish_frames(self._inflight, batch._frames, batch._starts, len(batch), CLIENT,
-                                 self._cursors)
+                                 self._cursors, writer, stream)
             self.finish_count += done
             self._publish_info()
         return done
@@ -286,6 +298,7 @@ class Consumer:
                 msg = self._inflight.requeue(bytes(msg_id), CLIENT)
                 if isinstance(msg, int):
                     continue
+                self._trace_event(tracing.REQ, msg_id, int(delay * 1000))
                 done += 1
                 if delay > 0:
                     self._deferred.push(msg, now + int(delay * 1e9))
@@ -317,8 +330,15 @@ class Consumer:
                     continue
                 cap = first - timeout_ns + int(MAX_MSG_TIMEOUT * 1e9)
                 if self._inflight.touch(key, CLIENT, min(now + timeout_ns, cap)) == 0:
+                    self._trace_event(tracing.TOUCH, key)
                     done += 1
         return done
+
+    def _trace_event(self, event, msg_id, value=0):
+        """A FIN, REQ or TOUCH of one message (the per-message calls)."""
+        tracing_on = self._tracing()
+        if tracing_on is not None:
+            tracing_on[0].event(event, bytes(msg_id), tracing_on[1], None, value)
 
     # -- putting messages back -----------------------------------------------------------
 
@@ -350,6 +370,11 @@ class Consumer:
                         store.pop_due(now, self._scratch)
                     if not n:
                         break
+                    if timed_out:
+                        tracing_on = self._tracing()
+                        if tracing_on is not None:
+                            tracing_on[0].records(self._scratch[:nbytes], n, tracing.TIMEOUT,
+                                                  tracing_on[1])
                     self._store(bytes(self._scratch[:nbytes]), n, now)
                     store.release()
                     total += n

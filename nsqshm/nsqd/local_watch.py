@@ -24,6 +24,7 @@ from gevent.hub import get_hub
 from nsqshm._core.arena import Arena, ArenaError
 from nsqshm._core.localbatch import arena_due
 from nsqshm.nsqd import recovery
+from nsqshm.nsqd.tracefiles import prune_local, trace_dir
 from nsqshm.nsqd.waiting import wait_fd_or_event
 
 IN_CREATE = 0x100
@@ -57,6 +58,7 @@ class LocalWatch:
         self.greenlet = gevent.spawn(self._loop)
         for name in self._existing():
             self.watch(name)
+        self._prune_traces()
 
     def stop(self):
         if self.greenlet is not None:
@@ -148,4 +150,13 @@ class LocalWatch:
             self.nsqd.logf("error", f"LOCAL: watching {name} failed - {err!r}")
         finally:
             self.watched.pop(name, None)
+            self._prune_traces()
+
+    def _prune_traces(self):
+        """The trace logs of local processes that exited, kept within bounds
+        (tracefiles.prune_local)."""
+        try:
+            prune_local(trace_dir(self.nsqd.data_path))
+        except OSError as err:
+            self.nsqd.logf("warn", f"LOCAL: pruning local trace logs failed - {err}")
 

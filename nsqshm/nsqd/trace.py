@@ -27,7 +27,9 @@ every message published with it), as JSON objects:
 Events are recorded only while tracing is on for the topic or channel (or
 for a message published with a trace ID).  The switches are kept in
 <data-path>/nsqshm.trace/switches.json and sent to the other workers
-({"op": "trace"}) before the answer.
+({"op": "trace"}) before the answer.  Local consumers (nsqshm.local) of a
+traced channel write logs of their own beside the workers', l<pid>.*
+(tracefiles.py; nsqshm/local/tracing.py), which a search reads too.
 """
 
 import functools
@@ -41,10 +43,16 @@ import gevent.local
 
 from nsqshm._core import tracelog
 from nsqshm._core.tracelog import DROP_CODES, EVENT_CODES, EVENTS, RECORD_SIZE, TraceWriter
+from nsqshm.nsqd.tracefiles import (
+    MAX_LOG_BYTES,
+    SWITCHES,
+    append_stream,
+    log_files,
+    read_streams,
+    read_switches,
+    trace_dir,
+)
 
-MAX_LOG_BYTES = 64 << 20
-TRACE_DIR = "nsqshm.trace"
-SWITCHES = "switches.json"
 MAX_ANSWER = 10_000  # events in one answer
 MAX_STREAMS = 1 << 20  # (topic, channel) numbers of one worker's table
 # DROPPED's value (tracelog.pxd's DROP_*) and its text in answers
@@ -64,7 +72,7 @@ assert RECORD.size == RECORD_SIZE
 
 
 def _dir(nsqd):
-    return os.path.join(nsqd.data_path, TRACE_DIR)
+    return trace_dir(nsqd.data_path)
 
 
 class TraceLog:
@@ -77,7 +85,7 @@ class TraceLog:
         self.streams_path = os.path.join(directory, f"w{nsqd.index}.streams")
         self.writer = TraceWriter(os.fsencode(os.path.join(directory, f"w{nsqd.index}.events")),
                                   MAX_LOG_BYTES)
-        self.refs = {key: ref for ref, key in _streams(self.streams_path).items()}
+        self.refs = {key: ref for ref, key in read_streams(self.streams_path).items()}
         self.errors_seen = 0
 
     def stream(self, topic, channel=""):
@@ -88,14 +96,7 @@ class TraceLog:
             ref = len(self.refs) + 1
             if ref > MAX_STREAMS:
                 raise OSError(f"more than {MAX_STREAMS} traced topics and channels")
-            line = json.dumps({"stream": ref, "topic": key[0], "channel": key[1]},
-                              separators=(",", ":")) + "\n"
-            fd = os.open(self.streams_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                         0o600)
-            try:
-                os.write(fd, line.encode())
-            finally:
-                os.close(fd)
+            append_stream(self.streams_path, ref, *key)
             self.refs[key] = ref
         return ref
 
@@ -105,22 +106,6 @@ class TraceLog:
             self.errors_seen = self.writer.failed
             self.nsqd.logf("error", f"TRACE: failed to write {self.streams_path[:-8]}.events - "
                                     f"{os.strerror(status)} ({self.writer.failed} events lost)")
-
-
-def _streams(path):
-    """{number: (topic, channel)} of a worker's table (a torn last line skipped)."""
-    table = {}
-    try:
-        with open(path, "rb") as f:
-            for line in f:
-                try:
-                    e = json.loads(line)
-                    table[int(e["stream"])] = (str(e["topic"]), str(e.get("channel", "")))
-                except (ValueError, KeyError, TypeError):
-                    continue
-    except OSError:
-        pass
-    return table
 
 
 def _log(nsqd):
@@ -169,13 +154,7 @@ def switches(nsqd):
     """{(topic, channel or "")} with tracing on, loaded once from the data path."""
     on = getattr(nsqd, "trace_switches", None)
     if on is None:
-        on = set()
-        try:
-            with open(os.path.join(_dir(nsqd), SWITCHES)) as f:
-                on = {(t, c) for t, c in json.load(f)}
-        except (OSError, ValueError, TypeError):
-            pass
-        nsqd.trace_switches = on
+        on = nsqd.trace_switches = read_switches(_dir(nsqd))
     return on
 
 
@@ -304,24 +283,6 @@ def parser_tracing(channel, client):
 
 # -- search ----------------------------------------------------------------------------------
 
-def _files(nsqd):
-    """(events file, its worker's stream table) of every worker, the older part first."""
-    directory = _dir(nsqd)
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in sorted(names):
-        if not (name.startswith("w") and name.endswith(".streams")):
-            continue
-        worker = name[1:-len(".streams")]
-        if not worker.isdigit():
-            continue
-        table = _streams(os.path.join(directory, name))
-        for part in (f"w{worker}.events.1", f"w{worker}.events"):
-            yield os.path.join(directory, part), table, int(worker)
-
-
 def _decode(data, pos, table, worker):
     ts, code, attempt, stream, msg_id, value, raw, port = RECORD.unpack_from(data, pos)
     topic, channel = table.get(stream, ("", ""))
@@ -341,6 +302,8 @@ def _decode(data, pos, table, worker):
     address = _address_text(raw, int.from_bytes(port, "big"))
     if address:
         e["client"] = address
+    elif isinstance(worker, str):  # a local consumer's own log: "shm:<pid>", as in /stats
+        e["client"] = worker
     e["worker"] = worker
     return e
 
@@ -349,7 +312,7 @@ def _logs(nsqd, topic):
     """(bytes, stream table, worker, the topic's stream numbers) of each events
     file holding the topic, read once for a search."""
     logs = []
-    for path, table, worker in _files(nsqd):
+    for path, table, worker in log_files(_dir(nsqd)):
         refs = {ref for ref, (t, _) in table.items() if t == topic}
         if not refs:
             continue
