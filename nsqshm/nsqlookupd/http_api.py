@@ -24,7 +24,7 @@ from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqlookupd.registration_db import filter_by_active, filter_registrations, keys, subkeys
 from nsqshm.youzan.http import HTTPError
-from nsqshm.youzan.lookup import lookup_data, lookup_query
+from nsqshm.youzan.lookup import NO_CHANNEL_FOR_WRITE, lookup_data, lookup_query
 
 GO_ZERO_TIME_UNIX_NANO = -6795364578871345152  # time.Time{}.UnixNano(), overflowed as in Go
 
@@ -113,7 +113,10 @@ class LookupHTTPAPI(HTTPAPI):
         `partition` alone when given).  access=w leaves tombstoned producers
         out, access=r keeps them (Youzan's: readers drain a node being
         emptied).  Without a coordinator there is no `meta`, as Youzan's
-        standalone nsqlookupd."""
+        standalone nsqlookupd.  Unless --allow-write-with-nochannels, access=w
+        also leaves out a node with no channel of the topic, and answers 404
+        when that left nothing (Youzan's doLookup: a writer should not fill a
+        topic nobody reads)."""
         try:
             query = lookup_query(values)
         except HTTPError as err:
@@ -124,6 +127,13 @@ class LookupHTTPAPI(HTTPAPI):
         active = {p.peer_info.id: p for p in filter_by_active(
             self.db.find_producers("topic", topic, ""), opts.inactive_producer_timeout,
             tombstones)}
+        no_channels = set()
+        if query.access == "w" and not opts.allow_write_with_nochannels:
+            readers = {p.peer_info.id for reg in self.db.find_registrations("channel", topic, "*")
+                       for p in self.db.find_producers(*reg)}
+            no_channels = {peer_id for peer_id in active if peer_id not in readers}
+            for peer_id in no_channels:
+                del active[peer_id]
         partitions = {}
         holders = {}
         for reg in self.db.find_registrations("partition", topic, query.partition):
@@ -132,6 +142,8 @@ class LookupHTTPAPI(HTTPAPI):
                     partitions.setdefault(reg[2], p.peer_info.to_json())
                     holders.setdefault(p.peer_info.id, active[p.peer_info.id])
         found = active.values() if query.partition == "*" else holders.values()
+        if no_channels and not partitions and not found:
+            raise Err(*NO_CHANNEL_FOR_WRITE)
         return lookup_data(channels, [p.peer_info.to_json() for p in found], partitions)
 
     def topic_create(self, req):

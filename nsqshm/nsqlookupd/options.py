@@ -42,6 +42,9 @@ FLAGS: tuple[Flag, ...] = (
          "duration of time a producer will remain in the active list since its last ping"),
     Flag("tombstone-lifetime", DURATION, "45s",
          "duration of time a producer will remain tombstoned if registration remains"),
+    # youzan/nsq's (apps/nsqlookupd): writers (access=w) are not told of a node
+    # that has no channel of the topic, so nothing piles up that nobody reads
+    Flag("allow-write-with-nochannels", BOOL, False, "allow write to topic with no channels"),
 ) + cluster_options.LOOKUPD  # youzan/nsq's cluster mode (consistence/options.py)
 
 

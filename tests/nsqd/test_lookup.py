@@ -398,6 +398,34 @@ def test_youzans_lookup_names_a_log_topics_partitions(nsqd_factory, lookupd_fact
     assert youzan_lookup(lookupd, "yl", access="r")["producers"] == []
 
 
+@pytest.mark.parametrize("allow", [False, True])
+def test_writers_are_not_told_of_a_node_without_channels(nsqd_factory, lookupd_factory,
+                                                          tmp_path, allow):
+    """Youzan's access=w filter (unless --allow-write-with-nochannels): a node
+    with no channel of the topic is left out for writers, and a topic no node
+    reads answers 404; readers (access=r) and NSQ's lookup see every node."""
+    lookupd = lookupd_factory(*(["--allow-write-with-nochannels=true"] if allow else []))
+    read = start_node(nsqd_factory, lookupd, data_path=tmp_path / "r")
+    bare = start_node(nsqd_factory, lookupd, data_path=tmp_path / "b")
+    for node in (read, bare):
+        assert node.post("/topic/create?topic=w&partition_num=2")[0] == 200
+    assert wait_for(lambda: len(producers(lookupd, "w")) == 2)
+    status, _, body = request(lookupd, "GET", "/lookup?topic=w&access=w")
+    if allow:
+        assert status == 200 and len(json.loads(body)["producers"]) == 2
+    else:
+        assert (status, json.loads(body)) == (404, {
+            "message": "Topic has no channel, should init at least one for the new topic"})
+    assert read.post("/channel/create?topic=w&channel=c")[0] == 200
+    assert wait_for(lambda: channels(lookupd, "w") == ["c"])
+    writers = youzan_lookup(lookupd, "w", access="w")
+    ports = sorted(p["tcp_port"] for p in writers["producers"])
+    assert ports == sorted([read.tcp_port, bare.tcp_port] if allow else [read.tcp_port])
+    assert {v["tcp_port"] for v in writers["partitions"].values()} <= set(ports)
+    assert len(youzan_lookup(lookupd, "w", access="r")["producers"]) == 2
+    assert len(producers(lookupd, "w")) == 2
+
+
 def test_producers_expire_without_pings(nsqd_factory, lookupd_factory, tmp_path):
     lookupd = lookupd_factory("--inactive-producer-timeout=1500ms")
     pinging = start_node(nsqd_factory, lookupd, args=[FAST_PING], data_path=tmp_path / "p")

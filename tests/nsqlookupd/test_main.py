@@ -66,7 +66,8 @@ def test_usage_is_go_style():
     assert names == sorted(["config", "version", "log-level", "log-prefix", "verbose",
                             "tcp-address", "http-address", "broadcast-address",
                             "inactive-producer-timeout", "tombstone-lifetime",
-                            # youzan/nsq's cluster mode
+                            # youzan/nsq's, and its cluster mode
+                            "allow-write-with-nochannels",
                             "cluster-id", "cluster-leadership-addresses",
                             "cluster-lease-ttl"])
     assert ("  -inactive-producer-timeout duration\n    \tduration of time a producer will "
