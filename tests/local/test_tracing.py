@@ -36,13 +36,19 @@ def events(server, msg_id, last, n):
     raise AssertionError(names)
 
 
-def test_a_local_consumer_of_a_traced_channel_records_its_events(nsqd_factory, tmp_path):
+def broker_tracing(nsqd_factory, tmp_path, topic):
+    """A broker on a data path of the test's, with tracing on for `topic`."""
     data = tmp_path / "data"
     data.mkdir()
     server = started(nsqd_factory(data_path=data))
-    assert server.post("/topic/create?topic=t")[0] == 200
+    assert server.post(f"/topic/create?topic={topic}")[0] == 200
+    assert server.post(f"/message/trace/enable?topic={topic}")[0] == 200  # (PUB too)
+    return server, data
+
+
+def test_a_local_consumer_of_a_traced_channel_records_its_events(nsqd_factory, tmp_path):
+    server, data = broker_tracing(nsqd_factory, tmp_path, "t")
     assert server.post("/channel/create?topic=t&channel=c")[0] == 200
-    assert server.post("/message/trace/enable?topic=t")[0] == 200  # (PUB too)
     me = f"shm:{os.getpid()}"
     with Consumer("t", "c", shm_prefix=server.prefix, msg_timeout=0.5) as c:
         assert server.post("/mpub?topic=t", b"m0\nm1\nm2")[0] == 200
@@ -71,11 +77,7 @@ def test_a_local_consumer_of_a_traced_channel_records_its_events(nsqd_factory, t
 
 
 def test_an_untraced_local_consumer_writes_nothing_until_switched_on(nsqd_factory, tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    server = started(nsqd_factory(data_path=data))
-    assert server.post("/topic/create?topic=other")[0] == 200
-    assert server.post("/message/trace/enable?topic=other")[0] == 200
+    server, data = broker_tracing(nsqd_factory, tmp_path, "other")
     with Consumer("t", "c", shm_prefix=server.prefix) as c:
         assert server.post("/mpub?topic=t", b"a\nb")[0] == 200
         for _, _, batch in fetch(c, 2):
