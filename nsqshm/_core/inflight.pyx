@@ -600,6 +600,50 @@ cdef class MessageStore:
             PyBuffer_Release(&view)
         return count, pos
 
+    def drain_stale(self, CursorSet cursors not None, buffer):
+        """Take out, into buffer as packed records, the messages a cursor move
+        left stale (CursorSet.stale_id: below their cursor's confirmed offset,
+        or of a partition a seek holds); the others stay where they are (in
+        flight: their FINs still hold).  Call until it returns (0, 0)."""
+        cdef Py_buffer view
+        cdef MsgEntry *e
+        cdef MsgEntry **found
+        cdef size_t i, n = 0
+        cdef char *dst
+        cdef Py_ssize_t pos = 0, count = 0
+        if not self.heap.length:
+            return 0, 0
+        found = <MsgEntry **>malloc(self.heap.length * sizeof(MsgEntry *))
+        if found == NULL:
+            raise MemoryError()
+        try:
+            for i in range(self.heap.length):  # (collected first: unlinking reorders the heap)
+                e = self.heap.nodes[i].entry
+                if cursors.stale_id(_msg(e) + MSG_ID_OFFSET):
+                    found[n] = e
+                    n += 1
+            PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
+            try:
+                dst = <char *>view.buf
+                for i in range(n):
+                    e = found[i]
+                    if view.len - pos < RECORD_HEADER_SIZE + <Py_ssize_t>e.size:
+                        if count == 0:
+                            raise ValueError(f"buffer of {view.len} bytes cannot hold the next "
+                                             f"message of {e.size} bytes plus its 4-byte size")
+                        break
+                    memcpy(dst + pos, &e.size, RECORD_HEADER_SIZE)
+                    memcpy(dst + pos + RECORD_HEADER_SIZE, _msg(e), e.size)
+                    pos += RECORD_HEADER_SIZE + e.size
+                    count += 1
+                    self._unlink(e)
+                    self._hand_out(e)
+            finally:
+                PyBuffer_Release(&view)
+        finally:
+            free(found)
+        return count, pos
+
 
 # -- InFlight ---------------------------------------------------------------------
 

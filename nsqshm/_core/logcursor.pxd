@@ -55,6 +55,7 @@ cdef class CursorSet:
     cdef public object fault_path     # tests: see FAULT_DIE_IN_FIN_ENV
     cdef int has_id(self, const char *msg_id) noexcept
     cdef int finish_id(self, const char *msg_id) except -2
+    cdef int stale_id(self, const char *msg_id) noexcept
 
 
 cdef inline long long decode_log_id(const char *p, uint64_t *offset) noexcept nogil:

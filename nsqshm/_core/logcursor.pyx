@@ -717,6 +717,28 @@ cdef class CursorSet:
         cur._unlock()
         return r
 
+    cdef int stale_id(self, const char *msg_id) noexcept:
+        """1 when what a cursor move leaves stale: a log message ID below its
+        cursor's confirmed offset, or of a partition whose cursor a seek holds
+        (LogChannel._drop_moved); 0 otherwise, and for an ID that is not a
+        log message's or whose cursor is not attached."""
+        cdef uint64_t off = 0
+        cdef long long p = decode_log_id(msg_id, &off)
+        cdef Cursor cur
+        if p < 0 or p >= len(self.cursors):
+            return 0
+        cur = self.cursors[p]
+        if cur is None or cur.h == NULL:
+            return 0
+        if __atomic_load_n(&cur.h.read_pos, 2) == _READ_HELD:
+            return 1
+        return off < __atomic_load_n(&cur.h.confirmed, 2)
+
+    def is_stale(self, msg_id):
+        """stale_id for one ID (tests)."""
+        cdef bytes b = bytes(msg_id)
+        return len(b) == 16 and self.stale_id(b) == 1
+
     def _fault(self):
         """The test suite (FAULT_DIE_IN_FIN_ENV, a path): while the file
         exists, the next FIN removes it and SIGKILLs this process before

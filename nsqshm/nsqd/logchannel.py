@@ -718,10 +718,9 @@ class LogChannel(Channel):
         3. the same on every other worker: `empty`'s broadcast, which they
            apply as _drop_moved (below) and which returns once all did;
         4. release the holds and wake the owners' feeders.
-        As with `empty`, what a worker holds in flight is taken back: the
-        seeked partitions' messages are dropped (their FIN answers
-        E_FIN_FAILED), the others' go back into the ring and are delivered
-        again (at least once)."""
+        What a worker holds in flight of the seeked partitions is dropped
+        (a late FIN answers E_FIN_FAILED); the other partitions' messages stay
+        in flight with their clients (_drop_moved)."""
         self._move(offsets)
 
     def _move(self, moves):
@@ -749,22 +748,27 @@ class LogChannel(Channel):
                 self.nsqd.cluster.tell(owner, {"op": "want", "topic": self.topic.name})
 
     def _drop_moved(self):
-        """What a cursor move leaves stale, from the ring and what this worker
+        """What a cursor move leaves stale, from the rings and what this worker
         holds: below a cursor's confirmed offset (`empty`), and every record of
         a partition whose cursor a seek holds.  First the lanes made since
-        are attached (use_lanes moves a partition to one this way)."""
+        are attached (use_lanes moves a partition to one this way).  The
+        rings are emptied and what is not stale pushed back (into its lane);
+        in flight and deferred, only the stale messages are taken out, in C
+        (drain_stale): the others stay with their clients, whose FINs still
+        hold."""
         self._find_lanes()
         kept = bytearray()
-        sources = [self.ring.pop_many_into, *(lane.ring.pop_many_into
-                                              for lane in self.lanes.values()),
-                   self.inflight.drain, self.deferred.drain]
+        rings = [self.ring, *(lane.ring for lane in self.lanes.values())]
         with self.scratch.borrow() as scratch:
-            for source in sources:
+            for ring in rings:
                 while True:
-                    n, nbytes = source(scratch)
+                    n, nbytes = ring.pop_many_into(scratch)
                     if not n:
                         break
                     kept += self._unconfirmed(memoryview(scratch)[:nbytes])
+            for store in (self.inflight, self.deferred):
+                while store.drain_stale(self.cursors, scratch)[0]:
+                    pass
         if kept:
             self.put_records(kept)  # stored again before the blocks are released
         self.inflight.release()

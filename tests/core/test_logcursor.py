@@ -407,6 +407,48 @@ def test_finish_records_marks_each_packed_record(cursor_args):
     cur.close()
 
 
+def test_drain_stale_takes_out_only_what_a_move_left_behind(cursor_args):
+    """InFlight.drain_stale with CursorSet.stale_id: a held partition's
+    messages and those below a confirmed offset go; the rest stay in flight."""
+    from nsqshm._core.inflight import InFlight
+
+    name, ckpt = cursor_args
+    c0 = Cursor.open(name, ckpt, 0)
+    c1 = Cursor.open(name + "b", ckpt + "b", 0)
+    try:
+        cursors = CursorSet(2)
+        cursors[0], cursors[1] = c0, c1
+        inflight = InFlight()
+        records = bytearray()
+        for partition, offset in ((0, 0), (0, 1), (0, 2), (1, 0), (1, 1)):
+            msg = struct.pack(">QH", 1, 1) + log_message_id(partition, offset) + b"body"
+            records += struct.pack("=I", len(msg)) + msg
+        inflight.deliver(records, 5, bytearray(), 7, time.monotonic_ns() + 10**10)
+        c0.finish(0)           # confirmed 1 in partition 0: offset 0 is stale
+        assert inflight.drain_stale(cursors, bytearray(1 << 16))[0] == 1
+        inflight.release()
+        c0.finish(1)
+        c1.hold()               # partition 1 held by a seek: all of it is stale
+        assert cursors.is_stale(log_message_id(1, 5)) and cursors.is_stale(log_message_id(0, 1))
+        assert not cursors.is_stale(log_message_id(0, 2)) and not cursors.is_stale(b"x" * 16)
+        buf = bytearray(1 << 16)
+        n, nbytes = inflight.drain_stale(cursors, buf)
+        assert n == 3
+        got = sorted(decode_message_id(buf[pos + 14:pos + 30])
+                     for pos in range(0, nbytes, nbytes // 3))
+        assert got == [(0, 1), (1, 0), (1, 1)]
+        inflight.release()
+        assert len(inflight) == 1 and inflight.drain_stale(cursors, buf) == (0, 0)
+        with pytest.raises(ValueError, match="cannot hold"):
+            c0.set(5)
+            inflight.drain_stale(cursors, bytearray(8))
+    finally:
+        c0.unlink()
+        c1.unlink()
+        c0.close()
+        c1.close()
+
+
 def test_attach_takes_the_brokers_segment_only(cursor_args):
     name, ckpt = cursor_args
     with pytest.raises(CursorError, match="does not exist"):

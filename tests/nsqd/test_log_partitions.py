@@ -58,6 +58,44 @@ def _where(messages):
 # -- SUB T C p ----------------------------------------------------------------------------
 
 
+def test_a_partition_moving_to_its_lane_leaves_the_others_in_flight(nsqd_factory):
+    """A Youzan consumer opens one connection per partition: the second SUB
+    moves its partition into a lane, taking back only that partition's
+    messages; what the first connection holds of its own partition stays in
+    flight, so its FINs hold and nothing comes twice (youzan/go-nsq saw
+    E_FIN_FAILED and attempts 2 here)."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    for partition in range(2):
+        _publish(server, "lt", partition, 10)
+    c1 = _sub(server, b"SUB lt ch 1\n")
+    held = take(c1, 10, fin=False)
+    assert sorted(_where(held)) == [(1, o) for o in range(10)]
+    c0 = _sub(server, b"SUB lt ch 0\n")
+    assert sorted(_where(take(c0, 10))) == [(0, o) for o in range(10)]
+    for m in held:
+        c1.send(p.fin(m.id))
+    assert _frames_for(c1, 0.5) == []  # no E_FIN_FAILED, nothing delivered again
+    assert nothing_more(c0)
+    assert wait_for(lambda: confirmed(server, "lt", "ch") == [10, 10])
+
+
+def _frames_for(client, wait):
+    """Every frame but heartbeats that comes within `wait` seconds."""
+    frames = []
+    client.sock.settimeout(wait)
+    try:
+        while True:
+            kind, data = client.frame()
+            if data != b"_heartbeat_":
+                frames.append((kind, bytes(data[:60])))
+    except (TimeoutError, OSError):
+        return frames
+    finally:
+        client.sock.settimeout(5)
+
+
+
 def test_sub_with_a_partition_gets_only_that_partition(nsqd_factory):
     server = nsqd_factory()
     create(server, "lt", 3)
