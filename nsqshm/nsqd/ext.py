@@ -165,12 +165,13 @@ def _put(topic, packed, count, nbytes, partition, code, client=None, trace_ids=N
         trace.publisher.queue_offset = 0
 
 
-def _traced_reply(packed, trace_id, queue_offset):
+def _traced_reply(topic, packed, trace_id, queue_offset):
     """Youzan's 30-byte answer: the first message's 64-bit ID (its 16 hex digits),
-    the trace ID, its queue offset (a log partition's virtual offset where this
-    worker appended it, else 0), the stored size."""
+    the trace ID, its queue offset (a log partition's virtual offset where it
+    was appended, else 0), its raw size in the queue (Topic.raw_size)."""
     size = struct.unpack_from("=I", packed)[0]
-    return bodies.traced_reply(int(bytes(packed[14:30]), 16), trace_id, queue_offset, size)
+    return bodies.traced_reply(int(bytes(packed[14:30]), 16), trace_id, queue_offset,
+                               topic.raw_size(size))
 
 
 def _fast(protocol, topic, body, mpub):
@@ -213,7 +214,7 @@ def _publish_ext(protocol, client, params, reader, mpub):
         packed, count, trace_ids, traced = fast
         at = _put(topic, packed, count, size, _partition(topic, pub), failed, client, trace_ids)
         protocol._count_pub(client, topic.name, count)
-        return _traced_reply(packed, trace_ids[0], at) if traced and not mpub else b"OK"
+        return _traced_reply(topic, packed, trace_ids[0], at) if traced and not mpub else b"OK"
     # the rest: Youzan's parser, for its exact error texts
     if mpub:
         messages = bodies.parse_mpub(body, opts.max_msg_size, opts.max_body_size,
@@ -227,7 +228,7 @@ def _publish_ext(protocol, client, params, reader, mpub):
               _partition(topic, pub), failed, client, [m.trace_id for m in messages])
     protocol._count_pub(client, topic.name, len(messages))
     if not mpub and messages[0].traced:
-        return _traced_reply(packed, messages[0].trace_id, at)
+        return _traced_reply(topic, packed, messages[0].trace_id, at)
     return b"OK"
 
 
@@ -247,7 +248,7 @@ def pub_trace(protocol, client, params, reader):
     at = _put(topic, packed, 1, len(published.body), _partition(topic, pub), "E_PUB_FAILED",
               client, [published.trace_id])
     protocol._count_pub(client, topic.name, 1)
-    return _traced_reply(packed, published.trace_id, at)
+    return _traced_reply(topic, packed, published.trace_id, at)
 
 
 def mpub_trace(protocol, client, params, reader):
@@ -267,7 +268,7 @@ def mpub_trace(protocol, client, params, reader):
     at = _put(topic, packed, len(messages), sum(len(m.body) for m in messages),
               _partition(topic, pub), "E_MPUB_FAILED", client, [m.trace_id for m in messages])
     protocol._count_pub(client, topic.name, len(messages))
-    return _traced_reply(packed, 0, at)
+    return _traced_reply(topic, packed, 0, at)
 
 
 def _read_size(reader):

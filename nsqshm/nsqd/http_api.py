@@ -578,12 +578,15 @@ class HTTPAPI:
                 topic.put_deferred(body, deferred_ns / 1e9, expires_at)
             elif req.environ.get(EXT_PREFIX) is not None:  # /pub_ext
                 out = bytearray()
-                msg_id = wire.pack_message(body, self.nsqd.ids, time.time_ns(), out)
+                wire.pack_message(body, self.nsqd.ids, time.time_ns(), out)
                 if expires_at:  # the deadline after the body, the ext part before it
                     out = message_ttl.add(out, expires_at)
                 out = self._ext(req, topic, out, 1)
-                req.environ[EXT_PREFIX] = (msg_id, len(out) - 4)  # for a traced answer
                 topic.put_packed(out, 1, len(body), self._partition(values, topic))
+                # for a traced answer: the ID as stored (a log partition's owner stamps
+                # the log's) and the raw size in the queue
+                req.environ[EXT_PREFIX] = (bytes(memoryview(out)[14:30]),
+                                           topic.raw_size(len(out) - 4))
             else:
                 topic.put_message(body, self._partition(values, topic), expires_at)
         except PartitionError:
@@ -742,7 +745,7 @@ class HTTPAPI:
             trace.publisher.client = trace.publisher.trace_ids = None
             trace.publisher.queue_offset = 0
         return JSONBody(youzan_http.traced_pub_json(int(msg_id, 16), values["trace_id"][0],
-                                                    queue_offset, len(out) - 4))
+                                                    queue_offset, topic.raw_size(len(out) - 4)))
 
     def _trace_switch(self, req, enable):
         values = self._params(req)
@@ -1029,8 +1032,9 @@ class HTTPAPI:
         body, headers = bytes(msg[26:]), b""
         if topic.ext:  # the ext part apart; its JSON in "ext" when asked (needext=true)
             headers, body = ext.split_headers(body)
+        trace_id = trace.trace_id_of(self.nsqd, topic.name, msg_id)
         return JSONBody(youzan_http.message_get_json(
-            int(msg_id, 16), 0, body, int.from_bytes(msg[0:8], "big"),
+            int(msg_id, 16), trace_id, body, int.from_bytes(msg[0:8], "big"),
             int.from_bytes(msg[8:10], "big"), virtual, offset,
             ext=headers if q.need_ext else b""))
 

@@ -38,6 +38,7 @@ import gevent
 import gevent.event
 
 from nsqshm._core.commitlog import MESSAGE_HEADER
+from nsqshm._core.commitlog import RECORD_HEADER as LOG_RECORD_HEADER
 from nsqshm._core.inflight import DeferredQueue
 from nsqshm._core.logcursor import log_message_id
 from nsqshm.nsqd import trace
@@ -172,6 +173,7 @@ def append_for_peer(nsqd, msg):
 class LogTopic(Topic):
     channel_class = LogChannel
     is_log = True
+    stored_overhead = LOG_RECORD_HEADER  # a log record's size, CRC and offset
 
     def __init__(self, nsqd, name, spec):
         # not Topic.__init__: no topic ring, disk queue nor pump; the partitions

@@ -21,7 +21,6 @@ import gevent
 from nsqshm._core import wire
 from nsqshm._core.codec import FRAME_TYPE_ERROR
 from nsqshm._core.commands import NEED_MORE, CommandParser
-from nsqshm._core.commitlog import RECORD_HEADER as LOG_RECORD_HEADER
 from nsqshm.nsqd import ext, fairshare, trace
 from nsqshm.nsqd.auth import AuthError
 from nsqshm.nsqd.channel import ChannelError
@@ -47,7 +46,7 @@ from nsqshm.nsqd.options import TLS_NOT_REQUIRED
 from nsqshm.nsqd.reader import MAX_LINE, Disconnect, LineTooLong, Reader
 from nsqshm.nsqd.replica import NotLeader
 from nsqshm.nsqd.stats import go_json
-from nsqshm.nsqd.topic import TopicError
+from nsqshm.nsqd.topic import Topic, TopicError
 from nsqshm.youzan.commands import (
     NO_PARTITION,
     ORDERED_WITH_SAMPLE_RATE,
@@ -514,7 +513,7 @@ class ProtocolV2:
             self._seek(topic, channel_name, partition, start)
         client.partition = partition if is_log and partition != NO_PARTITION else None
         if detail:  # the raw size: a log record's, or a disk queue's [4 size][message]
-            client.detail = LOG_RECORD_HEADER if is_log else 4
+            client.detail = (topic if topic is not None else Topic).stored_overhead
             client.detail_log = is_log
         channel = self._subscribe(client, topic_name, channel_name)
         if client.detail_log:

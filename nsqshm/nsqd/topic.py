@@ -49,6 +49,9 @@ class TopicFull(TopicError):
 
 class Topic:
     channel_class = Channel
+    # the bytes a message takes in the queue beyond its own: a disk queue
+    # record's size field (Youzan's writeBytes; logtopic.py: a log record's)
+    stored_overhead = 4
     is_log = False
     ext = False  # Youzan's ext topic: each message carries its ext part (ext.py)
 
@@ -157,6 +160,12 @@ class Topic:
         nsqd ignores a PUB's extra parameters; expires_at: the message's own
         deadline, message_ttl.py)."""
         self.put_packed(self.pack_one(body, expires_at), 1, len(body), partition)
+
+    def raw_size(self, message_size):
+        """Youzan's raw size of a message: what it takes in the queue (traced
+        answers, SUB_ADVANCED's detail frames), so offset + raw size is the
+        next message's offset."""
+        return message_size + self.stored_overhead
 
     def pack_one(self, body, expires_at=0):
         """One message packed [u32 size][message]: a fresh ID, now's

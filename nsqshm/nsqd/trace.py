@@ -333,6 +333,16 @@ def _scan(logs, ids=None, trace_id=0):
                 yield _decode(data, pos, table, worker)
 
 
+def trace_id_of(nsqd, topic, msg_id):
+    """The trace ID a message was published with (PUB_TRACE, /pubtrace, ...),
+    from its PUB event in the trace logs; 0 when none was recorded.  (Youzan
+    carries it in the binary message ID; nsqshm's IDs are nsqd's hex.)"""
+    for e in search(nsqd, topic, msg_id=msg_id):
+        if e["event"] == "PUB" and e.get("trace_id"):
+            return e["trace_id"]
+    return 0
+
+
 def search(nsqd, topic, msg_id=None, trace_id=None):
     """A message's events (by ID), or those of every message published with
     trace_id, in time order."""

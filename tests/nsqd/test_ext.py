@@ -195,7 +195,7 @@ def test_errors_are_youzans(nsqd_factory):
     status, body = server.post(f"/pub_ext?topic=xt&ext={traced}", b"x")
     answer = json.loads(body)
     assert (status, answer["status"], answer["trace_id"]) == (200, "OK", "5")
-    assert answer["rawsize"] == 26 + 3 + len(b'{"##trace_id":"5"}') + 1
+    assert answer["rawsize"] == 4 + 26 + 3 + len(b'{"##trace_id":"5"}') + 1
     assert history(server, "topic=xt&trace_id=5")[0]["id"] == f"{answer['id']:016x}"
 
 

@@ -48,7 +48,8 @@ def test_trace_publish_deliver_timeout_req_touch_fin(nsqd_factory):
     pc.send(pub_trace("tr", 42, b"traced"))
     kind, answer = pc.response()
     msg_id, trace_id, offset, size = traced_reply(answer)
-    assert (trace_id, offset, size) == (42, 0, 26 + len(b"traced"))
+    # the raw size: what it takes in the queue, a disk queue record's [4 size][message]
+    assert (trace_id, offset, size) == (42, 0, 4 + 26 + len(b"traced"))
     hex_id = b"%016x" % msg_id
     m = c.message()
     assert (m.id, m.body) == (hex_id, b"traced")
@@ -133,14 +134,16 @@ def test_traced_answers_give_the_log_queue_offset(nsqd_factory):
         doc = json.loads(body)
         answers.append(((doc["id"], 50 + i, doc["queue_offset"], doc["rawsize"]),
                         b"http%d" % i))
-    for (msg_id, _, queue_offset, _), body in answers:
+    for (msg_id, trace_id, queue_offset, raw_size), body in answers:
         partition = msg_id >> 48
         assert queue_offset > 0, (body, msg_id)
+        assert raw_size == 16 + 26 + len(body)  # a log record: where the next one starts
         status, got = server.get(f"/message/get?topic=qo&partition={partition}"
                                  f"&search_mode=virtual_offset&search_pos={queue_offset}")
         assert status == 200, got
         got = json.loads(got)
-        assert (got["body"], got["id"], got["offset"]) == (body.decode(), msg_id, queue_offset)
+        assert (got["body"], got["id"], got["offset"], got["trace_id"]) == \
+            (body.decode(), msg_id, queue_offset, trace_id)
 
 
 @pytest.mark.workers(2)
