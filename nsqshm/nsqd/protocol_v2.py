@@ -467,10 +467,12 @@ class ProtocolV2:
                                  f"SUB channel name {go_quote(channel_name)} is not valid")
         self.check_auth(client, "SUB", topic_name.decode(), channel_name.decode())
         partition = NO_PARTITION
-        if len(params) >= 4:  # Youzan's SUB <topic> <channel> <partition>: log topics only
+        if len(params) >= 4:  # Youzan's SUB <topic> <channel> <partition>
             topic = self.nsqd.topics.get(topic_name.decode())
             if topic is not None and topic.is_log:
                 partition = parse_sub(params[:4], True, True).partition
+            elif params[3].isdigit():  # (other words: ignored, as nsqd ignores extra params)
+                partition = int(params[3])  # a classic topic is partition 0 alone (_sub)
         return self._sub(client, topic_name.decode(), channel_name.decode(), partition, None)
 
     def SUB_ADVANCED(self, client, params, reader):
@@ -497,6 +499,10 @@ class ProtocolV2:
              detail=False):
         topic = self.nsqd.topics.get(topic_name)
         is_log = topic is not None and topic.is_log
+        if not is_log and partition not in (NO_PARTITION, 0):
+            # Youzan: no such topic partition here (a topic not partitioned is
+            # partition 0 alone); go-nsq drops the connection on it
+            raise FatalClientErr(E_TOPIC_NOT_EXIST, "")
         if is_log and partition != NO_PARTITION:
             try:
                 topic.partition(partition)

@@ -146,10 +146,16 @@ def test_sub_advanced_and_sub_errors(nsqd_factory):
     c = Client(server)
     c.send(b"SUB lt c2 1\n")
     assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
-    # a classic topic ignores SUB's partition word; a position there is refused
-    c = Client(server)
-    c.send(b"SUB classic c x\n")
-    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    # a classic topic is partition 0 alone (Youzan's view): another is not there;
+    # a word that is no number is ignored, as nsqd ignores extra parameters
+    for line, answer in [(b"SUB classic c x\n", (p.FRAME_TYPE_RESPONSE, b"OK")),
+                         (b"SUB classic c 0\n", (p.FRAME_TYPE_RESPONSE, b"OK")),
+                         (b"SUB classic c 2\n", (p.FRAME_TYPE_ERROR, b"E_TOPIC_NOT_EXIST ")),
+                         (b"SUB_ADVANCED classic c 1\n",
+                          (p.FRAME_TYPE_ERROR, b"E_TOPIC_NOT_EXIST "))]:
+        c = Client(server)
+        c.send(line)
+        assert c.response() == answer, line
     c = Client(server)
     c.send(b"SUB_ADVANCED classic c 0 special:-2\n")
     assert c.response() == (p.FRAME_TYPE_ERROR, b"E_INVALID not supported offset type")
