@@ -50,6 +50,7 @@ class LookupHTTPAPI(HTTPAPI):
         add(Route("POST", "/topic/tombstone", self.topic_tombstone))
         add(Route("POST", "/topic/partition/move", self.topic_partition_move))
         add(Route("GET", "/cluster/topic", self.cluster_topic))
+        add(Route("GET", "/listlookup", self.list_lookup))
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -203,6 +204,21 @@ class LookupHTTPAPI(HTTPAPI):
         return {"channels": channels,
                 "meta": {"partition_num": meta.partition_num, "replica": meta.replica},
                 "partitions": partitions, "producers": list(producers.values())}
+
+    def list_lookup(self, req):
+        """Youzan's GET /listlookup (doListLookup), which youzan/go-nsq polls:
+        the cluster's nsqlookupd nodes as etcd has them, and the master; a
+        standalone lookupd answers nothing (200, no data), as Youzan's."""
+        coordinator = self.lookupd.coordinator
+        if coordinator is None:
+            return None
+        try:
+            nodes = coordinator.topology.lookupd_nodes()
+        except CoordinationError as err:
+            raise Err(500, f"E_CLUSTER {err}") from None
+        master = coordinator.master.master
+        return {"lookupdnodes": [n.to_json() for n in nodes],
+                "lookupdleader": master.to_json() if master is not None else {}}
 
     def _coordinator(self):
         if self.lookupd.coordinator is None:

@@ -133,6 +133,10 @@ def test_a_refused_move_says_why(cluster):
     status, body = cluster.lookupd.post("/topic/partition/move?topic=orders&partition=x")
     assert (status, json.loads(body)["message"]) == (400, "INVALID_ARG_TOPIC_PARTITION_NUM")
     assert layout(cluster, "orders")["partitions"][0]["leader"] == leader.id  # nothing moved
+    # Youzan's /listlookup (youzan/go-nsq polls it): the lookupds in etcd, and the master
+    listed = cluster.lookupd.get_json("/listlookup")
+    assert [n["HttpPort"] for n in listed["lookupdnodes"]] == [str(cluster.lookupd.http_port)]
+    assert listed["lookupdleader"] == listed["lookupdnodes"][0]
 
 
 def test_a_replica_moves_to_another_node_and_catches_up_first(cluster):

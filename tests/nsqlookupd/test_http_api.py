@@ -57,6 +57,7 @@ def test_empty_answers(tmp_path):
         assert get(server, "/nodes") == (200, b'{"producers":[]}')
         assert get(server, "/debug") == (200, b"{}")
         assert get(server, "/lookup?topic=x") == (404, err("TOPIC_NOT_FOUND"))
+        assert get(server, "/listlookup") == (200, b"")  # Youzan's, standalone: no data
     finally:
         server.stop()
 
