@@ -23,6 +23,7 @@ from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqlookupd.registration_db import filter_by_active, filter_registrations, keys, subkeys
+from nsqshm.nsqlookupd.topic_meta import TopicMeta
 from nsqshm.youzan.http import HTTPError
 from nsqshm.youzan.lookup import NO_CHANNEL_FOR_WRITE, lookup_data, lookup_query
 
@@ -34,6 +35,7 @@ class LookupHTTPAPI(HTTPAPI):
         self.nsqd = lookupd  # HTTPAPI logs through .nsqd.log
         self.lookupd = lookupd
         self.db = lookupd.db
+        self.topic_meta = TopicMeta()  # a standalone lookupd's Youzan `meta` (topic_meta.py)
         self.router = Router()
         add = self.router.add
         add(Route("GET", "/ping", self.ping, plain=True))
@@ -113,8 +115,9 @@ class LookupHTTPAPI(HTTPAPI):
         of a log topic to the nsqd holding it; `producers` the nsqds (those of
         `partition` alone when given).  access=w leaves tombstoned producers
         out, access=r keeps them (Youzan's: readers drain a node being
-        emptied).  Without a coordinator there is no `meta`, as Youzan's
-        standalone nsqlookupd.  Unless --allow-write-with-nochannels, access=w
+        emptied).  With metainfo, a log topic's `meta` (partition count, ext)
+        as an nsqd holding it says (topic_meta.py; Youzan's standalone lookupd
+        has none to give).  Unless --allow-write-with-nochannels, access=w
         also leaves out a node with no channel of the topic, and answers 404
         when that left nothing (Youzan's doLookup: a writer should not fill a
         topic nobody reads)."""
@@ -145,7 +148,13 @@ class LookupHTTPAPI(HTTPAPI):
         found = active.values() if query.partition == "*" else holders.values()
         if no_channels and not partitions and not found:
             raise Err(*NO_CHANNEL_FOR_WRITE)
-        return lookup_data(channels, [p.peer_info.to_json() for p in found], partitions)
+        meta = None
+        if query.metainfo and self.db.find_registrations("partition", topic, "*"):
+            peers = {p.peer_info.id: p.peer_info
+                     for reg in self.db.find_registrations("partition", topic, "*")
+                     for p in self.db.find_producers(*reg)}
+            meta = self.topic_meta.get(topic, list(peers.values()))
+        return lookup_data(channels, [p.peer_info.to_json() for p in found], partitions, meta)
 
     def topic_create(self, req):
         values = self._req_params(req)

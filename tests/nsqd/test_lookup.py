@@ -350,7 +350,15 @@ def test_youzans_lookup_names_a_log_topics_partitions(nsqd_factory, lookupd_fact
     assert wait_for(lambda: channels(lookupd, "yl") == ["c"] and
                     len(youzan_lookup(lookupd, "yl", access="r")["partitions"]) == 3)
     doc = youzan_lookup(lookupd, "yl", access="r", metainfo="true")
-    assert list(doc) == ["channels", "partitions", "producers"]  # no meta: no coordinator
+    # meta as the nsqd holding it says (Youzan's standalone lookupd has none): go-nsq's
+    # ordered publish needs partition_num, and extend_support turns its ext mode on
+    assert list(doc) == ["channels", "meta", "partitions", "producers"]
+    assert doc["meta"] == {"extend_support": False, "partition_num": 3, "replica": 1}
+    assert node.post("/topic/create?topic=yl_ext&partition_num=2&ext=true")[0] == 200
+    assert wait_for(lambda: youzan_lookup(lookupd, "yl_ext", access="r").get("partitions"))
+    assert youzan_lookup(lookupd, "yl_ext", access="r", metainfo="true")["meta"] == \
+        {"extend_support": True, "partition_num": 2, "replica": 1}
+    assert "meta" not in youzan_lookup(lookupd, "yl", access="r")  # (not asked)
     assert partitions(doc) == {"0": peer, "1": peer, "2": peer}
     assert [(p["tcp_port"], p["http_port"]) for p in doc["producers"]] == [peer[:2]]
     one = youzan_lookup(lookupd, "yl", access="w", partition=1)
@@ -359,8 +367,9 @@ def test_youzans_lookup_names_a_log_topics_partitions(nsqd_factory, lookupd_fact
     plain = lookupd.get_json("/lookup?topic=yl")  # NSQ's request: NSQ's answer
     assert list(plain) == ["channels", "producers"] and plain["channels"] == ["c"]
     assert [(p["tcp_port"], p["http_port"]) for p in plain["producers"]] == [peer[:2]]
-    classic = youzan_lookup(lookupd, "yl_classic", access="r", metainfo="false")
+    classic = youzan_lookup(lookupd, "yl_classic", access="r", metainfo="true")
     assert classic["partitions"] == {} and len(classic["producers"]) == 1
+    assert "meta" not in classic  # a classic topic: no partitions to tell of
     status, _, body = request(lookupd, "GET", "/lookup?topic=yl&access=x")
     assert (status, json.loads(body)) == (400, {"message": "INVALID_ACCESS_MODE"})
 
