@@ -146,7 +146,8 @@ class Consumer:
         self.ring.nudge()
 
     def _tracing(self):
-        """(writer, stream) while tracing is on for this channel or its topic, else None."""
+        """(writer, stream) while tracing is on for this channel or its topic, else
+        None (also when the trace log cannot be made: tracing never costs a message)."""
         if self._trace_log.traced(self.topic, self.channel):
             return self._trace_log.stream(self.topic, self.channel)
         return None
@@ -370,12 +371,12 @@ class Consumer:
                         store.pop_due(now, self._scratch)
                     if not n:
                         break
+                    records = bytes(self._scratch[:nbytes])
+                    self._store(records, n, now)
                     if timed_out:
                         tracing_on = self._tracing()
                         if tracing_on is not None:
-                            tracing_on[0].records(self._scratch[:nbytes], n, tracing.TIMEOUT,
-                                                  tracing_on[1])
-                    self._store(bytes(self._scratch[:nbytes]), n, now)
+                            tracing_on[0].records(records, n, tracing.TIMEOUT, tracing_on[1])
                     store.release()
                     total += n
                     if timed_out:

@@ -12,6 +12,8 @@ only when something is traced; the broker removes the logs of exited
 processes past tracefiles.LOCAL_KEEP_BYTES, oldest first.
 """
 
+import fcntl
+import logging
 import os
 import threading
 import time
@@ -28,6 +30,7 @@ from nsqshm.nsqd.tracefiles import (
 )
 
 SWITCH_CHECK = 0.5  # seconds between looks at the switches file
+log = logging.getLogger("nsqshm.local")
 FIN, REQ, TOUCH, TIMEOUT = (EVENT_CODES[e] for e in ("FIN", "REQ", "TOUCH", "TIMEOUT"))
 
 _lock = threading.Lock()
@@ -54,6 +57,8 @@ class LocalTrace:
         self._on = set()
         self._mtime = -1
         self._checked = 0.0
+        self._failed = False
+        self._lock_fd = -1
 
     def traced(self, topic, channel):
         """Tracing is on for the channel or its topic (the broker's switches)."""
@@ -70,13 +75,30 @@ class LocalTrace:
         return bool(on) and ((topic, "") in on or (topic, channel) in on)
 
     def stream(self, topic, channel):
-        """(writer, this log's number for the channel), the files made on first use."""
+        """(writer, this log's number for the channel), the files made on first use;
+        None when they cannot be (a full or read-only disk): logged once, and the
+        consumer goes on untraced."""
+        try:
+            return self._stream(topic, channel)
+        except OSError as err:
+            if not self._failed:
+                self._failed = True
+                log.warning("nsqshm.local: tracing %s:%s failed, going on untraced - %s",
+                            topic, channel, err)
+            return None
+
+    def _stream(self, topic, channel):
         with self._lock:
             if self.writer is None:
                 os.makedirs(self.directory, mode=0o700, exist_ok=True)
                 base = os.path.join(self.directory, f"{LOCAL}{self.pid}")
-                self._streams = f"{base}.streams"
-                self._refs = {key: ref for ref, key in read_streams(self._streams).items()}
+                streams = f"{base}.streams"
+                # held while this process lives: worker 0's pruning skips a log whose
+                # table it cannot lock (tracefiles.prune_local)
+                fd = os.open(streams, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                self._lock_fd, self._streams = fd, streams
+                self._refs = {key: ref for ref, key in read_streams(streams).items()}
                 self.writer = TraceWriter(os.fsencode(f"{base}.events"), LOCAL_MAX_LOG_BYTES)
             key = (topic, channel)
             ref = self._refs.get(key)

@@ -734,6 +734,7 @@ class HTTPAPI:
         trace.publisher.trace_ids = [trace_id]
         trace.publisher.queue_offset = 0
         try:
+            out = topic.ext_records(out, 1)  # (an ext topic's: the object put_packed stores)
             topic.put_packed(out, 1, len(body), self._partition(values, topic))
             queue_offset = trace.queue_offset()
             msg_id = bytes(out[14:30])  # a log partition's owner stamped the log's ID

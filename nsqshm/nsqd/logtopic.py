@@ -159,11 +159,18 @@ def append_for_peer(nsqd, msg):
         return {"moved": "not the owner"}
     trace.publisher.client = msg.get("client")
     trace.publisher.trace_ids = msg.get("trace_ids")
+    first = -1
     try:
+        target.drain_inbound()  # what that worker pushed before goes first
         first = target.log.end_offset if target.log is not None else 0
         topic.append_here(target, records, count, body_bytes)
         return {"first": first, "queue_offset": trace.queue_offset()}
     except TopicError as err:
+        return {"error": str(err)}
+    except Exception as err:  # (say, the trace's table unwritable) after the append?
+        if first >= 0 and target.log is not None and target.log.end_offset > first:
+            nsqd.logf("warn", f"TOPIC({topic.name}): traced publish stored, not traced - {err}")
+            return {"first": first, "queue_offset": trace.queue_offset()}
         return {"error": str(err)}
     finally:
         trace.publisher.client = trace.publisher.trace_ids = None
@@ -274,14 +281,19 @@ class LogTopic(Topic):
         """A traced publish to a partition another worker owns: the owner
         appends it now (peer op "log_append", append_for_peer), so the answer
         names the log's ID and queue offset, as on the owner, and the trace
-        its log IDs.  False when the owner does not answer: the inbound ring
-        then takes it (offset 0 in the answer)."""
+        its log IDs.  False when the owner says it no longer has the partition
+        (a worker restarting): the inbound ring takes it (offset 0 in the
+        answer).  No answer at all is an error (TopicError): the owner may have
+        appended it, and the ring would store it twice; the client publishes
+        again, as after any failed PUB."""
         ids = getattr(trace.publisher, "trace_ids", None)
         reply = self.nsqd.cluster.call(target.owner, {
             "op": "log_append", "topic": self.name, "partition": target.index,
             "records": base64.b64encode(packed).decode(), "count": count,
             "bytes": body_bytes, "client": getattr(trace.publisher, "client", None),
             "trace_ids": [int(i) for i in ids] if ids else None})
+        if reply is None:
+            raise TopicError(f"partition {target.index}'s owner did not answer")
         if not isinstance(reply, dict) or "moved" in reply:
             self.nsqd.logf("warn", f"TOPIC({self.name}): partition {target.index}'s owner "
                                    f"did not append a traced publish ({reply}); inbound ring")

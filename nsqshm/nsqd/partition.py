@@ -191,25 +191,41 @@ class Partition:
                 self.inbound.disarm(for_space=True)
             waited += 0.1
 
+    def _pump_once(self):
+        """Append one batch of the inbound ring to the log (no yield between
+        the peek and the discard); how many records (0: the ring is empty)."""
+        ring = self.inbound
+        with self.nsqd.scratch.borrow() as scratch:
+            n, nbytes = ring.peek_many_into(scratch)
+            if n:
+                self.append(memoryview(scratch)[:nbytes])
+                ring.discard(n)
+            return n
+
+    def drain_inbound(self):
+        """The owner, before it appends a traced publish another worker took
+        (LogTopic.append_here for append_for_peer): what that worker pushed
+        before it goes into the log first, so a connection's order holds."""
+        if self.inbound is not None and self.log is not None:
+            while self._pump_once():
+                pass
+
     def _pump_loop(self):
         """The owner: the inbound ring into the log, a batch at a time."""
         ring = self.inbound
         while not self.topic.exiting:
-            with self.nsqd.scratch.borrow() as scratch:
-                n, nbytes = ring.peek_many_into(scratch)
-                if n:
-                    try:
-                        self.append(memoryview(scratch)[:nbytes])
-                    except OSError as err:  # a full disk: the batch stays in the ring
-                        self.nsqd.set_health(err)
-                        gevent.sleep(0.25)
-                        continue
-                    except TopicError:  # cluster mode: not the leader (now); it stays
-                        gevent.sleep(0.25)
-                        continue
-                    ring.discard(n)
-                    gevent.idle()
-                    continue
+            try:
+                n = self._pump_once()
+            except OSError as err:  # a full disk: the batch stays in the ring
+                self.nsqd.set_health(err)
+                gevent.sleep(0.25)
+                continue
+            except TopicError:  # cluster mode: not the leader (now); it stays
+                gevent.sleep(0.25)
+                continue
+            if n:
+                gevent.idle()
+                continue
             self._wake.clear()
             self._waker.arm()
             if ring.depth == 0:

@@ -9,6 +9,7 @@ write logs of their own beside the workers':
 
 No gevent here: a local client imports this."""
 
+import fcntl
 import json
 import os
 
@@ -97,7 +98,7 @@ def prune_local(directory, keep_bytes=LOCAL_KEEP_BYTES):
         if not (name.startswith(LOCAL) and name.endswith(".streams")):
             continue
         pid = name[1:-len(".streams")]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or _in_use(os.path.join(directory, name)):
             continue
         paths = [os.path.join(directory, f"{LOCAL}{pid}{end}")
                  for end in (".events", ".events.1", ".streams")]
@@ -125,11 +126,18 @@ def prune_local(directory, keep_bytes=LOCAL_KEEP_BYTES):
     return removed
 
 
-def _alive(pid):
+def _in_use(streams_path):
+    """Whether the process that writes this log still runs: it holds a shared
+    flock on its table while it lives (nsqshm/local/tracing.py), whatever its
+    pid namespace and however pids are reused."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(streams_path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return True  # (gone meanwhile, or not ours to look at: leave it)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return False
-    except PermissionError:
+    except BlockingIOError:
         return True
-    return True
+    finally:
+        os.close(fd)

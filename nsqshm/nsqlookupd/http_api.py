@@ -150,9 +150,11 @@ class LookupHTTPAPI(HTTPAPI):
             raise Err(*NO_CHANNEL_FOR_WRITE)
         meta = None
         if query.metainfo and self.db.find_registrations("partition", topic, "*"):
+            live = {p.peer_info.id for p in filter_by_active(
+                self.db.find_producers("topic", topic, ""), opts.inactive_producer_timeout, 0)}
             peers = {p.peer_info.id: p.peer_info
                      for reg in self.db.find_registrations("partition", topic, "*")
-                     for p in self.db.find_producers(*reg)}
+                     for p in self.db.find_producers(*reg) if p.peer_info.id in live}
             meta = self.topic_meta.get(topic, list(peers.values()))
         return lookup_data(channels, [p.peer_info.to_json() for p in found], partitions, meta)
 

@@ -40,6 +40,8 @@ class TopicMeta:
                 meta = {"partition_num": len(entry["partitions"]), "replica": 1,
                         "extend_support": bool(entry.get("is_ext"))}
             break
+        else:  # nobody answered: what was known stays (a topic's layout does not change)
+            meta = hit[1] if hit is not None else None
         if len(self._cache) > 4096:
             self._cache.clear()
         self._cache[topic] = (now, meta)

@@ -1,6 +1,7 @@
 """The trace logs' files (nsqshm/nsqd/tracefiles.py): which logs a search
 reads, and the pruning of exited local processes' logs."""
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -40,12 +41,16 @@ def test_log_files_are_the_workers_and_the_local_processes(tmp_path):
 
 
 def test_prune_removes_exited_processes_logs_oldest_first(tmp_path):
+    """Exited: its table is not locked (a live local process holds a shared
+    flock on it, whatever its pid namespace)."""
     old, new, alive = dead_pid(), dead_pid(), os.getpid()
     for pid, mtime in ((old, 1_000), (new, 2_000), (alive, 500)):
         write(tmp_path / f"l{pid}.events", 600, mtime)
         write(tmp_path / f"l{pid}.events.1", 400, mtime)
         write(tmp_path / f"l{pid}.streams", 10, mtime)
     write(tmp_path / "w0.events", 5000, 1)
+    held = os.open(tmp_path / f"l{alive}.streams", os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_SH)
     # the two exited processes hold 2 x 1010 bytes: keeping 1500 drops the older
     assert prune_local(str(tmp_path), keep_bytes=1500) == 1
     names = set(os.listdir(tmp_path))
@@ -54,4 +59,7 @@ def test_prune_removes_exited_processes_logs_oldest_first(tmp_path):
     assert prune_local(str(tmp_path), keep_bytes=1500) == 0
     assert prune_local(str(tmp_path), keep_bytes=0) == 1  # never the live process's
     assert f"l{alive}.events" in os.listdir(tmp_path)
+    os.close(held)  # the process is gone: its log may go too
+    assert prune_local(str(tmp_path), keep_bytes=0) == 1
+    assert not any(n.startswith("l") for n in os.listdir(tmp_path))
     assert prune_local(str(tmp_path / "nothing")) == 0
