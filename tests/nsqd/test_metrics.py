@@ -180,6 +180,13 @@ def test_a_log_topics_partitions_and_cursors(nsqd_factory):
     for part, n in ((0, 7), (1, 3)):
         body = b"\n".join(b"m%d" % i for i in range(n))
         assert request(server, "POST", f"/mpub?topic=mlog&partition={part}", body)[0] == 200
+
+    def ends():  # (an MPUB a worker without the partition took is acknowledged from its
+        # inbound ring, before the owner appends it: a position past the log's end is refused)
+        entry = next(t for t in json.loads(request(server, "GET", "/stats?format=json")[2])[
+            "topics"] if t["topic_name"] == "mlog")
+        return [p["end_offset"] for p in entry["partitions"]]
+    assert wait_for(lambda: ends() == [7, 3]), ends()
     assert request(server, "POST", "/channel/setoffset?topic=mlog&channel=c&partition=0",
                    b"msgcount:5")[0] == 200
     want = {("nsq_partition_end_offset", "0"): 7, ("nsq_partition_end_offset", "1"): 3,
