@@ -1,3 +1,4 @@
+from cpython.buffer cimport Py_buffer
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from nsqshm._core.arena cimport Arena
@@ -79,6 +80,8 @@ cdef class MessageStore:
     cdef void _discard(self, MsgEntry *e) noexcept
     cdef int _hand_out(self, MsgEntry *e) except -1
     cdef void _unlink(self, MsgEntry *e) noexcept
+    cdef int _take_out(self, MsgEntry *e, Py_buffer *view, Py_ssize_t *pos,
+                       Py_ssize_t count) except -1
     cdef tuple _pop_into(self, int64_t limit, object buffer)
 
 

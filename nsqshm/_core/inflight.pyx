@@ -575,27 +575,31 @@ cdef class MessageStore:
         """Messages handed out whose blocks wait for release()."""
         return self.n_pending
 
+    cdef int _take_out(self, MsgEntry *e, Py_buffer *view, Py_ssize_t *pos,
+                       Py_ssize_t count) except -1:
+        """Copy e as a packed record to view at *pos and hand it out (1), or 0
+        when it does not fit (an error if it is the first: count 0)."""
+        if view.len - pos[0] < RECORD_HEADER_SIZE + <Py_ssize_t>e.size:
+            if count == 0:
+                raise ValueError(f"buffer of {view.len} bytes cannot hold the next "
+                                 f"message of {e.size} bytes plus its 4-byte size")
+            return 0
+        memcpy(<char *>view.buf + pos[0], &e.size, RECORD_HEADER_SIZE)
+        memcpy(<char *>view.buf + pos[0] + RECORD_HEADER_SIZE, _msg(e), e.size)
+        pos[0] += RECORD_HEADER_SIZE + e.size
+        self._unlink(e)
+        self._hand_out(e)
+        return 1
+
     cdef tuple _pop_into(self, int64_t limit, object buffer):
         cdef Py_buffer view
-        cdef MsgEntry *e
-        cdef char *dst
         cdef Py_ssize_t pos = 0, count = 0
         PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
         try:
-            dst = <char *>view.buf
             while self.heap.length and self.heap.nodes[0].deadline <= limit:
-                e = self.heap.nodes[0].entry
-                if view.len - pos < RECORD_HEADER_SIZE + <Py_ssize_t>e.size:
-                    if count == 0:
-                        raise ValueError(f"buffer of {view.len} bytes cannot hold the next "
-                                         f"message of {e.size} bytes plus its 4-byte size")
+                if not self._take_out(self.heap.nodes[0].entry, &view, &pos, count):
                     break
-                memcpy(dst + pos, &e.size, RECORD_HEADER_SIZE)
-                memcpy(dst + pos + RECORD_HEADER_SIZE, _msg(e), e.size)
-                pos += RECORD_HEADER_SIZE + e.size
                 count += 1
-                self._unlink(e)
-                self._hand_out(e)
         finally:
             PyBuffer_Release(&view)
         return count, pos
@@ -609,7 +613,6 @@ cdef class MessageStore:
         cdef MsgEntry *e
         cdef MsgEntry **found
         cdef size_t i, n = 0
-        cdef char *dst
         cdef Py_ssize_t pos = 0, count = 0
         if not self.heap.length:
             return 0, 0
@@ -624,20 +627,10 @@ cdef class MessageStore:
                     n += 1
             PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)
             try:
-                dst = <char *>view.buf
                 for i in range(n):
-                    e = found[i]
-                    if view.len - pos < RECORD_HEADER_SIZE + <Py_ssize_t>e.size:
-                        if count == 0:
-                            raise ValueError(f"buffer of {view.len} bytes cannot hold the next "
-                                             f"message of {e.size} bytes plus its 4-byte size")
+                    if not self._take_out(found[i], &view, &pos, count):
                         break
-                    memcpy(dst + pos, &e.size, RECORD_HEADER_SIZE)
-                    memcpy(dst + pos + RECORD_HEADER_SIZE, _msg(e), e.size)
-                    pos += RECORD_HEADER_SIZE + e.size
                     count += 1
-                    self._unlink(e)
-                    self._hand_out(e)
             finally:
                 PyBuffer_Release(&view)
         finally:
