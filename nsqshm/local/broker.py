@@ -132,14 +132,16 @@ class Broker:
                 time.sleep(0.01)
 
     def topic_ring(self, topic, create=True):
+        """(the topic's ring, whether it was made with ext=true), for a
+        Producer: a log topic has no ring to publish into (LocalError)."""
         if create:
             self.create_topic(topic)
-        name = self.topic_ring_name(topic)
-        if not Ring.exists(name) and self.topic_kind(topic)[0]:
+        partitions, ext = self.topic_kind(topic)
+        if partitions:
             raise LocalError(f"topic {topic!r} is a log topic: a local Producer publishes into "
                              "classic topics only; publish to it over TCP or HTTP (PUB, MPUB, "
                              "/mpub), which appends to its partitions' logs")
-        return self.attach(name)
+        return self.attach(self.topic_ring_name(topic)), ext
 
     def ids(self):
         from nsqshm._core.codec import IdGenerator

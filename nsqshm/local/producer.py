@@ -56,8 +56,8 @@ class Producer:
         ring = self._rings.get(topic)
         if ring is None:
             check_name("topic", topic)
-            ring = self._rings[topic] = self.broker.topic_ring(topic, create=self.create)
-            self._ext[topic] = self.broker.topic_kind(topic)[1]
+            ring, self._ext[topic] = self.broker.topic_ring(topic, create=self.create)
+            self._rings[topic] = ring
         return ring
 
     def __enter__(self):

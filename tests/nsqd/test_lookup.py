@@ -407,6 +407,7 @@ def test_youzans_lookup_names_a_log_topics_partitions(nsqd_factory, lookupd_fact
     assert youzan_lookup(lookupd, "yl", access="r")["producers"] == []
 
 
+@pytest.mark.workers(1, 2)
 @pytest.mark.parametrize("allow", [False, True])
 def test_writers_are_not_told_of_a_node_without_channels(nsqd_factory, lookupd_factory,
                                                           tmp_path, allow):
