@@ -122,6 +122,10 @@ def publisher(address, topic, spec, count, ready, go, out, idx, bodies=None):
     sock = connect(address)
     batch = spec.batch
     command = p.mpub(topic, bodies or [b"x" * spec.size] * batch)
+    # k commands are a slice of `window` of them made once: a large message's
+    # batch is not copied again for each send
+    window = memoryview(command * spec.window)
+    step = len(command)
     dec = p.FrameDecoder()
     rate = spec.rate
     ready.wait()
@@ -141,7 +145,7 @@ def publisher(address, topic, spec, count, ready, go, out, idx, bodies=None):
         if rate:
             k = min(k, int((now - start) * rate / batch) + 1 - sent)
         if k > 0:
-            sock.sendall(command * k)
+            sock.sendall(window[:k * step])
             sent += k
             outstanding += k
         if outstanding:

@@ -160,6 +160,10 @@ FLAGS: tuple[Flag, ...] = (
          "minimum client configurable duration of time between flushing to a client"),
     Flag("output-buffer-timeout", DURATION, "250ms",
          "default duration of time between flushing data to clients"),
+    Flag("consumer-read-delay", DURATION, "1ms",
+         _EXT + "how long a consumer holding at least 256 messages in flight waits before "
+         "reading again after a read of a few commands, so its FINs are read in batches "
+         "(0 = read at once)", extension=True),
     Flag("max-channel-consumers", INT, 0,
          "maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)"),
     # statsd integration options
@@ -254,7 +258,8 @@ def validate(opts: Options) -> None:
         if getattr(opts, name.replace("-", "_")) <= 0:
             raise OptionsError(f"--{name} must be > 0")
     for name in ("mem-queue-size", "max-output-buffer-size", "max-channel-consumers", "workers",
-                 "queue-scan-selection-count", "queue-scan-worker-pool-max"):
+                 "queue-scan-selection-count", "queue-scan-worker-pool-max",
+                 "consumer-read-delay"):
         if getattr(opts, name.replace("-", "_")) < 0:
             raise OptionsError(f"--{name} must be >= 0")
     if not opts.tcp_address:

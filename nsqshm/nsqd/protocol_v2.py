@@ -154,6 +154,11 @@ def message_id(params, verb):
     return params[1]
 
 
+# --consumer-read-delay applies while a consumer holds this many messages in flight: it has
+# work for longer than the delay at any rate a client that FINs one send at a time reaches
+READ_DELAY_IN_FLIGHT = 256
+
+
 class ProtocolV2:
     def __init__(self, nsqd):
         self.nsqd = nsqd
@@ -204,6 +209,7 @@ class ProtocolV2:
         tls_required = self.opts.tls_required != TLS_NOT_REQUIRED
         parser = None
         parser_traced = False
+        read_delay = self.opts.consumer_read_delay
         while not client.closed:
             hb = client.heartbeat_interval
             timeout = (client.sock, hb * 2 if hb > 0 else None)
@@ -228,6 +234,12 @@ class ProtocolV2:
                 if parser.finished or parser.requeued or parser.touched:
                     channel.commands_applied(client, parser)
                 if status == NEED_MORE and reader.pending() < MAX_LINE:
+                    # a consumer that FINs one send at a time (go-nsq, pynsq, gnsq) and still
+                    # holds plenty to work on: its FINs wait in the socket until a batch is
+                    # there or --consumer-read-delay passed, rather than a wake-up, a recv
+                    # and a delivery round for every few (issue 20; bench/RESULTS.md)
+                    reader.batch_reads(read_delay if client.in_flight >= READ_DELAY_IN_FLIGHT
+                                       else 0)
                     try:
                         reader.fill()
                     except (Disconnect, OSError):

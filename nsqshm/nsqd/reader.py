@@ -3,11 +3,16 @@
 4-byte big-endian sizes, exact bodies, and an MPUB's messages as far as
 their count and sizes go (readMPUB)."""
 
+import socket
+
+import gevent
+
 from nsqshm._core import wire
 from nsqshm.nsqd.compression import CorruptStream, decoding_recv
 
 MAX_LINE = 16 * 1024  # nsqd's bufio.Reader size: a longer line (with its '\n') ends the connection
 READ_SIZE = 256 * 1024  # at most this much per recv
+BATCH_BYTES = 2048  # batched reads wait for this much (about 100 FINs), or for their delay
 
 
 class Disconnect(Exception):
@@ -30,6 +35,8 @@ class Reader:
         self.plain_sock = sock  # while it is the transport, bytes go straight into buf
         self.decoding = False
         self.drained = False  # the last recv emptied the socket
+        self.lowat = 1  # the socket's SO_RCVLOWAT: > 1 while reads are batched
+        self.batch_delay = 0.0
         self.buf = bytearray()
         self.pos = 0
         self.before_wait = before_wait  # called before each read from the socket
@@ -48,7 +55,11 @@ class Reader:
             # took less than it could emptied the socket: wait first, rather than
             # spend a recv on EAGAIN (a consumer's FINs come a few per segment)
             if self.drained:
-                sock._wait(sock._read_event)
+                if self.lowat > 1:
+                    with gevent.Timeout(self.batch_delay, False):
+                        sock._wait(sock._read_event)
+                else:
+                    sock._wait(sock._read_event)
             while True:
                 n = wire.recv_append(sock.fileno(), self.buf, READ_SIZE)
                 if n > 0:
@@ -56,6 +67,8 @@ class Reader:
                     return
                 if n == 0:
                     raise Disconnect("EOF")
+                if self.lowat > 1:  # nothing came in the delay: wake for any byte again
+                    self._set_lowat(1)
                 sock._wait(sock._read_event)
         try:
             data = self.recv(READ_SIZE)
@@ -64,6 +77,28 @@ class Reader:
         if not data:
             raise Disconnect("EOF")
         self.buf += data
+
+    def batch_reads(self, delay):
+        """Batch the reads of the plain TCP socket from here on (delay > 0) or
+        not (0): a wait for input ends once BATCH_BYTES are there (the
+        kernel's SO_RCVLOWAT: no wake-up before) or after delay, whichever
+        comes first.  A client that sends a command at a time and then waits
+        for an answer gets it after delay at most; what is there is always
+        read (a non-blocking recv ignores the low-water mark)."""
+        lowat = BATCH_BYTES if delay > 0 else 1
+        if lowat == self.lowat or self.sock is not self.plain_sock or self.decoding:
+            return
+        if self.sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return  # a Unix socket's poll ignores the mark
+        self.batch_delay = delay
+        self._set_lowat(lowat)
+
+    def _set_lowat(self, lowat):
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
+        except OSError:
+            return
+        self.lowat = lowat
 
     def pending(self):
         """Bytes received and not consumed yet."""

@@ -25,7 +25,7 @@ NSQD_FLAGS = {
 EXTENSIONS = {"workers", "graceful-timeout", "shm-prefix", "client-timeout", "queue-scan-interval",
               "queue-scan-dirty-percent", "lookupd-ping-interval", "max-queue-depth",
               "max-queue-bytes",
-              "queue-overflow", "cluster-lease-ttl"}
+              "queue-overflow", "consumer-read-delay", "cluster-lease-ttl"}
 YOUZAN_FLAGS = {"cluster-id", "cluster-leadership-addresses", "rpc-port"}  # cluster mode
 
 
@@ -120,6 +120,7 @@ DEFAULTS = [
     ("max_queue_depth", 0),
     ("max_queue_bytes", 0),
     ("queue_overflow", "reject"),
+    ("consumer_read_delay", 0.001),
     # youzan/nsq's cluster mode (standalone by default)
     ("cluster_id", "nsq-test-cluster"),
     ("cluster_leadership_addresses", ""),
@@ -377,6 +378,7 @@ ERRORS = [
     (["--max-rdy-count=0"], "--max-rdy-count must be > 0"),
     (["--mem-queue-size=-1"], "--mem-queue-size must be >= 0"),
     (["--workers=-2"], "--workers must be >= 0"),
+    (["--consumer-read-delay=-1ms"], "--consumer-read-delay must be >= 0"),
     (["--tcp-address="], "--tcp-address must not be empty"),
     (["--tcp-address=0.0.0.0:65536"],
      '--tcp-address "0.0.0.0:65536": invalid port "65536" (must be 0-65535)'),
