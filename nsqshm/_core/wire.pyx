@@ -25,7 +25,7 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyBy
 from cpython.exc cimport PyErr_SetFromErrno
 from libc.errno cimport EAGAIN, EINTR, errno
 from libc.stdint cimport int32_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memmove
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 
@@ -45,6 +45,7 @@ cdef extern from "<sys/socket.h>" nogil:
     enum: MSG_DONTWAIT
 
 from nsqshm._core.codec cimport IdGenerator, MSG_HEADER_SIZE, get_u32be, put_message_header, put_u32be
+from nsqshm._core.includes.pybytearray cimport Py_SET_SIZE, PyByteArrayObject
 from nsqshm._core.inflight cimport InFlight
 from nsqshm._core.logcursor cimport CursorSet
 
@@ -392,23 +393,71 @@ def send_lines(int fd, const unsigned char[:] data, long long gap_ns=0):
 def recv_append(int fd, bytearray buf, Py_ssize_t most):
     """recv() of at most `most` bytes straight onto the end of buf, without
     the bytes object socket.recv makes and the copy of it into buf: the
-    kernel's copy is the only one.  Returns the bytes read, 0 at the end of
-    the stream, or -1 when none are there yet (a non-blocking socket: wait
-    until it is readable).  BufferError if buf is exported (a view of it
-    still alive)."""
+    kernel's copy is the only one.  buf grows only when it has less than
+    `most` bytes of room, and keeps its capacity after a short read (see
+    _set_end).  Returns the bytes read, 0 at the end of the stream, or -1
+    when none are there yet (a non-blocking socket: wait until it is
+    readable).  BufferError if buf is exported (a view of it still alive)."""
+    cdef PyByteArrayObject *b = <PyByteArrayObject *>buf
     cdef Py_ssize_t size = PyByteArray_GET_SIZE(buf)
     cdef Py_ssize_t k
     cdef char *dst
     cdef int err = 0
-    PyByteArray_Resize(buf, size + most)
-    dst = PyByteArray_AS_STRING(buf) + size
+    cdef Py_ssize_t grow
+    if b.ob_exports > 0:
+        raise BufferError("Existing exports of data: object cannot be re-sized")
+    if b.ob_alloc - (b.ob_start - b.ob_bytes) - size - 1 < most:
+        if b.ob_alloc - size - 1 >= most:  # room enough once the data is at the front
+            memmove(b.ob_bytes, b.ob_start, size)
+            b.ob_start = b.ob_bytes
+        else:  # double, so a long message read 256 KiB at a time is not copied each time
+            grow = max(size + most, 2 * b.ob_alloc)
+            PyByteArray_Resize(buf, grow)
+    dst = b.ob_start + size
     with nogil:
         k = recv(fd, dst, most, MSG_DONTWAIT)
         if k < 0:
             err = errno
-    PyByteArray_Resize(buf, size + (k if k > 0 else 0))
+    _set_end(buf, size + (k if k > 0 else 0))
     if k < 0:
         if err == EAGAIN or err == EINTR:
             return -1
         raise OSError(err, os.strerror(err))
     return k
+
+
+cdef inline void _set_end(bytearray buf, Py_ssize_t size):
+    # the data's new end, within the allocation: what PyByteArray_Resize does
+    # for a small downsize.  Its large downsize (below half the allocation,
+    # as after every short read into room for a long one) reallocates and
+    # copies, and the next read then grows the buffer again
+    cdef PyByteArrayObject *b = <PyByteArrayObject *>buf
+    Py_SET_SIZE(buf, size)
+    if b.ob_start != NULL:
+        b.ob_start[size] = 0
+
+
+def drop_front(bytearray buf, Py_ssize_t n, Py_ssize_t keep):
+    """del buf[:n], keeping buf's allocation for the next recv_append: the
+    start of the data moves up (no copy; recv_append moves the data to the
+    front when it needs the room).  CPython's del gives a buffer whose data
+    falls under half its allocation a smaller one (a malloc and a copy),
+    which recv_append would then grow again, on every read.  A buffer left
+    empty with more than `keep` bytes allocated (after a large MPUB, with
+    nothing of the next one there) is given its memory back, so an idle
+    connection does not hold it.  BufferError if buf is exported."""
+    cdef PyByteArrayObject *b = <PyByteArrayObject *>buf
+    cdef Py_ssize_t size = PyByteArray_GET_SIZE(buf)
+    cdef Py_ssize_t rest
+    if n <= 0:
+        return
+    if b.ob_exports > 0:
+        raise BufferError("Existing exports of data: object cannot be re-sized")
+    if n > size:
+        n = size
+    rest = size - n
+    if rest == 0 and b.ob_alloc > keep:
+        del buf[:n]
+        return
+    b.ob_start = b.ob_bytes if rest == 0 else b.ob_start + n
+    _set_end(buf, rest)

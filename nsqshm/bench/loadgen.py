@@ -15,13 +15,14 @@ run_pubsub, flat out or at a paced rate).
 """
 
 import os
+import select
 import socket
 import struct
 import time
 import uuid
 
 from nsqshm import protocol as p
-from nsqshm._core.wire import mix_commands, scan_deliveries, send_lines
+from nsqshm._core.wire import drop_front, mix_commands, recv_append, scan_deliveries, send_lines
 
 from . import baseline
 from .common import CTX, stop_all
@@ -210,15 +211,25 @@ def consumer(address, topic, channel, rdy, ready, go, stop, out, idx, opener=Non
     fd = conn.sock.fileno()
     counter = 0
     conn.sock.settimeout(0.2)
+    plain = conn.decode is None  # read straight onto buf (recv_append: one copy, the kernel's)
     while not stop.is_set():
         try:
-            buf += conn.recv()
+            if plain:
+                n = recv_append(fd, buf, 1 << 20)
+                if n == 0:
+                    break
+                if n < 0:
+                    select.select([fd], [], [], 0.2)
+                    continue
+                conn.wire += n
+            else:
+                buf += conn.recv()
         except TimeoutError:
             continue
         except (EOFError, OSError):
             break
         used, messages, _ = scan_deliveries(buf, fins)
-        del buf[:used]
+        drop_front(buf, used, 4 << 20)
         finished = messages
         if mixed and fins:
             counter, finished, _, _ = mix_commands(fins, answers, pattern.touch_every,
@@ -293,7 +304,7 @@ def add_load_arguments(ap, messages):
 
 
 def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, topic=None,
-               pattern=BATCHED):
+               pattern=BATCHED, keep_topic=False):
     """Publish spec.messages (spec.publishers processes), then consume them
     (spec.consumers processes per channel, RDY spec.rdy, FIN each), as
     bench_writer then bench_reader.  The channels exist before publishing,
@@ -303,7 +314,8 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, to
     one made beforehand (and channels ch0..., e.g. with policies set, or a log topic:
     bench/logtopic.py), else a new name.  pattern: how consumers answer
     (Pattern; the raw-socket baseline counts FIN lines, so no REQ or TOUCH
-    there)."""
+    there).  keep_topic: the topic stays (e.g. for a measured run after a
+    warm-up one), else it is deleted after the run."""
     per = spec.messages // spec.publishers // spec.batch * spec.batch
     total = per * spec.publishers
     ncons = spec.consumers * channels
@@ -347,7 +359,7 @@ def run_phases(target, spec, raw=False, opener=None, bodies=None, channels=1, to
         if raw_proc is not None:
             raw_proc.kill()
             raw_proc.join()
-    if not raw:
+    if not raw and not keep_topic:
         target.delete_topic(topic)
     out = total * channels
     res = {

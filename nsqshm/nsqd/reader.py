@@ -12,6 +12,7 @@ from nsqshm.nsqd.compression import CorruptStream, decoding_recv
 
 MAX_LINE = 16 * 1024  # nsqd's bufio.Reader size: a longer line (with its '\n') ends the connection
 READ_SIZE = 256 * 1024  # at most this much per recv
+KEEP_BYTES = 4 * READ_SIZE  # a read buffer up to this large keeps its memory between reads
 BATCH_BYTES = 2048  # batched reads wait for this much (about 100 FINs), or for their delay
 
 
@@ -46,7 +47,7 @@ class Reader:
         if self.before_wait is not None:
             self.before_wait()
         if self.pos:
-            del self.buf[:self.pos]
+            wire.drop_front(self.buf, self.pos, KEEP_BYTES)
             self.pos = 0
         sock = self.sock
         if sock is self.plain_sock and not self.decoding:

@@ -22,6 +22,13 @@ from nsqshm.consistence.options import cluster_mode
 from nsqshm.nsqd.arbiter import EXIT_FATAL, EXIT_OK, HEARTBEAT, set_proctitle
 
 PR_SET_PDEATHSIG = 1
+# glibc's mallopt: a buffer below MMAP_THRESHOLD comes from the heap, and the heap keeps up to
+# TRIM_THRESHOLD of freed memory at its top (glibc's defaults adapt: a freed 4 MiB MPUB
+# buffer went back to the kernel and the next one was faulted in again, page by page: a
+# third of a worker's time publishing 64 KiB messages; bench/RESULTS.md, issue 20)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+TRIM_THRESHOLD = 32 << 20
+MMAP_THRESHOLD = 8 << 20  # above --max-body-size's default (5 MiB) and a read's 256 KiB
 FAULT_CRASH_ENV = "NSQSHM_FAULT_WORKER_CRASH"  # seconds after ready (tests)
 
 
@@ -35,9 +42,21 @@ def die_with_parent():
         os._exit(EXIT_FATAL)
 
 
+def keep_freed_memory():
+    """Large buffers (an MPUB's, a read's) from the heap, and freed heap memory
+    kept for the next one, up to TRIM_THRESHOLD."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    except (OSError, AttributeError):
+        pass  # not glibc
+
+
 def main(opts, index, nworkers, ctl, log):
     set_proctitle(f"nsqshm: worker {index} (data {os.path.abspath(opts.data_path or '.')})")
     die_with_parent()
+    keep_freed_memory()
     from nsqshm.greenlets import patch_all
 
     patch_all()

@@ -1,7 +1,12 @@
 """wire.scan_mpub: an MPUB's extent in a stream, as nsqd's readMPUB reads it
 (count and sizes from the stream; the first error with nsqd's numbers;
-incomplete ones resumable where they stopped)."""
+incomplete ones resumable where they stopped).  wire.recv_append and
+wire.drop_front: a read buffer that keeps its memory between reads holds
+exactly the bytes received and not dropped, whatever the sizes."""
 
+import os
+import random
+import socket
 import struct
 
 import pytest
@@ -53,3 +58,45 @@ def test_an_incomplete_scan_resumes_where_it_stopped():
             assert status in wire.MPUB_INCOMPLETE
         else:
             assert (status, index, pos) == (wire.MPUB_OK, 20, len(data))
+
+
+def test_reads_and_drops_keep_exactly_the_bytes_not_dropped():
+    a, b = socket.socketpair()
+    buf, ref, sent = bytearray(), bytearray(), bytearray()
+    rng = random.Random(7)
+    with a, b:
+        for _ in range(2000):
+            chunk = os.urandom(rng.randint(1, 6000))
+            a.sendall(chunk)
+            sent += chunk
+            n = wire.recv_append(b.fileno(), buf, rng.choice([16, 1000, 1 << 16]))
+            if n > 0:
+                ref += sent[:n]
+                del sent[:n]
+            assert buf == ref
+            k = rng.randint(0, len(buf))
+            wire.drop_front(buf, k, rng.choice([1 << 10, 1 << 20]))
+            del ref[:k]
+            assert buf == ref
+            buf += b"x"  # still an ordinary bytearray
+            ref += b"x"
+        assert wire.recv_append(b.fileno(), buf, 100) == -1  # nothing there: not a block
+        a.close()
+        assert wire.recv_append(b.fileno(), buf, 100) == 0  # the end of the stream
+        assert buf == ref
+
+
+def test_a_buffer_with_a_live_view_is_neither_read_into_nor_dropped():
+    a, b = socket.socketpair()
+    with a, b:
+        buf = bytearray(b"abc")
+        view = memoryview(buf)
+        a.sendall(b"d")
+        with pytest.raises(BufferError):
+            wire.recv_append(b.fileno(), buf, 10)
+        with pytest.raises(BufferError):
+            wire.drop_front(buf, 1, 1 << 20)
+        view.release()
+        assert wire.recv_append(b.fileno(), buf, 10) == 1
+        wire.drop_front(buf, 2, 1 << 20)
+        assert buf == b"cd"
