@@ -15,9 +15,20 @@ connection's) whose worker has delivered since its last publish waits for
 the hub to go idle once before publishing: the consumers' reads (FINs) and
 writes run, and each dispatcher gets a round, between two publishing
 commands.  With no delivery going on a publisher never waits.
+
+A consumer's reads are batched (--consumer-read-delay: the reader waits for
+8 KiB of FINs or the delay) only while its worker publishes nothing (none in
+the last RECENT seconds, as the reader sees it before each wait): a
+batched consumer's dispatcher runs a round per batch, so publishers flat out
+would see few rounds, seldom yield, and take the worker (consumers got 0.35
+of their rate alone in bench/notes/clients.md's run of the first build).
 """
 
+import time
+
 import gevent
+
+RECENT = 0.1  # a worker that published this recently counts as publishing
 
 
 def delivered(nsqd):
@@ -25,9 +36,15 @@ def delivered(nsqd):
     nsqd.delivery_rounds += 1
 
 
+def publishing(nsqd):
+    """Whether the worker served a publish in the last RECENT seconds."""
+    return time.monotonic() - nsqd.last_publish < RECENT
+
+
 def pace(nsqd):
     """Before a publish: yield to the consumers once if they ran since this
     greenlet's last publish."""
+    nsqd.last_publish = time.monotonic()
     rounds = nsqd.delivery_rounds
     me = gevent.getcurrent()
     if getattr(me, "rounds_seen", 0) != rounds:

@@ -91,6 +91,7 @@ class NSQD:
         # delivery rounds with more to deliver on this worker: publishers yield to
         # them (fairshare.py)
         self.delivery_rounds = 0
+        self.last_publish = float("-inf")  # monotonic time (fairshare.py)
         self.trace_switches = None
         trace.switches(self)  # the tracing switches persisted in the data path
         self.start_time = time.time()

@@ -238,8 +238,9 @@ class ProtocolV2:
                     # holds plenty to work on: its FINs wait in the socket until a batch is
                     # there or --consumer-read-delay passed, rather than a wake-up, a recv
                     # and a delivery round for every few (issue 20; bench/RESULTS.md)
+                    # (at once while the worker publishes: the fair share, fairshare.py)
                     reader.batch_reads(read_delay if client.in_flight >= READ_DELAY_IN_FLIGHT
-                                       else 0)
+                                       and not fairshare.publishing(self.nsqd) else 0)
                     try:
                         reader.fill()
                     except (Disconnect, OSError):

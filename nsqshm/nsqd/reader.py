@@ -13,7 +13,7 @@ from nsqshm.nsqd.compression import CorruptStream, decoding_recv
 MAX_LINE = 16 * 1024  # nsqd's bufio.Reader size: a longer line (with its '\n') ends the connection
 READ_SIZE = 256 * 1024  # at most this much per recv
 KEEP_BYTES = 4 * READ_SIZE  # a read buffer up to this large keeps its memory between reads
-BATCH_BYTES = 2048  # batched reads wait for this much (about 100 FINs), or for their delay
+BATCH_BYTES = 8192  # batched reads wait for this much (about 390 FINs), or for their delay
 
 
 class Disconnect(Exception):

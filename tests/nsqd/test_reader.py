@@ -1,14 +1,21 @@
 """Batched reads of a consumer's input (Reader.batch_reads, --consumer-read-delay),
 over raw sockets against a real server on --workers 1 and 2: while a consumer holds
-at least 256 messages in flight, its input is read once 2 KiB are there or after the
-delay, whichever comes first; holding fewer, or with the delay 0, at once."""
+at least 256 messages in flight, its input is read once 8 KiB are there or after the
+delay, whichever comes first; holding fewer, while its worker publishes, or with the
+delay 0, at once."""
 
 import json
 import socket
 import struct
+import threading
 import time
 
+import pytest
+
 from nsqshm import protocol as p
+from nsqshm.nsqd import fairshare
+from nsqshm.nsqd.protocol_v2 import READ_DELAY_IN_FLIGHT
+from nsqshm.nsqd.reader import BATCH_BYTES
 
 from .conftest import wait_for
 
@@ -36,6 +43,7 @@ def hold(server, topic, n):
             if ftype == p.FRAME_TYPE_MESSAGE:
                 ids.append(bytes(buf[8 + 10:8 + 26]))
             del buf[:4 + size]
+    time.sleep(2 * fairshare.RECENT)  # the MPUB above is past: the worker is not publishing
     return sock, ids
 
 
@@ -46,14 +54,24 @@ def in_flight(server, topic):
 
 def test_a_batch_is_read_at_once_and_a_lone_fin_after_the_delay(nsqd_factory):
     server = nsqd_factory("--consumer-read-delay=3s")
-    sock, ids = hold(server, "batched", 300)
-    assert in_flight(server, "batched") == 300
-    # 120 FINs (2,520 bytes) in one send: past the 2 KiB mark, read at once
-    sock.sendall(b"".join(p.fin(i) for i in ids[:120]))
-    assert wait_for(lambda: in_flight(server, "batched") == 180, timeout=1.5)
-    # still holding 180 (< 256): a lone FIN is read at once
-    sock.sendall(p.fin(ids[120]))
-    assert wait_for(lambda: in_flight(server, "batched") == 179, timeout=1.5)
+    sock, ids = hold(server, "batched", 700)
+    assert in_flight(server, "batched") == 700
+    # the first FIN after a quiet spell: read at once (the reader waited with none in flight)
+    sock.sendall(p.fin(ids[0]))
+    assert wait_for(lambda: in_flight(server, "batched") == 699, timeout=1.5)
+    # a batch past the mark (BATCH_BYTES) in one send: read at once, not after the delay
+    n = BATCH_BYTES // len(p.fin(ids[0])) + 10
+    sock.sendall(b"".join(p.fin(i) for i in ids[1:1 + n]))
+    assert wait_for(lambda: in_flight(server, "batched") == 699 - n, timeout=1.5)
+    # holding 256 or more, 50 FINs wait for the delay
+    start = time.monotonic()
+    sock.sendall(b"".join(p.fin(i) for i in ids[1 + n:51 + n]))
+    assert wait_for(lambda: in_flight(server, "batched") == 649 - n, timeout=6)
+    assert time.monotonic() - start >= 2.5
+    # holding fewer than 256: a lone FIN is read at once
+    assert 649 - n < READ_DELAY_IN_FLIGHT
+    sock.sendall(p.fin(ids[51 + n]))
+    assert wait_for(lambda: in_flight(server, "batched") == 648 - n, timeout=1.5)
     sock.close()
 
 
@@ -87,4 +105,41 @@ def test_no_delay_reads_each_fin_at_once(nsqd_factory):
     for n, msg_id in enumerate(ids[:5], 1):
         sock.sendall(p.fin(msg_id))
         assert wait_for(lambda n=n: in_flight(server, "eager") == 300 - n, timeout=0.5)
+    sock.close()
+
+
+@pytest.mark.workers(1)  # the publisher and the consumer on one worker
+def test_a_consumer_is_read_at_once_while_its_worker_publishes(nsqd_factory):
+    server = nsqd_factory("--consumer-read-delay=2s")
+    sock, ids = hold(server, "shared", 300)
+    sock.sendall(p.fin(ids[0]))  # after a quiet spell: at once
+    assert wait_for(lambda: in_flight(server, "shared") == 299, timeout=1.5)
+    pub = socket.create_connection(server.tcp, timeout=10)
+    pub.sendall(p.MAGIC_V2)
+    stop = threading.Event()
+
+    def publish():  # the fair share: a worker that publishes reads its consumers at once
+        while not stop.is_set():
+            pub.sendall(p.pub("other", b"x"))
+            assert pub.recv(64) == struct.pack(">ii", 6, 0) + b"OK"
+            time.sleep(0.01)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        time.sleep(0.2)
+        # the reader decided before its wait, with nothing published for a while: this FIN
+        # ends it after the delay at most; from then on the worker publishes (a PUB every
+        # 10 ms) and FINs are read at once
+        sock.sendall(p.fin(ids[1]))
+        assert wait_for(lambda: in_flight(server, "shared") == 298, timeout=4)
+        for n, msg_id in enumerate(ids[2:5], 2):
+            start = time.monotonic()
+            sock.sendall(p.fin(msg_id))
+            assert wait_for(lambda n=n: in_flight(server, "shared") == 299 - n, timeout=1.5), (n, in_flight(server, "shared"), time.monotonic() - start)
+            assert time.monotonic() - start < 1.0
+    finally:
+        stop.set()
+        publisher.join()
+    pub.close()
     sock.close()
