@@ -343,8 +343,9 @@ def render(res):
             out.append(f"| {r['server']} | {r['pattern']} | {_k(r['out_msgs_per_s'])} | "
                        f"{_f(r.get('server_cpu_us_per_msg_out'))} |")
     if "sizes" in res:
-        out += ["", "Large messages (FIN per write), GB/s, warm rings (the second pass on a "
-                "topic; cold: the first, every ring page touched for the first time):", "",
+        out += ["", "Large messages (FIN per write), GB/s, warm rings (the last of several "
+                "passes on one topic, once its rings have gone round; cold: the first pass, "
+                "every ring page touched for the first time):", "",
                 "| size | server | in GB/s | in / raw | out GB/s | out / raw | raw in | raw out "
                 "| cold in | cold out |",
                 "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
