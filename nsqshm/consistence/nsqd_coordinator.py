@@ -342,11 +342,14 @@ class NsqdCoordinator:
 
     def on_cursors(self, peer, topic, partition, epoch, cursors):
         """The leader's channel cursors of a partition: the channels here take
-        them (ReplicaHost.adopt_cursors) -> (status, end)."""
+        them (ReplicaHost.adopt_cursors), and those it deleted go here too
+        (drop_channels) -> (status, end)."""
         part, refused = self._from_leader(peer, topic, partition, epoch)
         if refused is not None:
             return refused, self.host.end_offset(part) if part is not None else 0
-        self.host.adopt_cursors(part, cursors)
+        self.host.drop_channels(part, [name for name, confirmed, _ in cursors
+                                       if confirmed == rpc.DELETED])
+        self.host.adopt_cursors(part, [c for c in cursors if c[1] != rpc.DELETED])
         return rpc.OK, self.host.end_offset(part)
 
     def on_append(self, peer, topic, partition, epoch, first, records):

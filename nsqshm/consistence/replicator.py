@@ -55,6 +55,7 @@ CURSOR_INTERVAL = 0.5  # s: cursors go at most this often while records flow (1 
 MOVE_TIMEOUT = 60.0  # s: a moved replica has this long to catch up (Youzan's minute)
 HAND_OFF_TIMEOUT = 2.0  # s: the new leader has this long to take the end and the cursors
 _BUFFERS = []  # batch buffers not on the wire, shared by the senders of this process
+_DELETED = object()  # in a connection's `sent`: the channel's deletion was sent
 
 
 def _take_buffer():
@@ -77,6 +78,8 @@ class PartitionLeader:
         self.fenced = None  # why this leader may acknowledge nothing more
         self.handing_off = None  # the node it hands its leadership to: writes refused
         self.cursors_synced = {}  # node ID -> when it last held every cursor (monotonic)
+        self._channels = set()  # the durable channels at the last cursor send
+        self._deleted = set()  # channels deleted here since this leader began (tombstones)
         self._moving = None  # the create_revision of the MoveRequest being carried out
         self._progress = gevent.event.Event()  # set (and replaced) at each ack or change
         self._wakes = {}  # node ID -> Event: wakes its sender at an append
@@ -232,16 +235,25 @@ class PartitionLeader:
         states = host.cursor_states(self.partition)
         # every offset those cursors name is below this end (read after them)
         leader_end = host.end_offset(self.partition)
+        # a channel gone since the last send was deleted here: so on every follower, each
+        # connection told once (a channel made again is sent as any other)
+        names = set(states)
+        self._deleted = (self._deleted | (self._channels - names)) - names
+        self._channels = names
         moved = [name for name, state in states.items() if sent.get(name) != state]
-        if not moved:
+        deleted = [name for name in self._deleted if sent.get(name) is not _DELETED]
+        if not moved and not deleted:
             self.cursors_synced[node] = read_at
             return None
         frame = rpc.encode_cursors(topic, index, self.epoch, [
             (name, states[name][0], states[name][1] if states[name][1].strip(b"\0") else b"")
-            for name in moved])
+            for name in moved] + [(name, rpc.DELETED, b"") for name in deleted])
         status, follower_end = client.cursors(frame)
         # the follower takes a cursor only as far as its log goes: one it could not
         # take whole is sent again (next interval) until its log has caught up
+        if status == rpc.OK:
+            for name in deleted:
+                sent[name] = _DELETED
         if status == rpc.OK and follower_end >= leader_end:
             for name in moved:
                 sent[name] = states[name]

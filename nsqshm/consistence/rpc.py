@@ -38,7 +38,9 @@ Every frame:
       window: the cursor's finished-above bits as Cursor.snapshot gives them (native
       u64 words; empty when nothing above confirmed is finished).  The follower's
       channel takes them (ReplicaHost.adopt_cursors), so a new leader resumes where
-      the old one's consumers were.
+      the old one's consumers were.  confirmed DELETED (u64 max, no window): the
+      channel was deleted on the leader, and goes on the follower too
+      (ReplicaHost.drop_channels).
 
 The server takes only peers registered in etcd for the cluster: the HELLO's node ID
 must be a live nsqd node whose NodeIP is the connection's source address.
@@ -58,6 +60,7 @@ NOT_LEADER, FAILED = 1, 2  # PUBLISHED (OK: 0)
 PUBLISH_FIXED = struct.Struct(">H")
 PROBE = (1 << 64) - 1
 RESET = (1 << 64) - 2
+DELETED = (1 << 64) - 1  # a CURSORS entry's confirmed offset: the channel was deleted
 MAX_FRAME = 64 << 20  # larger than any batch a leader sends (replicator.BATCH_BYTES, ~4 MiB)
 HEADER = struct.Struct(">IB")
 APPEND_FIXED = struct.Struct(">HQQ")  # partition, write epoch, first offset

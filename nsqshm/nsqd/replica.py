@@ -152,6 +152,21 @@ class ReplicaHost:
                 self.nsqd.logf("warn", f"{partition}: channel {name}'s cursor from the "
                                        f"leader not taken: {err}")
 
+    def drop_channels(self, partition, names):
+        """A follower: channels the leader deleted are deleted here (on every worker,
+        as /channel/delete does).  A channel of this node covers every partition of
+        the topic, so its cursors in partitions this node leads go too, and their
+        followers are told in turn: a channel deleted on one node goes on all."""
+        topic = partition.topic
+        for name in names:
+            if not is_valid_name(name) or topic.get_existing_channel(name) is None:
+                continue
+            try:
+                topic.delete_channel(name)
+            except TopicError:
+                continue  # (deleted meanwhile)
+            self.nsqd.logf("info", f"{partition}: channel {name} deleted, as on the leader")
+
     def forward_gate(self, name, index):
         """The gate of a partition another worker of this node owns, its own (so that
         the coordinator can say whether this node leads it), or None."""

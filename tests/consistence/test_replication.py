@@ -5,6 +5,7 @@ acknowledged must be readable from whichever node leads after a failure."""
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -153,6 +154,39 @@ def test_a_new_leader_resumes_the_channel_where_the_old_one_was(make_cluster, wo
             survivor.message()
     finally:
         survivor.close()
+
+
+def test_a_channel_deleted_on_the_leader_goes_on_the_followers(make_cluster):
+    """The deletion rides with the cursors (a CURSORS entry with confirmed DELETED):
+    a new leader does not bring back a channel its consumers had deleted, and a
+    channel made again afterwards is replicated again."""
+    cluster = make_cluster()
+    assert cluster.create_topic("trail", 1, 3)[0] == 200
+    leader = cluster.leader("trail")
+    followers = [n for n in cluster.nodes if n is not leader]
+    publish(leader, "trail", [b"a", b"b"])
+    for name in ("keep", "drop"):
+        client = Client(leader)
+        client.send(p.sub("trail", name))
+        assert client.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+        client.close()
+    wait_until(lambda: all(channel_cursor(f, "trail", "drop") is not None
+                           and channel_cursor(f, "trail", "keep") is not None
+                           for f in followers), 10, "the followers have both channels")
+    req = urllib.request.Request(f"{leader.http}/channel/delete?topic=trail&channel=drop",
+                                 method="POST")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.status == 200
+    wait_until(lambda: all(channel_cursor(f, "trail", "drop") is None for f in followers),
+               10, "the followers delete the channel too")
+    assert all(channel_cursor(f, "trail", "keep") is not None for f in followers)
+    # made again on the leader: replicated again
+    client = Client(leader)
+    client.send(p.sub("trail", "drop"))
+    assert client.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    client.close()
+    wait_until(lambda: all(channel_cursor(f, "trail", "drop") is not None for f in followers),
+               10, "the channel made again reaches the followers")
 
 
 def test_a_node_delivers_only_the_partitions_it_leads(make_cluster):
