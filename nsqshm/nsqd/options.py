@@ -161,8 +161,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("output-buffer-timeout", DURATION, "250ms",
          "default duration of time between flushing data to clients"),
     Flag("consumer-read-delay", DURATION, "1ms",
-         _EXT + "how long a consumer holding at least 256 messages in flight waits before "
-         "reading again after a read of a few commands, so its FINs are read in batches "
+         _EXT + "longest wait for 8 KiB of a consumer's commands (its FINs read in batches) "
+         "while it holds at least 256 messages in flight and its worker publishes nothing "
          "(0 = read at once)", extension=True),
     Flag("max-channel-consumers", INT, 0,
          "maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)"),
