@@ -278,6 +278,10 @@ class NSQD:
         if not self.exiting:  # answered once every worker has it (one broker)
             self.cluster.flush()
 
+    def applying_peer_change(self):
+        """Whether the running greenlet applies another worker's change."""
+        return getattr(self._remote, "active", False)
+
     @contextlib.contextmanager
     def own_changes(self):
         """Changes made inside are this worker's and go to the others, even in

@@ -248,8 +248,14 @@ class Topic:
         self.nsqd.notify_change(topic=self.name, channel=name, deleted=True)
         self.nsqd.broadcast_change("channel_delete", self.name, name, rings=removed)
         # (the broadcast waits for the other workers: meanwhile another channel's
-        # last client may have left and deleted this topic, or a delete came)
-        if not self.channels and self.ephemeral and self.nsqd.topics.get(self.name) is self:
+        # last client may have left and deleted this topic, or a delete came).  Applying
+        # another worker's delete, an ephemeral topic left without channels stays: that
+        # worker may still have a channel this one has yet to hear of, so it decides, and
+        # its topic delete names the rings (deleting here, unheard, took the name of the
+        # ring it went on using: a worker on a ring the others no longer had, found by
+        # the bounded fuzz)
+        if not self.channels and self.ephemeral and self.nsqd.topics.get(self.name) is self \
+                and not self.nsqd.applying_peer_change():
             self.nsqd.delete_topic(self.name)
 
     # -- the pump ---------------------------------------------------------------------

@@ -206,7 +206,17 @@ class Witness:
 
 def stale_mappings(pids, prefix):
     """What of /dev/shm/<prefix>.* the processes map though its name is gone
-    or is another segment's by now, as "pid: path (inode i, now j)"."""
+    or is another segment's by now, as "pid: path (inode i, now j)".  A
+    segment made unnamed (O_TMPFILE, then linked) shows in the maps as
+    /dev/shm/#<inode>: it is stale when no name of the broker's has that
+    inode any more (a worker left on a ring the others made anew)."""
+    named = set()
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(f"{prefix}."):
+            try:
+                named.add(str(os.stat(f"/dev/shm/{name}").st_ino))
+            except FileNotFoundError:
+                pass
     stale = set()
     for pid in pids:
         try:
@@ -215,8 +225,14 @@ def stale_mappings(pids, prefix):
         except FileNotFoundError:
             continue
         for fields in lines:
-            if len(fields) < 6 or not fields[5].startswith(f"/dev/shm/{prefix}."):
-                continue  # (a segment made unnamed shows as /dev/shm/#<inode>)
+            if len(fields) < 6:
+                continue
+            if fields[5].startswith("/dev/shm/#"):
+                if fields[4] not in named:
+                    stale.add(f"{pid}: unnamed {fields[5]} (inode {fields[4]}, no name has it)")
+                continue
+            if not fields[5].startswith(f"/dev/shm/{prefix}."):
+                continue
             path = fields[5].removesuffix(" (deleted)")
             try:
                 now = str(os.stat(path).st_ino)

@@ -204,3 +204,58 @@ def test_a_sub_racing_a_topic_delete_on_the_other_worker_leaves_one_broker(nsqd_
     assert not bad, bad
     log = "".join(server.lines)
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_a_channel_delete_racing_a_sub_on_its_worker_keeps_the_ephemeral_topic_on_one_ring(
+        nsqd_factory):
+    """Worker 0 deletes the last channel of an ephemeral topic while a SUB to
+    another channel comes, on either worker, during the delete's wait for the
+    other worker.  Worker 1, applying the delete before it heard of the new channel,
+    deleted the topic it saw left without channels (its ring's name with it);
+    applying the create next, it made the topic on a new ring, while worker 0
+    went on with the old one, whose name was gone (found by the bounded fuzz).
+    The worker whose own delete empties the topic decides now.  After every
+    round each worker maps the topic's ring by its current name."""
+    server = nsqd_factory("--workers=2")
+    http0 = http_on_worker(server, 0)
+    pids = workers(server)
+    topic = "x#ephemeral"
+    ring = f"/dev/shm/{server.prefix}.t.{topic}"
+    bad = []
+    for r in range(40):
+        assert http_call(http0, "POST", f"/topic/create?topic={topic}")[0] == 200
+        assert http_call(http0, "POST", f"/channel/create?topic={topic}&channel=a")[0] == 200
+        assert wait_for(lambda: all(maps_file(pid, ring) for pid in pids), 3)
+        sub = Client(server)  # (either worker: the fuzz had it on both)
+        go = threading.Barrier(2)
+
+        def subscribe(sub=sub, r=r, go=go):
+            go.wait()
+            time.sleep(0.0001 * (r % 8))  # the SUB at a different point of the delete
+            sub.send(p.sub(topic, f"n{r}"))
+
+        t = threading.Thread(target=subscribe)
+        t.start()
+        go.wait()
+        http_call(http0, "POST", f"/channel/delete?topic={topic}&channel=a")
+        t.join()
+        assert sub.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+
+        def one_ring():
+            try:
+                return all(maps_file(pid, ring) for pid in pids) \
+                    and not stale_mappings(pids, server.prefix)
+            except FileNotFoundError:  # (the name is gone: no worker has the topic)
+                return False
+
+        if not wait_for(one_ring, timeout=3):
+            bad.append((r, stale_mappings(pids, server.prefix),
+                        [os.path.exists(ring) and maps_file(pid, ring) for pid in pids]))
+            sub.close()
+            break
+        sub.close()  # then the topic goes with its last channel
+        http_call(http0, "POST", f"/channel/delete?topic={topic}&channel=n{r}")
+        assert wait_for(lambda: all(t["topic_name"] != topic for t in stats(server)["topics"]), 5)
+    assert not bad, f"a worker on a ring whose name is gone: {bad}"
+    log = "".join(server.lines)
+    assert "Traceback" not in log, log[-3000:]
