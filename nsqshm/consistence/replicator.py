@@ -117,6 +117,15 @@ class PartitionLeader:
                 return
             self._progress.wait(1.0)
 
+    def committed_end(self, partition):
+        """The end every ISR member (and a joining one) has acknowledged: the
+        channels deliver up to here (Partition.readable_end), never a record
+        a new leader might not hold.  Alone in the ISR: the log's end."""
+        required = self._required()
+        if not required:
+            return partition.log.end_offset
+        return min(self.acked.get(n, 0) for n in required)
+
     @property
     def _name(self):
         return f"{self.partition.topic.name}-{self.partition.index}"
@@ -128,6 +137,8 @@ class PartitionLeader:
     def _notify(self):
         old, self._progress = self._progress, gevent.event.Event()
         old.set()
+        # an ack or an ISR change may move the committed end: the channels look again
+        self.partition.topic.appended(self.partition)
 
     # -- life ------------------------------------------------------------------------------
 

@@ -238,15 +238,15 @@ class LogChannel(Channel):
         """A SUB_ADVANCED or SUB_ORDERED client's frames carry each message's
         byte offset in its partition's log, as Youzan's (a position
         `virtual_queue:<it>` finds the message again): InFlight.deliver asks
-        each partition's LogReader in C.  Opened at such a SUB, any partition
-        whose log could not be opened before is tried again."""
+        each partition's LogReader in C.  Taken again at each such SUB: a log
+        not made by its owner before is tried again, and one made anew (a
+        replica's reset) is read from then on."""
         readers = self.inflight.detail_readers or [None] * len(self.topic.partitions)
         for partition in self.topic.partitions:
-            if readers[partition.index] is None:
-                try:
-                    readers[partition.index] = partition.reader
-                except (OSError, LogError, ValueError):
-                    pass  # not made by its owner yet: offsets 0 until the next such SUB
+            try:
+                readers[partition.index] = partition.reader
+            except (OSError, LogError, ValueError):
+                pass  # not made by its owner yet: offsets 0 until the next such SUB
         self.inflight.detail_readers = readers
 
     # -- the dispatcher -------------------------------------------------------------------
@@ -418,7 +418,7 @@ class LogChannel(Channel):
                 if log is None or cursor.held:
                     continue
                 pos = cursor.read_pos
-                if pos < log.end_offset and pos < cursor.window_end:
+                if pos < partition.readable_end and pos < cursor.window_end:
                     return True
         return False
 
@@ -515,7 +515,7 @@ class LogChannel(Channel):
         offset, records, bytes); records 0: nothing to read now, -1: read_pos
         moved on without reading (finished records skipped, or retention)."""
         log = partition.log
-        end = log.end_offset
+        end = partition.readable_end
         pos = cursor.read_pos
         if pos >= end:
             return pos, 0, 0
@@ -566,7 +566,7 @@ class LogChannel(Channel):
                 continue
             cursor = self.cursors[partition.index]
             pos = cursor.read_pos
-            if pos < log.end_offset and pos < cursor.window_end and self._room(partition) > 0:
+            if pos < partition.readable_end and pos < cursor.window_end and self._room(partition) > 0:
                 return True
         return False
 

@@ -21,13 +21,14 @@ append_packed gives each message its msg offset and replaces its ID by the
 position, 16 hex digits of (p << 48) | offset, in C.
 """
 
+import os
 import shutil
 import zlib
 
 import gevent
 import gevent.event
 
-from nsqshm._core.commitlog import LogError, LogReader, PartitionLog, partition_dir
+from nsqshm._core.commitlog import STATE_FILE, LogError, LogReader, PartitionLog, partition_dir
 from nsqshm.nsqd.topic import TopicError
 from nsqshm.nsqd.waiting import RingWaker
 from nsqshm.youzan.offset import MSGCOUNT, NOT_SUPPORTED, TIMESTAMP, VIRTUAL_QUEUE
@@ -55,6 +56,7 @@ class Partition:
         self.path = partition_dir(nsqd.data_path, topic.name, index)
         self.log = None
         self._reader = None
+        self._reader_inode = None
         # cluster mode: the gate the coordinator sets (nsqd/replica.py); None standalone
         self.replica = getattr(nsqd, "replica_gate", None)
         self._syncing = None  # a sync running on a thread of the hub's pool
@@ -86,8 +88,19 @@ class Partition:
     def reader(self):
         if self.log is not None:
             return self.log.reader
+        # the owner may have made the log anew (ReplicaHost.reset_log, a diverged
+        # replica): a reader of the removed one would go on showing its old end
+        state = os.path.join(self.path, STATE_FILE)
+        if self._reader is not None:
+            try:
+                current = os.stat(state).st_ino == self._reader_inode
+            except FileNotFoundError:
+                current = False
+            if not current:  # (not closed: a channel's detail readers may hold it)
+                self._reader = None
         if self._reader is None:
             self._reader = LogReader(self.path)
+            self._reader_inode = os.stat(state).st_ino
         return self._reader
 
     def synced_offset(self):
@@ -147,6 +160,17 @@ class Partition:
     def writable(self):
         """Standalone, or this node leads the partition (nsqd/replica.py)."""
         return self.replica is None or self.replica.writable
+
+    @property
+    def readable_end(self):
+        """Where the channels deliver up to: the log's end standalone; in
+        cluster mode the end every in-sync replica has (the gate's
+        committed_end, Kafka's high watermark), so no consumer gets a record a
+        new leader may not hold (an ordered channel would see another message
+        at that offset after a failover)."""
+        end = self.log.end_offset
+        gate = self.replica
+        return end if gate is None else min(end, gate.committed_end(self))
 
     def append(self, packed):
         """The owner: append packed records (IDs stamped with their

@@ -7,7 +7,8 @@ and lets the coordinator read and append its log.
     NotLeaderGate               PUB answers E_FAILED_ON_NOT_LEADER (a follower, a
                                 catch-up replica, a deposed leader, or not known yet)
     a leader's gate             PUB appends, then gate.committed(end) waits until every
-                                ISR member has the records (consistence/replicator.py)
+                                ISR member has the records (consistence/replicator.py);
+                                gate.committed_end(): what channels may deliver
 
 A follower's log is written by append_at only: the leader's records, at the offsets
 the leader gave them, so every replica holds the same message at the same offset.
@@ -39,6 +40,11 @@ class NotLeaderGate:
 
     def committed(self, partition, end_offset):
         raise NotLeader(f"{partition.topic.name}-{partition.index} {self.why}")
+
+    def committed_end(self, partition):
+        """A partition this worker does not lead delivers nothing (a follower's
+        channels push nothing of it): no limit of its own."""
+        return partition.log.end_offset
 
 
 UNKNOWN = NotLeaderGate("has no known leader here yet")

@@ -1,10 +1,19 @@
-"""A Jepsen-style audit of replicated log topics (issue 17), a soak test: publishers
+"""A Jepsen-style audit of replicated log topics (issue 17): publishers and consumers
 follow the leader through /lookup while a nemesis SIGKILLs the leader or takes its link
 down, then brings it back, over and over.  At the end every acknowledged message must
-be readable from the leader.  Reports acknowledged, lost (must be 0), duplicates (what
-a client retried after an error whose write had landed) and failover times.
+have been delivered on both channels, a plain one (SUB) and an ordered one
+(SUB_ORDERED), and be readable from the leader.  The ordered channel must deliver in
+log order: a message's first delivery is the one after the last new one (redelivery
+goes back, never ahead), and an offset delivered twice holds the same message both
+times (the leader delivers only what every ISR member has: nothing that a new leader
+could hold another message in place of).  Nothing acknowledged by a fenced leader
+alone: such a message would be missing from the new leader's log, so lost.  Reports
+acknowledged, lost (must be 0), duplicates (what a client retried after an error whose
+write had landed), redeliveries and failover times.
 
-    NSQSHM_AUDIT_SECONDS=120 pytest -m soak tests/consistence/test_audit.py -s
+A short audit runs by default (w1 and w2); the soak one as long as asked:
+
+    NSQSHM_AUDIT_SECONDS=300 pytest -m soak tests/consistence/test_audit.py -s
 """
 
 import os
@@ -15,18 +24,21 @@ import time
 
 import pytest
 
+from nsqshm import protocol as p
+from nsqshm._core.logcursor import decode_message_id
+from nsqshm.youzan.frames import decode_message
 from tests.consistence.cluster import Client, Cluster
 from tests.consistence.etcd_server import ETCD
 from tests.consistence.netns import available
-from tests.consistence.test_replication import isr, wait_until
+from tests.consistence.test_replication import channel_cursor, isr, wait_until
 
 pytestmark = [
-    pytest.mark.soak,
     pytest.mark.skipif(bool(available()), reason=available() or "available"),
     pytest.mark.skipif(ETCD is None, reason="etcd not installed (scripts/setup.sh)"),
 ]
 
-SECONDS = float(os.environ.get("NSQSHM_AUDIT_SECONDS", "120"))
+SOAK_SECONDS = float(os.environ.get("NSQSHM_AUDIT_SECONDS", "120"))
+SHORT_SECONDS = 20.0
 TOPIC = "jepsen"
 
 
@@ -62,24 +74,104 @@ class Publisher(threading.Thread):
             time.sleep(0.05)
 
 
-def test_audit_every_acknowledged_message_survives_leader_kills_and_cuts(tmp_path):
-    rng = random.Random(int(os.environ.get("NSQSHM_AUDIT_SEED", "17")))
-    cluster = Cluster(tmp_path)
+class Consumer(threading.Thread):
+    """Consumes a channel from whichever node /lookup names leader, FINs every
+    message, reconnects on any error or 2 s of silence.  Plain: SUB, RDY 50.
+    Ordered: SUB_ORDERED on partition 0, checking the order as it goes."""
+
+    def __init__(self, cluster, channel, ordered, stop):
+        super().__init__(daemon=True)
+        self.cluster, self.channel, self.ordered, self.stop = cluster, channel, ordered, stop
+        self.bodies = set()       # every body delivered
+        self.deliveries = 0
+        self.next = 0             # ordered: the offset of the next new message
+        self.at = {}              # ordered: offset -> body first delivered there
+        self.redelivered = 0      # ordered: deliveries of an offset below next
+        self.violations = []      # ordered: (offset, expected) delivered ahead of order
+        self.mismatches = []      # ordered: (offset, first body, body) another message
+        self.reconnects = 0
+
+    def run(self):
+        while not self.stop.is_set():
+            client = None
+            try:
+                node = self.cluster.leader(TOPIC, timeout=30)
+                client = Client(node, timeout=2)
+                if self.ordered:
+                    client.send(b"SUB_ORDERED %s %s 0\n" % (TOPIC.encode(), self.channel.encode()))
+                else:
+                    client.send(p.sub(TOPIC, self.channel))
+                if client.response() != (p.FRAME_TYPE_RESPONSE, b"OK"):
+                    raise ConnectionError("SUB refused")
+                client.send(p.rdy(1 if self.ordered else 50))
+                while not self.stop.is_set():
+                    self._take(client)
+            except (OSError, ConnectionError, AssertionError, ValueError):
+                self.reconnects += 1
+                time.sleep(0.05)
+            finally:
+                if client is not None:
+                    client.close()
+
+    def _take(self, client):
+        while True:
+            kind, data = client.frame()
+            if kind == p.FRAME_TYPE_MESSAGE:
+                break
+            if data == p.HEARTBEAT:
+                client.send(p.nop())
+        if self.ordered:
+            m = decode_message(data, detail=True)
+            self._check_order(decode_message_id(m.id)[1], m.body)
+        else:
+            m = p.decode_message(data)
+        self.deliveries += 1
+        self.bodies.add(m.body)
+        client.send(p.fin(m.id))
+
+    def _check_order(self, offset, body):
+        if offset == self.next:
+            self.at[offset] = body
+            self.next += 1
+        elif offset < self.next:
+            self.redelivered += 1
+            if self.at.get(offset, body) != body:
+                self.mismatches.append((offset, self.at[offset], body))
+        else:
+            self.violations.append((offset, self.next))
+
+
+def audit(tmp_path, seconds, seed, workers=1):
+    rng = random.Random(seed)
+    cluster = Cluster(tmp_path, workers=workers)
+    stop = threading.Event()
+    consumers = []
     try:
         assert cluster.create_topic(TOPIC, 1, 3)[0] == 200
-        stop = threading.Event()
-        publishers = [Publisher(cluster, f"p{i}", stop) for i in range(2)]
-        for p in publishers:
-            p.start()
+        consumers = [Consumer(cluster, "ordered", True, stop),
+                     Consumer(cluster, "plain", False, stop)]
+        for c in consumers:
+            c.start()
+        # both channels on every node before the first message: a channel a new leader
+        # lacks would start at its log's end there (nsqd's new channels)
+        wait_until(lambda: all(channel_cursor(n, TOPIC, c.channel) is not None
+                               for n in cluster.nodes for c in consumers),
+                   30, "both channels on every node")
+        publishing = threading.Event()  # set: the publishers stop
+        publishers = [Publisher(cluster, f"p{i}", publishing) for i in range(2)]
+        for pub in publishers:
+            pub.start()
         faults = []  # (kind, victim id, monotonic time)
-        end = time.monotonic() + SECONDS
+        end = time.monotonic() + seconds
         while time.monotonic() < end:
-            time.sleep(3)
+            time.sleep(rng.uniform(1, 3))
             # the nemesis waits for a full ISR: with a member still catching up, a
             # second fault could leave no candidate (the guarantee is R-1 failures)
             wait_until(lambda: len(isr(cluster, TOPIC)) == 3, 60, "a full ISR")
             leader = cluster.leader(TOPIC, timeout=30)
-            kind = rng.choice(["kill", "cut"])
+            # kills and cuts by turns, the first drawn
+            kind = faults[-1][0] if faults else rng.choice(["cut", "kill"])
+            kind = {"kill": "cut", "cut": "kill"}[kind] if faults else kind
             faults.append((kind, leader.id, time.monotonic()))
             if kind == "kill":
                 leader.kill()
@@ -91,34 +183,63 @@ def test_audit_every_acknowledged_message_survives_leader_kills_and_cuts(tmp_pat
                 leader.start()
             else:
                 cluster.hosts.restore(leader.i)
-        stop.set()
-        for p in publishers:
-            p.join(30)
+        publishing.set()
+        for pub in publishers:
+            pub.join(30)
         wait_until(lambda: len(isr(cluster, TOPIC)) == 3, 60, "a full ISR at the end")
         leader = cluster.leader(TOPIC)
         total = leader.end_offset(TOPIC)
-        client = Client(leader, timeout=30)
-        received = client.consume(TOPIC, "audit", total)
-        client.close()
-
-        acked = [a for p in publishers for a in p.acked]
-        got = set(received)
-        lost = [body for body, _, _ in acked if body not in got]
-        duplicates = len(received) - len(got)
+        acked = [a for pub in publishers for a in pub.acked]
+        wanted = {body for body, _, _ in acked}
+        ordered, plain = consumers
+        wait_until(lambda: ordered.next >= total and wanted <= plain.bodies, 60,
+                   "both channels delivered everything acknowledged")
+        stop.set()
+        for c in consumers:
+            c.join(10)
+        lost = {name: sorted(wanted - c.bodies) for name, c in (("ordered", ordered),
+                                                                ("plain", plain))}
+        duplicates = total - len({body for body in ordered.at.values()})
         failovers = []
         for _, victim, at in faults:  # fault to the first OK from another node
             oks = [t for _, t, node in acked if t > at and node != victim]
             if oks:
                 failovers.append(min(oks) - at)
-        print(f"\naudit: {SECONDS:.0f}s, {len(faults)} faults "
+        print(f"\naudit: {seconds:.0f}s, w{workers}, {len(faults)} faults "
               f"({sum(k == 'kill' for k, _, _ in faults)} kills, "
               f"{sum(k == 'cut' for k, _, _ in faults)} cuts), acknowledged {len(acked)}, "
-              f"lost {len(lost)}, duplicates {duplicates}, in the log {total}, "
-              f"publish errors {sum(p.errors for p in publishers)}")
+              f"lost {len(lost['ordered']) + len(lost['plain'])}, in the log {total}, "
+              f"duplicates in the log {duplicates}, "
+              f"publish errors {sum(pub.errors for pub in publishers)}")
+        print(f"audit: ordered: {ordered.deliveries} deliveries, {ordered.redelivered} "
+              f"redelivered, {len(ordered.violations)} out of order, "
+              f"{len(ordered.mismatches)} offsets with two messages; plain: "
+              f"{plain.deliveries} deliveries of {len(plain.bodies)} messages; reconnects "
+              f"{ordered.reconnects + plain.reconnects}")
         if failovers:
             print(f"audit: failover (fault to the first OK from the new leader) p50 "
                   f"{statistics.median(failovers):.2f}s max {max(failovers):.2f}s")
-        assert not lost, lost[:10]
+        assert not lost["ordered"] and not lost["plain"], \
+            {k: v[:10] for k, v in lost.items()}
+        assert not ordered.violations, ordered.violations[:10]
+        assert not ordered.mismatches, ordered.mismatches[:10]
+        assert ordered.next == total  # every offset of the log, each once in order
         assert len(acked) > 0 and faults
     finally:
+        stop.set()
+        for c in consumers:
+            c.join(10)
         cluster.close()
+
+
+@pytest.mark.timeout(SHORT_SECONDS + 240)
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_audit_short(tmp_path, workers):
+    audit(tmp_path, SHORT_SECONDS, seed=17 + workers, workers=workers)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(SOAK_SECONDS + 600)
+def test_audit_every_acknowledged_message_survives_leader_kills_and_cuts(tmp_path):
+    audit(tmp_path, SOAK_SECONDS, seed=int(os.environ.get("NSQSHM_AUDIT_SEED", "17")),
+          workers=int(os.environ.get("NSQSHM_AUDIT_WORKERS", "1")))
