@@ -68,10 +68,12 @@ class LookupdCoordinator:
 
     # -- topics -----------------------------------------------------------------------
 
-    def create_topic(self, topic, partition_num, replicator, sync_every=0):
+    def create_topic(self, topic, partition_num, replicator, sync_every=0, ordered=False):
         """The topic's meta and partitions in etcd, placed on the live nodes.  ValueError
-        (not enough nodes, bad counts), TopicExists, CoordinationError.  -> placement."""
-        meta = TopicMeta(partition_num=partition_num, replica=replicator, sync_every=sync_every)
+        (not enough nodes, bad counts), TopicExists, CoordinationError.  -> placement.
+        ordered: Youzan's orderedmulti (SUB_ORDERED only, PUB by partition)."""
+        meta = TopicMeta(partition_num=partition_num, replica=replicator, sync_every=sync_every,
+                         ordered_multi=ordered)
         placement = self.topology.create_topic_on_live_nodes(topic, meta)
         self.logf("info", f"cluster: topic {topic} created: {partition_num} partitions x "
                           f"{replicator} replicas on {placement}")

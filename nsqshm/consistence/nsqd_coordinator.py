@@ -194,10 +194,10 @@ class NsqdCoordinator:
             if not mine:
                 continue
             try:
-                sync_every = self.topology.topic_meta(name).sync_every
+                meta = self.topology.topic_meta(name)
             except TopicNotFound:
                 continue  # deleted meanwhile
-            self.host.ensure_topic(name, len(states), sync_every)
+            self.host.ensure_topic(name, len(states), meta.sync_every, meta.ordered_multi)
             for state in mine:
                 key = (name, state.partition)
                 if key in self.roles:

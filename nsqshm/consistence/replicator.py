@@ -9,7 +9,10 @@
         one APPEND frame with the whole batch -> ACK(end); acked[node] = end
         and, at most every CURSOR_INTERVAL, the channels' cursors that moved since
         the last ones it sent (one CURSORS frame): a follower's channels take them,
-        so after a failover consumers go on from there
+        so after a failover consumers go on from there.  While the partition is
+        busy (an append or a cursor move in the last ACTIVE_SPAN) an idle sender
+        looks at the cursors every CURSOR_INTERVAL; after a quiet ACTIVE_SPAN
+        every IDLE_CURSOR_WAIT, so an idle broker does not spin
     monitor (every MONITOR_INTERVAL):
         an ISR follower behind the leader's end for longer than lag_timeout (dead,
         cut off, slow) is moved out of the ISR in etcd (epoch bumped): the PUBs that
@@ -51,7 +54,9 @@ from nsqshm.nsqd.replica import NotLeader
 BATCH_BYTES = MAX_RECORD + 4 + (2 << 20)  # the largest record fits, with room for more
 MONITOR_INTERVAL = 0.2
 RETRY = 0.3
-CURSOR_INTERVAL = 0.5  # s: cursors go at most this often while records flow (1 s idle)
+CURSOR_INTERVAL = 0.05  # s: cursors go at most this often while the partition is busy
+ACTIVE_SPAN = 1.0  # s: busy for this long after an append sent or a cursor move
+IDLE_CURSOR_WAIT = 1.0  # s: how often a quiet partition's cursors are looked at
 MOVE_TIMEOUT = 60.0  # s: a moved replica has this long to catch up (Youzan's minute)
 HAND_OFF_TIMEOUT = 2.0  # s: the new leader has this long to take the end and the cursors
 _BUFFERS = []  # batch buffers not on the wire, shared by the senders of this process
@@ -189,6 +194,7 @@ class PartitionLeader:
             client = None
             sent = {}  # channel -> the cursor last sent on this connection
             next_cursors = 0.0
+            busy_until = 0.0  # a busy partition's cursors are looked at often
             try:
                 client = self.coordinator.connect(node, topic, index)
                 status, end, crc = client.append(rpc.encode_append(topic, index, self.epoch,
@@ -207,16 +213,23 @@ class PartitionLeader:
                     if self.acked.get(node) != end:
                         self.acked[node] = end
                         self._notify()
-                    if time.monotonic() >= next_cursors or self.handing_off == node:
-                        next_cursors = time.monotonic() + CURSOR_INTERVAL
-                        if self._send_cursors(client, sent, node) == rpc.FENCED:
+                    now = time.monotonic()
+                    if now >= next_cursors or self.handing_off == node:
+                        next_cursors = now + CURSOR_INTERVAL
+                        answer = self._send_cursors(client, sent, node)
+                        if answer == rpc.FENCED:
                             status = rpc.FENCED
                             continue
+                        if answer is not None:  # moved: FINs are coming
+                            busy_until = now + ACTIVE_SPAN
                     if end == leader_end:  # up to date: wait for the next append
                         wake.clear()
                         if host.end_offset(self.partition) == end:
-                            wake.wait(1.0)  # (the cursors then go within 1 s)
+                            # (the cursors then go within CURSOR_INTERVAL while busy)
+                            wake.wait(max(next_cursors - now, 0.0) if now < busy_until
+                                      else IDLE_CURSOR_WAIT)
                         continue
+                    busy_until = now + ACTIVE_SPAN  # records to send: consumers follow
                     buf = _take_buffer()  # only while a batch is on the wire
                     try:
                         _, nbytes, _ = host.read(self.partition, end, buf, BATCH_BYTES)

@@ -140,7 +140,8 @@ def _stored(topic, published):
 
 def _existing(nsqd, pub):
     topic = nsqd.get_existing_topic(pub.topic)
-    commands.check_pub_topic(pub, topic is not None, False)
+    commands.check_pub_topic(pub, topic is not None,
+                             topic is not None and topic.is_log and topic.ordered)
     return topic
 
 

@@ -858,7 +858,8 @@ class HTTPAPI:
     def topic_create(self, req):
         """nsqd's, and with `partition_num` (Youzan's) a log topic
         (logtopic.py): `retention_days`, `retention_bytes` (-1: none),
-        `syncdisk` (an fsync every that many messages; 0: --sync-every)."""
+        `syncdisk` (an fsync every that many messages; 0: --sync-every),
+        `orderedmulti=true` (an ordered topic: SUB_ORDERED only, PUB by partition)."""
         values, err = parse_query(req.query_string)
         want_ext = err is None and ext.wants_ext(values)
         if want_ext:  # Youzan's ext=true / extend=true: a new topic, or one already ext
@@ -886,7 +887,8 @@ class HTTPAPI:
         try:
             self.nsqd.create_log_topic(names[0], values["partition_num"][0],
                                        get("retention_days"), get("retention_bytes"),
-                                       values.get("syncdisk", ["0"])[0] or "0")
+                                       values.get("syncdisk", ["0"])[0] or "0",
+                                       values.get("orderedmulti", [""])[0] == "true")
         except LogTopicError as err:
             raise Err(err.status, err.code) from None
         return None

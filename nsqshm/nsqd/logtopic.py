@@ -69,10 +69,21 @@ class PartitionError(TopicError):
     """A PUB naming a partition the topic does not have."""
 
 
-def make_spec(name, partition_num, retention_days=-1, retention_bytes=-1, sync_every=0):
+class PartitionNeeded(PartitionError):
+    """A PUB without a partition on an ordered topic (Youzan's preparePub)."""
+    youzan_text = "topic partition is not valid for multi partition: -1"
+
+    def __init__(self):
+        super().__init__("an ordered topic takes a PUB to a partition only")
+
+
+def make_spec(name, partition_num, retention_days=-1, retention_bytes=-1, sync_every=0,
+              ordered=False):
     """A log topic's definition, validated (LogTopicError with the HTTP text).
     sync_every: Youzan's syncdisk, an fsync of a partition's log every that
-    many messages (0: the broker's --sync-every)."""
+    many messages (0: the broker's --sync-every).  ordered: Youzan's
+    orderedmulti, a topic consumed with SUB_ORDERED only, published to by
+    partition only."""
     try:
         partitions = int(partition_num)
     except (TypeError, ValueError):
@@ -93,7 +104,7 @@ def make_spec(name, partition_num, retention_days=-1, retention_bytes=-1, sync_e
     if every < 0:
         raise LogTopicError("INVALID_ARG_TOPIC_SYNC_DISK")
     return {"name": name, "partition_num": partitions, "retention_days": days,
-            "retention_bytes": size, "sync_every": every}
+            "retention_bytes": size, "sync_every": every, "ordered": bool(ordered)}
 
 
 def load_specs(data_path):
@@ -224,6 +235,11 @@ class LogTopic(Topic):
     def __repr__(self):
         return f"<LogTopic {self.name} ({len(self.partitions)} partitions)>"
 
+    @property
+    def ordered(self):
+        """Youzan's ordered topic (orderedmulti): SUB_ORDERED only, PUB by partition."""
+        return self.spec.get("ordered", False)
+
     # -- publishing -----------------------------------------------------------------
 
     def partition(self, index):
@@ -239,6 +255,8 @@ class LogTopic(Topic):
         packed = self.ext_records(packed, count)
         if partition is not None:
             target = self.partition(partition)
+        elif self.ordered:  # (the publisher keeps its order by choosing the partition)
+            raise PartitionNeeded()
         else:
             # (cluster mode: the partitions this node leads, this worker's first)
             led = [p for p in self.partitions if p.replica is not None and p.writable]

@@ -185,14 +185,15 @@ class NSQD:
     # -- log topics (logtopic.py) ----------------------------------------------------------
 
     def create_log_topic(self, name, partition_num, retention_days=-1, retention_bytes=-1,
-                         sync_every=0):
+                         sync_every=0, ordered=False):
         """POST /topic/create with partition_num: the log topic, made here and
         on every other worker before the answer.  LogTopicError with the HTTP
         error text when the name is a classic topic's or the parameters differ
         from the existing log topic's."""
         if not is_valid_name(name) or is_ephemeral(name):
             raise LogTopicError("INVALID_TOPIC")
-        spec = make_spec(name, partition_num, retention_days, retention_bytes, sync_every)
+        spec = make_spec(name, partition_num, retention_days, retention_bytes, sync_every,
+                         ordered)
         return self.apply_log_topic(spec)
 
     def apply_log_topic(self, spec):
@@ -207,9 +208,14 @@ class NSQD:
             if topic.spec["partition_num"] != spec["partition_num"]:
                 raise LogTopicError("TOPIC_EXISTS_WITH_OTHER_PARTITION_NUM")
             every = spec.get("sync_every", 0)
+            changed = {}
             if every and every != topic.spec.get("sync_every", 0):
                 # syncdisk given again (in cluster mode: TopicMeta's, on a topic made before)
-                topic.spec["sync_every"] = every
+                changed["sync_every"] = every
+            if spec.get("ordered") and not topic.ordered:  # orderedmulti given again
+                changed["ordered"] = True
+            if changed:
+                topic.spec.update(changed)
                 self._persist_log_topics()
                 self._share_log_topic(topic.spec)
             return topic
@@ -249,7 +255,7 @@ class NSQD:
             try:
                 spec = make_spec(spec.get("name", ""), spec.get("partition_num"),
                                  spec.get("retention_days", -1), spec.get("retention_bytes", -1),
-                                 spec.get("sync_every", 0))
+                                 spec.get("sync_every", 0), spec.get("ordered") is True)
                 if not is_valid_name(spec["name"]) or is_ephemeral(spec["name"]):
                     raise LogTopicError("INVALID_TOPIC")
                 self.apply_log_topic(spec)

@@ -36,6 +36,7 @@ from nsqshm.nsqd.errors import (
     BAD_PARTITION,
     E_CREATE_TOPIC_FAILED,
     E_FAILED_ON_NOT_LEADER,
+    E_SUB_ORDER_IS_MUST,
     E_TOPIC_NOT_EXIST,
     ClientErr,
     FatalClientErr,
@@ -521,6 +522,8 @@ class ProtocolV2:
                 topic.partition(partition)
             except PartitionError:  # Youzan: no such topic partition here
                 raise FatalClientErr(E_TOPIC_NOT_EXIST, "") from None
+        if is_log and topic.ordered and not ordered:
+            raise FatalClientErr(E_SUB_ORDER_IS_MUST, "this topic is configured only allow ordered sub")
         if ordered and client.sample_rate:
             raise FatalClientErr("E_INVALID", ORDERED_WITH_SAMPLE_RATE)
         if is_log and (partition != NO_PARTITION or ordered):

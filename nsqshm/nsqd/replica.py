@@ -98,10 +98,11 @@ class ReplicaHost:
     def workers(self):
         return self.nsqd.nworkers
 
-    def ensure_topic(self, name, partition_num, sync_every=0):
+    def ensure_topic(self, name, partition_num, sync_every=0, ordered=False):
         """The log topic on every worker of this node (as POST /topic/create would);
-        sync_every: the topic's syncdisk."""
-        return self.nsqd.create_log_topic(name, partition_num, sync_every=sync_every)
+        sync_every: the topic's syncdisk; ordered: its orderedmulti."""
+        return self.nsqd.create_log_topic(name, partition_num, sync_every=sync_every,
+                                          ordered=ordered)
 
     def partition(self, name, index):
         """The Partition if its log is owned by this worker, else None."""

@@ -327,6 +327,7 @@ def topic_stats(topic, channels, percentiles=(), sketch=False):
         out["partitions"] = topic.partition_stats()
         out["retention"] = {"days": topic.spec["retention_days"],
                             "bytes": topic.spec["retention_bytes"]}
+        out["ordered"] = topic.ordered
     if sketch:  # a part to merge: the waiting DPUBs and the overflow are this worker's,
         # the disk queue the owner's, the rings everyone's (a log topic's: its inbound rings)
         out["ring_depth"] = topic.depth - topic.backend_depth

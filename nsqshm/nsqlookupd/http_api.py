@@ -186,7 +186,9 @@ class LookupHTTPAPI(HTTPAPI):
         if not sync.isdigit():
             raise Err(400, "INVALID_ARG_TOPIC_SYNC_DISK")
         try:
-            self.lookupd.coordinator.create_topic(topic, *counts, sync_every=int(sync))
+            self.lookupd.coordinator.create_topic(
+                topic, *counts, sync_every=int(sync),
+                ordered=values.get("orderedmulti", [""])[0] == "true")
         except TopicExists:
             raise Err(400, "TOPIC_EXISTS") from None
         except ValueError as err:  # fewer live nodes than replicas

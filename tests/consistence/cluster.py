@@ -183,13 +183,17 @@ class Client:
         self.send(b"PUB %s %d\n" % (topic.encode(), partition) + struct.pack(">I", len(body)) + body)
         return self.response()
 
-    def message(self):
+    def message_frame(self):
+        """The next message frame's data, undecoded (heartbeats answered)."""
         while True:
             kind, data = self.frame()
             if kind == p.FRAME_TYPE_MESSAGE:
-                return p.decode_message(data)
+                return data
             if data == p.HEARTBEAT:
                 self.send(p.nop())
+
+    def message(self):
+        return p.decode_message(self.message_frame())
 
     def consume(self, topic, channel, count):
         """SUB, then `count` messages (each FINished): their bodies."""

@@ -114,12 +114,7 @@ class Consumer(threading.Thread):
                     client.close()
 
     def _take(self, client):
-        while True:
-            kind, data = client.frame()
-            if kind == p.FRAME_TYPE_MESSAGE:
-                break
-            if data == p.HEARTBEAT:
-                client.send(p.nop())
+        data = client.message_frame()
         if self.ordered:
             m = decode_message(data, detail=True)
             self._check_order(decode_message_id(m.id)[1], m.body)

@@ -13,6 +13,7 @@ import pytest
 from nsqshm import protocol as p
 from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import Topology
+from nsqshm.youzan.frames import decode_message
 from tests.consistence.cluster import Client, Cluster
 from tests.consistence.etcd_server import ETCD
 from tests.consistence.netns import available
@@ -119,6 +120,21 @@ def channel_cursor(node, topic, channel, partition=0):
     return None
 
 
+def publish_and_hold(leader, bodies, count, kept):
+    """PUB bodies ("m%04d") to orders, then a consumer of channel audit takes the
+    first `count` and FINs all but those numbered in `kept`: -> the consumer."""
+    publish(leader, "orders", bodies)
+    client = Client(leader)
+    client.send(p.sub("orders", "audit"))
+    assert client.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    client.send(p.rdy(count))
+    for _ in range(count):
+        m = client.message()
+        if int(m.body[1:]) not in kept:
+            client.send(p.fin(m.id))
+    return client
+
+
 @pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
 def test_a_new_leader_resumes_the_channel_where_the_old_one_was(make_cluster, workers):
     """The leader sends its channels' cursors to the followers (rpc CURSORS): after
@@ -129,16 +145,8 @@ def test_a_new_leader_resumes_the_channel_where_the_old_one_was(make_cluster, wo
     leader = cluster.leader("orders")
     followers = [n for n in cluster.nodes if n is not leader]
     bodies = [b"m%04d" % i for i in range(300)]
-    publish(leader, "orders", bodies)
-    client = Client(leader)
-    client.send(p.sub("orders", "audit"))
-    assert client.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
-    client.send(p.rdy(1000))
     kept = {5, *range(100, 120)}  # received, not finished: in flight at the kill
-    for _ in range(120):
-        m = client.message()
-        if int(m.body[1:]) not in kept:
-            client.send(p.fin(m.id))
+    client = publish_and_hold(leader, bodies, 120, kept)
     wait_until(lambda: all(channel_cursor(f, "orders", "audit") == (5, 94) for f in followers),
                10, "the followers' channel takes the leader's cursor")
 
@@ -151,6 +159,36 @@ def test_a_new_leader_resumes_the_channel_where_the_old_one_was(make_cluster, wo
     try:
         assert survivor.consume("orders", "audit", len(want)) == want
         survivor.sock.settimeout(1.0)  # and nothing else: m0000..m0099 but 5 were done
+        with pytest.raises(TimeoutError):
+            survivor.message()
+    finally:
+        survivor.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_a_leader_killed_just_after_fins_redelivers_only_what_was_in_flight(make_cluster,
+                                                                           workers):
+    """The cursors go to the followers within CURSOR_INTERVAL (50 ms) while the
+    partition is busy: a leader SIGKILLed 0.3 s after its consumer's last FIN, with
+    no wait for the followers, leaves a new leader that redelivers what was in
+    flight and nothing the consumer had finished."""
+    cluster = make_cluster(workers)
+    assert cluster.create_topic("orders", 1, 3)[0] == 200
+    leader = cluster.leader("orders")
+    bodies = [b"m%04d" % i for i in range(200)]
+    kept = {7, *range(60, 70)}  # received, not finished: in flight at the kill
+    client = publish_and_hold(leader, bodies, 150, kept)
+    client.send(p.nop())
+    time.sleep(0.3)
+    leader.kill()
+    client.close()
+    new = cluster.leader("orders", not_in=(leader.id,), timeout=20)
+    want = sorted([b"m%04d" % i for i in kept] + bodies[150:])
+    survivor = Client(new)
+    try:
+        got = survivor.consume("orders", "audit", len(want))
+        assert sorted(got) == want
+        survivor.sock.settimeout(1.0)  # and nothing the consumer had finished
         with pytest.raises(TimeoutError):
             survivor.message()
     finally:
@@ -339,7 +377,12 @@ def test_a_cut_off_leader_acknowledges_nothing_then_rejoins_with_the_new_log(mak
     new.kill()
     next(n for n in cluster.nodes if n not in (leader, new)).kill()
     assert cluster.leader("orders", not_in=(new.id,), timeout=20) is leader
-    assert consume_all(leader, "orders", 102) == [*bodies, b"other", b"more"]
+    log = [leader.get_json(f"/message/get?topic=orders&partition=0&search_mode=count"
+                           f"&search_pos={i}")["body"] for i in range(102)]
+    assert log == [b.decode() for b in (*bodies, b"other", b"more")]
+    # the channel goes on where the new leader's consumer left it (its cursor came
+    # with the others' records): only what was published after
+    assert consume_all(leader, "orders", 2) == [b"other", b"more"]
 
 
 def publish_following(cluster, topic, bodies, timeout=30):
@@ -443,3 +486,48 @@ def test_a_leader_stopped_gracefully_hands_off_before_its_lease_runs_out(make_cl
     assert time.monotonic() - stopped_at < 5  # the TTL is 10 s
     publish(new, "orders", [b"after"])
     assert consume_all(new, "orders", 51) == [*bodies, b"after"]
+
+
+def test_an_ordered_topic_made_through_the_lookupd_is_ordered_on_every_node(make_cluster):
+    """POST /topic/create?...&orderedmulti=true on the lookupd: TopicMeta's
+    OrderedMulti in etcd, so every node makes the topic ordered (a plain SUB gets
+    E_SUB_ORDER_IS_MUST, a PUB without a partition E_BAD_PARTITION), and its
+    SUB_ORDERED consumer gets the partition in order, after a failover too."""
+    cluster = make_cluster()
+    assert cluster.create_topic("seq", 1, 3, extra="&orderedmulti=true")[0] == 200
+    leader = cluster.leader("seq")
+    wait_until(lambda: all(n.log_topic_specs().get("seq", {}).get("ordered") for n in cluster.nodes),
+               10, "the topic ordered on every node")
+    c = Client(leader)
+    c.send(p.sub("seq", "ch"))
+    assert c.response() == (p.FRAME_TYPE_ERROR,
+                            b"E_SUB_ORDER_IS_MUST this topic is configured only allow ordered sub")
+    c.close()
+    c = Client(leader)
+    c.send(p.pub("seq", b"x"))
+    assert c.response() == (p.FRAME_TYPE_ERROR,
+                            b"E_BAD_PARTITION topic partition is not valid for multi partition: -1")
+    c.close()
+    bodies = [b"s%03d" % i for i in range(30)]
+    publish(leader, "seq", bodies)
+    c = Client(leader)
+    c.send(b"SUB_ORDERED seq ch 0\n")
+    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    c.send(p.rdy(10))
+    for want in bodies[:10]:
+        m = decode_message(c.message_frame(), detail=True)
+        assert m.body == want
+        c.send(p.fin(m.id))
+    time.sleep(0.3)  # (the cursor reaches the followers within 50 ms)
+    leader.kill()
+    c.close()
+    new = cluster.leader("seq", not_in=(leader.id,), timeout=20)
+    c = Client(new)
+    c.send(b"SUB_ORDERED seq ch 0\n")
+    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    c.send(p.rdy(10))
+    for want in bodies[10:]:
+        m = decode_message(c.message_frame(), detail=True)
+        assert m.body == want
+        c.send(p.fin(m.id))
+    c.close()

@@ -368,3 +368,57 @@ def test_lanes_go_at_a_graceful_stop_and_consumption_goes_on(nsqd_factory, tmp_p
     c1 = _sub(again, b"SUB lt ch 1\n")
     assert sorted(m.body for m in take(c1, 3)) == [b"m1-%d" % i for i in range(2, 5)]
     assert nothing_more(c1)
+
+
+# -- ordered topics (Youzan's orderedmulti) --------------------------------------------------
+
+
+def test_an_ordered_topic_takes_sub_ordered_and_pubs_to_a_partition_only(nsqd_factory, tmp_path):
+    """POST /topic/create?...&orderedmulti=true: a plain SUB or SUB_ADVANCED is
+    refused with Youzan's E_SUB_ORDER_IS_MUST (fatal), a PUB or MPUB without a
+    partition with E_BAD_PARTITION (HTTP: 400 INVALID_PARTITION): the publisher
+    keeps its order by naming the partition.  SUB_ORDERED consumes it, in order.
+    The flag is kept across a restart, and shows in /stats."""
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    create(server, "ot", 2, "&orderedmulti=true")
+    create(server, "plain", 2)
+    for line, answer in [
+            (b"SUB ot ch\n", b"E_SUB_ORDER_IS_MUST this topic is configured only allow ordered sub"),
+            (b"SUB ot ch 0\n", b"E_SUB_ORDER_IS_MUST this topic is configured only allow ordered sub"),
+            (b"SUB_ADVANCED ot ch 0 special:-1\n",
+             b"E_SUB_ORDER_IS_MUST this topic is configured only allow ordered sub"),
+            (p.pub("ot", b"x"),
+             b"E_BAD_PARTITION topic partition is not valid for multi partition: -1"),
+            (p.mpub("ot", [b"x", b"y"]),
+             b"E_BAD_PARTITION topic partition is not valid for multi partition: -1")]:
+        c = Client(server)
+        c.send(line)
+        assert c.response() == (p.FRAME_TYPE_ERROR, answer), line
+        c.sock.settimeout(5)
+        assert c.sock.recv(1) == b"", line  # fatal: closed
+        c.close()
+    status, body = server.post("/pub?topic=ot", b"x")
+    assert status == 400 and b"INVALID_PARTITION" in body, (status, body)
+    assert server.post("/pub?topic=plain", b"x")[0] == 200  # (not ordered: any partition)
+    _publish(server, "ot", 1, 5)
+    assert server.post("/pub?topic=ot&partition=1", b"m1-5")[0] == 200
+    c = _sub(server, b"SUB_ORDERED ot ch 1\n", identify={"msg_timeout": 5000})
+    got = []
+    for _ in range(6):
+        m = c.message()
+        got.append(m.body[12:])  # (a SUB_ORDERED frame: offset and raw size first)
+        c.send(p.fin(m.id))
+    assert got == [b"m1-%d" % i for i in range(6)]
+    c.close()
+    topics = {t["topic_name"]: t for t in stats(server)["topics"]}
+    assert topics["ot"]["ordered"] is True and topics["plain"]["ordered"] is False
+    assert server.stop() == 0
+    again = nsqd_factory(data_path=data, prefix=server.prefix)
+    c = Client(again)
+    c.send(p.sub("ot", "ch"))
+    assert c.response() == (p.FRAME_TYPE_ERROR,
+                            b"E_SUB_ORDER_IS_MUST this topic is configured only allow ordered sub")
+    c.close()
+    assert {t["topic_name"]: t["ordered"] for t in stats(again)["topics"]}["ot"] is True

@@ -113,7 +113,8 @@ def test_create_validates_and_persists(nsqd_factory, tmp_path):
         (400, b'{"message":"TOPIC_EXISTS_WITH_OTHER_PARTITION_NUM"}')
     with open(tmp_path / "nsqshm.logtopics.json") as f:
         assert json.load(f)["topics"] == [{"name": "lt", "partition_num": 4, "retention_days": 3,
-                                           "retention_bytes": 1000000, "sync_every": 0}]
+                                           "retention_bytes": 1000000, "sync_every": 0,
+                                           "ordered": False}]
     t = stats(server, "lt")
     assert [(x["partition"], x["start_offset"], x["end_offset"]) for x in t["partitions"]] == \
         [(i, 0, 0) for i in range(4)]
