@@ -68,12 +68,14 @@ class LookupdCoordinator:
 
     # -- topics -----------------------------------------------------------------------
 
-    def create_topic(self, topic, partition_num, replicator, sync_every=0, ordered=False):
+    def create_topic(self, topic, partition_num, replicator, sync_every=0, ordered=False,
+                     ext=False):
         """The topic's meta and partitions in etcd, placed on the live nodes.  ValueError
         (not enough nodes, bad counts), TopicExists, CoordinationError.  -> placement.
-        ordered: Youzan's orderedmulti (SUB_ORDERED only, PUB by partition)."""
+        ordered: Youzan's orderedmulti (SUB_ORDERED only, PUB by partition); ext: its
+        extend (messages with headers)."""
         meta = TopicMeta(partition_num=partition_num, replica=replicator, sync_every=sync_every,
-                         ordered_multi=ordered)
+                         ordered_multi=ordered, ext=ext)
         placement = self.topology.create_topic_on_live_nodes(topic, meta)
         self.logf("info", f"cluster: topic {topic} created: {partition_num} partitions x "
                           f"{replicator} replicas on {placement}")

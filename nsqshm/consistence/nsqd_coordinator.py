@@ -197,7 +197,8 @@ class NsqdCoordinator:
                 meta = self.topology.topic_meta(name)
             except TopicNotFound:
                 continue  # deleted meanwhile
-            self.host.ensure_topic(name, len(states), meta.sync_every, meta.ordered_multi)
+            self.host.ensure_topic(name, len(states), meta.sync_every, meta.ordered_multi,
+                                   meta.ext)
             for state in mine:
                 key = (name, state.partition)
                 if key in self.roles:

@@ -19,6 +19,7 @@ import zlib
 
 from nsqshm._core.commitlog import PartitionLog
 from nsqshm._core.logcursor import window_offsets
+from nsqshm.nsqd.ext import make_ext
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.partition import MAX_RECORD
 from nsqshm.nsqd.topic import TopicError
@@ -98,11 +99,15 @@ class ReplicaHost:
     def workers(self):
         return self.nsqd.nworkers
 
-    def ensure_topic(self, name, partition_num, sync_every=0, ordered=False):
+    def ensure_topic(self, name, partition_num, sync_every=0, ordered=False, ext=False):
         """The log topic on every worker of this node (as POST /topic/create would);
-        sync_every: the topic's syncdisk; ordered: its orderedmulti."""
-        return self.nsqd.create_log_topic(name, partition_num, sync_every=sync_every,
-                                          ordered=ordered)
+        sync_every: the topic's syncdisk; ordered: its orderedmulti; ext: made ext
+        (headers), as /topic/create?ext=true makes it."""
+        topic = self.nsqd.create_log_topic(name, partition_num, sync_every=sync_every,
+                                           ordered=ordered)
+        if ext and not topic.ext:
+            make_ext(self.nsqd, topic)
+        return topic
 
     def partition(self, name, index):
         """The Partition if its log is owned by this worker, else None."""

@@ -20,6 +20,7 @@ from nsqshm.consistence.errors import CoordinationError, InvalidName, TopicExist
 from nsqshm.consistence.lookupd_coordinator import MAX_REPLICATOR
 from nsqshm.consistence.topology import MAX_PARTITIONS, NODE_ID
 from nsqshm.httpserver import HTTPServer
+from nsqshm.nsqd.ext import wants_ext
 from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqlookupd.registration_db import filter_by_active, filter_registrations, keys, subkeys
@@ -188,7 +189,8 @@ class LookupHTTPAPI(HTTPAPI):
         try:
             self.lookupd.coordinator.create_topic(
                 topic, *counts, sync_every=int(sync),
-                ordered=values.get("orderedmulti", [""])[0] == "true")
+                ordered=values.get("orderedmulti", [""])[0] == "true",
+                ext=wants_ext(values))
         except TopicExists:
             raise Err(400, "TOPIC_EXISTS") from None
         except ValueError as err:  # fewer live nodes than replicas

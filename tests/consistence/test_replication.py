@@ -13,6 +13,7 @@ import pytest
 from nsqshm import protocol as p
 from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import Topology
+from nsqshm.youzan import client as youzan
 from nsqshm.youzan.frames import decode_message
 from tests.consistence.cluster import Client, Cluster
 from tests.consistence.etcd_server import ETCD
@@ -530,4 +531,34 @@ def test_an_ordered_topic_made_through_the_lookupd_is_ordered_on_every_node(make
         m = decode_message(c.message_frame(), detail=True)
         assert m.body == want
         c.send(p.fin(m.id))
+    c.close()
+
+
+def test_an_ext_topic_made_through_the_lookupd_carries_headers_on_every_node(make_cluster):
+    """POST /topic/create?...&ext=true on the lookupd: TopicMeta's Ext in etcd, so
+    every node makes the log topic ext: PUB_EXT's headers are replicated with the
+    body, and after a failover the new leader delivers them to an extend_support
+    consumer."""
+    cluster = make_cluster()
+    assert cluster.create_topic("hx", 1, 3, extra="&ext=true")[0] == 200
+    leader = cluster.leader("hx")
+    wait_until(lambda: all([t.get("is_ext") for t in
+                            n.get_json("/stats?format=json&topic=hx")["topics"] or ()
+                            if t["topic_name"] == "hx"] == [True] for n in cluster.nodes),
+               10, "the topic ext on every node")
+    c = Client(leader)
+    c.send(youzan.pub_ext("hx", 0, b'{"k":"v"}', b"with headers"))
+    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    c.close()
+    follower = next(n for n in cluster.nodes if n is not leader)
+    wait_until(lambda: follower.end_offset("hx") == 1, 10, "the record on a follower")
+    leader.kill()
+    new = cluster.leader("hx", not_in=(leader.id,), timeout=20)
+    c = Client(new)
+    c.send(youzan.identify(extend_support=True))
+    assert c.response()[0] == p.FRAME_TYPE_RESPONSE
+    c.send(p.sub("hx", "ch") + p.rdy(1))
+    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    m = decode_message(c.message_frame(), ext=True)
+    assert (m.headers, m.body) == (b'{"k":"v"}', b"with headers")
     c.close()
