@@ -30,6 +30,7 @@ SUITES = {
     "headers": "nsqshm.bench.headers",
     "logtopic": "nsqshm.bench.logtopic",
     "commitlog": "nsqshm.bench.commitlog",
+    "replication": "nsqshm.bench.replication",
 }
 
 # the server line of a suite with SERVER = False

@@ -1,7 +1,8 @@
 """Replicated publish (issue 17) against a standalone log topic, in the same run:
 
-    python -m nsqshm.bench.replication [--seconds 3] [--size 200] [--batch 20]
-                                       [--connections 4] [--workers 1]
+    nsqshm bench replication [--runs 3] [--seconds 3] [--size 200] [--batch 20]
+                             [--connections 4] [--workers 1] [--out bench]
+    python -m nsqshm.bench.replication ...   (the same, printed; --json)
 
 Starts a real etcd (Debian's etcd-server) on 127.0.0.1, an nsqlookupd and three nsqd
 in cluster mode on distinct loopback addresses (127.0.0.2-4, as three hosts without
@@ -31,8 +32,11 @@ import urllib.request
 from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import Topology
 
+from .common import medians
 from .server import LISTEN, start_nsqshm
 
+TITLE, ISSUE = "Replicated publish: replicator 1, 2 and 3 (issue 17)", "17"
+HELP = "replicated log topics: publish msg/s, p50/p99 with replicator 1, 2, 3 (issue 17)"
 RPC_PORT = 4250
 ETCD = shutil.which("etcd")
 
@@ -167,18 +171,17 @@ def pct(sorted_values, q):
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=3.0)
+def add_arguments(ap):
+    ap.add_argument("--seconds", type=float, default=3.0, help="each case's length")
     ap.add_argument("--size", type=int, default=200)
-    ap.add_argument("--batch", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=20, help="messages per MPUB")
     ap.add_argument("--connections", type=int, default=4)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    if ETCD is None:
-        print("etcd is not installed (scripts/setup.sh installs Debian's etcd-server)")
-        return 1
+    ap.add_argument("--workers", type=int, default=1, help="workers per nsqd")
+
+
+def measure(args):
+    """One round: the standalone log topic, then replicator 1, 2 and 3, each on a
+    fresh cluster's topic: {case: row}."""
     data = tempfile.mkdtemp(prefix="nsqshm-bench-repl-")
     procs, targets = [], []
     try:
@@ -205,8 +208,8 @@ def main(argv=None):
         for r in (1, 2, 3):
             leader = create_replicated(lookupd_http, f"rep{r}", r)
             results[f"replicator {r}"] = load(leader, f"rep{r}", args)
-            # a follower that lagged past the ISR timeout was dropped: then the figure
-            # is not replicated publishing any more
+            # a follower dropped from the ISR meanwhile: the figure would then not be
+            # replicated publishing any more (printed, so a reader sees it)
             isr_sizes[f"replicator {r}"] = len(topology.partition(f"rep{r}", 0).replicas.isr)
         session.close()
     finally:
@@ -217,22 +220,101 @@ def main(argv=None):
             p.wait()
         shutil.rmtree(data, ignore_errors=True)
     base, one = results["standalone"][0], results["replicator 1"][0]
-    rows = {name: {"msgs_per_s": rate, "p50_ms": pct(lat, 0.5) * 1e3,
+    return {name: {"msgs_per_s": rate, "p50_ms": pct(lat, 0.5) * 1e3,
                    "p99_ms": pct(lat, 0.99) * 1e3, "ratio_to_replicator_1": rate / one,
                    "ratio_to_standalone": rate / base, "isr_at_end": isr_sizes.get(name, 1)}
             for name, (rate, lat) in results.items()}
+
+
+def combine(rounds):
+    """Per case, the medians of the rounds (ratios: the median of each round's own);
+    the ISR at the end: the smallest seen."""
+    out = {}
+    for name in rounds[0]:
+        rows = [r[name] for r in rounds]
+        out[name] = {**medians(rows), "isr_at_end": min(r["isr_at_end"] for r in rows)}
+    return out
+
+
+def lines(res):
+    p = res["params"]
+    out = [f"MPUB of {p['batch']} x {p['size']} B, {p['connections']} connections, "
+           f"{p['seconds']:g} s each, {p['workers']} worker(s) per nsqd, one partition, "
+           f"median of {p['rounds']} round(s)",
+           f"  {'':14s} {'msg/s':>10s} {'p50 batch':>10s} {'p99 batch':>10s} "
+           f"{'/ repl. 1':>9s} {'/ standalone':>12s} {'ISR at end':>10s}"]
+    for name, row in res["cases"].items():
+        out.append(f"  {name:14s} {row['msgs_per_s']:10.0f} {row['p50_ms']:8.2f}ms "
+                   f"{row['p99_ms']:8.2f}ms {row['ratio_to_replicator_1']:9.2f} "
+                   f"{row['ratio_to_standalone']:12.2f} {row['isr_at_end']:10d}")
+    return out
+
+
+def run(ctx):
+    a = ctx.args
+    if ETCD is None:
+        return {"skipped": "etcd is not installed (scripts/setup.sh installs etcd-server)"}
+    if getattr(a, "nsqd_tcp_address", None):
+        return {"skipped": "starts its own cluster of nsqshm nodes"}
+    rounds = []
+    for _ in range(ctx.runs()):
+        ctx.settle()
+        rounds.append(measure(a))
+    res = {"params": {"batch": a.batch, "size": a.size, "connections": a.connections,
+                      "seconds": a.seconds, "workers": a.workers, "rounds": len(rounds)},
+           "cases": combine(rounds), "rounds": rounds}
+    for line in lines(res):
+        ctx.say(line)
+    return res
+
+
+def render(res):
+    p = res["params"]
+    out = [f"MPUB batches of {p['batch']} x {p['size']} B from {p['connections']} connections "
+           f"(each waits for its OK), {p['seconds']:g} s per case, to a one-partition topic's "
+           f"leader; three nsqd in cluster mode on 127.0.0.2-4 with a real etcd, "
+           f"{p['workers']} worker(s) each; medians of {p['rounds']} round(s), each on a "
+           f"fresh cluster.", "",
+           "| | msg/s | p50 batch | p99 batch | / replicator 1 | / standalone | ISR at end |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, row in res["cases"].items():
+        out.append(f"| {name} | {row['msgs_per_s']:,.0f} | {row['p50_ms']:.2f} ms | "
+                   f"{row['p99_ms']:.2f} ms | {row['ratio_to_replicator_1']:.2f} | "
+                   f"{row['ratio_to_standalone']:.2f} | "
+                   f"{row['isr_at_end'] if name != 'standalone' else ''} |")
+    out += ["", "The ISR column is the smallest seen at the end of a round: every follower "
+            "stayed in it, so every figure is of replicated publishing."]
+    return out
+
+
+def targets(res):
+    """Issue 17 names no target: the ratios to replicator 1, shown in the table."""
+    rows = []
+    for r in (2, 3):
+        row = res["cases"][f"replicator {r}"]
+        rows.append(("17", f"publish msg/s, replicator {r} / replicator 1 (p99 batch)", "-",
+                     f"{row['ratio_to_replicator_1']:.2f} ({row['p99_ms']:.2f} ms)", None))
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(ap)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if ETCD is None:
+        print("etcd is not installed (scripts/setup.sh installs Debian's etcd-server)")
+        return 1
+    rounds = [measure(args) for _ in range(args.runs)]
+    res = {"params": {"batch": args.batch, "size": args.size, "connections": args.connections,
+                      "seconds": args.seconds, "workers": args.workers, "rounds": len(rounds)},
+           "cases": combine(rounds)}
     if args.json:
-        json.dump(rows, sys.stdout, indent=1)
+        json.dump(res, sys.stdout, indent=1)
         print()
         return 0
-    print(f"MPUB of {args.batch} x {args.size} B, {args.connections} connections, "
-          f"{args.seconds:g} s each, {args.workers} worker(s) per nsqd, one partition")
-    print(f"  {'':14s} {'msg/s':>10s} {'p50 batch':>10s} {'p99 batch':>10s} "
-          f"{'/ repl. 1':>9s} {'/ standalone':>12s} {'ISR at end':>10s}")
-    for name, row in rows.items():
-        print(f"  {name:14s} {row['msgs_per_s']:10.0f} {row['p50_ms']:8.2f}ms "
-              f"{row['p99_ms']:8.2f}ms {row['ratio_to_replicator_1']:9.2f} "
-              f"{row['ratio_to_standalone']:12.2f} {row['isr_at_end']:10d}")
+    print("\n".join(lines(res)))
     return 0
 
 

@@ -14,11 +14,12 @@
         looks at the cursors every CURSOR_INTERVAL; after a quiet ACTIVE_SPAN
         every IDLE_CURSOR_WAIT, so an idle broker does not spin
     monitor (every MONITOR_INTERVAL):
-        an ISR follower behind the leader's end for longer than lag_timeout (dead,
-        cut off, slow) is moved out of the ISR in etcd (epoch bumped): the PUBs that
-        waited for it are answered; a catch-up replica that reached the end joins the
-        ISR (while it joins, PUBs wait for it too, so it has every message acked
-        after it is in).
+        an ISR follower that has not caught up (held everything the leader's log
+        held at some moment) for longer than lag_timeout (dead, cut off, slow) is
+        moved out of the ISR in etcd (epoch bumped): the PUBs that waited for it are
+        answered; a catch-up replica caught up in the last JOIN_FRESH joins the ISR:
+        PUBs wait for it from then on, and once it has the log's end as it was then
+        (within JOIN_WAIT) it holds every message acknowledged, and goes in.
     move (an operator's MoveRequest in etcd, or a graceful stop):
         the new replica joins the catch-up list and, once it has caught up, the
         ISR; then the old one leaves the replicas, or, for the leadership, the
@@ -53,6 +54,8 @@ from nsqshm.nsqd.replica import NotLeader
 
 BATCH_BYTES = MAX_RECORD + 4 + (2 << 20)  # the largest record fits, with room for more
 MONITOR_INTERVAL = 0.2
+JOIN_FRESH = 0.5  # s: a catch-up replica caught up this recently is tried for the ISR
+JOIN_WAIT = 1.0  # s: how long PUBs may wait for a joining replica to take the end
 RETRY = 0.3
 CURSOR_INTERVAL = 0.05  # s: cursors go at most this often while the partition is busy
 ACTIVE_SPAN = 1.0  # s: busy for this long after an append sent or a cursor move
@@ -78,7 +81,11 @@ class PartitionLeader:
         self.me = coordinator.node.id
         self.lag_timeout = coordinator.lag_timeout
         self.acked = {}  # node ID -> end offset it acknowledged
-        self.behind_since = {}  # node ID -> monotonic time it was first seen behind
+        # node ID -> the last monotonic time it held everything the leader's log held
+        # then (an ACK of a frame that took the log to its end as read at that time, or
+        # an ACK equal to the end): under steady PUBs a follower is nearly always a
+        # frame behind the end, so "behind at the check" would drop a healthy one
+        self.caught_up = {}
         self.joining = None  # a catch-up node moving into the ISR: PUBs wait for it too
         self.fenced = None  # why this leader may acknowledge nothing more
         self.handing_off = None  # the node it hands its leadership to: writes refused
@@ -193,6 +200,7 @@ class PartitionLeader:
         while self.fenced is None:
             client = None
             sent = {}  # channel -> the cursor last sent on this connection
+            covers, covers_at = -1, 0.0  # the last frame that reached the log's end
             next_cursors = 0.0
             busy_until = 0.0  # a busy partition's cursors are looked at often
             try:
@@ -207,9 +215,14 @@ class PartitionLeader:
                         return
                     if status == rpc.UNKNOWN:
                         raise rpc.RPCError(f"{node} has no {topic}-{index} yet")
+                    seen_at = time.monotonic()
                     leader_end = host.end_offset(self.partition)
                     if end > leader_end:  # (it grew since the probe: not from us)
                         raise rpc.RPCError(f"{node}'s log ends at {end}, past {leader_end}")
+                    if end == leader_end:
+                        self.caught_up[node] = seen_at
+                    elif end >= covers:  # the frame took it to the end as read at covers_at
+                        self.caught_up[node] = max(self.caught_up.get(node, 0.0), covers_at)
                     if self.acked.get(node) != end:
                         self.acked[node] = end
                         self._notify()
@@ -232,9 +245,11 @@ class PartitionLeader:
                     busy_until = now + ACTIVE_SPAN  # records to send: consumers follow
                     buf = _take_buffer()  # only while a batch is on the wire
                     try:
-                        _, nbytes, _ = host.read(self.partition, end, buf, BATCH_BYTES)
+                        _, nbytes, after = host.read(self.partition, end, buf, BATCH_BYTES)
                         if not nbytes:  # (cannot happen: a batch holds the largest record)
                             raise rpc.RPCError(f"record {end} larger than a batch")
+                        if after >= leader_end:
+                            covers, covers_at = after, seen_at
                         status, end, _ = client.append(
                             rpc.encode_append(topic, index, self.epoch, end, nbytes),
                             memoryview(buf)[:nbytes])
@@ -428,22 +443,40 @@ class PartitionLeader:
         for node in replicas.isr:
             if node == self.me:
                 continue
-            if self.acked.get(node, 0) >= end:
-                self.behind_since.pop(node, None)
+            since = self.caught_up.setdefault(node, now)  # (a new leader's grace)
+            if self.acked.get(node, 0) >= end or now - since <= self.lag_timeout:
                 continue
-            since = self.behind_since.setdefault(node, now)
-            if now - since > self.lag_timeout:
-                self.coordinator.logf("warn", f"{self._name}: {node} is {end - self.acked.get(node, 0)} "
-                                              f"behind for {now - since:.1f}s: out of the ISR")
-                self.set_state(leadership.shrink_isr(self.state, node))
-                self.behind_since.pop(node, None)
-                return
+            self.coordinator.logf("warn", f"{self._name}: {node} is {end - self.acked.get(node, 0)} "
+                                          f"behind, not caught up for {now - since:.1f}s: "
+                                          f"out of the ISR")
+            self.set_state(leadership.shrink_isr(self.state, node))
+            return
         for node in replicas.catchup:
-            if self.acked.get(node, -1) >= end:
-                self.joining = node  # from here on PUBs wait for it too
-                try:
-                    self.set_state(leadership.expand_isr(self.state, node))
-                finally:
-                    self.joining = None
-                self.coordinator.logf("info", f"{self._name}: {node} caught up: in the ISR")
-                return
+            if now - self.caught_up.get(node, -JOIN_FRESH - 1) > JOIN_FRESH:
+                continue
+            # from here on PUBs wait for it too; once it has the end as it is now it
+            # holds every message acknowledged before (within JOIN_WAIT, else PUBs go on
+            # without it and it is tried again)
+            self.joining = node
+            try:
+                if not self._wait_acked(node, self.coordinator.host.end_offset(self.partition),
+                                        JOIN_WAIT):
+                    continue
+                self.set_state(leadership.expand_isr(self.state, node))
+            finally:
+                self.joining = None
+            self.coordinator.logf("info", f"{self._name}: {node} caught up: in the ISR")
+            return
+
+    def _wait_acked(self, node, end, timeout):
+        """Wait until node has acknowledged `end` (False: not within timeout, or fenced)."""
+        deadline = time.monotonic() + timeout
+        wake = self._wakes.get(node)
+        if wake is not None:
+            wake.set()
+        while self.acked.get(node, -1) < end:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.fenced is not None:
+                return False
+            self._progress.wait(left)
+        return True
