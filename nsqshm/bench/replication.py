@@ -282,8 +282,12 @@ def render(res):
                    f"{row['p99_ms']:.2f} ms | {row['ratio_to_replicator_1']:.2f} | "
                    f"{row['ratio_to_standalone']:.2f} | "
                    f"{row['isr_at_end'] if name != 'standalone' else ''} |")
-    out += ["", "The ISR column is the smallest seen at the end of a round: every follower "
-            "stayed in it, so every figure is of replicated publishing."]
+    short = [f"replicator {r}" for r in (2, 3)
+             if res["cases"][f"replicator {r}"]["isr_at_end"] < r]
+    out += ["", "The ISR column is the smallest seen at the end of a round: "
+            + ("every follower stayed in it, so every figure is of replicated publishing."
+               if not short else f"a follower left it in {', '.join(short)}: that figure is "
+               f"partly of publishing no longer replicated to it.")]
     return out
 
 
