@@ -54,6 +54,7 @@ from nsqshm.nsqd.replica import NotLeader
 
 BATCH_BYTES = MAX_RECORD + 4 + (2 << 20)  # the largest record fits, with room for more
 MONITOR_INTERVAL = 0.2
+MAX_TOMBSTONES = 1024  # deleted channel names kept per partition (the rest forgotten)
 JOIN_FRESH = 0.5  # s: a catch-up replica caught up this recently is tried for the ISR
 JOIN_WAIT = 1.0  # s: how long PUBs may wait for a joining replica to take the end
 RETRY = 0.3
@@ -91,7 +92,10 @@ class PartitionLeader:
         self.handing_off = None  # the node it hands its leadership to: writes refused
         self.cursors_synced = {}  # node ID -> when it last held every cursor (monotonic)
         self._channels = set()  # the durable channels at the last cursor send
-        self._deleted = set()  # channels deleted here since this leader began (tombstones)
+        # channels deleted on this partition's leaders (tombstones), kept in etcd so
+        # that a follower that missed a deletion hears of it from the next leader too
+        self._deleted = self._load_deleted()
+        self._deleted_kept = set(self._deleted)
         self._moving = None  # the create_revision of the MoveRequest being carried out
         self._progress = gevent.event.Event()  # set (and replaced) at each ack or change
         self._wakes = {}  # node ID -> Event: wakes its sender at an append
@@ -265,6 +269,27 @@ class PartitionLeader:
                     client.close()
             gevent.sleep(RETRY)
 
+    def _load_deleted(self):
+        try:
+            return self.coordinator.topology.deleted_channels(self.partition.topic.name,
+                                                              self.partition.index)
+        except CoordinationError as err:
+            self.coordinator.logf("warn", f"{self._name}: deleted channels not read: {err}")
+            return set()
+
+    def _keep_deleted(self):
+        """The tombstones into etcd when they changed (at most MAX_TOMBSTONES)."""
+        if self._deleted == self._deleted_kept:
+            return
+        if len(self._deleted) > MAX_TOMBSTONES:
+            self._deleted = set(sorted(self._deleted)[:MAX_TOMBSTONES])
+        try:
+            self.coordinator.topology.set_deleted_channels(
+                self.partition.topic.name, self.partition.index, self._deleted)
+            self._deleted_kept = set(self._deleted)
+        except CoordinationError as err:  # (tried again at the next send)
+            self.coordinator.logf("info", f"{self._name}: deleted channels not kept: {err}")
+
     def _send_cursors(self, client, sent, node):
         """The cursors that moved since `sent` (this connection's last), in one
         CURSORS frame: the ACK's status, or None when none moved."""
@@ -279,6 +304,7 @@ class PartitionLeader:
         names = set(states)
         self._deleted = (self._deleted | (self._channels - names)) - names
         self._channels = names
+        self._keep_deleted()
         moved = [name for name, state in states.items() if sent.get(name) != state]
         deleted = [name for name in self._deleted if sent.get(name) is not _DELETED]
         if not moved and not deleted:

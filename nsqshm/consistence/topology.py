@@ -10,6 +10,9 @@ v3 API instead of v2):
         Topics/<topic>/<partition>/LeaderSession  LeaderSession JSON, on the leader's lease
         Topics/<topic>/<partition>/MoveRequest    nsqshm's: MoveRequest JSON, an operator's
                                                   move the partition's leader carries out
+        Topics/<topic>/DeletedChannels/<partition>  nsqshm's: {"Channels": [...]}, the
+                                                  channels its leaders deleted (outside the
+                                                  partition's prefix: no role watch fires)
 
 A partition's **epoch** is the mod_revision of its ReplicaInfo key, as Youzan's is
 the key's ModifiedIndex: every change of leader or ISR is a compare-and-set on it, so
@@ -235,6 +238,9 @@ class Keys:
     def move_request(self, topic, partition):
         return self.partition(topic, partition) + "MoveRequest"
 
+    def deleted_channels(self, topic, partition):
+        return self.topic(topic) + "DeletedChannels/" + str(check_partition(partition))
+
 
 class Topology:
     """Reads and writes the layout above through one EtcdSession."""
@@ -352,6 +358,27 @@ class Topology:
         if replicas is None:
             raise TopicNotFound(f"{topic} partition {partition}")
         return PartitionState(topic, partition, replicas, session, revision, move)
+
+    # -- channels deleted on a partition's leader (replicator.py) ------------------------
+
+    def deleted_channels(self, topic, partition):
+        """The channel names the partition's leaders deleted (valid names only)."""
+        kv = self.session.get(self.keys.deleted_channels(topic, partition))
+        if kv is None:
+            return set()
+        try:
+            names = json.loads(kv.value)["Channels"]
+        except (ValueError, KeyError, TypeError):
+            return set()  # (not one of ours: ignored, as an unknown key)
+        return {n for n in names if isinstance(n, str) and is_valid_name(n)} \
+            if isinstance(names, list) else set()
+
+    def set_deleted_channels(self, topic, partition, names):
+        key = self.keys.deleted_channels(topic, partition)
+        if names:
+            self.session.put(key, json.dumps({"Channels": sorted(names)}))
+        else:
+            self.session.delete(key)
 
     # -- moves (an operator's, carried out by the partition's leader) ------------------
 

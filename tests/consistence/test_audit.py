@@ -38,7 +38,7 @@ pytestmark = [
 ]
 
 SOAK_SECONDS = float(os.environ.get("NSQSHM_AUDIT_SECONDS", "120"))
-SHORT_SECONDS = 20.0
+SHORT_SECONDS = 12.0
 TOPIC = "jepsen"
 
 
@@ -187,8 +187,15 @@ def audit(tmp_path, seconds, seed, workers=1):
         acked = [a for pub in publishers for a in pub.acked]
         wanted = {body for body, _, _ in acked}
         ordered, plain = consumers
-        wait_until(lambda: ordered.next >= total and wanted <= plain.bodies, 60,
-                   "both channels delivered everything acknowledged")
+        try:
+            wait_until(lambda: ordered.next >= total and wanted <= plain.bodies, 60,
+                       "both channels delivered everything acknowledged")
+        except AssertionError as err:
+            raise AssertionError(
+                f"{err}: ordered at {ordered.next} of {total}, plain lacks "
+                f"{len(wanted - plain.bodies)}; leader {leader.id}, ISR "
+                f"{sorted(isr(cluster, TOPIC))}, reconnects {ordered.reconnects} / "
+                f"{plain.reconnects}") from None
         stop.set()
         for c in consumers:
             c.join(10)
@@ -220,6 +227,13 @@ def audit(tmp_path, seconds, seed, workers=1):
         assert not ordered.mismatches, ordered.mismatches[:10]
         assert ordered.next == total  # every offset of the log, each once in order
         assert len(acked) > 0 and faults
+    except BaseException:
+        for node in cluster.nodes:  # what the nodes said went wrong
+            if node.server is not None:
+                said = [line for line in node.server.lines
+                        if "panic" in line or "Traceback" in line or "ERROR" in line]
+                print(f"node {node.id}:", "".join(said[-20:]))
+        raise
     finally:
         stop.set()
         for c in consumers:

@@ -229,6 +229,39 @@ def test_a_channel_deleted_on_the_leader_goes_on_the_followers(make_cluster):
                10, "the channel made again reaches the followers")
 
 
+def test_a_deletion_a_follower_missed_reaches_it_from_the_next_leader(make_cluster):
+    """The leader keeps the names it deleted in etcd (DeletedChannels): a follower
+    down while a channel was deleted, back after the leader itself was lost, hears
+    of the deletion from the new leader and deletes its copy."""
+    cluster = make_cluster()
+    assert cluster.create_topic("trail", 1, 3)[0] == 200
+    leader = cluster.leader("trail")
+    publish(leader, "trail", [b"a"])
+    client = Client(leader)
+    client.send(p.sub("trail", "drop"))
+    assert client.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    client.close()
+    missed, other = [n for n in cluster.nodes if n is not leader]
+    wait_until(lambda: all(channel_cursor(f, "trail", "drop") is not None
+                           for f in (missed, other)), 10, "the followers have the channel")
+    missed.kill()
+    publish(leader, "trail", [b"b"])  # (waits until the leader moved it out of the ISR)
+    req = urllib.request.Request(f"{leader.http}/channel/delete?topic=trail&channel=drop",
+                                 method="POST")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.status == 200
+    wait_until(lambda: channel_cursor(other, "trail", "drop") is None, 10,
+               "the live follower deletes it")
+    leader.kill()
+    new = cluster.leader("trail", not_in=(leader.id,), timeout=20)
+    assert new is other
+    missed.start()
+    assert channel_cursor(missed, "trail", "drop") is not None  # its copy, from its disk
+    wait_until(lambda: missed.id in isr(cluster, "trail"), 20, "it rejoins the ISR")
+    wait_until(lambda: channel_cursor(missed, "trail", "drop") is None, 10,
+               "it deletes the channel the old leader deleted")
+
+
 def test_a_node_delivers_only_the_partitions_it_leads(make_cluster):
     """Three partitions on three nodes, leaders spread: a plain SUB on every node
     (what a lookupd-driven NSQ client does) gets each message once, from its
@@ -367,9 +400,10 @@ def test_a_cut_off_leader_acknowledges_nothing_then_rejoins_with_the_new_log(mak
     publish(new, "orders", [b"other"])
     wait_until(lambda: leader.id not in isr(cluster, "orders"), 10, "the old leader out")
     cluster.hosts.restore(leader.i)
+    # (it registers again in etcd first: its lease ran out while cut off)
     wait_until(lambda: any("diverges at offset 100" in line for line in new.server.lines),
-               15, "the new leader sees the divergence")
-    wait_until(lambda: leader.id in isr(cluster, "orders"), 15, "the old leader rejoins")
+               30, "the new leader sees the divergence")
+    wait_until(lambda: leader.id in isr(cluster, "orders"), 30, "the old leader rejoins")
     publish(new, "orders", [b"more"])
     # whichever worker answers: one that does not own the partition reads the new log
     # too, not the removed one
