@@ -38,7 +38,7 @@ pytestmark = [
 ]
 
 SOAK_SECONDS = float(os.environ.get("NSQSHM_AUDIT_SECONDS", "120"))
-SHORT_SECONDS = 12.0
+SHORT_SECONDS = 8.0
 TOPIC = "jepsen"
 
 
