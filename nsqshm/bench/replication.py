@@ -262,7 +262,9 @@ def run(ctx):
         rounds.append(measure(a))
     res = {"params": {"batch": a.batch, "size": a.size, "connections": a.connections,
                       "seconds": a.seconds, "workers": a.workers, "rounds": len(rounds)},
-           "cases": combine(rounds), "rounds": rounds}
+           "cases": combine(rounds), "rounds": rounds,
+           "server": {"kind": "three nsqshm nodes in cluster mode (127.0.0.2-4, a real etcd, "
+                              "an nsqlookupd) and a standalone nsqshm, fresh per round"}}
     for line in lines(res):
         ctx.say(line)
     return res

@@ -888,7 +888,7 @@ class HTTPAPI:
             self.nsqd.create_log_topic(names[0], values["partition_num"][0],
                                        get("retention_days"), get("retention_bytes"),
                                        values.get("syncdisk", ["0"])[0] or "0",
-                                       values.get("orderedmulti", [""])[0] == "true")
+                                       youzan_http.ordered_multi(values))
         except LogTopicError as err:
             raise Err(err.status, err.code) from None
         return None

@@ -25,7 +25,7 @@ from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqlookupd.registration_db import filter_by_active, filter_registrations, keys, subkeys
 from nsqshm.nsqlookupd.topic_meta import TopicMeta
-from nsqshm.youzan.http import HTTPError
+from nsqshm.youzan.http import HTTPError, ordered_multi
 from nsqshm.youzan.lookup import NO_CHANNEL_FOR_WRITE, lookup_data, lookup_query
 
 GO_ZERO_TIME_UNIX_NANO = -6795364578871345152  # time.Time{}.UnixNano(), overflowed as in Go
@@ -189,7 +189,7 @@ class LookupHTTPAPI(HTTPAPI):
         try:
             self.lookupd.coordinator.create_topic(
                 topic, *counts, sync_every=int(sync),
-                ordered=values.get("orderedmulti", [""])[0] == "true",
+                ordered=ordered_multi(values),
                 ext=wants_ext(values))
         except TopicExists:
             raise Err(400, "TOPIC_EXISTS") from None

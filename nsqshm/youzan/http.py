@@ -41,6 +41,11 @@ def get(query, name):
     return v
 
 
+def ordered_multi(query):
+    """/topic/create's orderedmulti=true (an ordered topic), as doCreateTopic reads it."""
+    return get(query, "orderedmulti") == "true"
+
+
 # --- nsqd: topic, partition and channel arguments (http_api/topic_channel_args.go) ---
 
 def topic_partition_args(query):
@@ -149,7 +154,7 @@ def topic_create(query, require_replicator=True):
         raise HTTPError(400, "INVALID_ARG_TOPIC_RETENTION")
     ext = get(query, "extend") == "true" or get(query, "ext") == "true"
     return TopicCreate(topic, pnum, replicator, load, sync_disk, retention, retention_bytes,
-                       get(query, "orderedmulti") == "true", ext)
+                       ordered_multi(query), ext)
 
 
 # --- GET /message/get ---
