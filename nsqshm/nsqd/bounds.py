@@ -27,7 +27,9 @@ discards:
 
     channel   Channel.put_records (trim_channel): before a batch is stored
               its oldest messages leave the ring (a pop, safe from any
-              worker), then, on the owner, the disk queue's head
+              worker), then, on the owner, the disk queue's head, then
+              the batch's own head (a pump's batch of several publishes can
+              be bigger than the room)
     topic     the owner's pump while the topic holds messages (no channel,
               paused: trim_topic, before it spills to disk); with its pump
               running, messages move on to the channels and their bounds
@@ -40,6 +42,7 @@ emptied for it) and refused by reject, as a publish past max_depth is.
 import os
 
 from nsqshm.nsqd import trace
+from nsqshm.nsqd.backend import skip_records
 
 OVERFLOWS = ("reject", "drop-oldest")
 
@@ -138,13 +141,19 @@ def _reject(topic, channel, policy, count, bound):
     raise QueueFull(f"{what} is full ({bound})")
 
 
-def trim_channel(channel, incoming, incoming_bytes=0):
-    """drop-oldest: make room for `incoming` messages of `incoming_bytes`
-    about to be stored."""
+def trim_channel(channel, packed, count):
+    """drop-oldest: make room for the `count` packed records about to be
+    stored.  When the queue's own messages are not enough (a batch bigger
+    than the room, as a pump's batch of several publishes can be), the
+    batch's own oldest records go too: returns how many of them (the caller
+    skips them; they are traced and counted here)."""
     on_disk = channel.backend.depth
-    _trim(channel, channel.policy, channel.owned, incoming, incoming_bytes, channel_bytes)
+    incoming_bytes = len(packed) - RECORD_SIZE * count
+    skip = _trim(channel, channel.policy, channel.owned, count, incoming_bytes, channel_bytes,
+                 packed)
     if on_disk and channel.owned and not channel.backend.depth:
         channel.ring.disk_backlog = False  # all dropped: nothing left to read there
+    return skip
 
 
 def trim_topic(topic):
@@ -152,19 +161,28 @@ def trim_topic(topic):
     _trim(topic, topic.policy, True, 0, 0, topic_bytes)
 
 
-def _trim(queue, policy, owned, incoming, incoming_bytes, size_of):
-    dropped = 0
+def _trim(queue, policy, owned, incoming, incoming_bytes, size_of, packed=b""):
+    dropped = skip = 0
     if policy.max_depth:
         excess = queue.ring.depth + queue.backend.depth + incoming - policy.max_depth
         if excess > 0:
             dropped = _discard(queue, excess)
             if dropped < excess and owned and queue.backend.depth:
                 dropped += _advance(queue, min(excess - dropped, queue.backend.depth))
+            skip = min(max(0, excess - dropped), incoming)  # (0 < max_depth: some stay)
     if policy.max_bytes:
         excess = size_of(queue) + incoming_bytes - policy.max_bytes
         if excess > 0:
             dropped += _drop_bytes(queue, owned, excess)
-    policy.dropped_count += dropped
+            excess = size_of(queue) + incoming_bytes - policy.max_bytes
+        if excess > 0 and incoming > 1:  # the batch's own head, keeping its newest
+            n, _ = _records_covering(packed, len(packed), excess)
+            skip = max(skip, min(n, incoming - 1))
+    if skip:
+        head = memoryview(packed)[:len(packed) - len(skip_records(packed, skip))]
+        trace.queue_dropped(queue, head, skip, trace.DROP_BOUND)
+    policy.dropped_count += dropped + skip
+    return skip
 
 
 def _drop_bytes(queue, owned, excess):

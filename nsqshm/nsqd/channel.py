@@ -290,8 +290,9 @@ class Channel:
         requeues, timeouts and deferred messages coming due do not count,
         as in nsqd."""
         if self.policy is not None and bounds.drops(self.policy):
-            count = count_packed(packed, len(packed))  # oldest out first
-            bounds.trim_channel(self, count, len(packed) - bounds.RECORD_SIZE * count)
+            skip = bounds.trim_channel(self, packed, count_packed(packed, len(packed)))
+            if skip:  # (oldest out first: the batch's own head too)
+                packed = skip_records(packed, skip)
         _, view = memory_first(self.ring, self.backend, packed, self.mem_limit)
         if view and self.owned:
             if self.ephemeral:  # past the limit: dropped, as nsqd's dummy backend does

@@ -32,6 +32,7 @@ traced channel write logs of their own beside the workers', l<pid>.*
 (tracefiles.py; nsqshm/local/tracing.py), which a search reads too.
 """
 
+import fcntl
 import functools
 import ipaddress
 import json
@@ -166,12 +167,22 @@ def traced(nsqd, topic_name, channel_name=""):
 def set_traced(nsqd, topic_name, channel_name, enable):
     """POST /message/trace/enable|disable: here, persisted, then every worker."""
     _apply(nsqd, topic_name, channel_name, enable)
-    path = os.path.join(_dir(nsqd), SWITCHES)
-    os.makedirs(_dir(nsqd), mode=0o700, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(sorted(switches(nsqd)), f)
-    os.replace(tmp, path)
+    directory = _dir(nsqd)
+    path = os.path.join(directory, SWITCHES)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    # the file as written last, under a lock, with this change: another
+    # worker's switch it has not applied here yet is not lost from it
+    lock = os.open(os.path.join(directory, f"{SWITCHES}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        on = read_switches(directory)
+        (on.add if enable else on.discard)((topic_name, channel_name or ""))
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(sorted(on), f)
+        os.replace(tmp, path)
+    finally:
+        os.close(lock)
     if nsqd.cluster is not None:
         nsqd.cluster.broadcast({"op": "trace", "topic": topic_name, "channel": channel_name,
                                 "enable": enable})

@@ -97,6 +97,34 @@ def test_channel_drop_oldest_keeps_the_newest(nsqd):
     assert sub.nothing_for(0.3)
 
 
+def test_a_batch_bigger_than_the_room_keeps_its_newest(nsqd):
+    """One MPUB (one batch for the channel) of more than max_depth or
+    max_bytes: its own oldest messages go, as drop-oldest promises, and not
+    a queue left past its bound (a pump batches several publishes too)."""
+    create(nsqd, "t", "c")
+    set_policy(nsqd, "/channel/policy?topic=t&channel=c&max_depth=2&overflow=drop-oldest")
+    mpub = Conn(nsqd)
+    mpub.send(p.mpub("t", [b"a", b"b", b"c", b"d", b"e"]))
+    assert mpub.frame() == (0, b"OK")
+
+    def channel(topic):
+        return topic_stats(nsqd, topic)["channels"][0]
+
+    assert wait_for(lambda: channel("t")["dropped_count"] == 3, 5), channel("t")
+    assert channel("t")["depth"] == 2
+    assert queued(nsqd, "/channel/peek?topic=t&channel=c") == ["d", "e"]
+
+    create(nsqd, "u", "c")  # 126 bytes each: 7 fit in 1000
+    set_policy(nsqd, "/channel/policy?topic=u&channel=c&max_bytes=1000&overflow=drop-oldest")
+    mpub.send(p.mpub("u", [body(i, 100) for i in range(10)]))
+    assert mpub.frame() == (0, b"OK")
+    assert wait_for(lambda: channel("u")["dropped_count"] == 3, 5), channel("u")
+    assert channel("u")["depth"] == 7
+    sub = Conn(nsqd).subscribe("u", "c", rdy=10)
+    assert [m.body for m in sub.messages(7)] == [body(i, 100) for i in range(3, 10)]
+    assert sub.nothing_for(0.3)
+
+
 def test_topic_drop_oldest_while_it_holds_messages(nsqd):
     create(nsqd, "t")
     set_policy(nsqd, "/topic/policy?topic=t&max_depth=3&overflow=drop-oldest")

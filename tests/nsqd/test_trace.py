@@ -5,6 +5,7 @@ TOUCH and FIN from GET /message/trace."""
 
 import json
 import struct
+import threading
 import time
 
 import pytest
@@ -340,3 +341,37 @@ def test_what_policies_sampling_and_filters_drop_is_recorded_with_its_reason(nsq
         ["refused by the consumer's ext_filter"]
     for c in (tt, ta, sampled, picky):
         c.close()
+
+
+def test_switches_made_on_both_workers_at_once_all_survive_a_restart(nsqd_factory, tmp_path):
+    """Each worker writes switches.json as the file was plus its change, under
+    a lock: a switch another worker made a moment before, and that this one
+    has not applied yet, is not lost from it (it was, at a restart)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    conns = [http_on_worker(server, i) for i in range(server.workers)]
+    topics = [f"s{i}" for i in range(40)]
+    for topic in topics:
+        assert server.post(f"/topic/create?topic={topic}")[0] == 200
+
+    def enable(conn, mine):  # each worker's connection at once, in its own thread
+        for topic in mine:
+            assert http_call(conn, "POST", f"/message/trace/enable?topic={topic}")[0] == 200
+
+    threads = [threading.Thread(target=enable, args=(conn, topics[i::len(conns)]))
+               for i, conn in enumerate(conns)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    on = sorted(json.loads((data / "nsqshm.trace" / "switches.json").read_text()))
+    assert on == sorted([t, ""] for t in topics)
+    server.stop()
+    server = nsqd_factory(data_path=data)
+    pc = Client(server)
+    for topic in topics:  # (a PUB without a trace ID: recorded only if the switch is on)
+        pc.send(p.pub(topic, b"x"))
+        assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    for topic in topics:
+        assert [e["event"] for e in history(server, f"topic={topic}&trace_id=0")] == ["PUB"], topic
