@@ -81,6 +81,15 @@ class LookupdCoordinator:
                           f"{replicator} replicas on {placement}")
         return placement
 
+    def delete_topic(self, topic):
+        """Youzan's `/topic/delete?partition=**`: every key of the topic leaves etcd
+        (one delete of its prefix); each node holding a replica sees its meta go and
+        deletes its log (NsqdCoordinator._sync_topics).  -> whether it was there."""
+        deleted = self.topology.delete_topic(topic)
+        if deleted:
+            self.logf("info", f"cluster: topic {topic} deleted")
+        return bool(deleted)
+
     def move_partition(self, topic, partition, move_leader, from_, to):
         """Youzan's `/topic/partition/move`: `to` takes `from_`'s replica of the
         partition (catching up first), or with move_leader its leadership.  The

@@ -87,6 +87,7 @@ class NsqdCoordinator:
         self.roles = {}  # (topic, partition) -> RoleWatch
         self.leaders = {}  # (topic, partition) -> PartitionLeader
         self._dirty = gevent.event.Event()
+        self._deleted = set()  # topics whose meta the watch saw deleted (_topics_changed)
         self._watch = None
         self._loop = None
         self.stopped = False
@@ -175,6 +176,12 @@ class NsqdCoordinator:
                 self._dirty.set()
 
     def _topics_changed(self, events):
+        prefix = self.topology.keys.topics()
+        for e in events:
+            if e.type == "DELETE" and e.kv.key.endswith("/TopicMeta"):
+                # (only a deletion seen happen removes a log: one missing at a start,
+                # or after a compaction, may be etcd's data lost, not a delete)
+                self._deleted.add(e.kv.key[len(prefix):-len("/TopicMeta")])
         if any(e.type == "COMPACTED" or e.kv.key.endswith(("/TopicMeta", "/ReplicaInfo"))
                for e in events):
             self._dirty.set()
@@ -187,7 +194,9 @@ class NsqdCoordinator:
 
     def _sync_topics(self):
         me = self.node.id
-        for name in self.topology.topics():
+        names = self.topology.topics()
+        self._drop_deleted(set(names))
+        for name in names:
             states = self.topology.partitions(name)
             mine = [s for s in states
                     if me == s.replicas.leader or me in s.replicas.isr or me in s.replicas.catchup]
@@ -214,6 +223,22 @@ class NsqdCoordinator:
                 self.host.set_gate(part, NotLeaderGate("has no known leader here yet"))
                 self.roles[key] = self.leadership.watch_role(
                     name, state.partition, functools.partial(self._role, key, part))
+
+    def _drop_deleted(self, names):
+        """Topics deleted in the cluster (`/topic/delete?partition=**` on an
+        nsqlookupd): their role watches and leaders stop on every worker, and worker 0
+        deletes the log topic on the whole node (nsqd's topic delete)."""
+        for key in [k for k in self.roles if k[0] not in names]:
+            self.roles.pop(key).stop()
+            leader = self.leaders.pop(key, None)
+            if leader is not None:
+                leader.stop("its topic was deleted")
+        deleted = self._deleted - names
+        self._deleted.clear()
+        for name in sorted(deleted):
+            if self.host.delete_topic(name, here=self.host.worker == 0):
+                self.logf("info", f"cluster: topic {name} was deleted in the cluster: "
+                                  f"its log here is removed")
 
     def _role(self, key, part, role, state):
         """The role watch's callback (in its greenlet): set the partition's gate."""

@@ -82,6 +82,7 @@ class ReplicaHost:
         # what a partition made from now on starts with: the coordinator sets the
         # owner's; the others forward to the owner
         nsqd.replica_gate = ForwardGate(self)
+        nsqd.replicated_topics = set()  # in etcd, with a replica here: see delete_topic
         self.forwarder = None  # (topic, partition, packed): the coordinator's
 
     def forward(self, topic, partition, packed):
@@ -105,9 +106,24 @@ class ReplicaHost:
         (headers), as /topic/create?ext=true makes it."""
         topic = self.nsqd.create_log_topic(name, partition_num, sync_every=sync_every,
                                            ordered=ordered)
+        self.nsqd.replicated_topics.add(name)  # deleted only through the cluster
         if ext and not topic.ext:
             make_ext(self.nsqd, topic)
         return topic
+
+    def delete_topic(self, name, here=True):
+        """A replicated log topic deleted in the cluster: no longer refused to nsqd's
+        own /topic/delete; with here, deleted on every worker of the node now (as
+        that delete does).  -> whether this deleted it."""
+        self.nsqd.replicated_topics.discard(name)
+        topic = self.nsqd.topics.get(name)
+        if not here or topic is None or not topic.is_log:
+            return False
+        try:
+            self.nsqd.delete_topic(name)
+        except KeyError:  # (deleted meanwhile)
+            return False
+        return True
 
     def partition(self, name, index):
         """The Partition if its log is owned by this worker, else None."""

@@ -9,7 +9,9 @@ routes differ:
     POST /topic/create /topic/delete /topic/tombstone /channel/create /channel/delete
 
 and in cluster mode Youzan's `POST /topic/partition/move` and nsqshm's
-`GET /cluster/topic` (a topic's partitions: leader, ISR, catch-up, epochs).
+`GET /cluster/topic` (a topic's partitions: leader, ISR, catch-up, epochs);
+there `/topic/create` and `/topic/delete` (with Youzan's `partition=**`) make
+and delete the topic in etcd, and the nsqd nodes follow.
 
 JSON objects that nsqlookupd builds from Go maps have their keys sorted, as
 Go's encoder writes them; structs keep their field order.
@@ -198,6 +200,22 @@ class LookupHTTPAPI(HTTPAPI):
         except CoordinationError as err:
             raise Err(500, f"E_CLUSTER {err}") from None
 
+    def _cluster_topic_delete(self, topic, values):
+        """Youzan's: every partition at once (partition=**); the topic's keys leave
+        etcd and every node holding a replica deletes its log (nsqd_coordinator.py)."""
+        partition = self._arg(values, "partition", "MISSING_ARG_TOPIC_PARTITION")
+        if partition != "**":
+            raise Err(400, "REMOVE_SINGLE_PARTITION_NOT_ALLOWED")
+        if not is_valid_name(topic):
+            raise Err(400, "INVALID_ARG_TOPIC")
+        self._log("warn", f"removing all the partitions of topic: {topic}")
+        try:
+            deleted = self.lookupd.coordinator.delete_topic(topic)
+        except CoordinationError as err:
+            raise Err(500, f"E_CLUSTER {err}") from None
+        if not deleted:
+            raise Err(404, "TOPIC_NOT_FOUND")
+
     def _cluster_layout(self, topic):
         try:
             return self.lookupd.coordinator.topic_layout(topic)
@@ -285,7 +303,10 @@ class LookupHTTPAPI(HTTPAPI):
                 "nodes": [{"id": n.id, **_peer(n)} for n in nodes if n.id in named]}
 
     def topic_delete(self, req):
-        topic = self._arg(self._req_params(req), "topic", "MISSING_ARG_TOPIC")
+        values = self._req_params(req)
+        topic = self._arg(values, "topic", "MISSING_ARG_TOPIC")
+        if self.lookupd.coordinator is not None:
+            self._cluster_topic_delete(topic, values)
         for reg in self.db.find_registrations("partition", topic, "*"):
             self.db.remove_registration(reg)
         for reg in self.db.find_registrations("channel", topic, "*"):

@@ -47,6 +47,7 @@ class Node:
                              prefix=self.server.prefix if self.server else None)
         self.tcp = (a, self.server.tcp_port)
         self.http = f"http://{a}:{self.server.http_port}"
+        self.server.http = self.http  # (its get/post: the node's address, not 127.0.0.1)
         return self
 
     def kill(self):

@@ -15,17 +15,27 @@ ETCD = shutil.which("etcd")
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n):
+    """n distinct free ports (bound at once: two binds in turn may get one port twice,
+    and etcd then fails with "address already in use")."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 class EtcdServer:
     def __init__(self, data_dir, host="127.0.0.1"):
         self.data_dir = str(data_dir)
         self.host = host
-        self.client_port = free_port()
-        self.peer_port = free_port()
+        self.client_port, self.peer_port = free_ports(2)
         self.proc = None
         self.log_path = os.path.join(self.data_dir, "etcd.log")
 

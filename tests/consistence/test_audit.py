@@ -90,6 +90,7 @@ class Consumer(threading.Thread):
         self.violations = []      # ordered: (offset, expected) delivered ahead of order
         self.mismatches = []      # ordered: (offset, first body, body) another message
         self.reconnects = 0
+        self.error_frames = []    # the broker's error frames, as sent
 
     def run(self):
         while not self.stop.is_set():
@@ -114,7 +115,14 @@ class Consumer(threading.Thread):
                     client.close()
 
     def _take(self, client):
-        data = client.message_frame()
+        while True:  # (Client.message_frame, noting error frames: a FIN refused, ...)
+            kind, data = client.frame()
+            if kind == p.FRAME_TYPE_MESSAGE:
+                break
+            if kind == p.FRAME_TYPE_ERROR:
+                self.error_frames.append(bytes(data[:100]))
+            elif data == p.HEARTBEAT:
+                client.send(p.nop())
         if self.ordered:
             m = decode_message(data, detail=True)
             self._check_order(decode_message_id(m.id)[1], m.body)
@@ -146,6 +154,22 @@ def wait_progressing(done, progress, stall, what):
         elif time.monotonic() - since > stall:
             raise AssertionError(f"no progress for {stall:.0f}s: {what}")
         time.sleep(0.1)
+
+
+def ordered_state(cluster):
+    """{node: the ordered channel's /stats (depth, in flight, its partition's cursor)}."""
+    state = {}
+    for node in cluster.nodes:
+        try:
+            for t in node.get_json(f"/stats?format=json&topic={TOPIC}")["topics"] or ():
+                for c in t["channels"]:
+                    if c["channel_name"] == "ordered":
+                        state[node.id] = {k: c.get(k) for k in (
+                            "depth", "in_flight_count", "deferred_count", "requeue_count",
+                            "timeout_count", "client_count", "partitions")}
+        except Exception as err:  # (a node down: say so, and go on with the others)
+            state[node.id] = repr(err)
+    return state
 
 
 def audit(tmp_path, seconds, seed, workers=1):
@@ -211,7 +235,9 @@ def audit(tmp_path, seconds, seed, workers=1):
                 f"{err}: ordered at {ordered.next} of {total}, plain lacks "
                 f"{len(wanted - plain.bodies)}; leader {leader.id}, ISR "
                 f"{sorted(isr(cluster, TOPIC))}, reconnects {ordered.reconnects} / "
-                f"{plain.reconnects}") from None
+                f"{plain.reconnects}, error frames {ordered.error_frames[-5:]} / "
+                f"{plain.error_frames[-5:]}; the ordered channel on each node: "
+                f"{ordered_state(cluster)}") from None
         stop.set()
         for c in consumers:
             c.join(10)
@@ -233,7 +259,9 @@ def audit(tmp_path, seconds, seed, workers=1):
               f"redelivered, {len(ordered.violations)} out of order, "
               f"{len(ordered.mismatches)} offsets with two messages; plain: "
               f"{plain.deliveries} deliveries of {len(plain.bodies)} messages; reconnects "
-              f"{ordered.reconnects + plain.reconnects}")
+              f"{ordered.reconnects + plain.reconnects}; error frames "
+              f"{len(ordered.error_frames) + len(plain.error_frames)} "
+              f"{(ordered.error_frames + plain.error_frames)[:3]}")
         if failovers:
             print(f"audit: failover (fault to the first OK from the new leader) p50 "
                   f"{statistics.median(failovers):.2f}s max {max(failovers):.2f}s")

@@ -5,7 +5,7 @@ import pytest
 
 from nsqshm.consistence.errors import EtcdRequestError, EtcdUnavailable, LeaseNotFound
 from nsqshm.consistence.gateway import Gateway, api_path_for, split_endpoint
-from tests.consistence.etcd_server import free_port
+from tests.consistence.etcd_server import free_ports
 
 
 @pytest.mark.parametrize("version,path", [("3.4.23", "/v3/"), ("3.5.9", "/v3/"),
@@ -42,6 +42,6 @@ def test_grpc_errors_are_typed(etcd):
 
 
 def test_no_endpoint_answering_is_unavailable():
-    gw = Gateway([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"], timeout=0.5)
+    gw = Gateway([f"127.0.0.1:{port}" for port in free_ports(2)], timeout=0.5)
     with pytest.raises(EtcdUnavailable):
         gw.call("kv/range", {"key": "YQ=="})

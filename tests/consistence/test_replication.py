@@ -2,6 +2,7 @@
 namespace, a real etcd, an nsqlookupd in cluster mode (cluster.py).  Every PUB
 acknowledged must be readable from whichever node leads after a failure."""
 
+import os
 import subprocess
 import sys
 import threading
@@ -627,3 +628,53 @@ def test_followers_under_steady_load_stay_in_the_isr(make_cluster):
     assert isr(cluster, "steady") == {n.id for n in cluster.nodes}
     dropped = [line for line in leader.server.lines if "out of the ISR" in line]
     assert not dropped, dropped
+
+
+def _has_log(node, topic):
+    return any(name.startswith(f"{topic}-") for name in os.listdir(node.data_path))
+
+
+def test_a_topic_deleted_through_the_lookupd_goes_from_every_node(make_cluster):
+    """Youzan's `/topic/delete?topic=&partition=**` on an nsqlookupd: the topic's keys
+    leave etcd and every node deletes its log (on 2 workers: whichever owns which
+    partition); one node's own /topic/delete is refused meanwhile (the topic would come
+    back from the other replicas).  A node down during the delete keeps its log (a
+    topic missing at a start may be etcd's data lost, not a delete: nothing is removed
+    unseen); it takes no writes, and its own /topic/delete removes it."""
+    cluster = make_cluster(workers=2)
+    assert cluster.create_topic("gone", 2, 3)[0] == 200
+    for partition in (0, 1):
+        publish(cluster.leader("gone", partition), "gone", [b"m%d" % partition],
+                partition=partition)
+    assert cluster.nodes[0].server.post("/topic/delete?topic=gone") == \
+        (400, b'{"message":"TOPIC_IS_REPLICATED: delete it through nsqlookupd, '
+              b'with partition=**"}')
+    down = cluster.nodes[2]
+    down.kill()
+    lookupd = cluster.lookupd
+    assert lookupd.post("/topic/delete?topic=gone") == \
+        (400, b'{"message":"MISSING_ARG_TOPIC_PARTITION"}')
+    assert lookupd.post("/topic/delete?topic=gone&partition=0") == \
+        (400, b'{"message":"REMOVE_SINGLE_PARTITION_NOT_ALLOWED"}')
+    assert lookupd.post("/topic/delete?topic=gone&partition=**")[0] == 200
+    live = cluster.nodes[:2]
+    wait_until(lambda: not any(n.end_offset("gone") is not None or _has_log(n, "gone")
+                               or "gone" in n.log_topic_specs() for n in live),
+               10, "the topic and its logs gone from every live node")
+    assert lookupd.post("/topic/delete?topic=gone&partition=**") == \
+        (404, b'{"message":"TOPIC_NOT_FOUND"}')
+
+    down.start()  # it did not see the delete: its log is kept, and takes no writes
+    assert down.end_offset("gone") == 1 and _has_log(down, "gone")
+    c = Client(down)
+    kind, data = c.pub("gone", b"late")
+    assert kind == p.FRAME_TYPE_ERROR and data.startswith(b"E_FAILED_ON_NOT_LEADER"), data
+    c.close()
+    assert down.server.post("/topic/delete?topic=gone") == (200, b"")
+    assert down.end_offset("gone") is None and not _has_log(down, "gone")
+
+    # the name is free again: a new topic starts with an empty log
+    assert cluster.create_topic("gone", 1, 3)[0] == 200
+    leader = cluster.leader("gone")
+    publish(leader, "gone", [b"new"])
+    assert leader.end_offset("gone") == 1

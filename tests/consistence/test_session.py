@@ -9,6 +9,7 @@ import pytest
 from nsqshm.consistence.errors import CompareFailed
 from nsqshm.consistence.txn import Compare, Op
 from tests.consistence.conftest import TTL
+from tests.consistence.etcd_server import free_port
 from tests.consistence.wait import wait_for
 
 
@@ -118,7 +119,6 @@ def test_etcd_down_longer_than_the_ttl_the_session_re_registers(etcd, sessions):
 
 
 def test_unreachable_endpoint_is_skipped(etcd, sessions):
-    from tests.consistence.etcd_server import free_port
     dead = f"127.0.0.1:{free_port()}"
     s = sessions(endpoints=f"{dead},{etcd.endpoint}")
     s.put("/ep", b"ok")
