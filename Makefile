@@ -21,8 +21,9 @@ debug: $(STAMP)
 run: setup
 	$(VENV)/bin/nsqshm start $(ARGS)
 
+# two processes, as the machine has two cores (tests/conftest.py groups what must not overlap)
 test: setup
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup $(ARGS)
 
 soak: setup
 	$(PY) -m pytest -q -m soak -p no:cacheprovider $(ARGS)

@@ -30,3 +30,20 @@ def nsqd_spares(tmp_path_factory):
     spares.DEPTH = int(os.environ.get("NSQSHM_TEST_SPARES", Spares.DEPTH))  # 0: none
     yield spares
     spares.close()
+
+
+# `make test` runs the suite on two processes (pytest-xdist, --dist loadgroup); the tests of
+# one group run in one of them, one after another: the multi-host tests (network namespaces,
+# one etcd at a time, 2 s leases), the Spark tests (one JVM), the browser tests
+XDIST_GROUPS = (("tests/consistence/", "cluster"), ("tests/servers/", "cluster"),
+                ("tests/spark/", "spark"), ("tests/nsqadmin/", "browser"),
+                ("tests/bench/", "bench"))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        for prefix, group in XDIST_GROUPS:
+            if path.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nsqshm import protocol as p
 
-from .conftest import wait_for
+from .conftest import http_call, http_on_worker, wait_for
 from .test_protocol_v2 import Conn
 
 WORKER_COUNTS = (1, 2)  # every test on one worker and on two (conftest.py)
@@ -211,7 +211,14 @@ def test_channel_byte_bound_counts_the_disk_queue(nsqd_factory):
     server = nsqd_factory("--mem-queue-size=2")
     create(server, "t", "c")
     set_policy(server, "/channel/policy?topic=t&channel=c&max_bytes=1000&overflow=drop-oldest")
-    assert all(server.post("/pub?topic=t", body(i, 100)) == (200, b"OK") for i in range(40))
+    # one kept-alive connection, so one worker, as one producer: past the topic's ring
+    # of 2, a worker that does not own the topic keeps what it takes in its overflow
+    # queue, behind which its next publishes wait, while the owner's go on: publishes
+    # taken by both workers at once may reach the channel in another order (nsqd gives
+    # no order either), and drop-oldest drops what came first
+    conn = http_on_worker(server, 0)
+    assert all(http_call(conn, "POST", "/pub?topic=t", body(i, 100)) == (200, b"OK")
+               for i in range(40))
 
     def channel():
         return topic_stats(server, "t")["channels"][0]

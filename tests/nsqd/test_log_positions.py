@@ -11,7 +11,7 @@ from nsqshm import protocol as p
 from nsqshm._core.logcursor import decode_message_id
 
 from .conftest import http_call, http_on_worker, wait_for
-from .test_log_topics import channel_stats, create, detail, nothing_more, pub, take
+from .test_log_topics import channel_stats, create, detail, nothing_more, pub, stats, take
 from .test_workers import Client
 
 WORKER_COUNTS = (1, 2)
@@ -30,6 +30,10 @@ def _publish(server):
     time.sleep(later - time.time() + 0.05)
     for i in range(SPLIT, N):
         assert pub(pc, "lt", b"m%d" % i, partition=0) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    # a PUB taken by the worker that does not own the partition is acknowledged once in
+    # its inbound ring; the owner appends it a moment later (a loaded machine: later
+    # still), and the end a position names (special:-1) is the log's
+    assert wait_for(lambda: stats(server, "lt")["partitions"][0]["end_offset"] == N)
     return later
 
 
