@@ -154,8 +154,20 @@ def test_plain_to_ext_and_limits():
         ext.ext_body(b"x" * 0x10000, b"")
 
 
+_GENERATORS = []  # the segments _ids made: unlinked after each test (they were left in /dev/shm)
+
+
 def _ids():
-    return IdGenerator.open(f"nsqshm-test-ext-{uuid.uuid4().hex[:8]}", node_id=1)
+    name = f"nsqshm-test-ext-{uuid.uuid4().hex[:8]}"
+    _GENERATORS.append(name)
+    return IdGenerator.open(name, node_id=1)
+
+
+@pytest.fixture(autouse=True)
+def _unlink_generators():
+    yield
+    while _GENERATORS:
+        IdGenerator.unlink(_GENERATORS.pop())
 
 
 def _records(*msgs):
