@@ -491,6 +491,10 @@ class PartitionLeader:
                 self.set_state(leadership.expand_isr(self.state, node))
             finally:
                 self.joining = None
+                # the committed end waited for it too: without it, it may be higher now,
+                # and a channel's feeder that read the lower one sleeps until woken
+                # (with no append after, for good: the audit's ordered channel stalled)
+                self._notify()
             self.coordinator.logf("info", f"{self._name}: {node} caught up: in the ISR")
             return
 
