@@ -14,6 +14,7 @@ import posix_ipc
 from nsqshm._core.logcursor import segment_name
 from nsqshm.nsqd import instance
 from nsqshm.nsqd.instance import NoBroker
+from nsqshm.nsqd.logspecs import find_spec
 from nsqshm.nsqd.names import is_valid_name
 from nsqshm.ring import Ring, RingError
 
@@ -111,6 +112,12 @@ class Broker:
             if not os.path.exists(f"/dev/shm/{name}"):
                 return names
             names.append(name)
+
+    def log_topic_spec(self, topic):
+        """The log topic's spec (nsqd/logspecs.py) from the broker's data path, or
+        None: a classic topic, or one not made yet."""
+        data_path = self.info.get("data_path")
+        return find_spec(data_path, check_name("topic", topic)) if data_path else None
 
     def cursor_name(self, topic, channel, partition):
         """A log topic's channel cursor in one partition (nsqd/logchannel.py)."""

@@ -47,6 +47,7 @@ from nsqshm._core.ring import SUBSCRIBERS_RETIRED
 from nsqshm.local import arenas, tracing
 from nsqshm.local.batch import Batch
 from nsqshm.local.broker import Broker, LocalError, check_name
+from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST
 from nsqshm.nsqd.local_clients import LOCAL_LABEL
 
 CLIENT = 1                      # the one client id of this consumer's table
@@ -55,6 +56,7 @@ RETRY_NS = 100_000_000          # a full channel ring: retry a requeue after 0.1
 HELD_UNTIL_FINISHED = 2**63 - 1  # a deadline no timeout reaches (a log FIN's hold check)
 USER_AGENT = f"nsqshm.local/{__version__}"
 STATUS_TEXT = {NOT_IN_FLIGHT: "ID not in flight"}
+ORDERED_ONLY = f"{E_SUB_ORDER_IS_MUST} this topic is configured only allow ordered sub"  # nsqd's
 
 _live = weakref.WeakSet()
 
@@ -82,6 +84,11 @@ class Consumer:
         self.user_agent = user_agent
         self.arena_size = arena_size
         self.closed = False
+        spec = self.broker.log_topic_spec(topic)
+        if spec is not None and spec.get("ordered"):
+            # Youzan's orderedmulti topic takes SUB_ORDERED only, which a local consumer
+            # does not do: refused as nsqd refuses a plain SUB, before a channel is made
+            raise LocalError(ORDERED_ONLY)
         if create:
             self.broker.create_channel(topic, channel)
         # a log topic's channel: its cursors, one per partition (none: classic)

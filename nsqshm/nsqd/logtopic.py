@@ -6,7 +6,7 @@ Made only by `POST /topic/create?topic=T&partition_num=N` (Youzan's
 parameter names, with retention_days and retention_bytes); a PUB to an
 unknown name still makes a classic topic, and a classic topic stays one.
 What kind a topic is, its partition count and retention are kept in
-<data-path>/nsqshm.logtopics.json (worker 0 writes it, atomically; nsqd.dat
+<data-path>/nsqshm.logtopics.json (logspecs.py; worker 0 writes it, atomically; nsqd.dat
 stays as nsqd writes it, the log topics listed there as topics with their
 channels, so that a Go nsqd can still read it):
 
@@ -29,9 +29,6 @@ stats), and checkpoints the cursors that moved.
 """
 
 import base64
-import json
-import os
-import random
 import time
 
 import gevent
@@ -49,7 +46,6 @@ from nsqshm.nsqd.names import go_quote
 from nsqshm.nsqd.partition import Partition
 from nsqshm.nsqd.topic import Topic, TopicError
 
-LOG_TOPICS_FILE = "nsqshm.logtopics.json"
 MAX_PARTITIONS = 255  # Youzan's MAX_PARTITION_NUM: partition ids 0..254 (its lookupd's too)
 RETENTION_INTERVAL = 1.0   # seconds between retention passes (on partition owners)
 MAX_RETENTION_DAYS = 36500
@@ -105,36 +101,6 @@ def make_spec(name, partition_num, retention_days=-1, retention_bytes=-1, sync_e
         raise LogTopicError("INVALID_ARG_TOPIC_SYNC_DISK")
     return {"name": name, "partition_num": partitions, "retention_days": days,
             "retention_bytes": size, "sync_every": every, "ordered": bool(ordered)}
-
-
-def load_specs(data_path):
-    """The log topics of nsqshm.logtopics.json ([] when there is none)."""
-    path = os.path.join(data_path, LOG_TOPICS_FILE)
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return []
-    except ValueError as err:
-        raise RuntimeError(f"failed to parse {path} - {err}") from None
-    return list(data.get("topics") or [])
-
-
-def write_specs(data_path, specs):
-    path = os.path.join(data_path, LOG_TOPICS_FILE)
-    tmp = f"{path}.{random.getrandbits(31)}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump({"topics": specs, "version": 1}, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 class _NoOverflow:

@@ -38,14 +38,8 @@ from nsqshm._core.codec import LEASE_FILE as ID_LEASE_FILE
 from nsqshm._core.codec import IdGenerator
 from nsqshm.nsqd import ext, instance, listeners, peek, policy, trace
 from nsqshm.nsqd.log import LEVELS, Logger
-from nsqshm.nsqd.logtopic import (
-    LogTopic,
-    LogTopicError,
-    append_for_peer,
-    load_specs,
-    make_spec,
-    write_specs,
-)
+from nsqshm.nsqd.logspecs import load_specs, write_specs
+from nsqshm.nsqd.logtopic import LogTopic, LogTopicError, append_for_peer, make_spec
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.scratch import ScratchPool
 from nsqshm.nsqd.topic import Topic

@@ -10,14 +10,11 @@ else through its HTTP API.
     .offset_for_time(p, ms)      the first offset at or after ms since the epoch
 """
 
-import json
-import os
 from urllib.parse import quote
 
+from nsqshm.nsqd.logspecs import find_spec, load_specs
 from nsqshm.spark.connect import http_json, local_broker, topic_is_ext
 from nsqshm.spark.options import OptionError
-
-LOG_TOPICS_FILE = "nsqshm.logtopics.json"   # nsqshm.nsqd.logtopic.LOG_TOPICS_FILE
 
 
 def _stats(address, topic):
@@ -50,18 +47,13 @@ class LogTopic:
         broker = local_broker(o)
         if broker is not None:
             data_path = broker.info.get("data_path")
-            try:
-                with open(os.path.join(data_path, LOG_TOPICS_FILE)) as f:
-                    doc = json.load(f)
-            except FileNotFoundError:
+            spec = find_spec(data_path, topic)
+            if spec is None:
                 return None
-            for spec in doc.get("topics") or []:
-                if spec.get("name") == topic:
-                    return cls(topic, int(spec["partition_num"]), data_path=data_path,
-                               http_address=o.http_address or broker.http_address,
-                               tcp_address=o.tcp_address or broker.info.get("tcp_address"),
-                               ext=topic_is_ext(o, topic, broker))
-            return None
+            return cls(topic, int(spec["partition_num"]), data_path=data_path,
+                       http_address=o.http_address or broker.http_address,
+                       tcp_address=o.tcp_address or broker.info.get("tcp_address"),
+                       ext=topic_is_ext(o, topic, broker))
         if not o.http_address:
             raise OptionError("a broker not on this host needs nsqdHttpAddress")
         t = _stats(o.http_address, topic)
@@ -76,12 +68,8 @@ class LogTopic:
         host, else from its /stats."""
         broker = local_broker(o)
         if broker is not None:
-            try:
-                with open(os.path.join(broker.info.get("data_path"), LOG_TOPICS_FILE)) as f:
-                    doc = json.load(f)
-            except FileNotFoundError:
-                return []
-            return [spec["name"] for spec in doc.get("topics") or [] if spec.get("name")]
+            return [spec["name"] for spec in load_specs(broker.info.get("data_path"))
+                    if spec.get("name")]
         if not o.http_address:
             raise OptionError("a broker not on this host needs nsqdHttpAddress")
         doc = http_json(o.http_address, "/stats?format=json&include_clients=false")

@@ -252,3 +252,19 @@ def test_producer_and_bulk_consumer_refuse_a_log_topic(nsqd_factory):
         assert not c.is_log
         assert [b for b, _, _ in fetch_all(c, 1)] == [b"x"]
     assert os.path.exists(f"/dev/shm/{server.prefix}.k.lt:c:p0")
+
+
+def test_an_ordered_topic_is_refused_as_nsqd_refuses_a_plain_sub(nsqd_factory):
+    """An orderedmulti topic (Youzan's) takes SUB_ORDERED only; a local Consumer,
+    which does not consume in order, gets nsqd's refusal and makes no channel."""
+    server = started(nsqd_factory())
+    status, body = server.post("/topic/create?topic=ot&partition_num=2&orderedmulti=true")
+    assert status == 200, body
+    with pytest.raises(LocalError, match=r"^E_SUB_ORDER_IS_MUST this topic is configured only "
+                                         r"allow ordered sub$"):
+        Consumer("ot", "c", shm_prefix=server.prefix)
+    doc = json.loads(server.get("/stats?format=json&topic=ot")[1])
+    assert [t["channels"] for t in doc["topics"] if t["topic_name"] == "ot"] == [[]]
+    create(server, "plain", 2)  # a log topic without the flag is consumed as before
+    with Consumer("plain", "c", shm_prefix=server.prefix) as c:
+        assert c.is_log
