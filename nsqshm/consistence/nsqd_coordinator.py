@@ -39,6 +39,7 @@ from nsqshm.consistence.options import endpoints
 from nsqshm.consistence.replicator import HAND_OFF_TIMEOUT, PartitionLeader
 from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import NodeInfo, Topology
+from nsqshm.nsqd.logtopic import LogTopicError
 from nsqshm.nsqd.partition import partition_owner
 from nsqshm.nsqd.replica import NotLeader, NotLeaderGate, OffsetMismatch
 from nsqshm.nsqd.topic import TopicError
@@ -174,6 +175,13 @@ class NsqdCoordinator:
                 self.logf("warn", f"cluster: reading the topics failed ({err}); retrying")
                 gevent.sleep(RETRY)
                 self._dirty.set()
+            except (TopicError, LogTopicError, OSError, ValueError) as err:
+                # the broker refused (a topic made again with another partition count
+                # while this node's old one is still here, a full disk): said, tried
+                # again, and the loop goes on
+                self.logf("error", f"cluster: making the topics here failed ({err}); retrying")
+                gevent.sleep(RETRY * 4)
+                self._dirty.set()
 
     def _topics_changed(self, events):
         prefix = self.topology.keys.topics()
@@ -194,8 +202,10 @@ class NsqdCoordinator:
 
     def _sync_topics(self):
         me = self.node.id
-        names = self.topology.topics()
-        self._drop_deleted(set(names))
+        seen_deleted = set(self._deleted)  # (before the read, which yields: a deletion
+        names = self.topology.topics()     # seen during it waits for the next sync)
+        self._deleted -= seen_deleted
+        self._drop_deleted(set(names), seen_deleted)
         for name in names:
             states = self.topology.partitions(name)
             mine = [s for s in states
@@ -224,17 +234,17 @@ class NsqdCoordinator:
                 self.roles[key] = self.leadership.watch_role(
                     name, state.partition, functools.partial(self._role, key, part))
 
-    def _drop_deleted(self, names):
+    def _drop_deleted(self, names, deleted):
         """Topics deleted in the cluster (`/topic/delete?partition=**` on an
-        nsqlookupd): their role watches and leaders stop on every worker, and worker 0
-        deletes the log topic on the whole node (nsqd's topic delete)."""
-        for key in [k for k in self.roles if k[0] not in names]:
+        nsqlookupd; `deleted`: the deletions the watch saw): their role watches and
+        leaders stop on every worker, and worker 0 deletes the log topic on the whole
+        node (nsqd's topic delete).  A topic deleted and made again before this sync
+        (its name in both) loses its old log too: the new one starts empty."""
+        for key in [k for k in self.roles if k[0] not in names or k[0] in deleted]:
             self.roles.pop(key).stop()
             leader = self.leaders.pop(key, None)
             if leader is not None:
                 leader.stop("its topic was deleted")
-        deleted = self._deleted - names
-        self._deleted.clear()
         for name in sorted(deleted):
             if self.host.delete_topic(name, here=self.host.worker == 0):
                 self.logf("info", f"cluster: topic {name} was deleted in the cluster: "

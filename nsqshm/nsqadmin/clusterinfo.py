@@ -293,7 +293,9 @@ class ClusterInfo:
     def delete_topic(self, topic, lookupd, nsqd):
         producers, errs = self.get_topic_producers(topic, lookupd, nsqd)  # before they forget it
         qs = _qs(topic=topic)
-        errs += self._post_lookupd(lookupd, "topic/delete", qs)
+        # (partition=**: Youzan's, which a cluster-mode nsqlookupd asks of a topic in etcd;
+        # a standalone one ignores it)
+        errs += self._post_lookupd(lookupd, "topic/delete", _qs(topic=topic, partition="**"))
         return errs + self._post_producers(producers, "topic/delete", qs)
 
     def delete_channel(self, topic, channel, lookupd, nsqd):

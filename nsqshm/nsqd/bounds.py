@@ -169,7 +169,10 @@ def _trim(queue, policy, owned, incoming, incoming_bytes, size_of, packed=b""):
             dropped = _discard(queue, excess)
             if dropped < excess and owned and queue.backend.depth:
                 dropped += _advance(queue, min(excess - dropped, queue.backend.depth))
-            skip = min(max(0, excess - dropped), incoming)  # (0 < max_depth: some stay)
+            # the batch's own head, for what is still over (read again: a consumer on
+            # another worker may have popped meanwhile); 0 < max_depth: some stay
+            excess = queue.ring.depth + queue.backend.depth + incoming - policy.max_depth
+            skip = max(0, min(excess, incoming - 1))
     if policy.max_bytes:
         excess = size_of(queue) + incoming_bytes - policy.max_bytes
         if excess > 0:

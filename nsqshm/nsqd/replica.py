@@ -115,6 +115,8 @@ class ReplicaHost:
         """A replicated log topic deleted in the cluster: no longer refused to nsqd's
         own /topic/delete; with here, deleted on every worker of the node now (as
         that delete does).  -> whether this deleted it."""
+        if name not in self.nsqd.replicated_topics:
+            return False  # (placed elsewhere: a log topic of that name here is local)
         self.nsqd.replicated_topics.discard(name)
         topic = self.nsqd.topics.get(name)
         if not here or topic is None or not topic.is_log:

@@ -201,20 +201,22 @@ class LookupHTTPAPI(HTTPAPI):
             raise Err(500, f"E_CLUSTER {err}") from None
 
     def _cluster_topic_delete(self, topic, values):
-        """Youzan's: every partition at once (partition=**); the topic's keys leave
-        etcd and every node holding a replica deletes its log (nsqd_coordinator.py)."""
-        partition = self._arg(values, "partition", "MISSING_ARG_TOPIC_PARTITION")
-        if partition != "**":
+        """Youzan's for a topic in etcd: every partition at once (partition=**); its
+        keys leave etcd and every node holding a replica deletes its log
+        (nsqd_coordinator.py).  A topic not in etcd (a classic topic's registrations,
+        an ephemeral one) is deleted as a standalone nsqlookupd does (the caller)."""
+        partition = values.get("partition", [""])[0]
+        if partition and partition != "**":
             raise Err(400, "REMOVE_SINGLE_PARTITION_NOT_ALLOWED")
-        if not is_valid_name(topic):
-            raise Err(400, "INVALID_ARG_TOPIC")
+        if not is_valid_name(topic) or is_ephemeral(topic) or self._cluster_layout(topic) is None:
+            return
+        if not partition:
+            raise Err(400, "MISSING_ARG_TOPIC_PARTITION")
         self._log("warn", f"removing all the partitions of topic: {topic}")
         try:
-            deleted = self.lookupd.coordinator.delete_topic(topic)
+            self.lookupd.coordinator.delete_topic(topic)
         except CoordinationError as err:
             raise Err(500, f"E_CLUSTER {err}") from None
-        if not deleted:
-            raise Err(404, "TOPIC_NOT_FOUND")
 
     def _cluster_layout(self, topic):
         try:

@@ -355,9 +355,11 @@ def test_switches_made_on_both_workers_at_once_all_survive_a_restart(nsqd_factor
     for topic in topics:
         assert server.post(f"/topic/create?topic={topic}")[0] == 200
 
+    statuses = []
+
     def enable(conn, mine):  # each worker's connection at once, in its own thread
         for topic in mine:
-            assert http_call(conn, "POST", f"/message/trace/enable?topic={topic}")[0] == 200
+            statuses.append(http_call(conn, "POST", f"/message/trace/enable?topic={topic}")[0])
 
     threads = [threading.Thread(target=enable, args=(conn, topics[i::len(conns)]))
                for i, conn in enumerate(conns)]
@@ -365,6 +367,7 @@ def test_switches_made_on_both_workers_at_once_all_survive_a_restart(nsqd_factor
         thread.start()
     for thread in threads:
         thread.join()
+    assert statuses == [200] * len(topics)
     on = sorted(json.loads((data / "nsqshm.trace" / "switches.json").read_text()))
     assert on == sorted([t, ""] for t in topics)
     server.stop()
