@@ -47,7 +47,7 @@ from nsqshm._core.ring import SUBSCRIBERS_RETIRED
 from nsqshm.local import arenas, tracing
 from nsqshm.local.batch import Batch
 from nsqshm.local.broker import Broker, LocalError, check_name
-from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST
+from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST, SUB_ORDER_IS_MUST_TEXT
 from nsqshm.nsqd.local_clients import LOCAL_LABEL
 
 CLIENT = 1                      # the one client id of this consumer's table
@@ -56,7 +56,7 @@ RETRY_NS = 100_000_000          # a full channel ring: retry a requeue after 0.1
 HELD_UNTIL_FINISHED = 2**63 - 1  # a deadline no timeout reaches (a log FIN's hold check)
 USER_AGENT = f"nsqshm.local/{__version__}"
 STATUS_TEXT = {NOT_IN_FLIGHT: "ID not in flight"}
-ORDERED_ONLY = f"{E_SUB_ORDER_IS_MUST} this topic is configured only allow ordered sub"  # nsqd's
+ORDERED_ONLY = f"{E_SUB_ORDER_IS_MUST} {SUB_ORDER_IS_MUST_TEXT}"  # nsqd's refusal of a SUB
 
 _live = weakref.WeakSet()
 

@@ -31,6 +31,7 @@ E_BAD_PARTITION = "E_BAD_PARTITION"                # fatal
 E_FAILED_ON_NOT_LEADER = "E_FAILED_ON_NOT_LEADER"  # fatal on SUB/FIN, not on PUB/MPUB
 E_FAILED_ON_NOT_WRITABLE = "E_FAILED_ON_NOT_WRITABLE"
 E_SUB_ORDER_IS_MUST = "E_SUB_ORDER_IS_MUST"        # fatal
+SUB_ORDER_IS_MUST_TEXT = "this topic is configured only allow ordered sub"  # its text
 E_SUB_EXTEND_NEED = "E_SUB_EXTEND_NEED"            # fatal
 E_SUB_EXTEND_FORBIDDON = "E_SUB_EXTEND_FORBIDDON"  # fatal (Youzan's spelling)
 E_SUB_CHANNEL_NOT_REGISTERED = "E_SUB_CHANNEL_NOT_REGISTERED"  # fatal

@@ -895,7 +895,7 @@ class HTTPAPI:
 
     def topic_delete(self, req):
         name = self._topic_name(req)
-        if name in getattr(self.nsqd, "replicated_topics", ()):
+        if name in self.nsqd.replicated_topics:
             # deleted here alone, it would come back from the other replicas' logs
             raise Err(400, "TOPIC_IS_REPLICATED: delete it through nsqlookupd, "
                            "with partition=**")

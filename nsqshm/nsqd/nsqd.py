@@ -74,6 +74,9 @@ class NSQD:
         self.nworkers = max(1, workers)
         self.arena = None    # this worker's in-flight arena, from start()
         self.cluster = None  # the other workers (cluster.py), when there are any
+        # cluster mode: the log topics in etcd with a replica here (replica.py), which
+        # only the cluster deletes
+        self.replicated_topics = set()
         self._remote = gevent.local.local()  # set while applying a peer's change
         self.log = log or Logger(prefix=opts.log_prefix, level=opts.log_level)
         self.data_path = os.path.abspath(opts.data_path or ".")

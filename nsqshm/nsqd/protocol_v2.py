@@ -38,6 +38,7 @@ from nsqshm.nsqd.errors import (
     E_FAILED_ON_NOT_LEADER,
     E_SUB_ORDER_IS_MUST,
     E_TOPIC_NOT_EXIST,
+    SUB_ORDER_IS_MUST_TEXT,
     ClientErr,
     FatalClientErr,
 )
@@ -523,7 +524,7 @@ class ProtocolV2:
             except PartitionError:  # Youzan: no such topic partition here
                 raise FatalClientErr(E_TOPIC_NOT_EXIST, "") from None
         if is_log and topic.ordered and not ordered:
-            raise FatalClientErr(E_SUB_ORDER_IS_MUST, "this topic is configured only allow ordered sub")
+            raise FatalClientErr(E_SUB_ORDER_IS_MUST, SUB_ORDER_IS_MUST_TEXT)
         if ordered and client.sample_rate:
             raise FatalClientErr("E_INVALID", ORDERED_WITH_SAMPLE_RATE)
         if is_log and (partition != NO_PARTITION or ordered):

@@ -82,7 +82,6 @@ class ReplicaHost:
         # what a partition made from now on starts with: the coordinator sets the
         # owner's; the others forward to the owner
         nsqd.replica_gate = ForwardGate(self)
-        nsqd.replicated_topics = set()  # in etcd, with a replica here: see delete_topic
         self.forwarder = None  # (topic, partition, packed): the coordinator's
 
     def forward(self, topic, partition, packed):
