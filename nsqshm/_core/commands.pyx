@@ -211,13 +211,9 @@ cdef class CommandParser:
     cdef int _finish(self, const char *msg_id) except -1:
         """0 if finished, 1 for the Python path (which answers the error)."""
         if self.cursors is not None:
-            if not self.cursors.has_id(msg_id):
-                return 1  # a cursor not attached yet: the Python path attaches it
-            # marked before the in-flight block is freed, and only once the client is
-            # known to hold the message (holds): see wire.fin_lines
-            if self.inflight.holds(msg_id, self.client_id) != STATUS_OK:
-                return 1
-            self.cursors.finish_id(msg_id)
+            # the cursor marked before the in-flight block is freed (InFlight.finish_logged);
+            # a cursor not attached yet: the Python path attaches it
+            return self.inflight.finish_logged(msg_id, self.client_id, self.cursors) != STATUS_OK
         if self.inflight.finish_raw(msg_id, self.client_id) != STATUS_OK:
             return 1
         return 0

@@ -12,6 +12,7 @@ cdef enum:
     STATUS_OK = 0
     STATUS_NOT_IN_FLIGHT = -1
     STATUS_NOT_OWNER = -2
+    STATUS_CURSOR_DETACHED = -3  # finish_logged: the caller attaches the cursor first
 
 
 # One message: an arena block's header, this entry, then `size` message bytes
@@ -123,6 +124,8 @@ cdef class InFlight(MessageStore):
     cdef int add_raw(self, const char *msg, uint32_t size, uint64_t client_id,
                      int64_t deadline_ns) except -1
     cdef int finish_raw(self, const char *msg_id, uint64_t client_id) noexcept
+    cdef int finish_logged(self, const char *msg_id, uint64_t client_id,
+                           CursorSet cursors) except -9
     cdef void _record_latency(self, const char *msg) noexcept
     cdef int _held(self, const char *msg_id, uint64_t client_id, MsgEntry **entry) noexcept
     cdef int holds(self, const char *msg_id, uint64_t client_id) noexcept

@@ -750,6 +750,36 @@ cdef class InFlight(MessageStore):
         self._discard(e)
         return STATUS_OK
 
+    cdef int finish_logged(self, const char *msg_id, uint64_t client_id,
+                           CursorSet cursors) except -9:
+        """finish_raw for a log topic's channel, in one probe: once the
+        client is known to hold the message (a stray FIN marks nothing),
+        its offset is marked in its partition's cursor, then the block is
+        freed.  That order: a death between the two leaves the block, which
+        is delivered again (at least once; a second finish of the offset is
+        ALREADY), where the other would leave an offset nothing ever
+        finishes (the partition stalls once the window fills).
+        STATUS_CURSOR_DETACHED: the ID's cursor is not attached here yet
+        (nothing changed; the caller's Python path attaches it)."""
+        cdef size_t slot = _ids_probe(&self.ids, _hash_id(msg_id), msg_id)
+        cdef MsgEntry *e = self.ids.slots[slot].entry
+        cdef uint64_t offset = 0
+        cdef long long partition
+        if e == NULL:
+            return STATUS_NOT_IN_FLIGHT
+        if e.client_id != client_id:
+            return STATUS_NOT_OWNER
+        partition = cursors.find_id(msg_id, &offset)
+        if partition == -2:
+            return STATUS_CURSOR_DETACHED
+        if partition >= 0:
+            cursors.finish_at(partition, offset)
+        if self.lat != NULL:
+            self._record_latency(_msg(e))
+        self._remove(e, slot)
+        self._discard(e)
+        return STATUS_OK
+
     cdef void _record_latency(self, const char *msg) noexcept:
         """Keep (now, now - the message's publish timestamp) in the latency ring."""
         cdef const unsigned char *b = <const unsigned char *>msg

@@ -41,6 +41,7 @@ cdef class Cursor:
     cdef readonly str name
     cdef readonly str checkpoint_file
     cdef bint crash_test
+    cdef int lock_depth               # this handle's holds of the mutex (lock() nests)
 
     cdef int _map(self, int fd, size_t size) except -1
     cdef int _lock(self) except -1
@@ -52,7 +53,10 @@ cdef class Cursor:
 
 cdef class CursorSet:
     cdef list cursors                 # by partition: Cursor, or None (not attached yet)
+    cdef Py_ssize_t count             # len(cursors), fixed at __init__
     cdef public object fault_path     # tests: see FAULT_DIE_IN_FIN_ENV
+    cdef long long find_id(self, const char *msg_id, uint64_t *offset) noexcept
+    cdef int finish_at(self, long long partition, uint64_t offset) except -2
     cdef int has_id(self, const char *msg_id) noexcept
     cdef int finish_id(self, const char *msg_id) except -2
     cdef int stale_id(self, const char *msg_id) noexcept

@@ -22,6 +22,8 @@ process-shared mutex; an advance is journalled so that a holder killed
 mid-way is repaired by the next one to lock (see the layout).
 """
 
+cimport cython
+
 import errno as errno_mod
 import os
 import re
@@ -32,9 +34,10 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint32_t, uint64_t
 
 from nsqshm._core.includes.system cimport (
-    EOWNERDEAD, MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, PTHREAD_MUTEX_ROBUST,
+    EBUSY, EOWNERDEAD, MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, PTHREAD_MUTEX_ROBUST,
     PTHREAD_PROCESS_SHARED, errno, memcpy, memset, mmap, munmap, pthread_mutex_consistent,
-    pthread_mutex_init, pthread_mutex_lock, pthread_mutex_t, pthread_mutex_unlock,
+    pthread_mutex_init, pthread_mutex_lock, pthread_mutex_t, pthread_mutex_trylock,
+    pthread_mutex_unlock,
     pthread_mutexattr_destroy, pthread_mutexattr_init, pthread_mutexattr_setpshared,
     pthread_mutexattr_setrobust, pthread_mutexattr_t,
 )
@@ -285,20 +288,45 @@ cdef class Cursor:
     # -- the lock --------------------------------------------------------------------------
 
     cdef int _lock(self) except -1:
+        # Nests on one handle: lock() holds the mutex across a reader's claim
+        # (LogChannel: the read, the hand-off and the move of read_pos as one
+        # step against the other workers), and the operations it calls in
+        # between lock again.  No greenlet switch happens while it is held.
         cdef int r
         if self.h == NULL:
             raise CursorError("cursor closed")
-        with nogil:
-            r = pthread_mutex_lock(&self.h.lock.mutex)
+        if self.lock_depth:
+            self.lock_depth += 1
+            return 0
+        # uncontended (nearly always: a FIN holds it for a few bit operations)
+        # without letting go of the GIL, which costs more than the lock itself
+        r = pthread_mutex_trylock(&self.h.lock.mutex)
+        if r == EBUSY:
+            with nogil:
+                r = pthread_mutex_lock(&self.h.lock.mutex)
         if r == EOWNERDEAD:
             self._repair()
             pthread_mutex_consistent(&self.h.lock.mutex)
         elif r != 0:
             raise CursorError(f"cursor {self.name!r}: lock failed ({os.strerror(r)})")
+        self.lock_depth = 1
         return 0
 
     cdef void _unlock(self) noexcept nogil:
-        pthread_mutex_unlock(&self.h.lock.mutex)
+        self.lock_depth -= 1
+        if self.lock_depth == 0:
+            pthread_mutex_unlock(&self.h.lock.mutex)
+
+    def lock(self):
+        """Hold the cursor's mutex until unlock(): a claim of the next run
+        (read it, hand it on, move read_pos) made as one step against every
+        other process.  Nests; C calls only in between (no yield)."""
+        self._lock()
+
+    def unlock(self):
+        if self.lock_depth <= 0:
+            raise CursorError(f"cursor {self.name!r}: not locked")
+        self._unlock()
 
     cdef void _repair(self) noexcept:
         """The last holder died: finish its journalled advance or reset."""
@@ -675,11 +703,14 @@ cdef class CursorSet:
     message ID in C (wire.fin_lines), no Python object per message."""
 
     def __init__(self, int partitions):
+        if partitions < 0:
+            raise ValueError("partitions < 0")
         self.cursors = [None] * partitions
+        self.count = partitions
         self.fault_path = os.environ.get(FAULT_DIE_IN_FIN_ENV) or None
 
     def __len__(self):
-        return len(self.cursors)
+        return self.count
 
     def __getitem__(self, int partition):
         return self.cursors[partition]
@@ -689,33 +720,58 @@ cdef class CursorSet:
             raise TypeError("a Cursor or None")
         self.cursors[partition] = cursor
 
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    cdef long long find_id(self, const char *msg_id, uint64_t *offset) noexcept:
+        """The partition of a log message ID whose cursor is attached here
+        (its msg offset in *offset); -1: not a log message ID of this
+        channel (nothing to finish); -2: its cursor is not attached yet (the
+        caller attaches it first, in Python)."""
+        cdef long long p = decode_log_id(msg_id, offset)
+        if p < 0 or p >= self.count:
+            return -1
+        if self.cursors[p] is None:
+            return -2
+        return p
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    cdef int finish_at(self, long long partition, uint64_t offset) except -2:
+        """Mark msg offset `offset` of a partition find_id returned finished:
+        FINISHED, ALREADY, OUT_OF_WINDOW, or -1 (no cursor, or closed)."""
+        cdef Cursor cur
+        cdef int r
+        if self.fault_path is not None:
+            self._fault()
+        if partition < 0 or partition >= self.count:
+            return -1
+        obj = self.cursors[partition]
+        if obj is None:
+            return -1
+        cur = <Cursor>obj  # (__setitem__ takes a Cursor or None only)
+        if cur.h == NULL:
+            return -1
+        cur._lock()
+        r = cur._finish(offset)
+        cur._unlock()
+        return r
+
     cdef int has_id(self, const char *msg_id) noexcept:
         """1 when the ID's partition has its cursor here (0: the caller
         attaches it first, in Python)."""
         cdef uint64_t off
-        cdef long long p = decode_log_id(msg_id, &off)
-        if p < 0 or p >= len(self.cursors):
-            return 1  # not a log message ID: nothing to finish (finish_id ignores it)
-        return self.cursors[p] is not None
+        return self.find_id(msg_id, &off) != -2
 
     cdef int finish_id(self, const char *msg_id) except -2:
         """Mark the message finished in its partition's cursor: FINISHED,
         ALREADY, OUT_OF_WINDOW, or -1 (not a log message ID, or no cursor)."""
         cdef uint64_t off = 0
         cdef long long p = decode_log_id(msg_id, &off)
-        cdef Cursor cur
-        cdef int r
-        if self.fault_path is not None:
-            self._fault()
-        if p < 0 or p >= len(self.cursors):
+        if p < 0 or p >= self.count:
+            if self.fault_path is not None:
+                self._fault()
             return -1
-        cur = self.cursors[p]
-        if cur is None or cur.h == NULL:
-            return -1
-        cur._lock()
-        r = cur._finish(off)
-        cur._unlock()
-        return r
+        return self.finish_at(p, off)
 
     cdef int stale_id(self, const char *msg_id) noexcept:
         """1 when what a cursor move leaves stale: a log message ID below its

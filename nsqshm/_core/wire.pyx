@@ -249,18 +249,11 @@ def fin_lines(bytearray buf, Py_ssize_t pos, InFlight inflight, uint64_t client_
                 and p[pos + 20] == 10):
             break
         if cursors is not None:
-            if not cursors.has_id(p + pos + 4):
+            # the cursor is marked before the in-flight block is freed, once the
+            # client is known to hold the message (InFlight.finish_logged says why)
+            if inflight.finish_logged(p + pos + 4, client_id, cursors) != 0:
                 break
-            # The cursor is marked before the in-flight block is freed: a death
-            # between the two then leaves the block, which is delivered again
-            # (at least once; a second finish of the offset is ALREADY), where
-            # the other order would leave an offset nothing ever finishes (the
-            # partition stalls once the window fills).  holds is the check that
-            # the client holds the message (so a stray FIN marks nothing).
-            if inflight.holds(p + pos + 4, client_id) != 0:
-                break
-            cursors.finish_id(p + pos + 4)
-        if inflight.finish_raw(p + pos + 4, client_id) != 0:
+        elif inflight.finish_raw(p + pos + 4, client_id) != 0:
             break
         pos += 21
         count += 1

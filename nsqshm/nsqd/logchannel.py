@@ -4,12 +4,15 @@ of the classic channel machinery.
 The channel is a classic Channel (channel.py): its shared-memory ring, the
 arena in flight, timeouts, REQ with a delay, TOUCH, pause, stats and the
 recovery of a dead worker's messages all work as for a classic topic.  What
-differs is the source of the ring: not a topic pump, but a feeder on each
-worker that owns partitions of the topic, which reads the partition logs at
-the channel's read position (LogReader.read_into: whole records, one call
-per batch) and pushes them into the ring, at most FEED_AHEAD messages ahead
-of the consumers.  Nothing is ever written to a channel disk queue: the log
-is the disk.
+differs is where messages come from: each worker's dispatcher reads the
+partition logs at the channel's read position straight into flight
+(_deliver_direct; a partition another worker owns through a LogReader of
+its files), and a feeder on each owner pushes into the ring what clients
+that cannot take that path need (LogReader.read_into: whole records, one
+call per batch), at most FEED_AHEAD messages ahead of the consumers.  Every
+reader claims its run under the cursor's lock (Cursor.lock: the read, the
+hand-off, the move of read_pos as one step).  Nothing is ever written to a
+channel disk queue: the log is the disk.
 
 Each (channel, partition) has a Cursor (logcursor.pyx, shared memory,
 checkpointed to <partition dir>/<channel>.cursor):
@@ -62,6 +65,7 @@ FEED_BATCH = 4096       # messages read from the log and pushed in one go
 HELD_UNTIL_FINISHED = 2**63 - 1  # a deadline no timeout reaches
 SEEK_HOLD_LIMIT = 30.0  # seconds a seek may hold a cursor (_check_hold)
 WINDOW_RETRY = 0.5      # a cursor's window is full: look again after this (FINs move it)
+RETENTION = -2          # _read_run: retention removed what the cursor would read next
 
 
 class LogChannel(Channel):
@@ -84,6 +88,10 @@ class LogChannel(Channel):
         for partition in topic.partitions:
             self.cursors[partition.index] = self._open_cursor(partition)
         self._owned = [p for p in topic.partitions if p.owned]
+        # what a dispatcher here may read straight from the logs (_direct): the
+        # partitions this worker owns, and standalone the others' too (their files,
+        # through a LogReader); a replica's committed end is known to its owner only
+        self._readable = [p for p in topic.partitions if p.owned or p.replica is None]
         self._find_lanes()
         self._feeder = gevent.spawn(self._feed_loop) if self._owned else None
 
@@ -367,42 +375,58 @@ class LogChannel(Channel):
         from their logs (no ring): all but ordered lanes', for a client
         without a sample rate on a channel without delivery policies (both
         consume messages without a FIN, which the cursor would wait for)."""
-        if not self._owned or client.sample_rate or self.policy is not None \
-                or self.topic.paused \
+        if client.sample_rate or self.policy is not None or self.topic.paused \
                 or client.ext_view is not None:
             # (a paused topic passes nothing on to its channels; an ext topic's filters and
             # tags are applied on the ring's path, channel.py)
             return ()
         if client.partition is None:
-            return [p for p in self._owned if not self._following(p)
+            return [p for p in self._readable if not self._following(p)
                     and (p.index not in self.lanes or not self.lanes[p.index].ordered)]
         lane = self.lanes.get(client.partition)
         if lane is not None and lane.ordered:
             return ()
-        return [p for p in self._owned if p.index == client.partition and not self._following(p)]
+        return [p for p in self._readable if p.index == client.partition
+                and not self._following(p)]
+
+    def _log_view(self, partition):
+        """(reader, end) of a partition's log for a direct read: the owner's
+        own log up to its readable end; another worker's through a
+        LogReader of the same files up to the committed end.  None: the
+        owner has not made the log yet."""
+        if partition.log is not None:
+            return partition.log.reader, partition.readable_end
+        try:
+            reader = partition.reader
+            return reader, reader.end_offset
+        except (OSError, LogError, ValueError):
+            return None
 
     def _deliver_direct(self, partition, client, room, scratch, deadline):
-        """Deliver up to `room` unread, unfinished messages of an owned
-        partition to a client straight from the log: read (LogReader.read_into,
-        from the mmap'd segment) and framed and put in flight
-        (InFlight.deliver) in two C calls, never copied into a ring.  As the
-        feeder, this worker alone moves the partition's read_pos, with no
-        yield between the read and the store.  Returns how many went out
-        (-1: read_pos moved on without any)."""
+        """Deliver up to `room` unread, unfinished messages of a partition to
+        a client straight from the log, whichever worker owns it: read
+        (LogReader.read_into, from the mmap'd segment) and framed and put
+        in flight (InFlight.deliver) in two C calls, never copied into a
+        ring.  The read, the hand-off and the move of read_pos are one
+        claim under the cursor's lock, against the owner's feeder and the
+        other workers' dispatchers.  Returns how many went out (-1:
+        read_pos moved on without any)."""
         cursor = self.cursors[partition.index]
-        if partition.log is None or cursor.held:
+        if cursor.held:
             return 0
-        first, n, nbytes = self._read_run(partition, cursor, room, scratch)
-        if n <= 0:
-            return n
-        base = len(client.out)
+        view = self._log_view(partition)
+        if view is None:
+            return 0
         traced = self.traced
         self._trace_drops(traced)
-        added = self.inflight.deliver(memoryview(scratch)[:nbytes], n, client.out, client.id,
-                                      deadline, 0, None, client.detail, client.detail_log)
+        base = len(client.out)
+        n, added = self._claim(partition, view, room, scratch, lambda records, n: (
+            n, self.inflight.deliver(records, n, client.out, client.id, deadline, 0, None,
+                                     client.detail, client.detail_log)))
+        if n <= 0:
+            return n
         if traced:
             trace.delivered(self, client, client.out, base)
-        cursor.read_pos = first + n
         self.message_count += n
         client.in_flight += added
         client.message_count += n
@@ -413,12 +437,12 @@ class LogChannel(Channel):
         """Whether a ready client could take something straight from a log."""
         for client in ready:
             for partition in self._direct(client):
-                log = partition.log
                 cursor = self.cursors[partition.index]
-                if log is None or cursor.held:
+                view = None if cursor.held else self._log_view(partition)
+                if view is None:
                     continue
                 pos = cursor.read_pos
-                if pos < partition.readable_end and pos < cursor.window_end:
+                if pos < view[1] and pos < cursor.window_end:
                     return True
         return False
 
@@ -497,31 +521,51 @@ class LogChannel(Channel):
             self._check_hold(partition, cursor)
             return 0
         self._held_since.pop(partition.index, None)
-        pos = cursor.read_pos
-        first, n, nbytes = self._read_run(partition, cursor, room, scratch)
-        if n <= 0:
-            return n
         lane = self.lanes.get(partition.index)
         ring = lane.ring if lane is not None else self.ring
-        pushed, _ = ring.push_packed(memoryview(scratch)[:nbytes])
-        if pushed or first > pos:
-            cursor.read_pos = first + pushed
-        self.message_count += pushed  # (nsqd counts what the topic pumps into the channel)
+        pushed, _ = self._claim(partition, (log.reader, partition.readable_end), room, scratch,
+                                lambda records, n: ring.push_packed(records))
+        if pushed > 0:
+            self.message_count += pushed  # (nsqd counts what the topic pumps into the channel)
         return pushed
 
-    def _read_run(self, partition, cursor, room, scratch):
-        """The next unread, unfinished run of a partition's log (at most `room`
-        records) read into scratch (LogReader.read_into, one C call): (first
-        offset, records, bytes); records 0: nothing to read now, -1: read_pos
-        moved on without reading (finished records skipped, or retention)."""
-        log = partition.log
-        end = partition.readable_end
+    def _claim(self, partition, view, room, scratch, hand_off):
+        """Take a partition's next run of unread, unfinished messages, as one
+        step against every other reader of it (the owner's feeder, each
+        worker's dispatcher), under the cursor's lock: read it (_read_run),
+        hand it on (hand_off(records, n) -> (how many it took, its result)),
+        move read_pos past what was taken.  Returns (taken, the hand-off's
+        result); taken 0: nothing now, -1: read_pos moved on without any."""
+        cursor = self.cursors[partition.index]
+        cursor.lock()
+        try:
+            pos = cursor.read_pos
+            first, n, nbytes = self._read_run(view, cursor, room, scratch)
+            taken, result = hand_off(memoryview(scratch)[:nbytes], n) if n > 0 else (n, None)
+            if n > 0 and (taken or first > pos):
+                cursor.read_pos = first + taken
+        finally:
+            cursor.unlock()
+        if n == RETENTION:
+            self.move_to_start(partition, first)
+            return -1, None
+        return taken, result
+
+    def _read_run(self, view, cursor, room, scratch):
+        """The next unread, unfinished run of a partition's log (view:
+        _log_view's (reader, end); at most `room` records) read into
+        scratch (LogReader.read_into, one C call), the cursor locked by the
+        caller: (first offset, records, bytes); records 0: nothing to read
+        now, -1: read_pos moved on without reading (finished records
+        skipped), RETENTION: retention removed what it would read (first:
+        the log's start; the caller moves there once the lock is let go)."""
+        reader, end = view
         pos = cursor.read_pos
         if pos >= end:
             return pos, 0, 0
-        if pos < log.start_offset:
-            self.move_to_start(partition, log.start_offset)
-            return pos, -1, 0
+        start = reader.start_offset
+        if pos < start:
+            return start, RETENTION, 0
         first, run = cursor.unfinished_run(pos, end, room)
         if first < 0:  # all finished up to the window's end (or the log's)
             to = min(end, cursor.window_end)
@@ -530,10 +574,9 @@ class LogChannel(Channel):
                 return pos, -1, 0
             return pos, 0, 0  # the window is full: wait for FINs
         try:
-            n, nbytes, _ = log.reader.read_into(first, scratch, max_records=min(run, room))
+            n, nbytes, _ = reader.read_into(first, scratch, max_records=min(run, room))
         except OffsetOutOfRange as err:
-            self.move_to_start(partition, err.start_offset)
-            return pos, -1, 0
+            return err.start_offset, RETENTION, 0
         return first, n, nbytes
 
     def _check_hold(self, partition, cursor):

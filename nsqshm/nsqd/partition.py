@@ -88,6 +88,8 @@ class Partition:
     def reader(self):
         if self.log is not None:
             return self.log.reader
+        if self._reader is not None and self.replica is None:
+            return self._reader  # (standalone, a log is made anew only with its topic)
         # the owner may have made the log anew (ReplicaHost.reset_log, a diverged
         # replica): a reader of the removed one would go on showing its old end
         state = os.path.join(self.path, STATE_FILE)

@@ -487,3 +487,41 @@ def test_hold_keeps_confirmed_and_what_was_finished_above(cursor_args):
     assert not c.held and c.read_pos == 2
     assert c.unfinished_run(c.read_pos, 20) == (2, 3)
     assert c.unfinished_run(5, 20) == (7, 13)
+
+
+FINISH_ONE = textwrap.dedent("""
+    import sys, time
+    from nsqshm._core.logcursor import Cursor
+    c = Cursor.attach(sys.argv[1])
+    print("attached", flush=True)
+    c.finish(0)
+    print(time.monotonic(), flush=True)
+""")
+
+
+def test_lock_holds_the_cursor_against_other_processes_and_nests(cursor_args):
+    """lock() (a reader's claim: LogChannel._deliver_direct, _feed_once) keeps
+    every other process's operation waiting until unlock(); this handle's own
+    operations in between go through (the mutex nests on one handle)."""
+    name, ckpt = cursor_args
+    c = Cursor.open(name, ckpt, 0, 64)
+    c.lock()
+    proc = subprocess.Popen([sys.executable, "-c", FINISH_ONE, name], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "attached\n"
+        time.sleep(0.3)
+        assert c.confirmed == 0  # the other process waits for the lock
+        c.read_pos = 5           # this handle: nested, no deadlock
+        assert c.finish(1) == FINISHED
+        released = time.monotonic()
+        c.unlock()
+        finished_at = float(proc.stdout.readline())
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+    assert finished_at >= released
+    assert c.confirmed == 2 and c.read_pos == 5
+    with pytest.raises(CursorError, match="not locked"):
+        c.unlock()
+    c.close()

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import struct
+import threading
 import time
 import urllib.error
 
@@ -18,7 +19,7 @@ from nsqshm._core.logcursor import FAULT_DIE_IN_FIN_ENV, decode_message_id
 
 from .conftest import wait_for
 from .test_clients import run as run_client
-from .test_workers import Client, all_workers_answer
+from .test_workers import Client, all_workers_answer, client_on_worker
 
 WORKER_COUNTS = (1, 2)
 
@@ -193,6 +194,52 @@ def test_pub_mpub_and_partition_then_sub_gets_each_once(nsqd_factory):
     assert bad.response() == (p.FRAME_TYPE_ERROR, b'E_BAD_PARTITION topic partition is not '
                                                   b'valid: strconv.Atoi: parsing "x": invalid '
                                                   b'syntax')
+
+
+def test_consumers_on_every_worker_share_one_partition_each_message_once(nsqd_factory):
+    """Each worker's dispatcher reads a partition's log straight (the owner's
+    and the others', LogChannel._deliver_direct), and the owner's feeder
+    fills the channel's ring: each claim (read, hand-off, move of read_pos)
+    is made under the cursor's lock, so two consumers on different workers
+    racing for one partition under load get every message exactly once."""
+    server = nsqd_factory()
+    create(server, "shared", 1)
+    consumers = ([client_on_worker(server, i, "shared", "ch") for i in range(server.workers)]
+                 if server.workers > 1 else [consumer(server, "shared", "ch", rdy=0)] * 1)
+    total = 30_000
+    got = [[] for _ in consumers]
+    done = threading.Event()
+
+    def consume(i, c):
+        c.send(p.rdy(50))
+        c.sock.settimeout(10)
+        while not done.is_set():
+            try:
+                m = c.message()
+            except (TimeoutError, OSError):
+                return
+            got[i].append(m.body)
+            c.send(p.fin(m.id))
+
+    threads = [threading.Thread(target=consume, args=(i, c), daemon=True)
+               for i, c in enumerate(consumers)]
+    for t in threads:
+        t.start()
+    pc = Client(server)
+    for k in range(total // 200):
+        pc.send(p.mpub("shared", [b"%d" % (k * 200 + j) for j in range(200)]))
+        assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert wait_for(lambda: sum(map(len, got)) >= total, 60), [len(g) for g in got]
+    time.sleep(0.5)  # a duplicate would come now
+    done.set()
+    for c in consumers:
+        c.sock.shutdown(2)
+    for t in threads:
+        t.join(10)
+    bodies = [b for g in got for b in g]
+    assert len(bodies) == total and len(set(bodies)) == total
+    assert all(got), [len(g) for g in got]  # every worker delivered a share
+    assert wait_for(lambda: confirmed(server, "shared", "ch") == [total])
 
 
 def test_dpub_appends_when_due(nsqd_factory):

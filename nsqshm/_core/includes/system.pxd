@@ -16,6 +16,7 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_mutexattr_setrobust(pthread_mutexattr_t *attr, int robust)
     int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *attr)
     int pthread_mutex_lock(pthread_mutex_t *m)
+    int pthread_mutex_trylock(pthread_mutex_t *m)
     int pthread_mutex_unlock(pthread_mutex_t *m)
     int pthread_mutex_consistent(pthread_mutex_t *m)
 
@@ -23,6 +24,7 @@ cdef extern from "<pthread.h>" nogil:
 cdef extern from "<errno.h>" nogil:
     int errno
     int EOWNERDEAD
+    int EBUSY
     int ENOTRECOVERABLE
     int EAGAIN
     int EINTR
