@@ -17,7 +17,8 @@
         an ISR follower that has not caught up (held everything the leader's log
         held at some moment) for longer than lag_timeout (dead, cut off, slow) is
         moved out of the ISR in etcd (epoch bumped): the PUBs that waited for it are
-        answered; a catch-up replica caught up in the last JOIN_FRESH joins the ISR:
+        answered; a catch-up replica caught up in the last JOIN_FRESH, and that took
+        every channel's cursor in the last JOIN_CURSORS_FRESH, joins the ISR:
         PUBs wait for it from then on, and once it has the log's end as it was then
         (within JOIN_WAIT) it holds every message acknowledged, and goes in.
     move (an operator's MoveRequest in etcd, or a graceful stop):
@@ -61,6 +62,9 @@ RETRY = 0.3
 CURSOR_INTERVAL = 0.05  # s: cursors go at most this often while the partition is busy
 ACTIVE_SPAN = 1.0  # s: busy for this long after an append sent or a cursor move
 IDLE_CURSOR_WAIT = 1.0  # s: how often a quiet partition's cursors are looked at
+# s: a catch-up replica joins the ISR only if it took every channel's cursor this
+# recently (a quiet partition's are sent every IDLE_CURSOR_WAIT)
+JOIN_CURSORS_FRESH = IDLE_CURSOR_WAIT + 0.5
 MOVE_TIMEOUT = 60.0  # s: a moved replica has this long to catch up (Youzan's minute)
 HAND_OFF_TIMEOUT = 2.0  # s: the new leader has this long to take the end and the cursors
 _BUFFERS = []  # batch buffers not on the wire, shared by the senders of this process
@@ -479,6 +483,12 @@ class PartitionLeader:
             return
         for node in replicas.catchup:
             if now - self.caught_up.get(node, -JOIN_FRESH - 1) > JOIN_FRESH:
+                continue
+            # nor before it holds the channels' cursors: elected after the others'
+            # loss, it would deliver again what they had finished (its channels at
+            # the log's start), where an ISR member redelivers only what was in
+            # flight and what was finished since the last CURSOR_INTERVAL
+            if now - self.cursors_synced.get(node, -JOIN_CURSORS_FRESH - 1) > JOIN_CURSORS_FRESH:
                 continue
             # from here on PUBs wait for it too; once it has the end as it is now it
             # holds every message acknowledged before (within JOIN_WAIT, else PUBs go on
