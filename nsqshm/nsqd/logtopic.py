@@ -245,12 +245,17 @@ class LogTopic(Topic):
 
     def append_here(self, target, packed, count, body_bytes):
         """Append to a partition this worker owns; its IDs in packed become
-        the log's (a traced answer's and the trace's)."""
-        first = target.log.end_offset if target.log is not None else 0
-        # Youzan's traced answer names where the first message went: its
-        # virtual (byte) offset in the partition, BackendOffset
-        trace.publisher.queue_offset = target.log.virtual_end if target.log is not None else 0
+        the log's (a traced answer's and the trace's).  What other workers
+        pushed into the partition's inbound ring goes first: they answered OK
+        for it already, so a publisher that got that OK from one worker and
+        then publishes through this one keeps its order in the partition."""
         try:
+            target.drain_inbound()
+            first = target.log.end_offset if target.log is not None else 0
+            # Youzan's traced answer names where the first message went: its
+            # virtual (byte) offset in the partition, BackendOffset
+            trace.publisher.queue_offset = (target.log.virtual_end if target.log is not None
+                                            else 0)
             target.append(packed)
         except ValueError as err:  # a message larger than a segment takes
             raise TopicError(str(err)) from None

@@ -229,10 +229,10 @@ class Partition:
             return n
 
     def drain_inbound(self):
-        """The owner, before it appends a traced publish another worker took
-        (LogTopic.append_here for append_for_peer): what that worker pushed
-        before it goes into the log first, so a connection's order holds."""
-        if self.inbound is not None and self.log is not None:
+        """The owner, before it appends a publish (LogTopic.append_here: its
+        own, or a traced one another worker took): what the other workers
+        pushed before goes into the log first, so a publisher's order holds."""
+        if self.inbound is not None and self.log is not None and self.inbound.depth:
             while self._pump_once():
                 pass
 
