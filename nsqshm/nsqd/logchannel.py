@@ -376,9 +376,10 @@ class LogChannel(Channel):
         without a sample rate on a channel without delivery policies (both
         consume messages without a FIN, which the cursor would wait for)."""
         if client.sample_rate or self.policy is not None or self.topic.paused \
-                or client.ext_view is not None:
+                or client.ext_view is not None or self.topic.ordered:
             # (a paused topic passes nothing on to its channels; an ext topic's filters and
-            # tags are applied on the ring's path, channel.py)
+            # tags are applied on the ring's path, channel.py; an ordered-only topic's
+            # partitions go through their ordered lanes alone)
             return ()
         if client.partition is None:
             return [p for p in self._readable if not self._following(p)
