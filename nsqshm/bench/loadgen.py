@@ -14,6 +14,7 @@ channel gets every message), and both at once for a while (pubsub:
 run_pubsub, flat out or at a paced rate).
 """
 
+import functools
 import os
 import select
 import socket
@@ -83,11 +84,19 @@ class Conn:
             buf += self.recv()
 
 
-def open_plain(address):
+def open_plain(address, **identify):
     conn = Conn(connect(address))
-    conn.send(p.identify({"feature_negotiation": False, "user_agent": "nsqshm-bench"}))
+    conn.send(p.identify({"feature_negotiation": False, "user_agent": "nsqshm-bench",
+                          **identify}))
     conn.read_frames(1)
     return conn
+
+
+def opener_with(**identify):
+    """An opener for run_phases whose IDENTIFY carries these fields too (say
+    output_buffer_timeout: how long nsqd holds a batch smaller than the
+    output buffer while the client is ready for more)."""
+    return functools.partial(open_plain, **identify)
 
 
 def read_responses(sock, n, dec):

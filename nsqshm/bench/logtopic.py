@@ -43,6 +43,10 @@ def add_arguments(ap):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--fanout", type=int, default=4)
+    ap.add_argument("--output-buffer-timeout", type=int, default=25, metavar="MS",
+                    help="the consumers' IDENTIFY output_buffer_timeout (nsqd's minimum, 25: "
+                         "the default 250 ms held a run's last partial batch for up to "
+                         "250 ms, a large and random part of a short run; -1: no buffering)")
     ap.add_argument("--server-arg", action="append", default=[],
                     help="a flag for the server (repeatable), e.g. --server-arg=--sync-every=100000")
 
@@ -66,13 +70,13 @@ def _cpu_per_delivered(r):
     return (r["server_cpu_in_s"] + r["server_cpu_out_s"]) / out * 1e6
 
 
-def case(target, spec, channels, partitions, rounds, settle=lambda: None):
+def case(target, spec, channels, partitions, rounds, settle=lambda: None, opener=None):
     runs = {kind: [] for kind in KINDS}
     for k in range(rounds):
         for kind in KINDS if k % 2 == 0 else KINDS[::-1]:
             settle()
             topic = create_log_topic(target, partitions) if kind == "log" else None
-            r = loadgen.run_phases(target, spec, channels=channels, topic=topic)
+            r = loadgen.run_phases(target, spec, channels=channels, topic=topic, opener=opener)
             r["both_msgs_per_s"] = r["messages"] * r["channels"] / (r["wall_in_s"] + r["wall_out_s"])
             per = _cpu_per_delivered(r)
             if per is not None:
@@ -97,18 +101,22 @@ def measure(args, rounds, settle=lambda: None):
                            f"--mem-queue-size={mem_queue_size(args.messages, args.size)}",
                            *args.server_arg])
     try:
-        cases = [case(target, spec, 1, args.partitions, rounds, settle),
-                 case(target, spec, args.fanout, args.partitions, rounds, settle)]
+        opener = loadgen.opener_with(output_buffer_timeout=args.output_buffer_timeout)
+        cases = [case(target, spec, 1, args.partitions, rounds, settle, opener),
+                 case(target, spec, args.fanout, args.partitions, rounds, settle, opener)]
     finally:
         target.close()
     return {"params": {**vars(spec), "workers": args.workers, "partitions": args.partitions,
-                       "fanout": args.fanout, "rounds": rounds}, "cases": cases}
+                       "fanout": args.fanout, "rounds": rounds,
+                       "output_buffer_timeout": args.output_buffer_timeout}, "cases": cases}
 
 
 def lines(res):
     p = res["params"]
     out = [f"{p['messages']} messages of {p['size']} B, MPUB {p['batch']}, {p['workers']} workers, "
-           f"log topic of {p['partitions']} partitions, median of {p['rounds']} round(s)"]
+           f"log topic of {p['partitions']} partitions, consumers at RDY {p['rdy']} with "
+           f"output_buffer_timeout {p.get('output_buffer_timeout', 250)} ms, "
+           f"median of {p['rounds']} round(s)"]
     for r in res["cases"]:
         for kind in KINDS:
             x = r[kind]
@@ -138,7 +146,8 @@ def run(ctx):
 
 
 def render(res):
-    out = ["| channels | kind | publish msg/s | deliver msg/s | both phases, msg/s delivered "
+    out = [lines(res)[0] + ".", "",
+           "| channels | kind | publish msg/s | deliver msg/s | both phases, msg/s delivered "
            "| server CPU us per delivered msg |",
            "|---:|---|---:|---:|---:|---:|"]
     for r in res["cases"]:
