@@ -289,16 +289,8 @@ class LogChannel(Channel):
             with self.scratch.borrow() as scratch:
                 for client in ready:
                     deadline = now + client.msg_timeout_ns
-                    for partition in self._direct(client):
-                        room = client.ready_count - client.in_flight
-                        if room <= 0 or client.closed:
-                            break
-                        n = self._deliver_direct(partition, client, room, scratch, deadline)
-                        if n:
-                            delivered = True
-                        if n > 0:
-                            if earliest is None or deadline < earliest:
-                                earliest = deadline
+                    # the rings first: what the owner's feeder pushed was claimed before
+                    # anything still unread, so a client gets each partition in log order
                     for ring in self._sources(client):
                         room = client.ready_count - client.in_flight
                         if room <= 0 or client.closed:
@@ -323,6 +315,16 @@ class LogChannel(Channel):
                         client.kick()
                         if earliest is None or deadline < earliest:
                             earliest = deadline
+                    for partition in self._direct(client):
+                        room = client.ready_count - client.in_flight
+                        if room <= 0 or client.closed:
+                            break
+                        n = self._deliver_direct(partition, client, room, scratch, deadline)
+                        if n:
+                            delivered = True
+                        if n > 0:
+                            if earliest is None or deadline < earliest:
+                                earliest = deadline
             if earliest is not None:
                 self.nsqd.schedule_scan(earliest)
             if self.inflight.expired_out:
@@ -421,9 +423,11 @@ class LogChannel(Channel):
         traced = self.traced
         self._trace_drops(traced)
         base = len(client.out)
+        lane = self.lanes.get(partition.index)
         n, added = self._claim(partition, view, room, scratch, lambda records, n: (
             n, self.inflight.deliver(records, n, client.out, client.id, deadline, 0, None,
-                                     client.detail, client.detail_log)))
+                                     client.detail, client.detail_log)),
+                               before=lane.ring if lane is not None else self.ring)
         if n <= 0:
             return n
         if traced:
@@ -530,16 +534,21 @@ class LogChannel(Channel):
             self.message_count += pushed  # (nsqd counts what the topic pumps into the channel)
         return pushed
 
-    def _claim(self, partition, view, room, scratch, hand_off):
+    def _claim(self, partition, view, room, scratch, hand_off, before=None):
         """Take a partition's next run of unread, unfinished messages, as one
         step against every other reader of it (the owner's feeder, each
         worker's dispatcher), under the cursor's lock: read it (_read_run),
         hand it on (hand_off(records, n) -> (how many it took, its result)),
         move read_pos past what was taken.  Returns (taken, the hand-off's
-        result); taken 0: nothing now, -1: read_pos moved on without any."""
+        result); taken 0: nothing now, -1: read_pos moved on without any.
+        before: a ring the owner's feeder fills with this partition; while it
+        holds records (claimed earlier, so older), nothing is read past them
+        (they go out first, at the next round: the partition's log order)."""
         cursor = self.cursors[partition.index]
         cursor.lock()
         try:
+            if before is not None and before.depth:
+                return 0, None
             pos = cursor.read_pos
             first, n, nbytes = self._read_run(view, cursor, room, scratch)
             taken, result = hand_off(memoryview(scratch)[:nbytes], n) if n > 0 else (n, None)
