@@ -808,13 +808,6 @@ cdef class InFlight(MessageStore):
             return STATUS_NOT_IN_FLIGHT
         return STATUS_OK if e.client_id == client_id else STATUS_NOT_OWNER
 
-    cdef int holds(self, const char *msg_id, uint64_t client_id) noexcept:
-        """Whether client_id holds msg_id in flight: STATUS_OK,
-        STATUS_NOT_IN_FLIGHT or STATUS_NOT_OWNER; nothing changes (a log
-        channel's FIN checks it before it marks the cursor)."""
-        cdef MsgEntry *e
-        return self._held(msg_id, client_id, &e)
-
     cdef int touch_raw(self, const char *msg_id, uint64_t client_id,
                        int64_t new_deadline_ns) noexcept:
         cdef MsgEntry *e

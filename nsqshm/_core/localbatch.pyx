@@ -46,7 +46,7 @@ from nsqshm._core.includes.system cimport (
     nsqshm_load_acquire,
     nsqshm_store_release,
 )
-from nsqshm._core.inflight cimport InFlight
+from nsqshm._core.inflight cimport STATUS_CURSOR_DETACHED, InFlight
 from nsqshm._core.logcursor cimport CursorSet
 from nsqshm._core.tracelog cimport EV_FIN, TraceWriter
 from nsqshm._core.ring cimport Ring
@@ -915,6 +915,7 @@ def finish_frames(InFlight inflight not None, buf, starts, Py_ssize_t count,
     cdef const char *p
     cdef const int64_t *s
     cdef Py_ssize_t i, done = 0
+    cdef int status
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
         PyObject_GetBuffer(starts, &sv, PyBUF_SIMPLE)
@@ -928,10 +929,14 @@ def finish_frames(InFlight inflight not None, buf, starts, Py_ssize_t count,
                     raise ValueError(f"message {i} at {s[i]} is outside the buffer")
             for i in range(count):
                 if cursors is not None:
-                    if inflight.holds(p + s[i] + ID_OFFSET, client_id) != 0:
-                        continue
-                    cursors.finish_id(p + s[i] + ID_OFFSET)
-                if inflight.finish_raw(p + s[i] + ID_OFFSET, client_id) == 0:
+                    # the cursor marked before the block is freed (InFlight.finish_logged);
+                    # a cursor this consumer has not attached: freed all the same
+                    status = inflight.finish_logged(p + s[i] + ID_OFFSET, client_id, cursors)
+                    if status == STATUS_CURSOR_DETACHED:
+                        status = inflight.finish_raw(p + s[i] + ID_OFFSET, client_id)
+                else:
+                    status = inflight.finish_raw(p + s[i] + ID_OFFSET, client_id)
+                if status == 0:
                     done += 1
                     if trace is not None:
                         trace.add(EV_FIN, p + s[i] + ID_OFFSET, trace.clock(),

@@ -393,15 +393,11 @@ class LogChannel(Channel):
                 and not self._following(p)]
 
     def _log_view(self, partition):
-        """(reader, end) of a partition's log for a direct read: the owner's
-        own log up to its readable end; another worker's through a
-        LogReader of the same files up to the committed end.  None: the
-        owner has not made the log yet."""
-        if partition.log is not None:
-            return partition.log.reader, partition.readable_end
+        """(reader, readable end) of a partition's log, the owner's own or,
+        on another worker, a LogReader of the same files.  None: the owner
+        has not made the log yet."""
         try:
-            reader = partition.reader
-            return reader, reader.end_offset
+            return partition.reader, partition.readable_end
         except (OSError, LogError, ValueError):
             return None
 
@@ -528,7 +524,7 @@ class LogChannel(Channel):
         self._held_since.pop(partition.index, None)
         lane = self.lanes.get(partition.index)
         ring = lane.ring if lane is not None else self.ring
-        pushed, _ = self._claim(partition, (log.reader, partition.readable_end), room, scratch,
+        pushed, _ = self._claim(partition, self._log_view(partition), room, scratch,
                                 lambda records, n: ring.push_packed(records))
         if pushed > 0:
             self.message_count += pushed  # (nsqd counts what the topic pumps into the channel)

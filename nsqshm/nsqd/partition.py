@@ -165,12 +165,13 @@ class Partition:
 
     @property
     def readable_end(self):
-        """Where the channels deliver up to: the log's end standalone; in
-        cluster mode the end every in-sync replica has (the gate's
-        committed_end, Kafka's high watermark), so no consumer gets a record a
-        new leader may not hold (an ordered channel would see another message
-        at that offset after a failover)."""
-        end = self.log.end_offset
+        """Where the channels deliver up to: the log's end standalone (read
+        from its state block on a worker that does not own it); in cluster
+        mode the end every in-sync replica has (the gate's committed_end,
+        Kafka's high watermark, known to the owner), so no consumer gets a
+        record a new leader may not hold (an ordered channel would see
+        another message at that offset after a failover)."""
+        end = self.log.end_offset if self.log is not None else self.reader.end_offset
         gate = self.replica
         return end if gate is None else min(end, gate.committed_end(self))
 

@@ -366,7 +366,7 @@ def test_a_consumer_gets_only_what_every_isr_member_has(make_cluster, workers):
 
 # PUBs from inside the cut-off leader's own namespace: connected before the cut, sent
 # at once after it (a line on stdin), so they reach the leader before it takes its lease
-# as lost; on CONNECTIONS connections, so that with several workers some land on the one
+# as lost; on several connections (argv[3]), so that with several workers some land on the one
 # that owns the partition (a PUB forwarded to it from another worker after the cut may
 # be refused before it is appended); each answer (or error) on a line
 PUB_INSIDE = """

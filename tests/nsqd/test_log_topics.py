@@ -206,7 +206,7 @@ def test_consumers_on_every_worker_share_one_partition_each_message_once(nsqd_fa
     server = nsqd_factory()
     create(server, "shared", 1)
     consumers = ([client_on_worker(server, i, "shared", "ch") for i in range(server.workers)]
-                 if server.workers > 1 else [consumer(server, "shared", "ch", rdy=0)] * 1)
+                 if server.workers > 1 else [consumer(server, "shared", "ch", rdy=0)])
     total = 30_000
     got = [[] for _ in consumers]
     done = threading.Event()
