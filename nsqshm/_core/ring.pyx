@@ -1038,6 +1038,24 @@ cdef class Ring:
         self._check()
         nsqshm_store_release(&self.hdr.subscribers, <uint64_t>value)
 
+    def add_direct_subscribers(self, int64_t delta):
+        """Add delta to the count of subscribed clients (of every worker) that
+        take a log channel's partitions straight from the logs; returns it."""
+        self._check()
+        return <int64_t>(nsqshm_fetch_add(&self.hdr.direct_subscribers, <uint64_t>delta)
+                         + <uint64_t>delta)
+
+    @property
+    def direct_subscribers(self):
+        self._check()
+        return <int64_t>nsqshm_load_acquire(&self.hdr.direct_subscribers)
+
+    @direct_subscribers.setter
+    def direct_subscribers(self, int64_t value):
+        """Set at a worker's start from its peers' counts (recovery.py)."""
+        self._check()
+        nsqshm_store_release(&self.hdr.direct_subscribers, <uint64_t>value)
+
     @property
     def ttl_ns(self):
         """The channel's time to live in ns (0: none), for local consumers."""
@@ -1219,6 +1237,14 @@ cdef class Ring:
         self._check()
         self._wake(&self.hdr.wait_space)
 
+    def wake_consumers(self):
+        """Wake the handles waiting for data, as a push does, with nothing
+        pushed: a log channel's dispatchers on other workers read the log
+        straight and sleep on the channel's ring; the owner of a partition
+        wakes them this way when it appends (from any process)."""
+        self._check()
+        self._wake(&self.hdr.wait_data)
+
     @property
     def disk_backlog(self):
         """Set by the queue's owner while its disk queue holds messages (the
@@ -1285,6 +1311,8 @@ cdef class Ring:
             "recoveries": nsqshm_load_acquire(&h.recoveries),
             "local_msgs": nsqshm_load_acquire(&h.local_msgs),
             "local_body_bytes": nsqshm_load_acquire(&h.local_body_bytes),
+            "subscribers": <int64_t>nsqshm_load_acquire(&h.subscribers),
+            "direct_subscribers": <int64_t>nsqshm_load_acquire(&h.direct_subscribers),
             "waiters": waiters,
             "creator_pid": h.creator_pid,
             "created_ns": h.created_ns,

@@ -82,6 +82,7 @@ class Channel:
     # disk) and finishes messages in its partitions' cursors too
     disk_queue = True
     local_subscribers = False  # (logchannel.py: local consumers count in the ring's subscribers)
+    direct_clients = 0  # (logchannel.py: clients here that read the logs, not the ring)
     cursors = None
 
     def __init__(self, topic, name):

@@ -77,6 +77,7 @@ class LogChannel(Channel):
     def __init__(self, topic, name):
         self.lanes = {}             # partition -> Lane (loglane.py), on every worker
         self._filling = set()       # rings being topped up: -1 the channel's, else a partition's lane
+        self._direct_ids = set()    # clients here counted in the ring's direct_subscribers
         super().__init__(topic, name)
         self.cursors = CursorSet(len(topic.partitions))
         self.inflight.sampled_cursors = self.cursors  # a sample rate's skips: finished
@@ -258,6 +259,46 @@ class LogChannel(Channel):
         self.inflight.detail_readers = readers
 
     # -- the dispatcher -------------------------------------------------------------------
+
+    # -- clients --------------------------------------------------------------------
+
+    def add_client(self, client):
+        """Channel.add_client; a client that takes every partition straight
+        from the logs (_reads_all_direct) also counts in the ring's
+        direct_subscribers, so that the owners' feeders, on any worker, fill
+        the ring only while some subscriber needs it (_room)."""
+        super().add_client(client)
+        if client.id not in self._direct_ids and self._reads_all_direct(client):
+            self._direct_ids.add(client.id)
+            self.ring.add_direct_subscribers(1)
+
+    def remove_client(self, client):
+        if client.id in self._direct_ids:
+            self._direct_ids.discard(client.id)
+            if not self.exiting:  # (a closed ring: the next worker's start recounts)
+                self.ring.add_direct_subscribers(-1)
+        super().remove_client(client)
+
+    def leave(self):
+        if self._direct_ids and not self.exiting:
+            self.ring.add_direct_subscribers(-len(self._direct_ids))
+        self._direct_ids.clear()
+        super().leave()
+
+    @property
+    def direct_clients(self):
+        return len(self._direct_ids)
+
+    def _reads_all_direct(self, client):
+        """Whether a client will take every partition straight from the logs,
+        whatever happens later (_direct's lasting conditions; a delivery
+        policy set later is looked at by _room itself): a plain SUB without
+        a sample rate, on a topic neither ordered-only nor ext (whose
+        filters and tags work on the ring's path), every partition readable
+        here (standalone; in cluster mode a worker reads its own alone)."""
+        topic = self.topic
+        return (client.partition is None and not client.sample_rate and not topic.ordered
+                and not topic.ext and len(self._readable) == len(topic.partitions))
 
     def _sources(self, client):
         """The rings a client takes from: its partition's lane, or (a plain
@@ -479,9 +520,13 @@ class LogChannel(Channel):
 
     def feed_wake(self):
         """The log grew, the topic was unpaused: the feeder looks again, and
-        the dispatcher (its clients take owned partitions straight from the log)."""
+        the dispatchers (their clients take partitions straight from the log):
+        this worker's, and the others' (asleep on the channel's ring, which
+        the feeder may leave empty: _room) if they have such clients."""
         self._refill_wake.set()
         self.wake()
+        if not self.exiting and self.ring.direct_subscribers > len(self._direct_ids):
+            self.ring.wake_consumers()
 
     def _room(self, partition):
         """How many records the feeder may push of a partition now: into an
@@ -492,8 +537,9 @@ class LogChannel(Channel):
         if lane is not None and lane.ordered:
             cursor = self.cursors[partition.index]
             return 1 if not lane.ring.depth and cursor.read_pos <= cursor.confirmed else 0
-        if lane is None and self.ring.subscribers <= len(self.clients) and self._all_direct():
-            # every client of the channel is here and takes the partition
+        if lane is None and self.policy is None \
+                and self.ring.subscribers <= self.ring.direct_subscribers:
+            # every client of the channel, on any worker, takes the partition
             # straight from the log (_direct): a ring would only add copies
             self._filling.discard(-1)
             return 0
@@ -504,11 +550,6 @@ class LogChannel(Channel):
         elif depth >= self.feed_target:
             self._filling.discard(key)
         return min(self.feed_target - depth, FEED_BATCH) if key in self._filling else 0
-
-    def _all_direct(self):
-        # (the conditions of _direct: a client it refuses takes the ring the feeder fills)
-        return self.policy is None and not any(
-            c.sample_rate or c.ext_view is not None for c in self.clients.values())
 
     def _feed_once(self, partition, room, scratch):
         """Push up to `room` unread, unfinished messages of a partition into

@@ -348,7 +348,7 @@ class NSQD:
         if op == "log_append":  # a traced publish another worker took for our partition
             return append_for_peer(self, msg)
         if op == "subscribers":  # a starting worker recounts every channel's (recovery.py)
-            return {f"{t.name}:{c.name}": len(c.clients)
+            return {f"{t.name}:{c.name}": [len(c.clients), c.direct_clients]
                     for t in self.topics.values() for c in t.channels.values() if c.clients}
         if op == "clients":
             topic = self.topics.get(msg["topic"])

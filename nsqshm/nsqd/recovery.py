@@ -182,16 +182,24 @@ def _store_all(nsqd, topic, spill):
 
 def recount_subscribers(nsqd):
     """Every channel's subscriber count: the running peers' clients (this
-    worker has none yet).  A peer that does not answer counts none."""
-    counts = {}
+    worker has none yet), and of them those a log channel's feeders need
+    not fill its ring for (logchannel.py, direct_subscribers).  A peer that
+    does not answer counts none.  Both counts come from one answer, so a
+    client that comes or goes meanwhile leaves both off by the same amount."""
+    counts = {}  # queue -> [clients, of them reading a log channel straight from the logs]
     if nsqd.cluster is not None:
         for reply in nsqd.cluster.gather({"op": "subscribers"}, timeout=2):
-            for queue, n in (reply or {}).items():
-                if isinstance(n, int):
-                    counts[queue] = counts.get(queue, 0) + n
+            for queue, pair in (reply or {}).items():
+                if isinstance(pair, list) and len(pair) == 2 and all(
+                        isinstance(n, int) for n in pair):
+                    total = counts.setdefault(queue, [0, 0])
+                    total[0] += pair[0]
+                    total[1] += pair[1]
     local = local_clients.local_subscribers(nsqd.shm_prefix)
     for topic in nsqd.topics.values():
         for channel in topic.channels.values():
             queue = f"{topic.name}:{channel.name}"
-            channel.ring.subscribers = counts.get(queue, 0) + (
+            clients, direct = counts.get(queue, (0, 0))
+            channel.ring.subscribers = clients + (
                 local.get(queue, 0) if channel.local_subscribers else 0)
+            channel.ring.direct_subscribers = direct

@@ -16,6 +16,7 @@ import pytest
 
 from nsqshm import protocol as p
 from nsqshm._core.logcursor import FAULT_DIE_IN_FIN_ENV, decode_message_id
+from nsqshm._core.ring import Ring
 from nsqshm.nsqd.partition import partition_owner
 
 from .conftest import http_call, http_on_worker, wait_for
@@ -241,6 +242,71 @@ def test_consumers_on_every_worker_share_one_partition_each_message_once(nsqd_fa
     assert len(bodies) == total and len(set(bodies)) == total
     assert all(got), [len(g) for g in got]  # every worker delivered a share
     assert wait_for(lambda: confirmed(server, "shared", "ch") == [total])
+
+
+def channel_ring_stats(server, topic, channel):
+    with Ring.attach(f"{server.prefix}.c.{topic}:{channel}") as ring:
+        return ring.stats()
+
+
+def test_consumers_on_any_worker_read_the_log_and_the_ring_is_filled_only_when_needed(
+        nsqd_factory):
+    """Plain SUBs on every worker take the partition straight from the log
+    (the ring's direct_subscribers counts them on every worker): the owner's
+    feeder pushes nothing into the channel's ring (a copy per message
+    before).  A client that cannot read the log (a sample rate) comes: the
+    feeder fills the ring for it; it leaves: the counts go back."""
+    server = nsqd_factory()
+    create(server, "direct", 1)
+    consumers = ([client_on_worker(server, i, "direct", "ch") for i in range(server.workers)]
+                 if server.workers > 1 else [consumer(server, "direct", "ch", rdy=0)])
+    for c in consumers:
+        c.send(p.rdy(100))
+    pc = Client(server)
+    total = 4000
+    for k in range(total // 200):
+        pc.send(p.mpub("direct", [b"%d" % (k * 200 + j) for j in range(200)]))
+        assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    got = []
+    for c in consumers:
+        c.sock.settimeout(0.5)
+    while len(got) < total:
+        before = len(got)
+        for c in consumers:
+            try:
+                m = c.message()
+            except (TimeoutError, OSError):
+                continue
+            got.append(m.body)
+            c.send(p.fin(m.id))
+        assert len(got) > before, len(got)
+    assert sorted(got) == sorted(b"%d" % i for i in range(total))
+    ring = channel_ring_stats(server, "direct", "ch")
+    assert (ring["subscribers"], ring["direct_subscribers"]) == (len(consumers), len(consumers))
+    assert ring["push_records"] == 0, ring
+
+    sampled = Client(server)
+    sampled.send(p.identify({"sample_rate": 99}))
+    assert sampled.response()[0] == p.FRAME_TYPE_RESPONSE
+    sampled.send(p.sub("direct", "ch"))
+    assert sampled.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert wait_for(lambda: channel_ring_stats(server, "direct", "ch")["subscribers"]
+                    == len(consumers) + 1)
+    for c in consumers:
+        c.send(p.rdy(0))
+    sampled.send(p.rdy(100))
+    pc.send(p.mpub("direct", [b"s%d" % i for i in range(200)]))
+    assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    sampled.sock.settimeout(10)
+    m = sampled.message()  # through the ring: the feeder fills it again
+    assert m.body.startswith(b"s")
+    assert channel_ring_stats(server, "direct", "ch")["push_records"] > 0
+    sampled.close()
+    for c in consumers[1:]:
+        c.close()
+    assert wait_for(lambda: (channel_ring_stats(server, "direct", "ch")["subscribers"],
+                             channel_ring_stats(server, "direct", "ch")["direct_subscribers"])
+                    == (1, 1))
 
 
 def test_a_lone_consumer_on_any_worker_gets_a_partition_in_log_order(nsqd_factory):

@@ -40,6 +40,10 @@
  *      488     8  local_expired  messages local consumers dropped as expired (their own
  *                                deadline or ttl_ns), added to atomically; the topic's
  *                                owner adds them to the channel's expired_count
+ *      496     8  direct_subscribers  of those subscribers, the clients that take every
+ *                                partition straight from a log topic's logs (a log
+ *                                channel's ring): while all are, the owners' feeders
+ *                                push nothing into the ring; set with subscribers
  *      512   512  waiters[64]    u64 each: pid << 32 | token, 0 when free
  *     4096   cap  data           records
  *
@@ -126,7 +130,8 @@ typedef struct {
     uint64_t subscribers;
     uint64_t ttl_ns;
     uint64_t local_expired;
-    uint64_t _pad7[2];
+    uint64_t direct_subscribers;
+    uint64_t _pad7[1];
     /* 512: waiter slots */
     uint64_t waiters[NSQSHM_RING_WAITERS];
 } nsqshm_ring_header;
@@ -139,6 +144,7 @@ _Static_assert(offsetof(nsqshm_ring_header, head) == 256, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, wait_data) == 320, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, wait_space) == 384, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, subscribers) == 472, "layout");
+_Static_assert(offsetof(nsqshm_ring_header, direct_subscribers) == 496, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, waiters) == 512, "layout");
 _Static_assert(sizeof(nsqshm_ring_header) <= NSQSHM_RING_HEADER_SIZE, "header fits");
 

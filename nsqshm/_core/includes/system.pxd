@@ -140,6 +140,7 @@ cdef extern from "ring_layout.h" nogil:
         uint64_t subscribers
         uint64_t ttl_ns
         uint64_t local_expired
+        uint64_t direct_subscribers
         uint64_t waiters[64]
 
     uint64_t nsqshm_load_acquire(const uint64_t *p)
