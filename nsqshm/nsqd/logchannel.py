@@ -327,6 +327,7 @@ class LogChannel(Channel):
             self._trace_drops(traced)
             if self.inflight.ttl_ns and self.inflight.expired_out is None:
                 self.inflight.expired_out = bytearray()  # kept, to finish them (_expired)
+            ordered = {id(lane.ring) for lane in self.lanes.values() if lane.ordered}
             with self.scratch.borrow() as scratch:
                 for client in ready:
                     deadline = now + client.msg_timeout_ns
@@ -353,7 +354,13 @@ class LogChannel(Channel):
                         delivered = True
                         client.in_flight += n
                         client.message_count += n
-                        client.kick()
+                        if id(ring) in ordered:
+                            # sent now, not held in the output buffer: the partition's next
+                            # message waits for this one's FIN (Youzan's messagePump flushes
+                            # every message of an ordered channel)
+                            client.flush()
+                        else:
+                            client.kick()
                         if earliest is None or deadline < earliest:
                             earliest = deadline
                     for partition in self._direct(client):

@@ -237,6 +237,26 @@ def test_sub_ordered_one_in_flight_in_order(nsqd_factory):
     assert _where(take(plain, 4)) == [(1, o) for o in range(4)]
 
 
+def test_an_ordered_message_is_sent_at_once_not_held_in_the_output_buffer(nsqd_factory):
+    """The next message of an ordered partition waits for this one's FIN, so
+    it is sent at once, as Youzan's messagePump flushes every message of an
+    ordered channel: held for the output buffer's tick (nsqd's default 250
+    ms) an ordered consumer got 4 messages a second.  Here the tick is 10 s;
+    each of 5 messages must come within 2 s (before: the drain of the log
+    topic loss audit, test_log_audit.py, stalled at 8 messages a second)."""
+    server = nsqd_factory()
+    create(server, "lt", 1)
+    c = _sub(server, b"SUB_ORDERED lt ch 0\n", identify={"output_buffer_timeout": 10_000})
+    _publish(server, "lt", 0, 5)
+    c.sock.settimeout(2)
+    got = []
+    for _ in range(5):
+        m = c.message()
+        got.append(decode_message_id(m.id))
+        c.send(p.fin(m.id))
+    assert got == [(0, o) for o in range(5)]
+
+
 def test_sub_ordered_without_a_partition_orders_each_partition(nsqd_factory):
     server = nsqd_factory()
     create(server, "lt", 2)

@@ -375,8 +375,10 @@ class Load:
     """Publishers and slow consumers in threads, reconnecting after errors;
     `acked` holds every body whose MPUB was answered OK."""
 
-    def __init__(self, server, topic="audit", channel="ch", publishers=2, consumers=2):
+    def __init__(self, server, topic="audit", channel="ch", publishers=2, consumers=2,
+                 pause=0.002):
         self.server = server
+        self.pause = pause  # between a publisher's MPUBs
         self.topic, self.channel = topic, channel
         self.acked, self.delivered = set(), []
         self.stop = threading.Event()
@@ -399,7 +401,7 @@ class Load:
                     seq += 20
                     if c.response() == (p.FRAME_TYPE_RESPONSE, b"OK"):
                         self.acked.update(bodies)
-                    time.sleep(0.002)
+                    time.sleep(self.pause)
             except (OSError, ConnectionError):
                 self.errors += 1
                 time.sleep(0.05)
@@ -435,13 +437,18 @@ def channel_left(server, topic, channel):
     return 0
 
 
-def drain(server, topic, channel, timeout=60):
-    """Every message left in the channel: consumed until the broker holds none."""
+def drain(server, topic, channel, timeout=60, subscribe=None, record=None):
+    """Every message left in the channel: consumed until the broker holds
+    none.  subscribe(server): a subscribed client (default a SUB with RDY
+    1000); record(message): what is kept of each (default its body)."""
     got = []
-    c = Client(server)
-    c.send(p.sub(topic, channel))
-    c.response()
-    c.send(p.rdy(1000))
+    if subscribe is None:
+        c = Client(server)
+        c.send(p.sub(topic, channel))
+        c.response()
+        c.send(p.rdy(1000))
+    else:
+        c = subscribe(server)
     c.sock.settimeout(0.5)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -451,10 +458,10 @@ def drain(server, topic, channel, timeout=60):
             if channel_left(server, topic, channel) == 0:
                 return got
             continue
-        got.append(msg.body)
+        got.append(msg.body if record is None else record(msg))
         c.send(p.fin(msg.id))
-    raise AssertionError(f"messages still held after {timeout}s: "
-                         f"{channel_left(server, topic, channel)}")
+    raise AssertionError(f"{channel}: messages still held after {timeout}s: "
+                         f"{channel_left(server, topic, channel)} ({len(got)} drained)")
 
 
 def kill_group(server):
@@ -468,6 +475,26 @@ def kill_group(server):
 
 
 AUDIT_ARGS = ("--workers=2", "--mem-queue-size=5000")
+
+
+def kill_workers_then_the_group(server, kills):
+    """SIGKILL `kills` workers at random, 1.5 s apart, each replaced before
+    the next; then the supervisor and every worker at once."""
+    rng = random.Random(kills)
+    born = {pid: 0.0 for pid in workers(server)}
+
+    def grown_up():  # workers that ran 6 s: killing fresh ones in a row is a crash loop
+        now = time.monotonic()
+        return [pid for pid in workers(server) if now - born.setdefault(pid, now) > 6]
+
+    for _ in range(kills):
+        time.sleep(1.5)
+        victim = rng.choice(wait_for(grown_up, timeout=20))
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda v=victim: v not in workers(server) and len(workers(server)) == 2,
+                 timeout=15)
+    time.sleep(1.5)
+    kill_group(server)
 
 
 def audit(label, load, server, nsqd_factory, data):
@@ -495,21 +522,7 @@ def test_loss_audit_sigkill_workers_then_the_whole_broker(tmp_path, nsqd_factory
     data.mkdir()
     server = nsqd_factory(*AUDIT_ARGS, data_path=data)
     load = Load(server)
-    rng = random.Random(kills)
-    born = {pid: 0.0 for pid in workers(server)}
-
-    def grown_up():  # workers that ran 6 s: killing fresh ones in a row is a crash loop
-        now = time.monotonic()
-        return [pid for pid in workers(server) if now - born.setdefault(pid, now) > 6]
-
-    for _ in range(kills):
-        time.sleep(1.5)
-        victim = rng.choice(wait_for(grown_up, timeout=20))
-        os.kill(victim, signal.SIGKILL)
-        wait_for(lambda v=victim: v not in workers(server) and len(workers(server)) == 2,
-                 timeout=15)
-    time.sleep(1.5)
-    kill_group(server)  # the supervisor and every worker at once
+    kill_workers_then_the_group(server, kills)
     load.finish()
     audit(f"loss audit, {kills} worker kills then the whole group", load, server, nsqd_factory,
           data)
