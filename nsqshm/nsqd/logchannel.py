@@ -84,6 +84,7 @@ class LogChannel(Channel):
         self.retention_moves = 0    # times a cursor fell below the log start (retention)
         self._checkpointed = {}     # partition -> confirmed at the last checkpoint
         self._held_since = {}       # partition -> when the feeder first found it held
+        self._full_windows = set()  # partitions whose cursor window the feeder saw full
         self.feed_target = max(1, min(self.mem_limit, FEED_AHEAD))
         self.feed_low = max(1, self.feed_target // 2)
         for partition in topic.partitions:
@@ -264,13 +265,18 @@ class LogChannel(Channel):
 
     def add_client(self, client):
         """Channel.add_client; a client that takes every partition straight
-        from the logs (_reads_all_direct) also counts in the ring's
+        from the logs (_needs_no_ring) also counts in the ring's
         direct_subscribers, so that the owners' feeders, on any worker, fill
         the ring only while some subscriber needs it (_room)."""
         super().add_client(client)
-        if client.id not in self._direct_ids and self._reads_all_direct(client):
+        if client.id in self._direct_ids:
+            return
+        if self._needs_no_ring(client):
             self._direct_ids.add(client.id)
             self.ring.add_direct_subscribers(1)
+        else:  # the feeders may be asleep with every other client reading the logs: fill now
+            self._refill_wake.set()
+            self.ring.nudge()
 
     def remove_client(self, client):
         if client.id in self._direct_ids:
@@ -289,16 +295,20 @@ class LogChannel(Channel):
     def direct_clients(self):
         return len(self._direct_ids)
 
-    def _reads_all_direct(self, client):
-        """Whether a client will take every partition straight from the logs,
+    def _needs_no_ring(self, client):
+        """Whether a client will never take anything from the channel's ring,
         whatever happens later (_direct's lasting conditions; a delivery
-        policy set later is looked at by _room itself): a plain SUB without
-        a sample rate, on a topic neither ordered-only nor ext (whose
-        filters and tags work on the ring's path), every partition readable
-        here (standalone; in cluster mode a worker reads its own alone)."""
+        policy set later is looked at by _room itself): one that named a
+        partition (it takes that partition's lane, which the feeder fills
+        whatever the counts); a plain SUB without a sample rate, on a topic
+        neither ordered-only nor ext (whose filters and tags work on the
+        ring's path), every partition readable here (standalone; in cluster
+        mode a worker reads its own alone), takes every partition straight
+        from the logs."""
         topic = self.topic
-        return (client.partition is None and not client.sample_rate and not topic.ordered
-                and not topic.ext and len(self._readable) == len(topic.partitions))
+        return client.partition is not None or (
+            not client.sample_rate and not topic.ordered and not topic.ext
+            and len(self._readable) == len(topic.partitions))
 
     def _sources(self, client):
         """The rings a client takes from: its partition's lane, or (a plain
@@ -529,10 +539,13 @@ class LogChannel(Channel):
         """The log grew, the topic was unpaused: the feeder looks again, and
         the dispatchers (their clients take partitions straight from the log):
         this worker's, and the others' (asleep on the channel's ring, which
-        the feeder may leave empty: _room) if they have such clients."""
+        the feeder may leave empty: _room)."""
         self._refill_wake.set()
         self.wake()
-        if not self.exiting and self.ring.direct_subscribers > len(self._direct_ids):
+        if not self.exiting:
+            # unconditionally: a fence, then one load when nobody sleeps; a test of
+            # direct_subscribers first could read it before a new client's add and
+            # miss that client's wait for this append
             self.ring.wake_consumers()
 
     def _room(self, partition):
@@ -603,6 +616,13 @@ class LogChannel(Channel):
         if n == RETENTION:
             self.move_to_start(partition, first)
             return -1, None
+        if n == 0 and cursor.read_pos >= cursor.window_end:
+            # the window is full: the owner's feeder watches it for the FINs that move
+            # it (_watch_window), wherever they come
+            if partition.owned:
+                self._refill_wake.set()
+            else:
+                self.ring.nudge()
         return taken, result
 
     def _read_run(self, view, cursor, room, scratch):
@@ -667,6 +687,22 @@ class LogChannel(Channel):
                 return True
         return False
 
+    def _watch_window(self, partition, cursor):
+        """A partition the feeder pushes nothing of now (its clients read the log):
+        while its cursor's window is full (read_pos at window_end), the dispatchers
+        can read nothing, and a FIN on another worker that moves the window wakes
+        none of them; so the feeder looks every WINDOW_RETRY (returns True: stalled),
+        and wakes them all once it has moved."""
+        index = partition.index
+        if cursor.read_pos >= cursor.window_end and cursor.read_pos < partition.readable_end:
+            self._full_windows.add(index)
+            return True
+        if index in self._full_windows:
+            self._full_windows.discard(index)
+            self.wake()
+            self.ring.wake_consumers()
+        return False
+
     def _feed_loop(self):
         wake = self._refill_wake
         turn = 0
@@ -679,12 +715,17 @@ class LogChannel(Channel):
                         partition = self._owned[(turn + i) % len(self._owned)]
                         if self._following(partition):
                             continue
+                        cursor = self.cursors[partition.index]
+                        if cursor.held:  # (released here if a dead worker's seek left it)
+                            self._check_hold(partition, cursor)
+                            continue
+                        self._held_since.pop(partition.index, None)
                         room = self._room(partition)
                         if room <= 0:
+                            stalled = self._watch_window(partition, cursor) or stalled
                             continue
                         n = self._feed_once(partition, room, scratch)
                         moved = moved or n != 0
-                        cursor = self.cursors[partition.index]
                         stalled = stalled or (n == 0 and cursor.read_pos >= cursor.window_end)
                 turn += 1
             # a held cursor (a seek) is looked at again too (_check_hold)

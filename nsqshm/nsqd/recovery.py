@@ -184,8 +184,8 @@ def recount_subscribers(nsqd):
     """Every channel's subscriber count: the running peers' clients (this
     worker has none yet), and of them those a log channel's feeders need
     not fill its ring for (logchannel.py, direct_subscribers).  A peer that
-    does not answer counts none.  Both counts come from one answer, so a
-    client that comes or goes meanwhile leaves both off by the same amount."""
+    does not answer counts none.  A client that subscribes on a peer between
+    its answer and the stores below is missed (a known limit, docs/logtopics.md)."""
     counts = {}  # queue -> [clients, of them reading a log channel straight from the logs]
     if nsqd.cluster is not None:
         for reply in nsqd.cluster.gather({"op": "subscribers"}, timeout=2):

@@ -309,6 +309,75 @@ def test_consumers_on_any_worker_read_the_log_and_the_ring_is_filled_only_when_n
                     == (1, 1))
 
 
+def test_a_client_that_needs_the_ring_gets_a_backlog_the_others_read_from_the_log(
+        nsqd_factory):
+    """Every client read the log, so the owner's feeder slept with the ring
+    empty; a client that needs the ring (a sample rate) subscribes on the
+    owner's worker while nothing is published: it wakes the feeder, which fills
+    the ring (found in review: it got nothing)."""
+    server = nsqd_factory()
+    create(server, "backlog", 1)
+    owner = partition_owner("backlog", 0, server.workers)
+    reader = consumer(server, "backlog", "ch", rdy=0)
+    pc = Client(server)
+    pc.send(p.mpub("backlog", [b"%d" % i for i in range(100)]))
+    assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert wait_for(lambda: stats(server, "backlog")["partitions"][0]["end_offset"] == 100)
+    if server.workers > 1:
+        sampled = client_on_worker(server, owner, "backlog", "ch", identify={"sample_rate": 99})
+    else:
+        sampled = Client(server)
+        sampled.send(p.identify({"sample_rate": 99}))
+        assert sampled.response()[0] == p.FRAME_TYPE_RESPONSE
+        sampled.send(p.sub("backlog", "ch"))
+        assert sampled.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    sampled.send(p.rdy(100))
+    sampled.sock.settimeout(5)
+    assert sampled.message().body.isdigit()
+    reader.close()
+
+
+@pytest.mark.workers(2)
+def test_a_full_cursor_window_moved_by_a_fin_on_the_other_worker_wakes_the_readers(
+        nsqd_factory):
+    """The oldest unfinished message is held by a consumer on one worker while
+    a consumer on the owner finishes the next 65,535: the cursor's window is
+    full, nothing more can be read.  The holder's FIN (on its worker) moves the
+    window; the owner's feeder, which pushes nothing while every client reads
+    the log, looks at a full window every 0.5 s and wakes the readers when it
+    has moved (found in review: the rest stayed unread until the next publish)."""
+    server = nsqd_factory()
+    create(server, "win", 1)
+    owner = partition_owner("win", 0, 2)
+    holder = client_on_worker(server, 1 - owner, "win", "ch")
+    reader = client_on_worker(server, owner, "win", "ch")
+    holder.send(p.rdy(1))
+    pc = Client(server)
+    total = 66_000
+    for k in range(total // 1000):
+        pc.send(p.mpub("win", [b"%d" % (k * 1000 + j) for j in range(1000)]))
+        assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    held = holder.message()
+    reader.send(p.rdy(2500))
+    reader.sock.settimeout(2)
+    got = 0
+    while True:
+        try:
+            m = reader.message()
+        except TimeoutError:
+            break
+        got += 1
+        reader.send(p.fin(m.id))
+    assert got == 65_535  # the window: 65,536 offsets from the oldest unfinished
+    holder.send(p.rdy(0))
+    holder.send(p.fin(held.id))
+    reader.sock.settimeout(5)
+    for _ in range(total - 1 - got):
+        m = reader.message()
+        reader.send(p.fin(m.id))
+    assert wait_for(lambda: confirmed(server, "win", "ch") == [total])
+
+
 def test_a_lone_consumer_on_any_worker_gets_a_partition_in_log_order(nsqd_factory):
     """A consumer on a worker that does not own the partition takes what the
     owner's feeder pushed into the channel's ring before what it reads straight

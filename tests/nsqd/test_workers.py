@@ -88,10 +88,14 @@ def all_workers_answer(server, n):
     raise AssertionError(f"only workers {sorted(seen)} answered 200 connections")
 
 
-def client_on_worker(server, index, topic, channel=None):
-    """A connection that landed on worker `index` (the kernel spreads them)."""
+def client_on_worker(server, index, topic, channel=None, identify=None):
+    """A connection that landed on worker `index` (the kernel spreads them);
+    identify: an IDENTIFY body sent first."""
     for _ in range(100):
         c = Client(server)
+        if identify is not None:
+            c.send(p.identify(identify))
+            assert c.response()[0] == p.FRAME_TYPE_RESPONSE
         if channel is None:  # a publisher shows in /stats once it has published
             c.send(p.pub("probe", b"probe"))
         else:
