@@ -82,6 +82,7 @@ class NsqdCoordinator:
                              http_port=opts.broadcast_http_port, rpc_port=rpc_port,
                              version=version, workers=host.workers)
         self.lag_timeout = LAG_TIMEOUT
+        self._committed_heard = {}  # (topic, partition) -> committed end its leader sent
         self.session = EtcdSession(endpoints(opts), ttl=lease_ttl(opts))
         self.topology = Topology(self.session, opts.cluster_id)
         self.leadership = Leadership(self.topology, self.node)
@@ -242,6 +243,7 @@ class NsqdCoordinator:
         (its name in both) loses its old log too: the new one starts empty."""
         for key in [k for k in self.roles if k[0] not in names or k[0] in deleted]:
             self.roles.pop(key).stop()
+            self._committed_heard.pop(key, None)  # (a topic made again starts from 0)
             leader = self.leaders.pop(key, None)
             if leader is not None:
                 leader.stop("its topic was deleted")
@@ -376,13 +378,22 @@ class NsqdCoordinator:
             mine.fence(f"{peer} leads at write epoch {epoch}")
         return part, None
 
-    def on_cursors(self, peer, topic, partition, epoch, cursors):
+    def committed_heard(self, partition):
+        """The largest committed end a leader of the partition told this node
+        (CURSORS frames) since its log was last reset; 0 if none."""
+        return self._committed_heard.get((partition.topic.name, partition.index), 0)
+
+    def on_cursors(self, peer, topic, partition, epoch, committed, cursors):
         """The leader's channel cursors of a partition: the channels here take
         them (ReplicaHost.adopt_cursors), and those it deleted go here too
-        (drop_channels) -> (status, end)."""
+        (drop_channels); its committed end is kept (committed_heard) -> (status,
+        end).  (Committed ends only grow, from one leader to the next: a new
+        leader's is at least what it heard, which every ISR member holds.)"""
         part, refused = self._from_leader(peer, topic, partition, epoch)
         if refused is not None:
             return refused, self.host.end_offset(part) if part is not None else 0
+        key = (topic, partition)
+        self._committed_heard[key] = max(self._committed_heard.get(key, 0), committed)
         self.host.drop_channels(part, [name for name, confirmed, _ in cursors
                                        if confirmed == rpc.DELETED])
         self.host.adopt_cursors(part, [c for c in cursors if c[1] != rpc.DELETED])
@@ -405,6 +416,7 @@ class NsqdCoordinator:
             if self.node.id in known.isr or mine is not None:
                 return rpc.MISMATCH, end, self.host.tail_crc(part, end)  # not while in the ISR
             self.host.reset_log(part)
+            self._committed_heard.pop((topic, partition), None)
             end = self.host.end_offset(part)
             return rpc.MISMATCH, end, self.host.tail_crc(part, end)
         try:

@@ -69,6 +69,7 @@ MOVE_TIMEOUT = 60.0  # s: a moved replica has this long to catch up (Youzan's mi
 HAND_OFF_TIMEOUT = 2.0  # s: the new leader has this long to take the end and the cursors
 _BUFFERS = []  # batch buffers not on the wire, shared by the senders of this process
 _DELETED = object()  # in a connection's `sent`: the channel's deletion was sent
+_COMMITTED = object()  # a connection's `sent` key: the committed end it was told
 
 
 def _take_buffer():
@@ -86,6 +87,12 @@ class PartitionLeader:
         self.me = coordinator.node.id
         self.lag_timeout = coordinator.lag_timeout
         self.acked = {}  # node ID -> end offset it acknowledged
+        # what this node heard was committed while it followed (CURSORS frames): every
+        # ISR member holds it, so the channels deliver up to it before the first acks
+        # (an ISR member that died with the old leader would hold them back until the
+        # monitor takes it out of the ISR); never past this log's own end
+        self.floor = min(coordinator.committed_heard(partition),
+                         coordinator.host.end_offset(partition))
         # node ID -> the last monotonic time it held everything the leader's log held
         # then (an ACK of a frame that took the log to its end as read at that time, or
         # an ACK equal to the end): under steady PUBs a follower is nearly always a
@@ -138,13 +145,14 @@ class PartitionLeader:
             self._progress.wait(1.0)
 
     def committed_end(self, partition):
-        """The end every ISR member (and a joining one) has acknowledged: the
+        """The end every ISR member (and a joining one) has acknowledged, or
+        the committed end this node heard as a follower if that is more: the
         channels deliver up to here (Partition.readable_end), never a record
         a new leader might not hold.  Alone in the ISR: the log's end."""
         required = self._required()
         if not required:
             return partition.log.end_offset
-        return min(self.acked.get(n, 0) for n in required)
+        return max(self.floor, min(self.acked.get(n, 0) for n in required))
 
     @property
     def _name(self):
@@ -295,11 +303,13 @@ class PartitionLeader:
             self.coordinator.logf("info", f"{self._name}: deleted channels not kept: {err}")
 
     def _send_cursors(self, client, sent, node):
-        """The cursors that moved since `sent` (this connection's last), in one
-        CURSORS frame: the ACK's status, or None when none moved."""
+        """The cursors that moved since `sent` (this connection's last), with the
+        committed end, in one CURSORS frame: the ACK's status, or None when
+        neither the cursors nor the committed end moved."""
         topic, index = self.partition.topic.name, self.partition.index
         host = self.coordinator.host
         read_at = time.monotonic()
+        committed = self.committed_end(self.partition)
         states = host.cursor_states(self.partition)
         # every offset those cursors name is below this end (read after them)
         leader_end = host.end_offset(self.partition)
@@ -311,16 +321,17 @@ class PartitionLeader:
         self._keep_deleted()
         moved = [name for name, state in states.items() if sent.get(name) != state]
         deleted = [name for name in self._deleted if sent.get(name) is not _DELETED]
-        if not moved and not deleted:
+        if not moved and not deleted and committed <= sent.get(_COMMITTED, 0):
             self.cursors_synced[node] = read_at
             return None
-        frame = rpc.encode_cursors(topic, index, self.epoch, [
+        frame = rpc.encode_cursors(topic, index, self.epoch, committed, [
             (name, states[name][0], states[name][1] if states[name][1].strip(b"\0") else b"")
             for name in moved] + [(name, rpc.DELETED, b"") for name in deleted])
         status, follower_end = client.cursors(frame)
         # the follower takes a cursor only as far as its log goes: one it could not
         # take whole is sent again (next interval) until its log has caught up
         if status == rpc.OK:
+            sent[_COMMITTED] = committed
             for name in deleted:
                 sent[name] = _DELETED
         if status == rpc.OK and follower_end >= leader_end:

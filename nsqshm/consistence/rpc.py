@@ -33,14 +33,17 @@ Every frame:
     PUBLISHED | u8 status | text |   status OK, NOT_LEADER or FAILED (text: why)
     CURSORS  (leader -> follower)   the partition's channel cursors, answered by an ACK
         | u16 BE topic len | topic | u16 BE partition | u64 BE write epoch |
-        | u16 BE count | count x ( u8 name len | name | u64 BE confirmed |
+        | u64 BE committed end | u16 BE count |
+        |                count x ( u8 name len | name | u64 BE confirmed |
         |                          u32 BE window len | window ) |
       window: the cursor's finished-above bits as Cursor.snapshot gives them (native
       u64 words; empty when nothing above confirmed is finished).  The follower's
       channel takes them (ReplicaHost.adopt_cursors), so a new leader resumes where
       the old one's consumers were.  confirmed DELETED (u64 max, no window): the
       channel was deleted on the leader, and goes on the follower too
-      (ReplicaHost.drop_channels).
+      (ReplicaHost.drop_channels).  committed end: the leader's (what every ISR
+      member holds, replicator.committed_end), sent also when only it moved: a
+      follower elected leader delivers up to it before its first acks come.
 
 The server takes only peers registered in etcd for the cluster: the HELLO's node ID
 must be a live nsqd node whose NodeIP is the connection's source address.
@@ -115,14 +118,14 @@ def decode_publish(body):
     return topic, partition, view[2 + n + PUBLISH_FIXED.size:]
 
 
-CURSORS_FIXED = struct.Struct(">HQH")  # partition, write epoch, count
+CURSORS_FIXED = struct.Struct(">HQQH")  # partition, write epoch, committed end, count
 CURSOR_ENTRY = struct.Struct(">QI")  # confirmed, window length
 MAX_WINDOW = 1 << 20  # bytes: a cursor's window is 8 KiB (logcursor's 64 Ki bits)
 
 
-def encode_cursors(topic, partition, epoch, cursors):
+def encode_cursors(topic, partition, epoch, committed, cursors):
     """A CURSORS frame: cursors [(channel name, confirmed, window bytes)]."""
-    parts = [_topic(topic), CURSORS_FIXED.pack(partition, epoch, len(cursors))]
+    parts = [_topic(topic), CURSORS_FIXED.pack(partition, epoch, committed, len(cursors))]
     for name, confirmed, window in cursors:
         raw = name.encode()
         parts += [bytes((len(raw),)), raw, CURSOR_ENTRY.pack(confirmed, len(window)), window]
@@ -130,15 +133,15 @@ def encode_cursors(topic, partition, epoch, cursors):
 
 
 def decode_cursors(body):
-    """-> (topic, partition, epoch, [(channel name, confirmed, window bytes)]);
-    RPCError for a body that does not hold what it announces."""
+    """-> (topic, partition, epoch, committed end, [(channel name, confirmed, window
+    bytes)]); RPCError for a body that does not hold what it announces."""
     view = memoryview(body)
     (n,) = struct.unpack_from(">H", view, 0)
     pos = 2 + n + CURSORS_FIXED.size
     if pos > len(view):
         raise RPCError("short CURSORS")
     topic = bytes(view[2:2 + n]).decode()
-    partition, epoch, count = CURSORS_FIXED.unpack_from(view, 2 + n)
+    partition, epoch, committed, count = CURSORS_FIXED.unpack_from(view, 2 + n)
     out = []
     for _ in range(count):
         if pos >= len(view):
@@ -156,7 +159,7 @@ def decode_cursors(body):
         pos += wlen
     if pos != len(view):
         raise RPCError("trailing bytes after CURSORS")
-    return topic, partition, epoch, out
+    return topic, partition, epoch, committed, out
 
 
 def encode_ack(status, topic, partition, end, tail_crc=None):
@@ -205,7 +208,7 @@ def hello_body(cluster_id, node_id):
 class RPCServer:
     """A follower worker's listener.  is_peer(node_id, ip) -> bool checks the peer
     against etcd; on_append(peer, topic, partition, epoch, first, records) -> (status,
-    end) applies a batch; on_cursors(peer, topic, partition, epoch, cursors) ->
+    end) applies a batch; on_cursors(peer, topic, partition, epoch, committed, cursors) ->
     (status, end) takes the leader's channel cursors."""
 
     def __init__(self, address, cluster_id, node_id, is_peer, on_append, on_publish, logf,
@@ -244,8 +247,9 @@ class RPCServer:
                     sock.sendall(frame(PUBLISHED, bytes((status,)) + text.encode()))
                     continue
                 if kind == CURSORS and self.on_cursors is not None:
-                    topic, partition, epoch, cursors = decode_cursors(body)
-                    status, end = self.on_cursors(peer, topic, partition, epoch, cursors)
+                    topic, partition, epoch, committed, cursors = decode_cursors(body)
+                    status, end = self.on_cursors(peer, topic, partition, epoch, committed,
+                                                  cursors)
                     sock.sendall(encode_ack(status, topic, partition, end))
                     continue
                 if kind != APPEND:

@@ -197,6 +197,41 @@ def test_a_leader_killed_just_after_fins_redelivers_only_what_was_in_flight(make
         survivor.close()
 
 
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_a_new_leader_delivers_what_was_committed_before_the_dead_leader_leaves_the_isr(
+        make_cluster, workers):
+    """The leader tells its followers its committed end (in CURSORS frames), and a
+    follower elected leader delivers up to it at once.  Before, its channels waited
+    for every ISR member's first ack, and the dead old leader, still in the ISR,
+    acknowledges nothing: consumers got nothing until the monitor took it out
+    (LAG_TIMEOUT, 2 s after the election)."""
+    cluster = make_cluster(workers)
+    assert cluster.create_topic("orders", 1, 3)[0] == 200
+    leader = cluster.leader("orders")
+    followers = [n for n in cluster.nodes if n is not leader]
+    bodies = [b"m%04d" % i for i in range(100)]
+    client = publish_and_hold(leader, bodies, 10, set())
+    wait_until(lambda: all(channel_cursor(f, "orders", "audit") == (10, 0) for f in followers),
+               10, "the followers' channel takes the leader's cursor")
+    leader.kill()
+    client.close()
+    new = cluster.leader("orders", not_in=(leader.id,), timeout=20)
+    survivor = Client(new)
+    try:
+        survivor.send(p.sub("orders", "audit"))
+        assert survivor.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+        survivor.send(p.rdy(100))
+        got = [survivor.message().body]
+        assert leader.id in isr(cluster, "orders")  # delivered while it is still in the ISR
+        for _ in range(89):
+            m = survivor.message()
+            got.append(m.body)
+            survivor.send(p.fin(m.id))
+        assert sorted(got) == bodies[10:]
+    finally:
+        survivor.close()
+
+
 def test_a_channel_deleted_on_the_leader_goes_on_the_followers(make_cluster):
     """The deletion rides with the cursors (a CURSORS entry with confirmed DELETED):
     a new leader does not bring back a channel its consumers had deleted, and a

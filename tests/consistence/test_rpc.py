@@ -73,9 +73,9 @@ def test_codec_round_trips():
 
 def test_cursors_codec_round_trips_and_refuses_short_bodies():
     cursors = [("audit", 5, bytes(range(8)) * 1024), ("other", 0, b"")]
-    kind, body = rpc.read_frame(_Bytes(rpc.encode_cursors("orders", 3, 7, cursors)))
+    kind, body = rpc.read_frame(_Bytes(rpc.encode_cursors("orders", 3, 7, 1234, cursors)))
     assert kind == rpc.CURSORS
-    assert rpc.decode_cursors(body) == ("orders", 3, 7, cursors)
+    assert rpc.decode_cursors(body) == ("orders", 3, 7, 1234, cursors)
     for cut in (3, len(body) - 1, len(body) - 8193):
         with pytest.raises(rpc.RPCError):
             rpc.decode_cursors(body[:cut])
@@ -91,9 +91,9 @@ def test_cursors_reach_the_follower_and_its_ack_comes_back():
     srv.start()
     try:
         client = rpc.RPCClient("127.0.0.1", srv.address[1], "c1", "leader:1", timeout=5)
-        frame = rpc.encode_cursors("orders", 0, 4, [("audit", 3, b"")])
+        frame = rpc.encode_cursors("orders", 0, 4, 3, [("audit", 3, b"")])
         assert client.cursors(frame) == (rpc.OK, 9)
-        assert seen == [("leader:1", "orders", 0, 4, [("audit", 3, b"")])]
+        assert seen == [("leader:1", "orders", 0, 4, 3, [("audit", 3, b"")])]
         client.close()
     finally:
         srv.stop()
