@@ -1230,6 +1230,17 @@ cdef class Ring:
     def paused(self, bint value):
         self._set_flag(2, value)
 
+    @property
+    def ring_wanted(self):
+        """Set by a log channel's dispatcher whose client takes from the ring
+        and finds it empty (flags bit 2): the owners' feeders fill the ring
+        then, whatever the subscriber counts say (logchannel.py _room)."""
+        return self._flag(4)
+
+    @ring_wanted.setter
+    def ring_wanted(self, bint value):
+        self._set_flag(4, value)
+
     def nudge(self):
         """Wake the handles waiting for space, as a pop does: a consumer that
         finds the ring empty while the owner has a disk backlog asks for a

@@ -525,6 +525,8 @@ class LogChannel(Channel):
         for waker in wakers:
             waker.arm()
         if id(self.ring) in rings and len(self._owned) < len(self.topic.partitions):
+            if len(self.clients) > len(self._direct_ids) and not self.ring.depth:
+                self.ring.ring_wanted = True  # a client here takes from the ring (_room)
             self.ring.nudge()  # the owners' feeders: a consumer here waits (see _room)
         try:
             if not any(ring.depth for ring in rings.values()) and not self._direct_unread(ready):
@@ -557,10 +559,13 @@ class LogChannel(Channel):
         if lane is not None and lane.ordered:
             cursor = self.cursors[partition.index]
             return 1 if not lane.ring.depth and cursor.read_pos <= cursor.confirmed else 0
-        if lane is None and self.policy is None \
-                and self.ring.subscribers <= self.ring.direct_subscribers:
+        if lane is None and self.policy is None and len(self.clients) <= len(self._direct_ids) \
+                and self.ring.subscribers <= self.ring.direct_subscribers \
+                and not self.ring.ring_wanted:
             # every client of the channel, on any worker, takes the partition
-            # straight from the log (_direct): a ring would only add copies
+            # straight from the log (_direct): a ring would only add copies.  (A
+            # client that needs the ring and was missed from the counts, at a
+            # worker's start, asks for it when it waits: ring_wanted.)
             self._filling.discard(-1)
             return 0
         key = partition.index if lane is not None else -1
@@ -589,6 +594,8 @@ class LogChannel(Channel):
                                 lambda records, n: ring.push_packed(records))
         if pushed > 0:
             self.message_count += pushed  # (nsqd counts what the topic pumps into the channel)
+            if ring is self.ring and ring.ring_wanted:
+                ring.ring_wanted = False  # (asked again by a client that empties it and waits)
         return pushed
 
     def _claim(self, partition, view, room, scratch, hand_off, before=None):

@@ -185,7 +185,8 @@ def recount_subscribers(nsqd):
     worker has none yet), and of them those a log channel's feeders need
     not fill its ring for (logchannel.py, direct_subscribers).  A peer that
     does not answer counts none.  A client that subscribes on a peer between
-    its answer and the stores below is missed (a known limit, docs/logtopics.md)."""
+    its answer and the stores below is missed; one that needs a log channel's
+    ring asks for it when it waits (ring_wanted, logchannel.py)."""
     counts = {}  # queue -> [clients, of them reading a log channel straight from the logs]
     if nsqd.cluster is not None:
         for reply in nsqd.cluster.gather({"op": "subscribers"}, timeout=2):

@@ -338,6 +338,32 @@ def test_a_client_that_needs_the_ring_gets_a_backlog_the_others_read_from_the_lo
 
 
 @pytest.mark.workers(2)
+def test_a_client_missed_from_the_counts_still_gets_the_ring_when_it_asks(nsqd_factory):
+    """The counts can miss a client that subscribes at the moment another
+    worker starts (recovery.recount_subscribers stores what its peers
+    answered).  Made so here by hand: the ring's direct_subscribers set to its
+    subscribers while a client with a sample rate, on the worker that does not
+    own the partition, needs the ring.  Waiting on the empty ring, its
+    dispatcher sets ring_wanted, and the owner's feeder fills the ring for it."""
+    server = nsqd_factory()
+    create(server, "missed", 1)
+    owner = partition_owner("missed", 0, 2)
+    reader = client_on_worker(server, owner, "missed", "ch")
+    sampled = client_on_worker(server, 1 - owner, "missed", "ch", identify={"sample_rate": 99})
+    with Ring.attach(f"{server.prefix}.c.missed:ch") as ring:
+        assert (ring.subscribers, ring.direct_subscribers) == (2, 1)
+        ring.direct_subscribers = 2  # the miss
+    sampled.send(p.rdy(100))
+    time.sleep(0.2)  # (its dispatcher waits on the empty ring)
+    pc = Client(server)
+    pc.send(p.mpub("missed", [b"%d" % i for i in range(100)]))
+    assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    sampled.sock.settimeout(5)
+    assert sampled.message().body.isdigit()
+    reader.close()
+
+
+@pytest.mark.workers(2)
 def test_a_full_cursor_window_moved_by_a_fin_on_the_other_worker_wakes_the_readers(
         nsqd_factory):
     """The oldest unfinished message is held by a consumer on one worker while

@@ -18,7 +18,9 @@
  *       40     8  created_ns     CLOCK_REALTIME at creation
  *       48     4  creator_pid
  *       52     4  flags          bit 0: the owner's disk queue holds messages;
- *                                bit 1: the channel is paused
+ *                                bit 1: the channel is paused;
+ *                                bit 2: a log channel's client waits on the empty
+ *                                ring (the owners' feeders fill it)
  *       64    64  prod_lock      robust process-shared pthread mutex
  *      128    64  producer line  tail, push_records, push_bytes,
  *                                j_tail, j_push_records, j_push_bytes
