@@ -334,6 +334,8 @@ class PartitionLeader:
             sent[_COMMITTED] = committed
             for name in deleted:
                 sent[name] = _DELETED
+            if not moved:  # (only the committed end went: it holds every cursor already)
+                self.cursors_synced[node] = read_at
         if status == rpc.OK and follower_end >= leader_end:
             for name in moved:
                 sent[name] = states[name]

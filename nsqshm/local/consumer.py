@@ -204,6 +204,7 @@ class Consumer:
         batch = self._deliver(want)
         if batch or timeout <= 0:
             if not batch and self._cursors is not None:
+                self.ring.ring_wanted = True  # (filled whatever the counts say)
                 self.ring.nudge()  # the owners' feeders: a consumer here waits
             return batch
         end = time.monotonic() + timeout
@@ -216,6 +217,8 @@ class Consumer:
                 if batch or remaining <= 0:
                     return batch
                 if (ring.disk_backlog or self._cursors is not None) and not ring.paused:
+                    if self._cursors is not None:  # a log channel: filled whatever the
+                        ring.ring_wanted = True     # subscriber counts say
                     ring.nudge()  # the owner refills the ring from disk, or from its logs
                 # paused: an unpause does not push, so look again now and then
                 ring.sleep(min(remaining, 0.1) if ring.paused else remaining)

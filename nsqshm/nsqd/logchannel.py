@@ -66,6 +66,7 @@ HELD_UNTIL_FINISHED = 2**63 - 1  # a deadline no timeout reaches
 SEEK_HOLD_LIMIT = 30.0  # seconds a seek may hold a cursor (_check_hold)
 WINDOW_RETRY = 0.5      # a cursor's window is full: look again after this (FINs move it)
 RETENTION = -2          # _read_run: retention removed what the cursor would read next
+RING_FULL = -4          # _feed_once: the ring took nothing (full by bytes before by records)
 
 
 class LogChannel(Channel):
@@ -579,7 +580,7 @@ class LogChannel(Channel):
     def _feed_once(self, partition, room, scratch):
         """Push up to `room` unread, unfinished messages of a partition into
         its lane or the channel's ring; how many were pushed (-1: moved on
-        without pushing)."""
+        without pushing; RING_FULL: the ring took none, full by bytes)."""
         cursor = self.cursors[partition.index]
         log = partition.log
         if log is None:
@@ -590,8 +591,10 @@ class LogChannel(Channel):
         self._held_since.pop(partition.index, None)
         lane = self.lanes.get(partition.index)
         ring = lane.ring if lane is not None else self.ring
-        pushed, _ = self._claim(partition, self._log_view(partition), room, scratch,
-                                lambda records, n: ring.push_packed(records))
+        pushed, consumed = self._claim(partition, self._log_view(partition), room, scratch,
+                                       lambda records, n: ring.push_packed(records))
+        if pushed == 0 and consumed is not None:
+            return RING_FULL  # records read, none taken: the ring is full by bytes
         if pushed > 0:
             self.message_count += pushed  # (nsqd counts what the topic pumps into the channel)
             if ring is self.ring and ring.ring_wanted:
@@ -716,6 +719,7 @@ class LogChannel(Channel):
         while not self.exiting:
             stalled = False
             moved = False
+            full = {}  # id(ring) -> (ring, its pop count) of rings that took nothing
             if not self.topic.paused:
                 with self.scratch.borrow() as scratch:
                     for i in range(len(self._owned)):
@@ -732,6 +736,11 @@ class LogChannel(Channel):
                             stalled = self._watch_window(partition, cursor) or stalled
                             continue
                         n = self._feed_once(partition, room, scratch)
+                        if n == RING_FULL:
+                            lane = self.lanes.get(partition.index)
+                            ring = lane.ring if lane is not None else self.ring
+                            full[id(ring)] = (ring, ring.popped)
+                            continue
                         moved = moved or n != 0
                         stalled = stalled or (n == 0 and cursor.read_pos >= cursor.window_end)
                 turn += 1
@@ -748,7 +757,11 @@ class LogChannel(Channel):
             for waker in wakers:
                 waker.arm(for_space=True)
             try:
-                if self.topic.paused or not self._feedable():
+                if any(ring.popped != popped for ring, popped in full.values()):
+                    continue  # a pop before the arm: room again (the finally disarms)
+                if self.topic.paused or not self._feedable() or full:
+                    # (a full ring: a pop from it, on any worker, wakes this; its
+                    # partition stays feedable, so no wait at all would spin)
                     wake.wait(WINDOW_RETRY if stalled else None)
                 elif stalled:
                     wake.wait(WINDOW_RETRY)

@@ -337,6 +337,37 @@ def test_a_client_that_needs_the_ring_gets_a_backlog_the_others_read_from_the_lo
     reader.close()
 
 
+def test_a_ring_full_by_bytes_puts_the_feeder_to_sleep(nsqd_factory):
+    """The feeder counts records against its target (up to 8,192 ahead), the
+    ring holds --mem-queue-size x 512 bytes: with 2 KB messages the ring is
+    full by bytes first.  A push that takes nothing put the feeder round again
+    at once, reading the log each time, and the worker never yielded: PUBs and
+    /ping hung (found in review).  Now it sleeps until a pop from that ring."""
+    server = nsqd_factory()
+    create(server, "big", 1)
+    sampled = Client(server)  # a client that takes from the ring, and holds one message
+    sampled.send(p.identify({"sample_rate": 99}))
+    assert sampled.response()[0] == p.FRAME_TYPE_RESPONSE
+    sampled.send(p.sub("big", "ch"))
+    assert sampled.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    sampled.send(p.rdy(1))
+    pc = Client(server, timeout=10)
+    body = b"x" * 2100
+    for _ in range(6):  # 12.6 MB against a ring of about 5 MB
+        pc.send(p.mpub("big", [body] * 1000))
+        assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert server.get("/ping") == (200, b"OK")
+    workers = psutil.Process(server.proc.pid).children()
+    before = sum(w.cpu_times().user + w.cpu_times().system for w in workers)
+    time.sleep(1.0)
+    spent = sum(w.cpu_times().user + w.cpu_times().system for w in workers) - before
+    assert spent < 0.5, f"the workers spent {spent:.2f} s of CPU in 1 s with nothing to do"
+    sampled.sock.settimeout(5)
+    m = sampled.message()
+    sampled.send(p.fin(m.id))
+    assert sampled.message().body == body  # the ring goes on once room comes
+
+
 @pytest.mark.workers(2)
 def test_a_client_missed_from_the_counts_still_gets_the_ring_when_it_asks(nsqd_factory):
     """The counts can miss a client that subscribes at the moment another

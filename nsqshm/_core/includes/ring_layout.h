@@ -180,7 +180,8 @@ static inline int nsqshm_cas(uint64_t *p, uint64_t expected, uint64_t desired) {
 }
 static inline int nsqshm_ctz64(uint64_t v) { return __builtin_ctzll(v); }
 /* flags: bit 0 = the queue's owner has messages on disk (a refill may be asked),
- * bit 1 = the channel is paused */
+ * bit 1 = the channel is paused, bit 2 = a log channel's client waits on the
+ * empty ring (ring_wanted) */
 static inline uint32_t nsqshm_flags_load(const uint32_t *p) {
     return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
