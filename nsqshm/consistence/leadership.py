@@ -183,7 +183,7 @@ class Leadership:
 
 class RoleWatch:
     """Re-reads the partition at each change of its keys and calls back when the role
-    changed.  A read that fails (etcd restarting) is retried until it succeeds, so a
+    changed (a leader: also when its replicas or its move changed).  A read that fails (etcd restarting) is retried until it succeeds, so a
     change seen by the watch is never dropped."""
 
     RETRY = 0.2
@@ -231,8 +231,12 @@ class RoleWatch:
                 role = role_of(state, self.leadership.node.id)
             except TopicNotFound:
                 state, role = None, NONE
+            # a leader hears of every change of its partition's replicas too: one of
+            # its own ISR changes whose answer from etcd was lost is in etcd all the
+            # same, and its commits must count the member it added
             moved = role == LEADER and state is not None and (
-                self.state is None or state.move != self.state.move)
+                self.state is None or state.move != self.state.move
+                or state.replicas != self.state.replicas)
             self.state = state
             if role == self.role and not moved:
                 return

@@ -186,6 +186,22 @@ def test_role_watch_reports_each_change(sessions):
     w.stop()
 
 
+def test_a_leaders_role_watch_reports_an_isr_change_it_did_not_hear_of(sessions):
+    """An ISR change the leader made whose answer from etcd was lost is in etcd
+    all the same: the leader's role watch reports it (role LEADER, the new
+    replicas), so its commits count the member it added."""
+    a = node(sessions, "a")
+    make_topic(a, ("a", "b"))
+    held = a.elect("t", 0)
+    shrunk = a.shrink_isr(held, "b")
+    seen = []
+    w = a.watch_role("t", 0, lambda role, state: seen.append((role, state.replicas.isr)))
+    assert seen == [(LEADER, ("a",))]
+    a.expand_isr(shrunk, "b")  # its answer, as if lost: only the watch tells
+    assert wait_for(lambda: seen[-1] == (LEADER, ("a", "b")), 5), seen
+    w.stop()
+
+
 def test_leadership_survives_an_etcd_restart(etcd, sessions):
     a, b = node(sessions, "a"), node(sessions, "b")
     make_topic(a, ("a", "b"))
