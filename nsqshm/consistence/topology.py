@@ -109,7 +109,8 @@ class TopicMeta:
 @dataclass(frozen=True)
 class ReplicaInfo:
     """Who holds a partition: Youzan's TopicPartitionReplicaInfo.  epoch is the key's
-    mod_revision (not stored in the value); epoch_for_write counts leader changes."""
+    mod_revision (not stored in the value); epoch_for_write counts leader changes, from
+    the store's revision when the topic was made (Topology.create_topic)."""
     leader: str
     isr: tuple
     catchup: tuple = ()
@@ -281,11 +282,15 @@ class Topology:
         if len(placement) != meta.partition_num or meta.partition_num < 1:
             raise ValueError(f"{len(placement)} placements for {meta.partition_num} partitions")
         puts = [Op.put(self.keys.topic_meta(topic), json.dumps(meta.to_json()))]
+        # write epochs start at the store's revision: above every epoch a topic of this
+        # name had before (each election is a write, so an epoch never passes the
+        # revision), so a late frame from a deleted topic's leader is refused as stale
+        first_epoch = self.session.revision()
         for p, replicas in enumerate(placement):
             replicas = tuple(check_node_id(n) for n in replicas)
             if len(replicas) != meta.replica or len(set(replicas)) != len(replicas):
                 raise ValueError(f"partition {p}: replicas {replicas} for replica={meta.replica}")
-            info = ReplicaInfo(leader=replicas[0], isr=replicas)
+            info = ReplicaInfo(leader=replicas[0], isr=replicas, epoch_for_write=first_epoch)
             puts.append(Op.put(self.keys.replica_info(topic, p), json.dumps(info.to_json())))
         result = self.session.txn([Compare.absent(self.keys.topic_meta(topic))], puts)
         if not result.succeeded:

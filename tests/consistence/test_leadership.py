@@ -202,6 +202,24 @@ def test_a_leaders_role_watch_reports_an_isr_change_it_did_not_hear_of(sessions)
     w.stop()
 
 
+def test_a_topic_made_again_starts_above_every_write_epoch_of_the_old_one(sessions):
+    """Write epochs start at the store's revision when a topic is made, so a
+    topic deleted and made again under the same name refuses a late frame of
+    the old topic's leader as stale (epochs from 0 again took it as newer)."""
+    a, b = node(sessions, "a"), node(sessions, "b")
+    make_topic(a, ("a", "b"))
+    held = a.elect("t", 0)
+    for _ in range(3):  # leader changes, each a write epoch more
+        leader, other = (a, b) if held.replicas.leader == "a" else (b, a)
+        assert leader.resign(held)
+        held = other.elect("t", 0)
+    old_epoch = held.replicas.epoch_for_write
+    a.topology.delete_topic("t")
+    make_topic(a, ("a", "b"))
+    again = a.topology.partition("t", 0)
+    assert again.replicas.epoch_for_write > old_epoch
+
+
 def test_leadership_survives_an_etcd_restart(etcd, sessions):
     a, b = node(sessions, "a"), node(sessions, "b")
     make_topic(a, ("a", "b"))
