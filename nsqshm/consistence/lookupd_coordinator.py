@@ -69,13 +69,13 @@ class LookupdCoordinator:
     # -- topics -----------------------------------------------------------------------
 
     def create_topic(self, topic, partition_num, replicator, sync_every=0, ordered=False,
-                     ext=False):
+                     ext=False, retention_days=0):
         """The topic's meta and partitions in etcd, placed on the live nodes.  ValueError
         (not enough nodes, bad counts), TopicExists, CoordinationError.  -> placement.
         ordered: Youzan's orderedmulti (SUB_ORDERED only, PUB by partition); ext: its
-        extend (messages with headers)."""
+        extend (messages with headers); retention_days: its RetentionDay (0: none)."""
         meta = TopicMeta(partition_num=partition_num, replica=replicator, sync_every=sync_every,
-                         ordered_multi=ordered, ext=ext)
+                         ordered_multi=ordered, ext=ext, retention_day=retention_days)
         placement = self.topology.create_topic_on_live_nodes(topic, meta)
         self.logf("info", f"cluster: topic {topic} created: {partition_num} partitions x "
                           f"{replicator} replicas on {placement}")

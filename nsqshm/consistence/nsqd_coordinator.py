@@ -218,7 +218,7 @@ class NsqdCoordinator:
             except TopicNotFound:
                 continue  # deleted meanwhile
             self.host.ensure_topic(name, len(states), meta.sync_every, meta.ordered_multi,
-                                   meta.ext)
+                                   meta.ext, retention_days=meta.retention_day)
             for state in mine:
                 key = (name, state.partition)
                 if key in self.roles:

@@ -99,12 +99,15 @@ class ReplicaHost:
     def workers(self):
         return self.nsqd.nworkers
 
-    def ensure_topic(self, name, partition_num, sync_every=0, ordered=False, ext=False):
+    def ensure_topic(self, name, partition_num, sync_every=0, ordered=False, ext=False,
+                     retention_days=0):
         """The log topic on every worker of this node (as POST /topic/create would);
         sync_every: the topic's syncdisk; ordered: its orderedmulti; ext: made ext
-        (headers), as /topic/create?ext=true makes it."""
+        (headers), as /topic/create?ext=true makes it; retention_days: its
+        RetentionDay (0: none), applied by each replica to its own log."""
         topic = self.nsqd.create_log_topic(name, partition_num, sync_every=sync_every,
-                                           ordered=ordered)
+                                           ordered=ordered,
+                                           retention_days=retention_days or -1)
         self.nsqd.replicated_topics.add(name)  # deleted only through the cluster
         if ext and not topic.ext:
             make_ext(self.nsqd, topic)

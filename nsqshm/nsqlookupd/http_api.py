@@ -24,6 +24,7 @@ from nsqshm.consistence.topology import MAX_PARTITIONS, NODE_ID
 from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.ext import wants_ext
 from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
+from nsqshm.nsqd.logtopic import MAX_RETENTION_DAYS
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqlookupd.registration_db import filter_by_active, filter_registrations, keys, subkeys
 from nsqshm.nsqlookupd.topic_meta import TopicMeta
@@ -174,8 +175,9 @@ class LookupHTTPAPI(HTTPAPI):
     # -- cluster mode (consistence/lookupd_coordinator.py) ----------------------------
 
     def _cluster_topic_create(self, topic, values):
-        """Youzan's: partition_num and replicator; the layout goes to etcd and every
-        nsqd holding a replica makes its partitions from there."""
+        """Youzan's: partition_num and replicator (and syncdisk, retention in days,
+        orderedmulti, ext); the layout goes to etcd and every nsqd holding a replica
+        makes its partitions from there."""
         if is_ephemeral(topic):
             raise Err(400, "INVALID_ARG_TOPIC")  # an ephemeral topic is not replicated
         counts = []
@@ -188,11 +190,18 @@ class LookupHTTPAPI(HTTPAPI):
         sync = values.get("syncdisk", ["0"])[0]
         if not sync.isdigit():
             raise Err(400, "INVALID_ARG_TOPIC_SYNC_DISK")
+        retention = values.get("retention", [""])[0] or "0"  # Youzan's, in days; 0: none
+        try:
+            days = int(retention, 10)
+        except ValueError:
+            raise Err(400, f'strconv.Atoi: parsing "{retention}": invalid syntax') from None
+        if not 0 <= days <= MAX_RETENTION_DAYS:
+            raise Err(400, "INVALID_RETENTION")
         try:
             self.lookupd.coordinator.create_topic(
                 topic, *counts, sync_every=int(sync),
                 ordered=ordered_multi(values),
-                ext=wants_ext(values))
+                ext=wants_ext(values), retention_days=days)
         except TopicExists:
             raise Err(400, "TOPIC_EXISTS") from None
         except ValueError as err:  # fewer live nodes than replicas

@@ -548,10 +548,16 @@ def test_a_pub_without_partition_goes_to_one_the_node_leads(make_cluster):
     for partition, leader in enumerate(leaders):
         assert leader.end_offset("plain", partition) == acked[leader.id]
 
-    # syncdisk (TopicMeta's SyncEvery) reaches every replica's log topic
-    assert cluster.lookupd.post("/topic/create?topic=synced&partition_num=1&replicator=2"
-                                "&syncdisk=x") == (400, b'{"message":"INVALID_ARG_TOPIC_SYNC_DISK"}')
-    assert cluster.create_topic("synced", 1, 2, extra="&syncdisk=7")[0] == 200
+    # syncdisk (TopicMeta's SyncEvery) and retention (Youzan's, in days: RetentionDay)
+    # reach every replica's log topic
+    create = "/topic/create?topic=synced&partition_num=1&replicator=2"
+    assert cluster.lookupd.post(create + "&syncdisk=x") == \
+        (400, b'{"message":"INVALID_ARG_TOPIC_SYNC_DISK"}')
+    assert cluster.lookupd.post(create + "&retention=x") == \
+        (400, b'{"message":"strconv.Atoi: parsing \\"x\\": invalid syntax"}')
+    assert cluster.lookupd.post(create + "&retention=-1") == \
+        (400, b'{"message":"INVALID_RETENTION"}')
+    assert cluster.create_topic("synced", 1, 2, extra="&syncdisk=7&retention=3")[0] == 200
     end = time.monotonic() + 10
     while True:
         specs = [spec["synced"] for spec in (node.log_topic_specs() for node in cluster.nodes)
@@ -560,6 +566,9 @@ def test_a_pub_without_partition_goes_to_one_the_node_leads(make_cluster):
             break
         time.sleep(0.1)
     assert [spec["sync_every"] for spec in specs] == [7, 7]
+    assert [spec["retention_days"] for spec in specs] == [3, 3]
+    # (none given: none, as a standalone log topic made without retention_days)
+    assert cluster.leader("plain").log_topic_specs()["plain"]["retention_days"] == -1
 
 
 @pytest.mark.soak
