@@ -478,11 +478,10 @@ class LogChannel(Channel):
         traced = self.traced
         self._trace_drops(traced)
         base = len(client.out)
-        lane = self.lanes.get(partition.index)
         n, added = self._claim(partition, view, room, scratch, lambda records, n: (
             n, self.inflight.deliver(records, n, client.out, client.id, deadline, 0, None,
                                      client.detail, client.detail_log)),
-                               before=lane.ring if lane is not None else self.ring)
+                               before=self._feed_ring(partition))
         if n <= 0:
             return n
         if traced:
@@ -570,27 +569,27 @@ class LogChannel(Channel):
             self._filling.discard(-1)
             return 0
         key = partition.index if lane is not None else -1
-        depth = (lane.ring if lane is not None else self.ring).depth
+        depth = self._feed_ring(partition).depth
         if depth < self.feed_low:
             self._filling.add(key)
         elif depth >= self.feed_target:
             self._filling.discard(key)
         return min(self.feed_target - depth, FEED_BATCH) if key in self._filling else 0
 
+    def _feed_ring(self, partition):
+        """The ring the owner's feeder fills with a partition: its lane's, or
+        the channel's."""
+        lane = self.lanes.get(partition.index)
+        return lane.ring if lane is not None else self.ring
+
     def _feed_once(self, partition, room, scratch):
         """Push up to `room` unread, unfinished messages of a partition into
-        its lane or the channel's ring; how many were pushed (-1: moved on
-        without pushing; RING_FULL: the ring took none, full by bytes)."""
-        cursor = self.cursors[partition.index]
-        log = partition.log
-        if log is None:
+        its lane or the channel's ring (its cursor not held: the feed loop
+        looks first); how many were pushed (-1: moved on without pushing;
+        RING_FULL: the ring took none, full by bytes)."""
+        if partition.log is None:
             return 0
-        if cursor.held:
-            self._check_hold(partition, cursor)
-            return 0
-        self._held_since.pop(partition.index, None)
-        lane = self.lanes.get(partition.index)
-        ring = lane.ring if lane is not None else self.ring
+        ring = self._feed_ring(partition)
         pushed, consumed = self._claim(partition, self._log_view(partition), room, scratch,
                                        lambda records, n: ring.push_packed(records))
         if pushed == 0 and consumed is not None:
@@ -737,8 +736,7 @@ class LogChannel(Channel):
                             continue
                         n = self._feed_once(partition, room, scratch)
                         if n == RING_FULL:
-                            lane = self.lanes.get(partition.index)
-                            ring = lane.ring if lane is not None else self.ring
+                            ring = self._feed_ring(partition)
                             full[id(ring)] = (ring, ring.popped)
                             continue
                         moved = moved or n != 0

@@ -73,6 +73,26 @@ def take(client, n, fin=True):
     return got
 
 
+def sampled_consumer(server, topic, channel, worker=None):
+    """A consumer with a sample rate (99): one that takes from the channel's ring,
+    never straight from the log; on worker `worker` when one is named."""
+    if worker is not None and server.workers > 1:
+        return client_on_worker(server, worker, topic, channel, identify={"sample_rate": 99})
+    c = Client(server)
+    c.send(p.identify({"sample_rate": 99}))
+    assert c.response()[0] == p.FRAME_TYPE_RESPONSE
+    c.send(p.sub(topic, channel))
+    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    return c
+
+
+def mpub_numbered(client, topic, total, batch):
+    """MPUBs of `batch` bodies b"0", b"1", ... up to `total`, each acknowledged."""
+    for k in range(total // batch):
+        client.send(p.mpub(topic, [b"%d" % (k * batch + j) for j in range(batch)]))
+        assert client.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+
+
 def detail(message):
     """(queue offset, raw size, body) of a SUB_ADVANCED or SUB_ORDERED frame's
     message: Youzan's [8 BE queue offset][4 BE raw size] come before the body
@@ -228,9 +248,7 @@ def test_consumers_on_every_worker_share_one_partition_each_message_once(nsqd_fa
     for t in threads:
         t.start()
     pc = Client(server)
-    for k in range(total // 200):
-        pc.send(p.mpub("shared", [b"%d" % (k * 200 + j) for j in range(200)]))
-        assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    mpub_numbered(pc, "shared", total, 200)
     assert wait_for(lambda: sum(map(len, got)) >= total, 60), [len(g) for g in got]
     time.sleep(0.5)  # a duplicate would come now
     done.set()
@@ -264,9 +282,7 @@ def test_consumers_on_any_worker_read_the_log_and_the_ring_is_filled_only_when_n
         c.send(p.rdy(100))
     pc = Client(server)
     total = 4000
-    for k in range(total // 200):
-        pc.send(p.mpub("direct", [b"%d" % (k * 200 + j) for j in range(200)]))
-        assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    mpub_numbered(pc, "direct", total, 200)
     got = []
     for c in consumers:
         c.sock.settimeout(0.5)
@@ -285,11 +301,7 @@ def test_consumers_on_any_worker_read_the_log_and_the_ring_is_filled_only_when_n
     assert (ring["subscribers"], ring["direct_subscribers"]) == (len(consumers), len(consumers))
     assert ring["push_records"] == 0, ring
 
-    sampled = Client(server)
-    sampled.send(p.identify({"sample_rate": 99}))
-    assert sampled.response()[0] == p.FRAME_TYPE_RESPONSE
-    sampled.send(p.sub("direct", "ch"))
-    assert sampled.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    sampled = sampled_consumer(server, "direct", "ch")
     assert wait_for(lambda: channel_ring_stats(server, "direct", "ch")["subscribers"]
                     == len(consumers) + 1)
     for c in consumers:
@@ -323,14 +335,7 @@ def test_a_client_that_needs_the_ring_gets_a_backlog_the_others_read_from_the_lo
     pc.send(p.mpub("backlog", [b"%d" % i for i in range(100)]))
     assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
     assert wait_for(lambda: stats(server, "backlog")["partitions"][0]["end_offset"] == 100)
-    if server.workers > 1:
-        sampled = client_on_worker(server, owner, "backlog", "ch", identify={"sample_rate": 99})
-    else:
-        sampled = Client(server)
-        sampled.send(p.identify({"sample_rate": 99}))
-        assert sampled.response()[0] == p.FRAME_TYPE_RESPONSE
-        sampled.send(p.sub("backlog", "ch"))
-        assert sampled.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    sampled = sampled_consumer(server, "backlog", "ch", worker=owner)
     sampled.send(p.rdy(100))
     sampled.sock.settimeout(5)
     assert sampled.message().body.isdigit()
@@ -345,11 +350,7 @@ def test_a_ring_full_by_bytes_puts_the_feeder_to_sleep(nsqd_factory):
     /ping hung (found in review).  Now it sleeps until a pop from that ring."""
     server = nsqd_factory()
     create(server, "big", 1)
-    sampled = Client(server)  # a client that takes from the ring, and holds one message
-    sampled.send(p.identify({"sample_rate": 99}))
-    assert sampled.response()[0] == p.FRAME_TYPE_RESPONSE
-    sampled.send(p.sub("big", "ch"))
-    assert sampled.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    sampled = sampled_consumer(server, "big", "ch")  # takes from the ring, holds one message
     sampled.send(p.rdy(1))
     pc = Client(server, timeout=10)
     body = b"x" * 2100
@@ -380,7 +381,7 @@ def test_a_client_missed_from_the_counts_still_gets_the_ring_when_it_asks(nsqd_f
     create(server, "missed", 1)
     owner = partition_owner("missed", 0, 2)
     reader = client_on_worker(server, owner, "missed", "ch")
-    sampled = client_on_worker(server, 1 - owner, "missed", "ch", identify={"sample_rate": 99})
+    sampled = sampled_consumer(server, "missed", "ch", worker=1 - owner)
     with Ring.attach(f"{server.prefix}.c.missed:ch") as ring:
         assert (ring.subscribers, ring.direct_subscribers) == (2, 1)
         ring.direct_subscribers = 2  # the miss
@@ -411,9 +412,7 @@ def test_a_full_cursor_window_moved_by_a_fin_on_the_other_worker_wakes_the_reade
     holder.send(p.rdy(1))
     pc = Client(server)
     total = 66_000
-    for k in range(total // 1000):
-        pc.send(p.mpub("win", [b"%d" % (k * 1000 + j) for j in range(1000)]))
-        assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    mpub_numbered(pc, "win", total, 1000)
     held = holder.message()
     reader.send(p.rdy(2500))
     reader.sock.settimeout(2)
