@@ -822,7 +822,10 @@ cdef class PartitionLog:
     def __init__(self, str path, uint64_t segment_bytes=DEFAULT_SEGMENT_BYTES,
                  uint32_t index_interval=DEFAULT_INDEX_INTERVAL,
                  max_msg_size=None, long long sync_every=2500,
-                 double sync_timeout=2.0, logf=None):
+                 double sync_timeout=2.0, logf=None, start_at=None):
+        """start_at: (msg offset, virtual offset) where a log made here, with no
+        segment and no state yet, begins -- a replica copying a leader's log from
+        the leader's start, after retention removed what was before it."""
         if not 4096 <= segment_bytes <= MAX_SEGMENT_BYTES:
             raise ValueError(f"segment_bytes {segment_bytes}: 4096..{MAX_SEGMENT_BYTES}")
         if not 64 <= index_interval <= segment_bytes:
@@ -846,7 +849,7 @@ cdef class PartitionLog:
         self.finished_fds = []
         os.makedirs(path, mode=0o700, exist_ok=True)
         self._open_state()
-        self._recover()
+        self._recover(start_at)
         self.last_sync = time.monotonic()
         self._reader = None
 
@@ -1086,6 +1089,11 @@ cdef class PartitionLog:
         return self.c.start_offset
 
     @property
+    def start_virtual(self):
+        """The virtual (byte) offset of the first message held."""
+        return self.c.start_virtual
+
+    @property
     def end_offset(self):
         return self.c.next_offset
 
@@ -1101,16 +1109,18 @@ cdef class PartitionLog:
 
     # -- recovery ----------------------------------------------------------------------------
 
-    def _recover(self):
+    def _recover(self, start_at=None):
         """Make the files and the state agree: indexes of finished segments
         exist, the active (last) segment ends at its last good record, its
-        indexes cover it; then commit that."""
+        indexes cover it; then commit that.  An empty new log begins at
+        start_at (msg offset, virtual offset), else at 0."""
         cdef uint64_t base_virtual
         bases = _segment_bases(self.path)
         had_state = self.state.magic == NSQSHM_LOG_MAGIC
         if not bases:
-            start = self.c.next_offset if had_state else 0
-            startv = self.c.virtual_end if had_state else 0
+            start, startv = start_at if start_at is not None else (0, 0)
+            if had_state:
+                start, startv = self.c.next_offset, self.c.virtual_end
             self.c.start_offset, self.c.start_virtual = start, startv
             self._new_segment(start, startv)
             self._commit()

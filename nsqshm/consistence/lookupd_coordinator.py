@@ -69,13 +69,15 @@ class LookupdCoordinator:
     # -- topics -----------------------------------------------------------------------
 
     def create_topic(self, topic, partition_num, replicator, sync_every=0, ordered=False,
-                     ext=False, retention_days=0):
+                     ext=False, retention_days=0, retention_bytes=-1):
         """The topic's meta and partitions in etcd, placed on the live nodes.  ValueError
         (not enough nodes, bad counts), TopicExists, CoordinationError.  -> placement.
         ordered: Youzan's orderedmulti (SUB_ORDERED only, PUB by partition); ext: its
-        extend (messages with headers); retention_days: its RetentionDay (0: none)."""
+        extend (messages with headers); retention_days: its RetentionDay (0: none);
+        retention_bytes: nsqshm's, what each partition's log keeps at most (-1: none)."""
         meta = TopicMeta(partition_num=partition_num, replica=replicator, sync_every=sync_every,
-                         ordered_multi=ordered, ext=ext, retention_day=retention_days)
+                         ordered_multi=ordered, ext=ext, retention_day=retention_days,
+                         retention_bytes=retention_bytes)
         placement = self.topology.create_topic_on_live_nodes(topic, meta)
         self.logf("info", f"cluster: topic {topic} created: {partition_num} partitions x "
                           f"{replicator} replicas on {placement}")

@@ -218,7 +218,8 @@ class NsqdCoordinator:
             except TopicNotFound:
                 continue  # deleted meanwhile
             self.host.ensure_topic(name, len(states), meta.sync_every, meta.ordered_multi,
-                                   meta.ext, retention_days=meta.retention_day)
+                                   meta.ext, retention_days=meta.retention_day,
+                                   retention_bytes=meta.retention_bytes)
             for state in mine:
                 key = (name, state.partition)
                 if key in self.roles:
@@ -412,10 +413,13 @@ class NsqdCoordinator:
         mine = self.leaders.get((topic, partition))
         if first == rpc.PROBE:  # where the log ends, and what its last record is
             return rpc.MISMATCH, end, self.host.tail_crc(part, end)
-        if first == rpc.RESET:  # our log diverged from the leader's: start again
+        if first == rpc.RESET:  # our log diverged from the leader's, or ends below its
+            # start: start again where the leader's log begins
+            if len(records) != rpc.RESET_START.size:
+                raise rpc.RPCError(f"a RESET of {len(records)} bytes")
             if self.node.id in known.isr or mine is not None:
                 return rpc.MISMATCH, end, self.host.tail_crc(part, end)  # not while in the ISR
-            self.host.reset_log(part)
+            self.host.reset_log(part, *rpc.RESET_START.unpack(records))
             self._committed_heard.pop((topic, partition), None)
             end = self.host.end_offset(part)
             return rpc.MISMATCH, end, self.host.tail_crc(part, end)

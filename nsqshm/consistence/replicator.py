@@ -224,7 +224,12 @@ class PartitionLeader:
                 status, end, crc = client.append(rpc.encode_append(topic, index, self.epoch,
                                                                    rpc.PROBE), b"")
                 if status == rpc.MISMATCH and self._diverged(end, crc):
-                    status, end, crc = self._reset(client, node, end)
+                    status, end, crc = self._reset(client, node, end, "diverges at offset "
+                                                                      f"{end - 1}")
+                elif status == rpc.MISMATCH and end < host.start_offset(self.partition):
+                    status, end, crc = self._reset(
+                        client, node, end, f"ends at {end}, below this log's start "
+                                           f"{host.start_offset(self.partition)} (retention)")
                 while self.fenced is None:
                     if status == rpc.FENCED:
                         self.fence(f"{node} knows a newer leader or epoch")
@@ -446,21 +451,22 @@ class PartitionLeader:
         return end > ours or (end > host.start_offset(self.partition)
                               and crc != host.tail_crc(self.partition, end))
 
-    def _reset(self, client, node, end):
-        """Have a diverged follower remove its log (it is then copied from ours): only
-        once it is out of the ISR, where a member must hold every acknowledged message."""
+    def _reset(self, client, node, end, why):
+        """Have a follower whose log diverged from ours, or ends below our start,
+        remove it and begin an empty one at our start (it is then copied from ours):
+        only once it is out of the ISR, where a member must hold every acknowledged
+        message."""
         topic, index = self.partition.topic.name, self.partition.index
+        host = self.coordinator.host
         if node in self.state.replicas.isr:
-            raise rpc.RPCError(f"{node}'s log diverges at offset {end - 1}: it is reset "
-                               f"once out of the ISR")
-        if self.coordinator.host.start_offset(self.partition) > 0:
-            raise rpc.RPCError(f"{node}'s log diverges at offset {end - 1}, and this log "
-                               f"no longer starts at 0 (retention): it cannot be copied whole")
-        self.coordinator.logf("warn", f"{self._name}: {node}'s log diverges at offset "
-                                      f"{end - 1}: it removes it and copies this one")
-        status, end, crc = client.append(rpc.encode_append(topic, index, self.epoch,
-                                                           rpc.RESET), b"")
-        if status == rpc.MISMATCH and self._diverged(end, crc):
+            raise rpc.RPCError(f"{node}'s log {why}: it is reset once out of the ISR")
+        start = host.start_offset(self.partition)
+        self.coordinator.logf("warn", f"{self._name}: {node}'s log {why}: it removes it and "
+                                      f"copies this one from offset {start}")
+        status, end, crc = client.append(
+            rpc.encode_append(topic, index, self.epoch, rpc.RESET, rpc.RESET_START.size),
+            rpc.RESET_START.pack(start, host.start_virtual(self.partition)))
+        if status == rpc.MISMATCH and (self._diverged(end, crc) or end < start):
             raise rpc.RPCError(f"{node} did not reset its log (it ends at {end})")
         return status, end, crc
 

@@ -18,7 +18,10 @@ Every frame:
       (the size in the hosts' native order: the cluster's hosts share one byte order,
       HELLO checks it); one frame carries a whole batch, not one message.  A frame with
       first offset PROBE and no records asks the follower where its log ends; RESET
-      (no records) has a follower out of the ISR whose log diverged remove it.
+      has a follower out of the ISR whose log diverged, or ends below the leader's
+      start (retention removed the rest), remove it and begin an empty one where the
+      leader's begins; its records are then that start:
+        | u64 BE start msg offset | u64 BE start virtual offset |
     ACK      (follower -> leader)
         | u8 status | u16 BE topic len | topic | u16 BE partition | u64 BE end offset |
         | u32 BE crc32 of the record at end - 1 (answer to a PROBE only) |
@@ -67,6 +70,7 @@ DELETED = (1 << 64) - 1  # a CURSORS entry's confirmed offset: the channel was d
 MAX_FRAME = 64 << 20  # larger than any batch a leader sends (replicator.BATCH_BYTES, ~4 MiB)
 HEADER = struct.Struct(">IB")
 APPEND_FIXED = struct.Struct(">HQQ")  # partition, write epoch, first offset
+RESET_START = struct.Struct(">QQ")  # a RESET's records: the leader's start (msg, virtual)
 ACK_END = struct.Struct(">HQ")  # partition, end offset
 BYTE_ORDER = sys.byteorder
 

@@ -94,9 +94,11 @@ class TopicMeta:
     retention_day: int = 0
     ordered_multi: bool = False
     ext: bool = False
+    retention_bytes: int = -1  # nsqshm's (not in Youzan's meta): per partition, -1: none
 
     _NAMES = {"partition_num": "PartitionNum", "replica": "Replica", "sync_every": "SyncEvery",
-              "retention_day": "RetentionDay", "ordered_multi": "OrderedMulti", "ext": "Ext"}
+              "retention_day": "RetentionDay", "ordered_multi": "OrderedMulti", "ext": "Ext",
+              "retention_bytes": "RetentionBytes"}
 
     def to_json(self):
         return {self._NAMES[k]: v for k, v in asdict(self).items()}

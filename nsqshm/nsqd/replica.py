@@ -100,14 +100,16 @@ class ReplicaHost:
         return self.nsqd.nworkers
 
     def ensure_topic(self, name, partition_num, sync_every=0, ordered=False, ext=False,
-                     retention_days=0):
+                     retention_days=0, retention_bytes=-1):
         """The log topic on every worker of this node (as POST /topic/create would);
         sync_every: the topic's syncdisk; ordered: its orderedmulti; ext: made ext
         (headers), as /topic/create?ext=true makes it; retention_days: its
-        RetentionDay (0: none), applied by each replica to its own log."""
+        RetentionDay (0: none), and retention_bytes (-1: none), applied by each
+        replica to its own log."""
         topic = self.nsqd.create_log_topic(name, partition_num, sync_every=sync_every,
                                            ordered=ordered,
-                                           retention_days=retention_days or -1)
+                                           retention_days=retention_days or -1,
+                                           retention_bytes=retention_bytes)
         self.nsqd.replicated_topics.add(name)  # deleted only through the cluster
         if ext and not topic.ext:
             make_ext(self.nsqd, topic)
@@ -223,7 +225,7 @@ class ReplicaHost:
     def tail_crc(self, partition, end):
         """crc32 of the record at msg offset end - 1 (0 for an empty log): two replicas
         whose logs end at the same offset hold the same tail only if these agree."""
-        if end <= 0:
+        if end <= partition.log.start_offset:
             return 0
         buf = bytearray(MAX_RECORD + 4)
         _, nbytes, _ = partition.log.reader.read_into(end - 1, buf, 1)
@@ -232,20 +234,27 @@ class ReplicaHost:
     def start_offset(self, partition):
         return partition.log.start_offset
 
-    def reset_log(self, partition):
+    def start_virtual(self, partition):
+        return partition.log.start_virtual
+
+    def reset_log(self, partition, start=0, start_virtual=0):
         """A replica whose log diverged from the leader's (it led before and kept
-        records nobody acknowledged): its log is removed and made again, empty, to be
-        copied from the leader.  Only for a replica out of the ISR (the coordinator
-        checks): what it held is on every ISR member or was never acknowledged."""
+        records nobody acknowledged), or ends below the leader's start (it was away
+        while retention removed the rest): its log is removed and made again, empty,
+        beginning at the leader's start (msg offset `start`, virtual offset
+        `start_virtual`), to be copied from the leader.  Only for a replica out of the
+        ISR (the coordinator checks): what it held is on every ISR member or was never
+        acknowledged."""
         old = partition.log
         settings = {"segment_bytes": old.segment_bytes, "max_msg_size": old.max_msg_size,
                     "sync_every": old.sync_every, "sync_timeout": old.sync_timeout}
         partition._wait_sync()
         old.close()
         shutil.rmtree(partition.path)
-        partition.log = PartitionLog(partition.path, logf=self.nsqd.logf, **settings)
+        partition.log = PartitionLog(partition.path, logf=self.nsqd.logf,
+                                     start_at=(start, start_virtual), **settings)
         self.nsqd.logf("warn", f"{partition}: log removed, to be copied again from the "
-                               f"leader (it diverged)")
+                               f"leader from offset {start}")
 
     def append_at(self, partition, offset, packed):
         """A follower: the leader's records, which start at msg offset `offset`.  The

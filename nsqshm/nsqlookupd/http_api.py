@@ -176,7 +176,7 @@ class LookupHTTPAPI(HTTPAPI):
 
     def _cluster_topic_create(self, topic, values):
         """Youzan's: partition_num and replicator (and syncdisk, retention in days,
-        orderedmulti, ext); the layout goes to etcd and every nsqd holding a replica
+        orderedmulti, ext; nsqshm's retention_bytes, as nsqd's own); the layout goes to etcd and every nsqd holding a replica
         makes its partitions from there."""
         if is_ephemeral(topic):
             raise Err(400, "INVALID_ARG_TOPIC")  # an ephemeral topic is not replicated
@@ -197,11 +197,14 @@ class LookupHTTPAPI(HTTPAPI):
             raise Err(400, f'strconv.Atoi: parsing "{retention}": invalid syntax') from None
         if not 0 <= days <= MAX_RETENTION_DAYS:
             raise Err(400, "INVALID_RETENTION")
+        size = values.get("retention_bytes", [""])[0] or "-1"  # nsqshm's, as nsqd's own
+        if not (size == "-1" or size.isascii() and size.isdigit() and int(size) > 0):
+            raise Err(400, "INVALID_RETENTION")
         try:
             self.lookupd.coordinator.create_topic(
                 topic, *counts, sync_every=int(sync),
                 ordered=ordered_multi(values),
-                ext=wants_ext(values), retention_days=days)
+                ext=wants_ext(values), retention_days=days, retention_bytes=int(size))
         except TopicExists:
             raise Err(400, "TOPIC_EXISTS") from None
         except ValueError as err:  # fewer live nodes than replicas

@@ -40,7 +40,7 @@ class Node:
         args = [f"--tcp-address={a}:0", f"--http-address={a}:0", f"--broadcast-address={a}",
                 f"--cluster-leadership-addresses={self.cluster.etcd.endpoint}",
                 f"--rpc-port={RPC_PORT}", f"--cluster-lease-ttl={self.cluster.ttl}",
-                "--log-level=info"]
+                "--log-level=info", *self.cluster.args]
         # a restart takes the same shared memory back, as a restarted host's nsqd does
         self.server = Server(args, self.data_path, workers=self.cluster.workers,
                              wrap=hosts.command(self.i, []),
@@ -71,19 +71,25 @@ class Node:
         except (FileNotFoundError, ValueError):
             return {}
 
-    def end_offset(self, topic, partition=0):
+    def partition_stats(self, topic, partition=0):
+        """The partition's entry in /stats (start_offset, end_offset, ...), or None."""
         doc = self.get_json(f"/stats?format=json&topic={topic}")
         for t in doc["topics"] or ():
             if t["topic_name"] == topic:
-                return t["partitions"][partition]["end_offset"]
+                return t["partitions"][partition]
         return None
+
+    def end_offset(self, topic, partition=0):
+        stats = self.partition_stats(topic, partition)
+        return None if stats is None else stats["end_offset"]
 
 
 class Cluster:
-    def __init__(self, tmp, workers=1, count=3, ttl=TTL):
+    def __init__(self, tmp, workers=1, count=3, ttl=TTL, args=()):
         self.tmp = str(tmp)
         self.workers = workers
         self.ttl = ttl
+        self.args = tuple(args)  # more flags for every nsqd
         self.hosts = Hosts(count).create()
         self.etcd = None
         self.lookupd = None

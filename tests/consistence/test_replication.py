@@ -31,8 +31,8 @@ pytestmark = [
 def make_cluster(tmp_path):
     made = []
 
-    def make(workers=1, ttl="2s"):
-        cluster = Cluster(tmp_path, workers=workers, ttl=ttl)
+    def make(workers=1, ttl="2s", args=()):
+        cluster = Cluster(tmp_path, workers=workers, ttl=ttl, args=args)
         made.append(cluster)
         return cluster
 
@@ -359,6 +359,47 @@ def test_a_follower_down_and_back_catches_up(make_cluster):
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_a_follower_away_past_the_leaders_retention_copies_its_log_from_its_start(
+        make_cluster, workers):
+    """A follower down while the leader's retention removed what follows its log's end
+    cannot continue its log: the leader has it begin an empty one at the leader's start
+    (RESET with that start), copies the rest, and takes it back into the ISR."""
+    # 16 KiB segments; each replica keeps at most 48 KiB of the partition
+    cluster = make_cluster(workers, args=["--max-bytes-per-file=16384"])
+    assert cluster.create_topic("kept", 1, 2, extra="&retention_bytes=49152")[0] == 200
+    leader = cluster.leader("kept")
+    wait_until(lambda: len(isr(cluster, "kept")) == 2, 15, "both replicas in the ISR")
+    follower = cluster.node(next(n for n in isr(cluster, "kept") if n != leader.id))
+    publish(leader, "kept", [b"a%03d" % i for i in range(20)])
+    assert follower.end_offset("kept") == 20
+
+    follower.kill()
+    publish(leader, "kept", [b"b%03d" % i + b"x" * 1000 for i in range(300)])  # ~19 segments
+    wait_until(lambda: leader.partition_stats("kept")["start_offset"] > 20, 10,
+               "the leader's retention removes what follows the follower's end")
+    assert follower.id not in isr(cluster, "kept")
+
+    follower.start()  # its log ends at 20, below the leader's start
+    wait_until(lambda: follower.id in isr(cluster, "kept"), 20, "the follower rejoins the ISR")
+    publish(leader, "kept", [b"c%03d" % i for i in range(20)])
+    ours, theirs = leader.partition_stats("kept"), follower.partition_stats("kept")
+    assert ours["end_offset"] == theirs["end_offset"] == 340
+    assert theirs["start_offset"] >= ours["start_offset"] > 20
+    # each message at the same msg offset and virtual offset on both replicas
+    for offset in (theirs["start_offset"], theirs["start_offset"] + 1, 319, 339):
+        path = f"/message/get?topic=kept&partition=0&search_mode=count&search_pos={offset}"
+        assert follower.get_json(path) == leader.get_json(path)
+    assert follower.get_json(path)["body"] == "c019"
+
+    # elected, it takes writes after what it copied
+    leader.kill()
+    assert cluster.leader("kept", not_in=(leader.id,), timeout=20) is follower
+    publish(follower, "kept", [b"d000"])
+    path = "/message/get?topic=kept&partition=0&search_mode=count&search_pos=340"
+    assert follower.get_json(path)["body"] == "d000"
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
 def test_a_consumer_gets_only_what_every_isr_member_has(make_cluster, workers):
     """The leader delivers up to the end every ISR member has acknowledged (Kafka's
     high watermark), not its log's end: a record only the leader holds may be
@@ -557,6 +598,9 @@ def test_a_pub_without_partition_goes_to_one_the_node_leads(make_cluster):
         (400, b'{"message":"strconv.Atoi: parsing \\"x\\": invalid syntax"}')
     assert cluster.lookupd.post(create + "&retention=-1") == \
         (400, b'{"message":"INVALID_RETENTION"}')
+    for size in ("x", "0", "-2", "1.5"):  # nsqshm's retention_bytes, as nsqd's own
+        assert cluster.lookupd.post(create + "&retention_bytes=" + size) == \
+            (400, b'{"message":"INVALID_RETENTION"}'), size
     assert cluster.create_topic("synced", 1, 2, extra="&syncdisk=7&retention=3")[0] == 200
     end = time.monotonic() + 10
     while True:
@@ -567,6 +611,7 @@ def test_a_pub_without_partition_goes_to_one_the_node_leads(make_cluster):
         time.sleep(0.1)
     assert [spec["sync_every"] for spec in specs] == [7, 7]
     assert [spec["retention_days"] for spec in specs] == [3, 3]
+    assert [spec["retention_bytes"] for spec in specs] == [-1, -1]  # none given
     # (none given: none, as a standalone log topic made without retention_days)
     assert cluster.leader("plain").log_topic_specs()["plain"]["retention_days"] == -1
 

@@ -322,6 +322,38 @@ def test_retention_deletes_old_segments_and_a_reader_behind_gets_a_status(logdir
     log.close()
 
 
+def test_a_log_made_at_a_start_copies_another_from_there_at_the_same_positions(tmp_path):
+    """A replica copying a leader's log after retention removed its beginning: the
+    copy begins at the leader's start, and every message has the same msg offset and
+    virtual offset on both (a position means one message on every replica)."""
+    msgs = [message(i, 200) for i in range(1000)]
+    leader = PartitionLog(partition_dir(str(tmp_path / "a"), "t", 0), segment_bytes=32768)
+    leader.append_packed(packed(msgs))
+    leader.apply_retention(max_bytes=3 * 32768)
+    start, start_virtual = leader.start_offset, leader.start_virtual
+    assert start > 0 and start_virtual > 0
+    copy_dir = partition_dir(str(tmp_path / "b"), "t", 0)
+    copy = PartitionLog(copy_dir, segment_bytes=32768, start_at=(start, start_virtual))
+    assert (copy.start_offset, copy.start_virtual, copy.end_offset) == \
+        (start, start_virtual, start)
+    buf, off = bytearray(1 << 20), start
+    while off < leader.end_offset:
+        n, nbytes, off = leader.reader.read_into(off, buf)
+        copy.append_packed(memoryview(buf)[:nbytes])
+    assert read_all(copy.reader) == msgs[start:]
+    for offset in (start, start + 1, (start + 999) // 2, 999):
+        v = leader.reader.virtual_offset_of(offset)
+        assert copy.reader.virtual_offset_of(offset) == v
+        assert copy.reader.find_by_virtual_offset(v) == offset
+    assert copy.virtual_end == leader.virtual_end
+    copy.close()
+    # reopened: where it starts is kept (start_at is for a log with nothing yet)
+    copy = PartitionLog(copy_dir, segment_bytes=32768, start_at=(0, 0))
+    assert (copy.start_offset, copy.end_offset) == (start, 1000)
+    copy.close()
+    leader.close()
+
+
 @pytest.mark.parametrize("topic,want", [
     (".", ".-0.nsqlog"), ("..", "..-0.nsqlog"), ("a" * 64, "a" * 64 + "-0.nsqlog"),
     ("t#ephemeral", "t#ephemeral-0.nsqlog"),
