@@ -7,8 +7,8 @@ Any nsqlookupd can create a topic: the creation is one etcd transaction that fai
 when the topic exists, so two concurrent creations cannot both succeed.  Elections
 are run by the ISR members themselves (nsqd_coordinator.py) as etcd transactions;
 an operator's move (`/topic/partition/move`) is a MoveRequest key the
-partition's leader carries out; the master stands ready for the automatic
-balancing that is not built yet.
+partition's leader carries out; the master puts one itself for a replica whose node
+has been gone too long (migrator.py).  Automatic balancing is not built yet.
 """
 
 import time
@@ -17,6 +17,7 @@ import gevent
 
 from nsqshm.consistence.errors import CoordinationError
 from nsqshm.consistence.master import Master
+from nsqshm.consistence.migrator import Migrator
 from nsqshm.consistence.options import endpoints
 from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import MoveRequest, NodeInfo, TopicMeta, Topology
@@ -37,6 +38,8 @@ class LookupdCoordinator:
         self.session = EtcdSession(endpoints(opts), ttl=max(2, round(opts.cluster_lease_ttl)))
         self.topology = Topology(self.session, opts.cluster_id)
         self.master = Master(self.topology, self.node, self._master_changed)
+        self.migrator = Migrator(self.topology, lambda: self.master.is_master, logf,
+                                 opts.lost_replica_wait, opts.lost_replica_urgent_wait)
         self._loop = None
 
     def start(self):
@@ -49,6 +52,7 @@ class LookupdCoordinator:
                 self.session.start()
                 self.topology.register_lookupd(self.node)
                 self.master.start()
+                self.migrator.start()
                 return
             except CoordinationError as err:
                 self.logf("warn", f"cluster: etcd not reachable yet ({err}); retrying")
@@ -57,6 +61,7 @@ class LookupdCoordinator:
     def close(self):
         if self._loop is not None:
             self._loop.kill(block=False)
+        self.migrator.stop()
         try:
             self.master.stop()
         except CoordinationError:
@@ -65,6 +70,7 @@ class LookupdCoordinator:
 
     def _master_changed(self, master):
         self.logf("info", f"cluster: master nsqlookupd is {master.id if master else 'nobody'}")
+        self.migrator.wake()
 
     # -- topics -----------------------------------------------------------------------
 

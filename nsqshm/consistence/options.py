@@ -38,7 +38,18 @@ NSQD: tuple[Flag, ...] = COMMON + (
          "(cluster mode; worker k of nsqshm listens on port + k)"),
 )
 
-LOOKUPD: tuple[Flag, ...] = COMMON
+# the nsqlookupd's own (the master's replacement of lost replicas: migrator.py)
+LOOKUPD_ONLY: tuple[Flag, ...] = (
+    Flag("lost-replica-wait", DURATION, "10m",
+         _EXT + "how long a replica's nsqd may be gone from the cluster before the master "
+         "nsqlookupd moves the replica to another node (Youzan's waitMigrateInterval; "
+         "0: never)", extension=True),
+    Flag("lost-replica-urgent-wait", DURATION, "10s",
+         _EXT + "the same when no more than half of a partition's replicas are left "
+         "(Youzan's waitEmergencyMigrateInterval; 0: never)", extension=True),
+)
+
+LOOKUPD: tuple[Flag, ...] = COMMON + LOOKUPD_ONLY
 
 
 def cluster_mode(opts) -> bool:
@@ -64,7 +75,7 @@ def validate(opts, workers: int = 1) -> None:
     the daemon takes (nsqd: one per worker; 0 for nsqlookupd, which has none)."""
     if not cluster_mode(opts):
         # (a config file listing every option at its default sets them: not an error)
-        given = [f.name for f in NSQD if getattr(opts, f.attr, None) not in
+        given = [f.name for f in (*NSQD, *LOOKUPD_ONLY) if getattr(opts, f.attr, None) not in
                  (None, f.default_value())]
         if given:
             raise OptionsError(f"--{given[0]} needs --cluster-leadership-addresses "
@@ -79,6 +90,9 @@ def validate(opts, workers: int = 1) -> None:
         _check_endpoint(endpoint)
     if opts.cluster_lease_ttl < MIN_LEASE_TTL:
         raise OptionsError(f"--cluster-lease-ttl must be >= {MIN_LEASE_TTL}s")
+    for flag in LOOKUPD_ONLY:
+        if getattr(opts, flag.attr, 0) < 0:
+            raise OptionsError(f"--{flag.name} must be >= 0")
     if workers:
         port = opts.rpc_port
         if not port:

@@ -85,7 +85,7 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, tmp, workers=1, count=3, ttl=TTL, args=()):
+    def __init__(self, tmp, workers=1, count=3, ttl=TTL, args=(), lookupd_args=()):
         self.tmp = str(tmp)
         self.workers = workers
         self.ttl = ttl
@@ -99,7 +99,7 @@ class Cluster:
             os.makedirs(etcd_dir)
             self.etcd = EtcdServer(etcd_dir, host=self.hosts.host_address).start()
             self.lookupd = Lookupd([f"--cluster-leadership-addresses={self.etcd.endpoint}",
-                                    f"--cluster-lease-ttl={ttl}"])
+                                    f"--cluster-lease-ttl={ttl}", *lookupd_args])
             self.nodes = [Node(self, i) for i in range(count)]
             for node in self.nodes:
                 node.start()

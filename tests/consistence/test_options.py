@@ -23,6 +23,11 @@ def test_cluster_mode_values():
                                     "--cluster-lease-ttl=2s", "--workers=2"])
     assert (opts.rpc_port, opts.cluster_id, opts.cluster_lease_ttl) == ("4250", "prod-1", 2.0)
     assert lookupd_options.parse_args([ETCD]).cluster_leadership_addresses.count(",") == 1
+    opts = lookupd_options.parse_args([ETCD])
+    assert (opts.lost_replica_wait, opts.lost_replica_urgent_wait) == (600.0, 10.0)
+    opts = lookupd_options.parse_args([ETCD, "--lost-replica-wait=0",
+                                       "--lost-replica-urgent-wait=1.5s"])
+    assert (opts.lost_replica_wait, opts.lost_replica_urgent_wait) == (0.0, 1.5)
 
 
 @pytest.mark.parametrize("argv, text", [
@@ -48,3 +53,8 @@ def test_lookupd_bad_values():
         lookupd_options.parse_args(["--cluster-lease-ttl=3s"])
     with pytest.raises(lookupd_options.OptionsError, match="want host:port"):
         lookupd_options.parse_args(["--cluster-leadership-addresses=a:b"])
+    with pytest.raises(lookupd_options.OptionsError,
+                       match="--lost-replica-wait needs --cluster-leadership"):
+        lookupd_options.parse_args(["--lost-replica-wait=1m"])
+    with pytest.raises(lookupd_options.OptionsError, match="--lost-replica-urgent-wait must be"):
+        lookupd_options.parse_args([ETCD, "--lost-replica-urgent-wait=-1s"])

@@ -31,8 +31,9 @@ pytestmark = [
 def make_cluster(tmp_path):
     made = []
 
-    def make(workers=1, ttl="2s", args=()):
-        cluster = Cluster(tmp_path, workers=workers, ttl=ttl, args=args)
+    def make(workers=1, ttl="2s", args=(), lookupd_args=()):
+        cluster = Cluster(tmp_path, workers=workers, ttl=ttl, args=args,
+                          lookupd_args=lookupd_args)
         made.append(cluster)
         return cluster
 
@@ -364,8 +365,10 @@ def test_a_follower_away_past_the_leaders_retention_copies_its_log_from_its_star
     """A follower down while the leader's retention removed what follows its log's end
     cannot continue its log: the leader has it begin an empty one at the leader's start
     (RESET with that start), copies the rest, and takes it back into the ISR."""
-    # 16 KiB segments; each replica keeps at most 48 KiB of the partition
-    cluster = make_cluster(workers, args=["--max-bytes-per-file=16384"])
+    # 16 KiB segments; each replica keeps at most 48 KiB of the partition; the
+    # follower's replica is not moved to the third node while it is away
+    cluster = make_cluster(workers, args=["--max-bytes-per-file=16384"],
+                           lookupd_args=["--lost-replica-urgent-wait=0"])
     assert cluster.create_topic("kept", 1, 2, extra="&retention_bytes=49152")[0] == 200
     leader = cluster.leader("kept")
     wait_until(lambda: len(isr(cluster, "kept")) == 2, 15, "both replicas in the ISR")

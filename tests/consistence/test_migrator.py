@@ -1,0 +1,105 @@
+"""The master nsqlookupd's replacement of lost replicas (consistence/migrator.py):
+the plan, table-driven on partition states as etcd holds them, then a real cluster
+(three nsqd in network namespaces, a real etcd: cluster.py) where a follower's node
+is gone and its replica moves to the spare node."""
+
+import pytest
+
+from nsqshm.consistence.migrator import plan
+from nsqshm.consistence.topology import (
+    LeaderSession,
+    MoveRequest,
+    NodeInfo,
+    PartitionState,
+    ReplicaInfo,
+)
+from tests.consistence.cluster import Cluster
+from tests.consistence.etcd_server import ETCD
+from tests.consistence.netns import available
+from tests.consistence.test_replication import consume_all, isr, publish, wait_until
+
+A, B, C, D = "10.0.0.1:4250", "10.0.0.2:4250", "10.0.0.3:4250", "10.0.0.4:4250"
+WAIT, URGENT = 600.0, 10.0
+
+
+def state(isr, catchup=(), partition=0, leader=True, move=None):
+    session = LeaderSession("t", partition, NodeInfo(id=isr[0], ip="10.0.0.1", tcp_port=1,
+                                                     http_port=2), "1", 1) if leader else None
+    return PartitionState("t", partition, ReplicaInfo(leader=isr[0], isr=tuple(isr),
+                                                      catchup=tuple(catchup)),
+                          leader_session=session, move=move)
+
+
+@pytest.mark.parametrize("partitions, live, lost_for, want", [
+    # replicator 2, the follower's node gone: half the replicas left, urgent
+    ([(state([A, B]), 2)], {A, C}, URGENT, [(0, B, C)]),
+    ([(state([A, B]), 2)], {A, C}, URGENT - 1, []),
+    # out of the ISR already (the leader moved it to the catch-up list): the same
+    ([(state([A], [B]), 2)], {A, C}, URGENT, [(0, B, C)]),
+    # replicator 3, one of three gone: not urgent, the long wait
+    ([(state([A, B, C]), 3)], {A, B, D}, URGENT, []),
+    ([(state([A, B, C]), 3)], {A, B, D}, WAIT, [(0, C, D)]),
+    # every node holds a replica: nowhere to move it
+    ([(state([A, B]), 2)], {A}, WAIT, []),
+    # a live catch-up member makes up the count: nothing to do
+    ([(state([A, B], [C]), 2)], {A, C, D}, WAIT, []),
+    # no live leader (the election comes first), or a move under way: left alone
+    ([(state([A, B], leader=False), 2)], {A, C}, WAIT, []),
+    ([(state([A, B], move=MoveRequest(A, C, True)), 2)], {A, C}, WAIT, []),
+    # the spare node with the fewest replicas is taken, and counted for the next
+    ([(state([A, B], partition=0), 2), (state([A, B], partition=1), 2),
+      (state([C, A], partition=2), 2)], {A, C, D}, URGENT, [(0, B, D), (1, B, C)]),
+])
+def test_plan(partitions, live, lost_for, want):
+    lost_since = {}
+    assert plan(partitions, live, lost_since, 1000.0, WAIT, URGENT) == []  # first seen now
+    got = plan(partitions, live, lost_since, 1000.0 + lost_for, WAIT, URGENT)
+    assert [(st.partition, m.from_, m.to) for st, m in got] == want
+    assert all(not m.leader for _, m in got)
+
+
+def test_plan_forgets_a_node_back_and_never_moves_with_a_wait_of_zero():
+    lost_since = {}
+    partitions = [(state([A, B]), 2)]
+    plan(partitions, {A, C}, lost_since, 0.0, WAIT, URGENT)
+    assert lost_since == {("t", 0, B): 0.0}
+    assert plan(partitions, {A, B, C}, lost_since, 5.0, WAIT, URGENT) == []  # B is back
+    assert lost_since == {}
+    assert plan(partitions, {A, C}, lost_since, 6.0, WAIT, URGENT) == []  # lost again: anew
+    assert plan(partitions, {A, C}, lost_since, 6.0 + URGENT - 1, WAIT, URGENT) == []
+    assert plan(partitions, {A, C}, lost_since, 1e9, WAIT, 0.0) == []
+
+
+@pytest.mark.skipif(bool(available()), reason=available() or "available")
+@pytest.mark.skipif(ETCD is None, reason="etcd not installed (scripts/setup.sh)")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_a_replica_whose_node_is_gone_moves_to_the_spare_node(tmp_path, workers):
+    cluster = Cluster(tmp_path, workers=workers,
+                      lookupd_args=["--lost-replica-urgent-wait=1s"])
+    try:
+        assert cluster.create_topic("kept", 1, 2)[0] == 200
+        leader = cluster.leader("kept")
+        wait_until(lambda: len(isr(cluster, "kept")) == 2, 15, "both replicas in the ISR")
+        follower = cluster.node(next(n for n in isr(cluster, "kept") if n != leader.id))
+        spare = next(n for n in cluster.nodes if n not in (leader, follower))
+        publish(leader, "kept", [b"a%03d" % i for i in range(50)])
+
+        follower.kill()  # for good: its registration goes with its lease (2 s)
+        publish(leader, "kept", [b"b%03d" % i for i in range(50)])
+        def replicas():
+            layout = cluster.lookupd.get_json("/cluster/topic?topic=kept")["partitions"][0]
+            return set(layout["isr"]), set(layout["catchup"])
+
+        wait_until(lambda: replicas() == ({leader.id, spare.id}, set()), 30,
+                   "the spare node takes the lost replica's place: in the ISR, and the "
+                   "lost one no longer a replica")
+        assert spare.end_offset("kept") == 100
+
+        # the new replica holds every acknowledged message: elected, it delivers them
+        leader.kill()
+        assert cluster.leader("kept", not_in=(leader.id,), timeout=20) is spare
+        got = consume_all(spare, "kept", 100)
+        assert got == [b"%s%03d" % (k, i) for k in (b"a", b"b") for i in range(50)]
+    finally:
+        cluster.close()
