@@ -32,6 +32,7 @@ No Python object is made per message on the append and read paths.
 
 import os
 import re
+import shutil
 import time
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
@@ -81,6 +82,7 @@ cdef const char *INDEX_MAGIC = b"NSQLIDX1"
 cdef const char *TIME_MAGIC = b"NSQLTIM1"
 _TOPIC_RE = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
 _SEGMENT_RE = re.compile(r"^([0-9]{20})\.log$")
+_LOG_FILE_RE = re.compile(r"^[0-9]{20}\.(log|index|timeindex)$")
 
 
 class LogError(Exception):
@@ -147,6 +149,134 @@ def partition_dir(str data_path, str topic, int partition):
 
 def segment_name(uint64_t base):
     return f"{base:020d}.log"
+
+
+def copy_prefix(str src, str dst, uint64_t keep):
+    """Make `dst` (a new directory) a log of src's messages below msg offset
+    `keep`, at the same msg and virtual offsets: a replica's log cut where it
+    diverged from the leader's.  The segments wholly below the one holding
+    keep - 1 are hard links (no copy: never written again, by either log);
+    that one is copied up to keep, with its index headers, and the new log's
+    recovery (PartitionLog on dst) indexes it.  src must have no writer (its
+    readers in other processes keep what they mapped).  LogError unless
+    start < keep <= end."""
+    reader = LogReader(src)
+    try:
+        if not reader.start_offset < keep <= reader.end_offset:
+            raise LogError(f"{src}: cannot keep below {keep}: the log holds "
+                           f"{reader.start_offset}..{reader.end_offset}")
+        segs = [s for s in reader.segments() if s[0] < keep]
+        keep_virtual = reader.virtual_offset_of(keep)
+    finally:
+        reader.close()
+    os.mkdir(dst, 0o700)
+    last = len(segs) - 1  # (wraparound off: no negative indices)
+    for base, base_virtual, _, _ in segs[:last]:
+        for ext in (".log", ".index", ".timeindex"):
+            name = f"{base:020d}{ext}"
+            if os.path.exists(os.path.join(src, name)):
+                os.link(os.path.join(src, name), os.path.join(dst, name))
+    base, base_virtual = segs[last][0], segs[last][1]
+    prefix = f"{base:020d}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    left = keep_virtual - base_virtual
+    with open(os.path.join(src, prefix + ".log"), "rb") as f:
+        fd = os.open(os.path.join(dst, prefix + ".log"), flags, 0o600)
+        try:
+            while left > 0:  # (in the kernel: no copy through this process)
+                n = os.copy_file_range(f.fileno(), fd, left)
+                if n <= 0:
+                    raise LogCorruptError(f"{src}: segment {prefix} ends before {keep}")
+                left -= n
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for ext in (".index", ".timeindex"):  # the headers only: the base virtual offset
+        try:
+            with open(os.path.join(src, prefix + ext), "rb") as f:
+                header = f.read(NSQSHM_LOG_INDEX_HEADER)
+        except FileNotFoundError:
+            continue  # (recovery sums the earlier segments' sizes)
+        fd = os.open(os.path.join(dst, prefix + ext), flags, 0o600)
+        try:
+            os.write(fd, header)
+        finally:
+            os.close(fd)
+
+
+CUT_SUFFIX = ".cut"    # cut_log: the cut log, until it takes the log's place
+GONE_SUFFIX = ".gone"  # cut_log, set_log_aside: a log replaced, until removed (+ a tag)
+
+
+def _others_files(str path):
+    """The files in a log's directory that are not the log's (the channels'
+    checkpoints): they go with the directory's name, not with the log."""
+    return [e.name for e in os.scandir(path) if e.is_file(follow_symlinks=False)
+            and e.name != STATE_FILE and not _LOG_FILE_RE.match(e.name)]
+
+
+def cut_log(str path, uint64_t keep):
+    """Remove the messages from msg offset `keep` on from the log at `path` (no
+    writer open): a replica whose log diverged from the leader's there.  The cut
+    log is made beside it (copy_prefix: no copy of the whole segments below; the
+    others' files linked into it) and takes its place by two renames; a crash
+    between them is finished by the next PartitionLog on the path (_finish_cut).
+    Readers of the old log in other processes see its state file go (another
+    inode) and open the new one.  -> the old log's directory, renamed: the
+    caller removes it (shutil.rmtree; in a thread, not to stall its process)."""
+    cut, gone = path + CUT_SUFFIX, _gone_name(path)
+    shutil.rmtree(cut, ignore_errors=True)
+    try:
+        copy_prefix(path, cut, keep)
+        for name in _others_files(path):
+            os.link(os.path.join(path, name), os.path.join(cut, name))
+    except BaseException:
+        shutil.rmtree(cut, ignore_errors=True)
+        raise
+    os.rename(path, gone)
+    os.rename(cut, path)
+    return gone
+
+
+def set_log_aside(str path):
+    """Rename the log at `path` (no writer open) out of the way, and leave `path`
+    an empty directory with the others' files (the channels' checkpoints) moved
+    into it: a PartitionLog there then begins a new log (start_at), e.g. a
+    replica's log made anew to be copied from the leader.  -> the old log's
+    directory, renamed: the caller removes it (in a thread: it may be large)."""
+    gone = _gone_name(path)
+    os.rename(path, gone)
+    os.mkdir(path, 0o700)
+    for name in _others_files(gone):
+        os.rename(os.path.join(gone, name), os.path.join(path, name))
+    return gone
+
+
+def _gone_name(str path):
+    """A name no other set-aside log of `path` has (one may still be being removed)."""
+    return f"{path}{GONE_SUFFIX}{os.getpid()}-{time.monotonic_ns()}"
+
+
+def set_aside_logs(str path):
+    """The logs of `path` set aside and not removed (their remover died): the
+    partition's owner removes them when it opens the log."""
+    parent, name = os.path.split(path)
+    try:
+        return [os.path.join(parent, e) for e in os.listdir(parent)
+                if e.startswith(name + GONE_SUFFIX)]
+    except FileNotFoundError:
+        return []
+
+
+def _finish_cut(str path):
+    """A cut_log interrupted: between its renames, the cut log (complete) takes its
+    place; before them, the cut log (maybe partial: links and one segment) goes."""
+    cut = path + CUT_SUFFIX
+    if os.path.isdir(cut):
+        if os.path.exists(path):
+            shutil.rmtree(cut, ignore_errors=True)
+        else:
+            os.rename(cut, path)
 
 
 def _segment_bases(str path):
@@ -847,6 +977,7 @@ cdef class PartitionLog:
         self.pidx = _Pending()
         self.ptim = _Pending()
         self.finished_fds = []
+        _finish_cut(path)
         os.makedirs(path, mode=0o700, exist_ok=True)
         self._open_state()
         self._recover(start_at)

@@ -14,8 +14,10 @@ leader's log, joins the ISR, and the lost node leaves the replicas (its copy sta
 on its disk, no longer a replica).
 
 Nothing runs while every replica's node is registered: the check is woken by a
-change under the nodes' keys, and polls (CHECK_INTERVAL) only while a replica is
-lost.  The lost-since times are the master's own: a new master starts them again.
+change under the nodes' keys, and by a timer only while a replica is lost and
+something can be done: at its due time, or every CHECK_INTERVAL while its
+partition has no live leader or a move under way.  The lost-since times are the
+master's own: a new master starts them again.
 """
 
 import time
@@ -31,42 +33,72 @@ CHECK_INTERVAL = 1.0  # s between checks while a replica is lost
 
 
 def plan(partitions, live, lost_since, now, wait, urgent_wait):
-    """The replacements due: [(state, MoveRequest)], at most one per partition.
+    """The replacements due, and when to look again: ([(state, MoveRequest)], seconds
+    from now or None -- not before the nodes change).  At most one move a partition.
 
     partitions: [(PartitionState, replicator)]; live: the registered node IDs;
     lost_since: {(topic, partition, node): when first seen lost} (updated here: lost
-    replicas added, the others dropped); wait / urgent_wait: seconds (0: never).
-    A partition is left alone while it has no live leader (the election comes
-    first; the leader carries the move out) or a move under way."""
-    load = Counter()  # replicas per live node, the new ones counted as they are planned
+    replicas added, the others dropped); wait: seconds a replica may be lost (0:
+    never replaced); urgent_wait: the same when no more than half the partition's
+    replicas are live ISR members (Youzan's emergency; 0: wait).
+
+    The node a lost replica moves to: a live catch-up member (a move before it gave
+    up: the copy goes on), else, while the partition has fewer live replicas than
+    its replicator, the spare node with the fewest replicas, else (copies enough) a
+    live ISR member: the lost one only leaves.  The live leader's node is never
+    lost: its session is on the lease of the worker that leads, the node's key on
+    worker 0's, which may stall alone.  A partition is left alone while it has no
+    live leader (the election comes first; the leader carries the move out) or a
+    move under way."""
+    load = Counter()  # replicas per node, the moves planned counted as they are
     for state, _ in partitions:
         for node in (*state.replicas.isr, *state.replicas.catchup):
             load[node] += 1
-    seen = set()
-    moves = []
+    seen, moves, again = set(), [], None
+
+    def look_again(seconds):
+        nonlocal again
+        again = seconds if again is None else min(again, seconds)
+
     for state, replicator in partitions:
-        holders = list(dict.fromkeys((*state.replicas.isr, *state.replicas.catchup)))
-        lost = [n for n in holders if n not in live]
+        replicas = state.replicas
+        holders = list(dict.fromkeys((*replicas.isr, *replicas.catchup)))
+        lost = [n for n in holders if n not in live and n != state.leader]
         for node in lost:
-            key = (state.topic, state.partition, node)
-            lost_since.setdefault(key, now)
-            seen.add(key)
-        alive = len(holders) - len(lost)
-        if not lost or alive >= replicator or state.leader_session is None \
-                or state.move is not None:
+            seen.add((state.topic, state.partition, node))
+            lost_since.setdefault((state.topic, state.partition, node), now)
+        if not lost:
             continue
-        due = urgent_wait if alive <= replicator // 2 else wait
+        if state.leader_session is None or state.move is not None:
+            look_again(CHECK_INTERVAL)  # (the election or the move ends; no node changes)
+            continue
+        alive = len(holders) - len(lost)  # copies, or copies coming (live catch-up)
+        urgent = sum(n not in lost for n in replicas.isr) <= replicator // 2  # (Youzan's)
+        due = (urgent_wait or wait) if urgent else wait
         if not due:
             continue
-        ready = [n for n in lost if now - lost_since[(state.topic, state.partition, n)] >= due]
+        catching = [n for n in replicas.catchup if n not in lost]
         spare = sorted((n for n in live if n not in holders), key=lambda n: (load[n], n))
-        if not ready or not spare:
+        if catching:
+            to = catching[0]
+        elif alive < replicator:
+            if not spare:
+                continue  # (a node that comes wakes the check)
+            to = spare[0]
+        else:  # (any ISR member: it is one already, the move only removes)
+            to = next((n for n in replicas.isr if n not in lost and n != state.leader),
+                      state.leader)
+        first = min(lost, key=lambda n: lost_since[(state.topic, state.partition, n)])
+        left = lost_since[(state.topic, state.partition, first)] + due - now
+        if left > 0:
+            look_again(left)
             continue
-        moves.append((state, MoveRequest(ready[0], spare[0], False)))
-        load[spare[0]] += 1
+        moves.append((state, MoveRequest(first, to, False)))
+        load[to] += 1
+        look_again(CHECK_INTERVAL)  # (another lost replica of it: after this move)
     for key in [k for k in lost_since if k not in seen]:
         del lost_since[key]
-    return moves
+    return moves, again
 
 
 class Migrator:
@@ -105,20 +137,26 @@ class Migrator:
         self._wake.set()
 
     def _run(self):
+        again = None
         while True:
-            self._wake.wait(CHECK_INTERVAL if self.lost_since else None)
+            self._wake.wait(again)
             self._wake.clear()
             if not self.is_master():
                 self.lost_since.clear()
+                again = None
                 continue
             try:
-                self.check()
+                again = self.check()
             except CoordinationError as err:
                 self.logf("info", f"cluster: lost-replica check failed: {err}")
-                self._wake.wait(CHECK_INTERVAL)
+                again = CHECK_INTERVAL
+            except Exception as err:  # (a malformed key: the check must go on)
+                self.logf("error", f"cluster: lost-replica check failed: {err!r}")
+                again = CHECK_INTERVAL
 
     def check(self):
-        """One pass: read the layout, put the replacements due."""
+        """One pass: read the layout, put the replacements due.  -> when to look
+        again (seconds, or None: when the nodes change)."""
         live = {node.id for node in self.topology.nodes()}
         partitions = []
         for topic in self.topology.topics():
@@ -129,10 +167,12 @@ class Migrator:
                 continue  # deleted meanwhile
             partitions.extend((state, replicator) for state in states)
         now = time.monotonic()
-        for state, move in plan(partitions, live, self.lost_since, now, self.wait,
-                                self.urgent_wait):
+        moves, again = plan(partitions, live, self.lost_since, now, self.wait,
+                            self.urgent_wait)
+        for state, move in moves:
             if self.topology.request_move(state, move):
                 since = self.lost_since[(state.topic, state.partition, move.from_)]
                 self.logf("warn", f"cluster: {state.topic}-{state.partition}: the replica on "
                                   f"{move.from_}, lost for {now - since:.0f}s, moves to "
                                   f"{move.to}")
+        return again

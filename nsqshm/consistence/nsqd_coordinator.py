@@ -411,7 +411,24 @@ class NsqdCoordinator:
             return refused, end, None
         known = self.roles[(topic, partition)].state.replicas
         mine = self.leaders.get((topic, partition))
-        if first == rpc.PROBE:  # where the log ends, and what its last record is
+        if first == rpc.PROBE:  # where the log ends, and what its last record is (or
+            # the record before an offset: the leader's search for where we diverged)
+            if records:
+                if len(records) != rpc.AT.size:
+                    raise rpc.RPCError(f"a PROBE of {len(records)} bytes")
+                return rpc.MISMATCH, end, self.host.tail_crc(part, *rpc.AT.unpack(records))
+            return rpc.MISMATCH, end, self.host.tail_crc(part, end)
+        if first == rpc.TRUNCATE:  # our log diverged from the leader's there
+            if len(records) != rpc.AT.size:
+                raise rpc.RPCError(f"a TRUNCATE of {len(records)} bytes")
+            if self.node.id not in known.isr and mine is None:  # (not while in the ISR)
+                (keep,) = rpc.AT.unpack(records)
+                if self.host.truncate_log(part, keep):
+                    key = (topic, partition)
+                    if key in self._committed_heard:  # (never above keep: the leader
+                        # holds every committed record, and keeps what matches its own)
+                        self._committed_heard[key] = min(self._committed_heard[key], keep)
+            end = self.host.end_offset(part)
             return rpc.MISMATCH, end, self.host.tail_crc(part, end)
         if first == rpc.RESET:  # our log diverged from the leader's, or ends below its
             # start: start again where the leader's log begins

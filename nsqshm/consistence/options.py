@@ -46,7 +46,7 @@ LOOKUPD_ONLY: tuple[Flag, ...] = (
          "0: never)", extension=True),
     Flag("lost-replica-urgent-wait", DURATION, "10s",
          _EXT + "the same when no more than half of a partition's replicas are left "
-         "(Youzan's waitEmergencyMigrateInterval; 0: never)", extension=True),
+         "(Youzan's waitEmergencyMigrateInterval; 0: --lost-replica-wait)", extension=True),
 )
 
 LOOKUPD: tuple[Flag, ...] = COMMON + LOOKUPD_ONLY
@@ -93,6 +93,9 @@ def validate(opts, workers: int = 1) -> None:
     for flag in LOOKUPD_ONLY:
         if getattr(opts, flag.attr, 0) < 0:
             raise OptionsError(f"--{flag.name} must be >= 0")
+    wait, urgent = getattr(opts, "lost_replica_wait", 0), getattr(opts, "lost_replica_urgent_wait", 0)
+    if wait and urgent > wait:
+        raise OptionsError("--lost-replica-urgent-wait must be <= --lost-replica-wait")
     if workers:
         port = opts.rpc_port
         if not port:

@@ -224,8 +224,7 @@ class PartitionLeader:
                 status, end, crc = client.append(rpc.encode_append(topic, index, self.epoch,
                                                                    rpc.PROBE), b"")
                 if status == rpc.MISMATCH and self._diverged(end, crc):
-                    status, end, crc = self._reset(client, node, end, "diverges at offset "
-                                                                      f"{end - 1}")
+                    status, end, crc = self._repair(client, node, end)
                 elif status == rpc.MISMATCH and end < host.start_offset(self.partition):
                     status, end, crc = self._reset(
                         client, node, end, f"ends at {end}, below this log's start "
@@ -451,6 +450,50 @@ class PartitionLeader:
         return end > ours or (end > host.start_offset(self.partition)
                               and crc != host.tail_crc(self.partition, end))
 
+    def _repair(self, client, node, end):
+        """A follower whose log diverged from ours: once out of the ISR, it removes
+        what it holds from where the two part (found by _parting, a binary search),
+        and is copied from there; RESET when they part at our start."""
+        if node in self.state.replicas.isr:
+            raise rpc.RPCError(f"{node}'s log diverges at offset {end - 1}: it is cut "
+                               f"once out of the ISR")
+        topic, index = self.partition.topic.name, self.partition.index
+        keep = self._parting(client, end)
+        if keep > self.coordinator.host.start_offset(self.partition):
+            self.coordinator.logf("warn", f"{self._name}: {node}'s log diverges at offset "
+                                          f"{keep}: it removes what it holds from there, "
+                                          f"and copies this one")
+            status, end, crc = client.append(
+                rpc.encode_append(topic, index, self.epoch, rpc.TRUNCATE, rpc.AT.size),
+                rpc.AT.pack(keep))
+            if status != rpc.MISMATCH or end == keep:
+                return status, end, crc
+            # (it holds nothing below keep after all: its own retention)
+        return self._reset(client, node, end, f"diverges at offset {keep}")
+
+    def _parting(self, client, end):
+        """The first msg offset where a follower's log, ending at `end`, differs from
+        ours (or our end, or theirs): records match at an offset only if every record
+        before matches too (each leader appended to its followers' logs only after
+        checking their last record against its own), so a binary search on the crc
+        of the record before an offset finds it in log2(length) PROBEs."""
+        host = self.coordinator.host
+        topic, index = self.partition.topic.name, self.partition.index
+        lo = host.start_offset(self.partition)  # (matches by definition: nothing held)
+        hi = min(end, host.end_offset(self.partition))
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            status, _, crc = client.append(
+                rpc.encode_append(topic, index, self.epoch, rpc.PROBE, rpc.AT.size),
+                rpc.AT.pack(mid))
+            if status == rpc.FENCED:
+                raise rpc.RPCError("fenced while looking where the logs part")
+            if crc is not None and crc == host.tail_crc(self.partition, mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def _reset(self, client, node, end, why):
         """Have a follower whose log diverged from ours, or ends below our start,
         remove it and begin an empty one at our start (it is then copied from ours):
@@ -479,9 +522,26 @@ class PartitionLeader:
             try:
                 self._check_isr(leadership)
             except Fenced as err:
-                self.fence(f"etcd refused an ISR change: {err}")
+                if not self._still_leading():
+                    self.fence(f"etcd refused an ISR change: {err}")
             except CoordinationError as err:
                 self.coordinator.logf("info", f"{self._name}: ISR check failed: {err}")
+
+    def _still_leading(self):
+        """After etcd refused an ISR change: whether our leader session is still the
+        partition's (the epoch moved under a change of our own -- a move's, in its
+        greenlet -- not a newer leader's); then the state read goes on."""
+        try:
+            state = self.coordinator.topology.partition(self.partition.topic.name,
+                                                        self.partition.index)
+        except CoordinationError:
+            return False
+        own = self.state.leader_session
+        if state.leader_session is None or own is None \
+                or state.leader_session.create_revision != own.create_revision:
+            return False
+        self.set_state(state)
+        return True
 
     def _check_isr(self, leadership):
         if self.handing_off is not None:  # (its designated-leader change comes next)

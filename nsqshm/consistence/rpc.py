@@ -17,10 +17,16 @@ Every frame:
       records: the leader's log as LogReader.read_into packs it, [u32 size][message]...
       (the size in the hosts' native order: the cluster's hosts share one byte order,
       HELLO checks it); one frame carries a whole batch, not one message.  A frame with
-      first offset PROBE and no records asks the follower where its log ends; RESET
-      has a follower out of the ISR whose log diverged, or ends below the leader's
-      start (retention removed the rest), remove it and begin an empty one where the
-      leader's begins; its records are then that start:
+      first offset PROBE and no records asks the follower where its log ends (and
+      the crc32 of its last record); PROBE with records `| u64 BE offset |` asks for
+      the crc32 of the record before that offset instead (0 if it holds none there:
+      the leader's search for where a diverged log parts from its own).  TRUNCATE
+      with records `| u64 BE offset |` has a follower out of the ISR whose log
+      diverged there remove what it holds from that offset on (nothing if it holds
+      nothing below it: its answer's end says).  RESET has a follower out of the ISR
+      whose log diverged, or ends below the leader's start (retention removed the
+      rest), remove it and begin an empty one where the leader's begins; its records
+      are then that start:
         | u64 BE start msg offset | u64 BE start virtual offset |
     ACK      (follower -> leader)
         | u8 status | u16 BE topic len | topic | u16 BE partition | u64 BE end offset |
@@ -66,11 +72,13 @@ NOT_LEADER, FAILED = 1, 2  # PUBLISHED (OK: 0)
 PUBLISH_FIXED = struct.Struct(">H")
 PROBE = (1 << 64) - 1
 RESET = (1 << 64) - 2
+TRUNCATE = (1 << 64) - 3
 DELETED = (1 << 64) - 1  # a CURSORS entry's confirmed offset: the channel was deleted
 MAX_FRAME = 64 << 20  # larger than any batch a leader sends (replicator.BATCH_BYTES, ~4 MiB)
 HEADER = struct.Struct(">IB")
 APPEND_FIXED = struct.Struct(">HQQ")  # partition, write epoch, first offset
 RESET_START = struct.Struct(">QQ")  # a RESET's records: the leader's start (msg, virtual)
+AT = struct.Struct(">Q")  # a PROBE's or TRUNCATE's records: a msg offset
 ACK_END = struct.Struct(">HQ")  # partition, end offset
 BYTE_ORDER = sys.byteorder
 

@@ -49,6 +49,7 @@ from nsqshm.nsqd.topic import Topic, TopicError
 MAX_PARTITIONS = 255  # Youzan's MAX_PARTITION_NUM: partition ids 0..254 (its lookupd's too)
 RETENTION_INTERVAL = 1.0   # seconds between retention passes (on partition owners)
 MAX_RETENTION_DAYS = 36500
+MAX_RETENTION_BYTES = (1 << 63) - 1  # PartitionLog.apply_retention's long long
 DEFERRED_RETRY = 0.1       # seconds: a due DPUB message that could not be appended waits this
 
 
@@ -91,7 +92,8 @@ def make_spec(name, partition_num, retention_days=-1, retention_bytes=-1, sync_e
         size = int(retention_bytes)
     except (TypeError, ValueError):
         raise LogTopicError("INVALID_RETENTION") from None
-    if days == 0 or days > MAX_RETENTION_DAYS or days < -1 or size == 0 or size < -1:
+    if days == 0 or days > MAX_RETENTION_DAYS or days < -1 or size == 0 or size < -1 \
+            or size > MAX_RETENTION_BYTES:
         raise LogTopicError("INVALID_RETENTION")
     try:
         every = int(sync_every)

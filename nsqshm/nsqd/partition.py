@@ -28,7 +28,14 @@ import zlib
 import gevent
 import gevent.event
 
-from nsqshm._core.commitlog import STATE_FILE, LogError, LogReader, PartitionLog, partition_dir
+from nsqshm._core.commitlog import (
+    STATE_FILE,
+    LogError,
+    LogReader,
+    PartitionLog,
+    partition_dir,
+    set_aside_logs,
+)
 from nsqshm.nsqd.topic import TopicError
 from nsqshm.nsqd.waiting import RingWaker
 from nsqshm.youzan.offset import MSGCOUNT, NOT_SUPPORTED, TIMESTAMP, VIRTUAL_QUEUE
@@ -36,14 +43,21 @@ from nsqshm.youzan.offset import MSGCOUNT, NOT_SUPPORTED, TIMESTAMP, VIRTUAL_QUE
 # the largest segment a partition log takes (commitlog.MAX_SEGMENT_BYTES)
 MAX_SEGMENT_BYTES = 1 << 30
 MAX_RECORD = 2 << 20     # the largest message a log takes (its staging buffer's half)
-INBOUND_WAIT = 1.0
+INBOUND_WAIT = 1.0       # a PUB waits at most this long for room in an inbound ring
 MAX_SECONDS = (2**63 - 1) // 1_000_000_000  # a timestamp position in ns fits an int64
-NEVER = 1 << 62          # PartitionLog's own sync policy: off      # a PUB waits at most this long for room in an inbound ring
+NEVER = 1 << 62          # PartitionLog's own sync policy: off
 
 
 def partition_owner(topic_name, partition, workers):
     return (zlib.crc32(topic_name.encode()) + partition) % max(1, workers)
 
+
+def remove_later(path):
+    """Remove a log set aside (commitlog.cut_log, set_log_aside) on a thread of the
+    hub's pool: a large log's unlinks would stall this worker (its clients, its etcd
+    keep-alive, its replication RPC)."""
+    if path is not None:
+        gevent.get_hub().threadpool.spawn(shutil.rmtree, path, True)
 
 class Partition:
     def __init__(self, topic, index):
@@ -68,6 +82,8 @@ class Partition:
                                                      MAX_RECORD),
                                     # the broker syncs (below), not append_packed
                                     sync_every=NEVER, sync_timeout=-1, logf=nsqd.logf)
+            for gone in set_aside_logs(self.path):  # (its remover died: replica.py)
+                remove_later(gone)
         # the inbound ring: only with several workers (one worker owns all)
         self.inbound = None
         self._wake = gevent.event.Event()

@@ -14,14 +14,13 @@ A follower's log is written by append_at only: the leader's records, at the offs
 the leader gave them, so every replica holds the same message at the same offset.
 """
 
-import shutil
 import zlib
 
-from nsqshm._core.commitlog import PartitionLog
+from nsqshm._core.commitlog import PartitionLog, cut_log, set_log_aside
 from nsqshm._core.logcursor import window_offsets
 from nsqshm.nsqd.ext import make_ext
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
-from nsqshm.nsqd.partition import MAX_RECORD
+from nsqshm.nsqd.partition import MAX_RECORD, remove_later
 from nsqshm.nsqd.topic import TopicError
 
 
@@ -223,9 +222,9 @@ class ReplicaHost:
         return partition.log.reader.read_into(offset, buffer, -1, max_bytes)
 
     def tail_crc(self, partition, end):
-        """crc32 of the record at msg offset end - 1 (0 for an empty log): two replicas
-        whose logs end at the same offset hold the same tail only if these agree."""
-        if end <= partition.log.start_offset:
+        """crc32 of the record at msg offset end - 1 (0 when the log holds none
+        there): two replicas hold the same record before `end` only if these agree."""
+        if not partition.log.start_offset < end <= partition.log.end_offset:
             return 0
         buf = bytearray(MAX_RECORD + 4)
         _, nbytes, _ = partition.log.reader.read_into(end - 1, buf, 1)
@@ -250,11 +249,41 @@ class ReplicaHost:
                     "sync_every": old.sync_every, "sync_timeout": old.sync_timeout}
         partition._wait_sync()
         old.close()
-        shutil.rmtree(partition.path)
-        partition.log = PartitionLog(partition.path, logf=self.nsqd.logf,
-                                     start_at=(start, start_virtual), **settings)
+        gone = None
+        try:
+            gone = set_log_aside(partition.path)
+        finally:  # (set aside or not, the partition has an open log)
+            partition.log = PartitionLog(partition.path, logf=self.nsqd.logf,
+                                         start_at=(start, start_virtual), **settings)
+            remove_later(gone)
         self.nsqd.logf("warn", f"{partition}: log removed, to be copied again from the "
                                f"leader from offset {start}")
+
+    def truncate_log(self, partition, keep):
+        """A replica whose log diverged from the leader's at msg offset `keep` (it
+        led before and kept records nobody acknowledged): what it holds from there
+        on goes, the rest stays (commitlog.cut_log: the whole segments below are
+        not copied), and it is copied from the leader from `keep`.  Only for a
+        replica out of the ISR (the coordinator checks).  -> whether it was cut
+        (not if the log holds nothing below `keep` or nothing from it)."""
+        old = partition.log
+        if not old.start_offset < keep < old.end_offset:
+            return False
+        settings = {"segment_bytes": old.segment_bytes, "max_msg_size": old.max_msg_size,
+                    "sync_every": old.sync_every, "sync_timeout": old.sync_timeout}
+        end = old.end_offset
+        partition._wait_sync()
+        old.close()
+        gone = None
+        try:
+            gone = cut_log(partition.path, keep)
+        finally:  # (cut or not, the partition has an open log)
+            partition.log = PartitionLog(partition.path, logf=self.nsqd.logf, **settings)
+            remove_later(gone)
+        self.nsqd.logf("warn", f"{partition}: log cut at offset {keep} (it held "
+                               f"{end - keep} messages the leader has not): copied from "
+                               f"the leader from there")
+        return True
 
     def append_at(self, partition, offset, packed):
         """A follower: the leader's records, which start at msg offset `offset`.  The

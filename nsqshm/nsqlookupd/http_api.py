@@ -24,7 +24,7 @@ from nsqshm.consistence.topology import MAX_PARTITIONS, NODE_ID
 from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.ext import wants_ext
 from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
-from nsqshm.nsqd.logtopic import MAX_RETENTION_DAYS
+from nsqshm.nsqd.logtopic import MAX_RETENTION_BYTES, MAX_RETENTION_DAYS
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqlookupd.registration_db import filter_by_active, filter_registrations, keys, subkeys
 from nsqshm.nsqlookupd.topic_meta import TopicMeta
@@ -198,7 +198,8 @@ class LookupHTTPAPI(HTTPAPI):
         if not 0 <= days <= MAX_RETENTION_DAYS:
             raise Err(400, "INVALID_RETENTION")
         size = values.get("retention_bytes", [""])[0] or "-1"  # nsqshm's, as nsqd's own
-        if not (size == "-1" or size.isascii() and size.isdigit() and int(size) > 0):
+        if not (size == "-1" or size.isascii() and size.isdigit()
+                and 0 < int(size) <= MAX_RETENTION_BYTES):
             raise Err(400, "INVALID_RETENTION")
         try:
             self.lookupd.coordinator.create_topic(

@@ -5,7 +5,7 @@ is gone and its replica moves to the spare node."""
 
 import pytest
 
-from nsqshm.consistence.migrator import plan
+from nsqshm.consistence.migrator import CHECK_INTERVAL, plan
 from nsqshm.consistence.topology import (
     LeaderSession,
     MoveRequest,
@@ -41,33 +41,57 @@ def state(isr, catchup=(), partition=0, leader=True, move=None):
     ([(state([A, B, C]), 3)], {A, B, D}, WAIT, [(0, C, D)]),
     # every node holds a replica: nowhere to move it
     ([(state([A, B]), 2)], {A}, WAIT, []),
-    # a live catch-up member makes up the count: nothing to do
-    ([(state([A, B], [C]), 2)], {A, C, D}, WAIT, []),
+    # a move that gave up (timed out): its live catch-up member takes the lost one's
+    # place, the copy going on, not another spare node
+    ([(state([A], [B, C]), 2)], {A, C, D}, URGENT, [(0, B, C)]),
+    # copies enough (a live ISR beside the lost one): after the long wait it leaves
+    ([(state([A, C], [B]), 2)], {A, C, D}, URGENT, []),
+    ([(state([A, C], [B]), 2)], {A, C, D}, WAIT, [(0, B, C)]),
     # no live leader (the election comes first), or a move under way: left alone
     ([(state([A, B], leader=False), 2)], {A, C}, WAIT, []),
     ([(state([A, B], move=MoveRequest(A, C, True)), 2)], {A, C}, WAIT, []),
+    # the live leader's node is never lost (worker 0, which keeps the node's key,
+    # may stall while the worker that leads lives)
+    ([(state([A, B]), 2)], {B, C}, WAIT, []),
     # the spare node with the fewest replicas is taken, and counted for the next
     ([(state([A, B], partition=0), 2), (state([A, B], partition=1), 2),
       (state([C, A], partition=2), 2)], {A, C, D}, URGENT, [(0, B, D), (1, B, C)]),
 ])
 def test_plan(partitions, live, lost_for, want):
     lost_since = {}
-    assert plan(partitions, live, lost_since, 1000.0, WAIT, URGENT) == []  # first seen now
-    got = plan(partitions, live, lost_since, 1000.0 + lost_for, WAIT, URGENT)
+    assert plan(partitions, live, lost_since, 1000.0, WAIT, URGENT)[0] == []  # first seen
+    got, _ = plan(partitions, live, lost_since, 1000.0 + lost_for, WAIT, URGENT)
     assert [(st.partition, m.from_, m.to) for st, m in got] == want
     assert all(not m.leader for _, m in got)
 
 
-def test_plan_forgets_a_node_back_and_never_moves_with_a_wait_of_zero():
+def test_plan_says_when_to_look_again():
+    lost_since = {}
+    assert plan([(state([A, B]), 2)], {A, B, C}, lost_since, 0.0, WAIT, URGENT) == ([], None)
+    # lost: at its due time, not before
+    assert plan([(state([A, B]), 2)], {A, C}, lost_since, 0.0, WAIT, URGENT) == ([], URGENT)
+    assert plan([(state([A, B]), 2)], {A, C}, lost_since, 4.0, WAIT, URGENT) == \
+        ([], URGENT - 4.0)
+    # nothing can be done (no spare node): not before the nodes change
+    assert plan([(state([A, B]), 2)], {A}, lost_since, 5.0, WAIT, URGENT) == ([], None)
+    # an election or a move to wait for (no node changes when they end): soon
+    assert plan([(state([A, B], leader=False), 2)], {A, C}, lost_since, 5.0, WAIT,
+                URGENT) == ([], CHECK_INTERVAL)
+
+
+def test_plan_forgets_a_node_back_and_the_waits_of_zero():
     lost_since = {}
     partitions = [(state([A, B]), 2)]
     plan(partitions, {A, C}, lost_since, 0.0, WAIT, URGENT)
     assert lost_since == {("t", 0, B): 0.0}
-    assert plan(partitions, {A, B, C}, lost_since, 5.0, WAIT, URGENT) == []  # B is back
+    assert plan(partitions, {A, B, C}, lost_since, 5.0, WAIT, URGENT)[0] == []  # B is back
     assert lost_since == {}
-    assert plan(partitions, {A, C}, lost_since, 6.0, WAIT, URGENT) == []  # lost again: anew
-    assert plan(partitions, {A, C}, lost_since, 6.0 + URGENT - 1, WAIT, URGENT) == []
-    assert plan(partitions, {A, C}, lost_since, 1e9, WAIT, 0.0) == []
+    assert plan(partitions, {A, C}, lost_since, 6.0, WAIT, URGENT)[0] == []  # lost: anew
+    assert plan(partitions, {A, C}, lost_since, 6.0 + URGENT - 1, WAIT, URGENT)[0] == []
+    # urgent wait 0: the long wait; both 0: never
+    assert plan(partitions, {A, C}, lost_since, 6.0 + URGENT, WAIT, 0.0)[0] == []
+    assert len(plan(partitions, {A, C}, lost_since, 6.0 + WAIT, WAIT, 0.0)[0]) == 1
+    assert plan(partitions, {A, C}, lost_since, 1e9, 0.0, 0.0) == ([], None)
 
 
 @pytest.mark.skipif(bool(available()), reason=available() or "available")

@@ -58,3 +58,7 @@ def test_lookupd_bad_values():
         lookupd_options.parse_args(["--lost-replica-wait=1m"])
     with pytest.raises(lookupd_options.OptionsError, match="--lost-replica-urgent-wait must be"):
         lookupd_options.parse_args([ETCD, "--lost-replica-urgent-wait=-1s"])
+    with pytest.raises(lookupd_options.OptionsError,
+                       match="--lost-replica-urgent-wait must be <= --lost-replica-wait"):
+        lookupd_options.parse_args([ETCD, "--lost-replica-wait=5s",
+                                    "--lost-replica-urgent-wait=6s"])

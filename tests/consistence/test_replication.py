@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 
 from nsqshm import protocol as p
+from nsqshm._core.commitlog import segment_name
 from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import Topology
 from nsqshm.youzan import client as youzan
@@ -472,11 +473,14 @@ def test_a_cut_off_leader_acknowledges_nothing_then_rejoins_with_the_new_log(mak
     # (its w2 run failed 1 of 3 when the PUB was made after the cut: a process started
     # in the namespace then could reach the leader after it had taken its lease as
     # lost, so "late" was refused before it was appended, and nothing diverged)
-    cluster = make_cluster(workers)
+    # 4 KiB segments: the 100 messages below the divergence fill several
+    cluster = make_cluster(workers, args=["--max-bytes-per-file=4096"])
     assert cluster.create_topic("orders", 1, 3)[0] == 200
     leader = cluster.leader("orders")
-    bodies = [b"m%03d" % i for i in range(100)]
+    bodies = [b"m%03d" % i + b"." * 100 for i in range(100)]
     publish(leader, "orders", bodies)
+    first_segment = os.path.join(leader.data_path, "orders-0.nsqlog", segment_name(0))
+    inode = os.stat(first_segment).st_ino
 
     inside = cluster.hosts.run(leader.i, [sys.executable, "-c", PUB_INSIDE,
                                           *map(str, leader.tcp), "16"],
@@ -494,14 +498,18 @@ def test_a_cut_off_leader_acknowledges_nothing_then_rejoins_with_the_new_log(mak
 
     # back on the network, the old leader's log holds "late" at offset 100, where the
     # new leader has "other": same length, another record.  Once out of the ISR it
-    # removes its log, copies the leader's and rejoins
+    # removes what it holds from offset 100 on (the leader's search finds where the
+    # logs part), copies the leader's from there and rejoins
     publish(new, "orders", [b"other"])
     wait_until(lambda: leader.id not in isr(cluster, "orders"), 10, "the old leader out")
     cluster.hosts.restore(leader.i)
     # (it registers again in etcd first: its lease ran out while cut off)
-    wait_until(lambda: any("diverges at offset 1" in line for line in new.server.lines),
+    wait_until(lambda: any("diverges at offset 100:" in line for line in new.server.lines),
                30, "the new leader sees the divergence")
     wait_until(lambda: leader.id in isr(cluster, "orders"), 30, "the old leader rejoins")
+    assert any("log cut at offset 100 (it held" in line for line in leader.server.lines), \
+        [line for line in leader.server.lines if "orders" in line][-15:]
+    assert os.stat(first_segment).st_ino == inode  # kept where it was, not copied
     # an ISR member holds the channels' cursors (it joined only once it had taken them)
     channels = leader.get_json("/stats?format=json&topic=orders")["topics"][0]["channels"]
     assert [(c["channel_name"], [p["confirmed_offset"] for p in c["partitions"]])
@@ -601,7 +609,7 @@ def test_a_pub_without_partition_goes_to_one_the_node_leads(make_cluster):
         (400, b'{"message":"strconv.Atoi: parsing \\"x\\": invalid syntax"}')
     assert cluster.lookupd.post(create + "&retention=-1") == \
         (400, b'{"message":"INVALID_RETENTION"}')
-    for size in ("x", "0", "-2", "1.5"):  # nsqshm's retention_bytes, as nsqd's own
+    for size in ("x", "0", "-2", "1.5", str(1 << 63)):  # nsqshm's retention_bytes
         assert cluster.lookupd.post(create + "&retention_bytes=" + size) == \
             (400, b'{"message":"INVALID_RETENTION"}'), size
     assert cluster.create_topic("synced", 1, 2, extra="&syncdisk=7&retention=3")[0] == 200

@@ -19,10 +19,14 @@ from nsqshm._core.commitlog import (
     NotABoundary,
     OffsetOutOfRange,
     PartitionLog,
+    copy_prefix,
     crc32c,
     crc32c_software,
+    cut_log,
     partition_dir,
     segment_name,
+    set_aside_logs,
+    set_log_aside,
 )
 
 T0 = 1_700_000_000_000_000_000
@@ -352,6 +356,92 @@ def test_a_log_made_at_a_start_copies_another_from_there_at_the_same_positions(t
     assert (copy.start_offset, copy.end_offset) == (start, 1000)
     copy.close()
     leader.close()
+
+
+@pytest.mark.parametrize("keep", ["start+1", "mid-segment", "segment boundary", "end"])
+def test_a_prefix_copy_keeps_what_is_below_at_the_same_positions_and_links_whole_segments(
+        tmp_path, keep):
+    """A replica's log cut where it diverged: the messages below `keep` at their msg
+    and virtual offsets, the segments before the last one shared (hard links), and
+    the cut log goes on at `keep`."""
+    msgs = [message(i, 200) for i in range(1000)]
+    src = partition_dir(str(tmp_path / "a"), "t", 0)
+    log = PartitionLog(src, segment_bytes=32768)
+    log.append_packed(packed(msgs))
+    log.apply_retention(max_bytes=5 * 32768)  # (a log that no longer starts at 0)
+    segs = log.reader.segments()
+    start = log.start_offset
+    keep = {"start+1": start + 1, "mid-segment": segs[2][0] + 7,
+            "segment boundary": segs[3][0], "end": 1000}[keep]
+    virtuals = [log.reader.virtual_offset_of(o) for o in range(start, keep + 1)]
+    log.close()
+    (tmp_path / "b").mkdir()
+    dst = partition_dir(str(tmp_path / "b"), "t", 0)
+    copy_prefix(src, dst, keep)
+    cut = PartitionLog(dst, segment_bytes=32768)
+    assert (cut.start_offset, cut.end_offset) == (start, keep)
+    assert read_all(cut.reader) == msgs[start:keep]
+    assert [cut.reader.virtual_offset_of(o) for o in range(start, keep + 1)] == virtuals
+    shared = [b for b, _, _, _ in cut.reader.segments()[:-1]]
+    for base in shared:  # linked, not copied
+        assert os.stat(os.path.join(dst, segment_name(base))).st_ino == \
+            os.stat(os.path.join(src, segment_name(base))).st_ino
+    assert len(shared) == len([s for s in segs if s[0] < keep]) - 1
+    assert cut.append_packed(packed([message(keep, 200)]))[1] == keep
+    assert read_all(cut.reader, keep) == [message(keep, 200)]
+    cut.close()
+    src_log = PartitionLog(src, segment_bytes=32768)  # the source is untouched
+    assert read_all(src_log.reader) == msgs[start:]
+    src_log.close()
+
+
+@pytest.mark.parametrize("crash", [None, "after the copy", "between the renames",
+                                   "after the renames"])
+def test_a_cut_log_goes_on_at_the_cut_and_a_cut_interrupted_is_finished(logdir, crash):
+    msgs = [message(i, 200) for i in range(400)]
+    write(logdir, msgs, segment_bytes=32768).close()
+    with open(os.path.join(logdir, "c.cursor"), "wb") as f:  # a channel's checkpoint
+        f.write(b"checkpoint")
+    cut, gone = logdir + ".cut", logdir + ".gone1-1"
+    if crash is None:
+        gone = cut_log(logdir, 250)
+    else:  # the steps of cut_log, up to where the process died
+        copy_prefix(logdir, cut, 250)
+        os.link(os.path.join(logdir, "c.cursor"), os.path.join(cut, "c.cursor"))
+        if crash != "after the copy":
+            os.rename(logdir, gone)
+        if crash == "after the renames":
+            os.rename(cut, logdir)
+    log = PartitionLog(logdir, segment_bytes=32768)
+    want = 400 if crash == "after the copy" else 250  # (a copy not swapped in: no cut)
+    assert (log.start_offset, log.end_offset) == (0, want)
+    assert read_all(log.reader) == msgs[:want]
+    assert not os.path.exists(cut)
+    assert open(os.path.join(logdir, "c.cursor"), "rb").read() == b"checkpoint"
+    # the old log set aside, for its owner to remove (not on the way of the open)
+    assert set_aside_logs(logdir) == ([] if crash == "after the copy" else [gone])
+    log.close()
+
+
+def test_a_log_set_aside_leaves_an_empty_directory_with_the_others_files(logdir):
+    write(logdir, [message(i) for i in range(10)]).close()
+    with open(os.path.join(logdir, "c.cursor"), "wb") as f:
+        f.write(b"checkpoint")
+    gone = set_log_aside(logdir)
+    assert sorted(os.listdir(logdir)) == ["c.cursor"]
+    assert set_aside_logs(logdir) == [gone]
+    log = PartitionLog(logdir, start_at=(7, 700))
+    assert (log.start_offset, log.start_virtual, log.end_offset) == (7, 700, 7)
+    log.close()
+    assert read_all(LogReader(gone)) == [message(i) for i in range(10)]  # intact
+
+
+def test_a_prefix_copy_outside_the_log_is_refused(logdir, tmp_path):
+    write(logdir, [message(i) for i in range(10)]).close()
+    for keep in (0, 11):
+        with pytest.raises(LogError, match="cannot keep below"):
+            copy_prefix(logdir, str(tmp_path / f"cut{keep}"), keep)
+        assert not os.path.exists(tmp_path / f"cut{keep}")
 
 
 @pytest.mark.parametrize("topic,want", [

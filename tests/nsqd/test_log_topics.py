@@ -125,6 +125,9 @@ def test_create_validates_and_persists(nsqd_factory, tmp_path):
         assert server.post(f"/topic/create?topic=lt&partition_num={bad}") == \
             (400, b'{"message":"INVALID_PARTITION_NUM"}')
     assert server.post("/topic/create?topic=lt&partition_num=2&retention_days=0")[0] == 400
+    for size in ("0", "-2", "x", str(1 << 63)):  # (a long long: the log's retention pass)
+        assert server.post(f"/topic/create?topic=lt&partition_num=2&retention_bytes={size}") \
+            == (400, b'{"message":"INVALID_RETENTION"}'), size
     assert server.post("/topic/create?topic=bad!&partition_num=2") == \
         (400, b'{"message":"INVALID_TOPIC"}')
     assert server.post("/topic/create?topic=classic")[0] == 200
