@@ -200,12 +200,13 @@ def copy_prefix(str src, str dst, uint64_t keep):
         fd = os.open(os.path.join(dst, prefix + ext), flags, 0o600)
         try:
             os.write(fd, header)
+            os.fsync(fd)
         finally:
             os.close(fd)
 
 
-CUT_SUFFIX = ".cut"    # cut_log: the cut log, until it takes the log's place
-GONE_SUFFIX = ".gone"  # cut_log, set_log_aside: a log replaced, until removed (+ a tag)
+CUT_SUFFIX = ".cut"    # cut_log, make_log_anew: the new log, until it takes the log's place
+GONE_SUFFIX = ".gone"  # cut_log, make_log_anew: a log replaced, until removed (+ a tag)
 
 
 def _others_files(str path):
@@ -215,41 +216,62 @@ def _others_files(str path):
             and e.name != STATE_FILE and not _LOG_FILE_RE.match(e.name)]
 
 
-def cut_log(str path, uint64_t keep):
+def _fsync_dir(str path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _swap_in(str path, str new):
+    """`new`, a complete log (recovered, its state committed and synced), takes
+    the place of the log at `path`, the others' files linked into it, by two
+    renames; a crash between them is finished by the next PartitionLog on the
+    path (_finish_cut).  Readers of the old log in other processes see its
+    state file go (another inode) and open the new one.  -> the old log's
+    directory, renamed: the caller removes it (in a thread: it may be large)."""
+    for name in _others_files(path):
+        os.link(os.path.join(path, name), os.path.join(new, name))
+    _fsync_dir(new)
+    gone = _gone_name(path)
+    os.rename(path, gone)
+    os.rename(new, path)
+    _fsync_dir(os.path.dirname(path) or ".")
+    return gone
+
+
+def cut_log(str path, uint64_t keep, **settings):
     """Remove the messages from msg offset `keep` on from the log at `path` (no
     writer open): a replica whose log diverged from the leader's there.  The cut
-    log is made beside it (copy_prefix: no copy of the whole segments below; the
-    others' files linked into it) and takes its place by two renames; a crash
-    between them is finished by the next PartitionLog on the path (_finish_cut).
-    Readers of the old log in other processes see its state file go (another
-    inode) and open the new one.  -> the old log's directory, renamed: the
-    caller removes it (shutil.rmtree; in a thread, not to stall its process)."""
-    cut, gone = path + CUT_SUFFIX, _gone_name(path)
+    log is made beside it (copy_prefix: no copy of the whole segments below),
+    recovered by a PartitionLog with `settings` (the log's own), and swapped in
+    (_swap_in).  -> the old log's directory, for the caller to remove."""
+    cut = path + CUT_SUFFIX
     shutil.rmtree(cut, ignore_errors=True)
     try:
         copy_prefix(path, cut, keep)
-        for name in _others_files(path):
-            os.link(os.path.join(path, name), os.path.join(cut, name))
+        PartitionLog(cut, **settings).close()
+        return _swap_in(path, cut)
     except BaseException:
         shutil.rmtree(cut, ignore_errors=True)
         raise
-    os.rename(path, gone)
-    os.rename(cut, path)
-    return gone
 
 
-def set_log_aside(str path):
-    """Rename the log at `path` (no writer open) out of the way, and leave `path`
-    an empty directory with the others' files (the channels' checkpoints) moved
-    into it: a PartitionLog there then begins a new log (start_at), e.g. a
-    replica's log made anew to be copied from the leader.  -> the old log's
-    directory, renamed: the caller removes it (in a thread: it may be large)."""
-    gone = _gone_name(path)
-    os.rename(path, gone)
-    os.mkdir(path, 0o700)
-    for name in _others_files(gone):
-        os.rename(os.path.join(gone, name), os.path.join(path, name))
-    return gone
+def make_log_anew(str path, uint64_t start, uint64_t start_virtual, **settings):
+    """Replace the log at `path` (no writer open) by an empty one that begins at
+    msg offset `start`, virtual offset `start_virtual`, made beside it with
+    `settings` and swapped in (_swap_in; the others' files kept): a replica's
+    log to be copied from the leader's start.  -> the old log's directory, for
+    the caller to remove."""
+    new = path + CUT_SUFFIX
+    shutil.rmtree(new, ignore_errors=True)
+    try:
+        PartitionLog(new, start_at=(start, start_virtual), **settings).close()
+        return _swap_in(path, new)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
 
 
 def _gone_name(str path):
@@ -261,16 +283,16 @@ def set_aside_logs(str path):
     """The logs of `path` set aside and not removed (their remover died): the
     partition's owner removes them when it opens the log."""
     parent, name = os.path.split(path)
+    gone = re.compile(re.escape(name + GONE_SUFFIX) + r"[0-9]+-[0-9]+\Z")
     try:
-        return [os.path.join(parent, e) for e in os.listdir(parent)
-                if e.startswith(name + GONE_SUFFIX)]
+        return [os.path.join(parent, e) for e in os.listdir(parent) if gone.match(e)]
     except FileNotFoundError:
         return []
 
 
 def _finish_cut(str path):
-    """A cut_log interrupted: between its renames, the cut log (complete) takes its
-    place; before them, the cut log (maybe partial: links and one segment) goes."""
+    """A cut_log or make_log_anew interrupted: between its renames, the new log
+    (complete) takes its place; before them, the new log (maybe partial) goes."""
     cut = path + CUT_SUFFIX
     if os.path.isdir(cut):
         if os.path.exists(path):

@@ -14,10 +14,10 @@ leader's log, joins the ISR, and the lost node leaves the replicas (its copy sta
 on its disk, no longer a replica).
 
 Nothing runs while every replica's node is registered: the check is woken by a
-change under the nodes' keys, and by a timer only while a replica is lost and
-something can be done: at its due time, or every CHECK_INTERVAL while its
-partition has no live leader or a move under way.  The lost-since times are the
-master's own: a new master starts them again.
+change under the nodes' keys, by a change under the topics' keys (an ISR change,
+an election, a move's end) while a replica is lost, and by a timer at a lost
+replica's due time.  The lost-since times are the master's own: a new master
+starts them again.
 """
 
 import time
@@ -29,7 +29,7 @@ import gevent.event
 from nsqshm.consistence.errors import CoordinationError, TopicNotFound
 from nsqshm.consistence.topology import MoveRequest
 
-CHECK_INTERVAL = 1.0  # s between checks while a replica is lost
+CHECK_INTERVAL = 1.0  # s before a check that failed (etcd) is tried again
 
 
 def plan(partitions, live, lost_since, now, wait, urgent_wait):
@@ -70,8 +70,7 @@ def plan(partitions, live, lost_since, now, wait, urgent_wait):
         if not lost:
             continue
         if state.leader_session is None or state.move is not None:
-            look_again(CHECK_INTERVAL)  # (the election or the move ends; no node changes)
-            continue
+            continue  # (the election or the end of the move wakes the check)
         alive = len(holders) - len(lost)  # copies, or copies coming (live catch-up)
         urgent = sum(n not in lost for n in replicas.isr) <= replicator // 2  # (Youzan's)
         due = (urgent_wait or wait) if urgent else wait
@@ -79,12 +78,12 @@ def plan(partitions, live, lost_since, now, wait, urgent_wait):
             continue
         catching = [n for n in replicas.catchup if n not in lost]
         spare = sorted((n for n in live if n not in holders), key=lambda n: (load[n], n))
-        if catching:
-            to = catching[0]
-        elif alive < replicator:
+        if alive < replicator:
             if not spare:
                 continue  # (a node that comes wakes the check)
             to = spare[0]
+        elif catching:  # (its copy going on: it takes the lost one's place)
+            to = catching[0]
         else:  # (any ISR member: it is one already, the move only removes)
             to = next((n for n in replicas.isr if n not in lost and n != state.leader),
                       state.leader)
@@ -93,9 +92,8 @@ def plan(partitions, live, lost_since, now, wait, urgent_wait):
         if left > 0:
             look_again(left)
             continue
-        moves.append((state, MoveRequest(first, to, False)))
+        moves.append((state, MoveRequest(first, to, False)))  # (its end wakes the check)
         load[to] += 1
-        look_again(CHECK_INTERVAL)  # (another lost replica of it: after this move)
     for key in [k for k in lost_since if k not in seen]:
         del lost_since[key]
     return moves, again
@@ -112,22 +110,26 @@ class Migrator:
         self.urgent_wait = urgent_wait
         self.lost_since = {}
         self._wake = gevent.event.Event()
-        self._watch = None
+        self._watches = []
         self._loop = None
 
     def start(self):
         if not (self.wait or self.urgent_wait):
             return self  # (both 0: lost replicas are never replaced)
-        self._watch = self.topology.session.watch(self.topology.keys.nodes(),
-                                                  lambda events: self.wake(), prefix=True)
+        session, keys = self.topology.session, self.topology.keys
+        self._watches = [
+            session.watch(keys.nodes(), lambda events: self.wake(), prefix=True),
+            # an ISR change, an election, a move's end: what a lost replica waits for
+            session.watch(keys.topics(), lambda events: self.lost_since and self.wake(),
+                          prefix=True)]
         self._loop = gevent.spawn(self._run)
         self._wake.set()  # a check at once: nodes may have been lost before we started
         return self
 
     def stop(self):
-        if self._watch is not None:
-            self.topology.session.unwatch(self._watch)
-            self._watch = None
+        for watch in self._watches:
+            self.topology.session.unwatch(watch)
+        self._watches = []
         if self._loop is not None:
             self._loop.kill(block=False)
             self._loop = None

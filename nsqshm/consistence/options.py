@@ -45,8 +45,9 @@ LOOKUPD_ONLY: tuple[Flag, ...] = (
          "nsqlookupd moves the replica to another node (Youzan's waitMigrateInterval; "
          "0: never)", extension=True),
     Flag("lost-replica-urgent-wait", DURATION, "10s",
-         _EXT + "the same when no more than half of a partition's replicas are left "
-         "(Youzan's waitEmergencyMigrateInterval; 0: --lost-replica-wait)", extension=True),
+         _EXT + "the same when no more than half of a partition's replicas are live ISR "
+         "members (Youzan's waitEmergencyMigrateInterval; 0: --lost-replica-wait)",
+         extension=True),
 )
 
 LOOKUPD: tuple[Flag, ...] = COMMON + LOOKUPD_ONLY

@@ -270,11 +270,18 @@ class PartitionLeader:
                             raise rpc.RPCError(f"record {end} larger than a batch")
                         if after >= leader_end:
                             covers, covers_at = after, seen_at
+                        sent_at = end
                         status, end, _ = client.append(
-                            rpc.encode_append(topic, index, self.epoch, end, nbytes),
+                            rpc.encode_append(topic, index, self.epoch, end, nbytes,
+                                              host.tail_crc(self.partition, end)),
                             memoryview(buf)[:nbytes])
                     finally:
                         _BUFFERS.append(buf)
+                    if status == rpc.MISMATCH:  # its log changed, not by us (another
+                        # leader's late frame), or its record before sent_at is not
+                        # ours: probe it again, and repair it if it diverged
+                        raise rpc.RPCError(f"{node} took no records at {sent_at} "
+                                           f"(its log ends at {end}): probing it again")
             except (rpc.RPCError, OSError, CoordinationError, ValueError, LogError) as err:
                 # (LogError: its end is below this log's start, after retention)
                 if str(err) != last_error:  # once per kind of failure, not per retry
@@ -474,9 +481,9 @@ class PartitionLeader:
     def _parting(self, client, end):
         """The first msg offset where a follower's log, ending at `end`, differs from
         ours (or our end, or theirs): records match at an offset only if every record
-        before matches too (each leader appended to its followers' logs only after
-        checking their last record against its own), so a binary search on the crc
-        of the record before an offset finds it in log2(length) PROBEs."""
+        before matches too (a follower takes an APPEND only where its record before
+        the first is the leader's: the frame's prev crc), so a binary search on the
+        crc of the record before an offset finds it in log2(length) PROBEs."""
         host = self.coordinator.host
         topic, index = self.partition.topic.name, self.partition.index
         lo = host.start_offset(self.partition)  # (matches by definition: nothing held)

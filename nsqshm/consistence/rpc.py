@@ -13,7 +13,11 @@ Every frame:
     ERROR                      JSON {"error": text}
     APPEND   (leader -> follower)
         | u16 BE topic len | topic | u16 BE partition | u64 BE write epoch |
-        | u64 BE first msg offset | records ...                          |
+        | u64 BE first msg offset | u32 BE prev crc | records ...        |
+      prev crc: crc32 of the leader's record at first - 1 (0 when its log holds
+      none there); the follower takes the records only if its own record there is
+      the same (or it holds none there), so that two logs that match at an offset
+      match below it too (Raft's check of the previous entry);
       records: the leader's log as LogReader.read_into packs it, [u32 size][message]...
       (the size in the hosts' native order: the cluster's hosts share one byte order,
       HELLO checks it); one frame carries a whole batch, not one message.  A frame with
@@ -76,7 +80,7 @@ TRUNCATE = (1 << 64) - 3
 DELETED = (1 << 64) - 1  # a CURSORS entry's confirmed offset: the channel was deleted
 MAX_FRAME = 64 << 20  # larger than any batch a leader sends (replicator.BATCH_BYTES, ~4 MiB)
 HEADER = struct.Struct(">IB")
-APPEND_FIXED = struct.Struct(">HQQ")  # partition, write epoch, first offset
+APPEND_FIXED = struct.Struct(">HQQI")  # partition, write epoch, first offset, prev crc
 RESET_START = struct.Struct(">QQ")  # a RESET's records: the leader's start (msg, virtual)
 AT = struct.Struct(">Q")  # a PROBE's or TRUNCATE's records: a msg offset
 ACK_END = struct.Struct(">HQ")  # partition, end offset
@@ -96,22 +100,22 @@ def _topic(topic):
     return struct.pack(">H", len(raw)) + raw
 
 
-def encode_append(topic, partition, epoch, first, records_bytes=0):
+def encode_append(topic, partition, epoch, first, records_bytes=0, prev_crc=0):
     """An APPEND frame's head; the records_bytes of records follow it on the wire
     as they are (sent from the read buffer, not copied into the frame)."""
-    body = _topic(topic) + APPEND_FIXED.pack(partition, epoch, first)
+    body = _topic(topic) + APPEND_FIXED.pack(partition, epoch, first, prev_crc)
     return HEADER.pack(len(body) + 1 + records_bytes, APPEND) + body
 
 
 def decode_append(body):
-    """-> (topic, partition, epoch, first offset, records memoryview)."""
+    """-> (topic, partition, epoch, first offset, prev crc, records memoryview)."""
     view = memoryview(body)
     (n,) = struct.unpack_from(">H", view, 0)
     if 2 + n + APPEND_FIXED.size > len(view):
         raise RPCError("short APPEND")
     topic = bytes(view[2:2 + n]).decode()
-    partition, epoch, first = APPEND_FIXED.unpack_from(view, 2 + n)
-    return topic, partition, epoch, first, view[2 + n + APPEND_FIXED.size:]
+    partition, epoch, first, prev_crc = APPEND_FIXED.unpack_from(view, 2 + n)
+    return topic, partition, epoch, first, prev_crc, view[2 + n + APPEND_FIXED.size:]
 
 
 def encode_publish(topic, partition, records_bytes):
@@ -219,7 +223,7 @@ def hello_body(cluster_id, node_id):
 
 class RPCServer:
     """A follower worker's listener.  is_peer(node_id, ip) -> bool checks the peer
-    against etcd; on_append(peer, topic, partition, epoch, first, records) -> (status,
+    against etcd; on_append(peer, topic, partition, epoch, first, prev_crc, records) -> (status,
     end) applies a batch; on_cursors(peer, topic, partition, epoch, committed, cursors) ->
     (status, end) takes the leader's channel cursors."""
 
@@ -266,8 +270,9 @@ class RPCServer:
                     continue
                 if kind != APPEND:
                     raise RPCError(f"unexpected frame kind {kind}")
-                topic, partition, epoch, first, records = decode_append(body)
-                status, end, crc = self.on_append(peer, topic, partition, epoch, first, records)
+                topic, partition, epoch, first, prev_crc, records = decode_append(body)
+                status, end, crc = self.on_append(peer, topic, partition, epoch, first,
+                                                  prev_crc, records)
                 sock.sendall(encode_ack(status, topic, partition, end, crc))
         except (RPCError, OSError, ValueError, UnicodeDecodeError, struct.error) as err:
             self.logf("debug", f"RPC: peer {address[0]}: {err}")

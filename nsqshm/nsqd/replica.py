@@ -16,7 +16,7 @@ the leader gave them, so every replica holds the same message at the same offset
 
 import zlib
 
-from nsqshm._core.commitlog import PartitionLog, cut_log, set_log_aside
+from nsqshm._core.commitlog import PartitionLog, cut_log, make_log_anew
 from nsqshm._core.logcursor import window_offsets
 from nsqshm.nsqd.ext import make_ext
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -82,6 +82,7 @@ class ReplicaHost:
         # owner's; the others forward to the owner
         nsqd.replica_gate = ForwardGate(self)
         self.forwarder = None  # (topic, partition, packed): the coordinator's
+        self._crc_buffer = None  # tail_crc's read buffer, made at its first use
 
     def forward(self, topic, partition, packed):
         """A PUB's records to the worker that owns the partition; NotLeader or
@@ -226,9 +227,10 @@ class ReplicaHost:
         there): two replicas hold the same record before `end` only if these agree."""
         if not partition.log.start_offset < end <= partition.log.end_offset:
             return 0
-        buf = bytearray(MAX_RECORD + 4)
-        _, nbytes, _ = partition.log.reader.read_into(end - 1, buf, 1)
-        return zlib.crc32(memoryview(buf)[:nbytes])
+        if self._crc_buffer is None:  # (once: a record may be MAX_RECORD long)
+            self._crc_buffer = bytearray(MAX_RECORD + 4)
+        _, nbytes, _ = partition.log.reader.read_into(end - 1, self._crc_buffer, 1)
+        return zlib.crc32(memoryview(self._crc_buffer)[:nbytes])
 
     def start_offset(self, partition):
         return partition.log.start_offset
@@ -251,10 +253,9 @@ class ReplicaHost:
         old.close()
         gone = None
         try:
-            gone = set_log_aside(partition.path)
-        finally:  # (set aside or not, the partition has an open log)
-            partition.log = PartitionLog(partition.path, logf=self.nsqd.logf,
-                                         start_at=(start, start_virtual), **settings)
+            gone = make_log_anew(partition.path, start, start_virtual, **settings)
+        finally:  # (made anew or not, the partition has an open log)
+            partition.log = PartitionLog(partition.path, logf=self.nsqd.logf, **settings)
             remove_later(gone)
         self.nsqd.logf("warn", f"{partition}: log removed, to be copied again from the "
                                f"leader from offset {start}")
@@ -276,7 +277,7 @@ class ReplicaHost:
         old.close()
         gone = None
         try:
-            gone = cut_log(partition.path, keep)
+            gone = cut_log(partition.path, keep, **settings)
         finally:  # (cut or not, the partition has an open log)
             partition.log = PartitionLog(partition.path, logf=self.nsqd.logf, **settings)
             remove_later(gone)

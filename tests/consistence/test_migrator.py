@@ -5,7 +5,7 @@ is gone and its replica moves to the spare node."""
 
 import pytest
 
-from nsqshm.consistence.migrator import CHECK_INTERVAL, plan
+from nsqshm.consistence.migrator import plan
 from nsqshm.consistence.topology import (
     LeaderSession,
     MoveRequest,
@@ -44,6 +44,9 @@ def state(isr, catchup=(), partition=0, leader=True, move=None):
     # a move that gave up (timed out): its live catch-up member takes the lost one's
     # place, the copy going on, not another spare node
     ([(state([A], [B, C]), 2)], {A, C, D}, URGENT, [(0, B, C)]),
+    # ... but a live catch-up member does not make up for the lost one when the
+    # copies are short without it (replicator 3: A, C and a spare)
+    ([(state([A], [B, C]), 3)], {A, C, D}, URGENT, [(0, B, D)]),
     # copies enough (a live ISR beside the lost one): after the long wait it leaves
     ([(state([A, C], [B]), 2)], {A, C, D}, URGENT, []),
     ([(state([A, C], [B]), 2)], {A, C, D}, WAIT, [(0, B, C)]),
@@ -74,9 +77,9 @@ def test_plan_says_when_to_look_again():
         ([], URGENT - 4.0)
     # nothing can be done (no spare node): not before the nodes change
     assert plan([(state([A, B]), 2)], {A}, lost_since, 5.0, WAIT, URGENT) == ([], None)
-    # an election or a move to wait for (no node changes when they end): soon
+    # an election or a move to wait for: its keys' change wakes the check, no timer
     assert plan([(state([A, B], leader=False), 2)], {A, C}, lost_since, 5.0, WAIT,
-                URGENT) == ([], CHECK_INTERVAL)
+                URGENT) == ([], None)
 
 
 def test_plan_forgets_a_node_back_and_the_waits_of_zero():

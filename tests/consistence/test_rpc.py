@@ -20,7 +20,7 @@ def server():
     peers = {"leader:1"}
     srv = rpc.RPCServer(("127.0.0.1", 0), "c1", "follower:1",
                         lambda node, ip: node in peers and ip == "127.0.0.1",
-                        lambda *args: (seen.append((args[:5], bytes(args[5]))) or (rpc.OK, 42, None)),
+                        lambda *args: (seen.append((args[:6], bytes(args[6]))) or (rpc.OK, 42, None)),
                         lambda topic, p, records: (rpc.NOT_LEADER, f"{topic}-{p} not mine"),
                         lambda level, msg: None)
     srv.start()
@@ -31,9 +31,9 @@ def server():
 
 def test_append_reaches_the_follower_and_its_ack_comes_back(server):
     client = rpc.RPCClient("127.0.0.1", server.address[1], "c1", "leader:1", timeout=5)
-    header = rpc.encode_append("orders", 3, 7, 41, len(RECORDS))
+    header = rpc.encode_append("orders", 3, 7, 41, len(RECORDS), prev_crc=0xCAFEF00D)
     assert client.append(header, RECORDS) == (rpc.OK, 42, None)
-    assert server.seen == [(("leader:1", "orders", 3, 7, 41), RECORDS)]
+    assert server.seen == [(("leader:1", "orders", 3, 7, 41, 0xCAFEF00D), RECORDS)]
     client.close()
 
 
@@ -64,7 +64,7 @@ def test_codec_round_trips():
     frame = rpc.encode_append("t", 2, 9, rpc.PROBE, 0)
     kind, body = rpc.read_frame(_Bytes(frame))
     assert kind == rpc.APPEND
-    assert rpc.decode_append(body)[:4] == ("t", 2, 9, rpc.PROBE)
+    assert rpc.decode_append(body)[:5] == ("t", 2, 9, rpc.PROBE, 0)
     kind, body = rpc.read_frame(_Bytes(rpc.encode_ack(rpc.MISMATCH, "t", 2, 10, 0xDEADBEEF)))
     assert rpc.decode_ack(body) == (rpc.MISMATCH, "t", 2, 10, 0xDEADBEEF)
     kind, body = rpc.read_frame(_Bytes(rpc.encode_ack(rpc.OK, "t", 2, 10)))

@@ -23,10 +23,10 @@ from nsqshm._core.commitlog import (
     crc32c,
     crc32c_software,
     cut_log,
+    make_log_anew,
     partition_dir,
     segment_name,
     set_aside_logs,
-    set_log_aside,
 )
 
 T0 = 1_700_000_000_000_000_000
@@ -404,9 +404,10 @@ def test_a_cut_log_goes_on_at_the_cut_and_a_cut_interrupted_is_finished(logdir, 
         f.write(b"checkpoint")
     cut, gone = logdir + ".cut", logdir + ".gone1-1"
     if crash is None:
-        gone = cut_log(logdir, 250)
+        gone = cut_log(logdir, 250, segment_bytes=32768)
     else:  # the steps of cut_log, up to where the process died
         copy_prefix(logdir, cut, 250)
+        PartitionLog(cut, segment_bytes=32768).close()
         os.link(os.path.join(logdir, "c.cursor"), os.path.join(cut, "c.cursor"))
         if crash != "after the copy":
             os.rename(logdir, gone)
@@ -423,17 +424,26 @@ def test_a_cut_log_goes_on_at_the_cut_and_a_cut_interrupted_is_finished(logdir, 
     log.close()
 
 
-def test_a_log_set_aside_leaves_an_empty_directory_with_the_others_files(logdir):
+def test_a_log_made_anew_begins_at_a_start_and_keeps_the_others_files(logdir):
     write(logdir, [message(i) for i in range(10)]).close()
     with open(os.path.join(logdir, "c.cursor"), "wb") as f:
         f.write(b"checkpoint")
-    gone = set_log_aside(logdir)
-    assert sorted(os.listdir(logdir)) == ["c.cursor"]
+    gone = make_log_anew(logdir, 7, 700)
     assert set_aside_logs(logdir) == [gone]
-    log = PartitionLog(logdir, start_at=(7, 700))
+    assert open(os.path.join(logdir, "c.cursor"), "rb").read() == b"checkpoint"
+    log = PartitionLog(logdir)
     assert (log.start_offset, log.start_virtual, log.end_offset) == (7, 700, 7)
     log.close()
     assert read_all(LogReader(gone)) == [message(i) for i in range(10)]  # intact
+
+
+def test_only_this_logs_set_aside_copies_are_its_own(tmp_path):
+    """(A topic may be named like a set-aside log: "t-0.nsqlog.gone" is a topic
+    whose partition 0 is "t-0.nsqlog.gone-0.nsqlog".)"""
+    path = partition_dir(str(tmp_path), "t", 0)
+    for name in ("t-0.nsqlog.gone12-34", "t-0.nsqlog.gone-0.nsqlog", "t-0.nsqlog.gone1-2x"):
+        os.mkdir(tmp_path / name)
+    assert set_aside_logs(path) == [str(tmp_path / "t-0.nsqlog.gone12-34")]
 
 
 def test_a_prefix_copy_outside_the_log_is_refused(logdir, tmp_path):
