@@ -400,10 +400,14 @@ class NsqdCoordinator:
         self.host.adopt_cursors(part, [c for c in cursors if c[1] != rpc.DELETED])
         return rpc.OK, self.host.end_offset(part)
 
-    def on_append(self, peer, topic, partition, epoch, first, prev_crc, records):
+    def on_append(self, peer, topic, partition, epoch, first, prev_crc, records, stream):
         """A leader's APPEND: taken only from the leader this node knows, at a write
         epoch no older than the one it knows, and where our record before `first` is
-        the leader's (prev_crc: its crc32).  -> (status, end, tail crc or None)."""
+        the leader's (prev_crc: its crc32; not checked where this connection's last
+        APPEND of the partition ended: `stream`, its per-connection record of that).
+        -> (status, end, tail crc or None)."""
+        key = (topic, partition)
+        continues = stream.pop(key, None) == first  # (kept again only once taken)
         part, refused = self._from_leader(peer, topic, partition, epoch)
         if part is None:
             return rpc.UNKNOWN, 0, None
@@ -441,14 +445,16 @@ class NsqdCoordinator:
             self._committed_heard.pop((topic, partition), None)
             end = self.host.end_offset(part)
             return rpc.MISMATCH, end, self.host.tail_crc(part, end)
-        if first == end and first > self.host.start_offset(part) \
+        if first == end and not continues and first > self.host.start_offset(part) \
                 and self.host.tail_crc(part, first) != prev_crc:
             # (our record before first is not the leader's: it probes, and repairs)
             return rpc.MISMATCH, end, self.host.tail_crc(part, end)
         try:
-            return rpc.OK, self.host.append_at(part, first, records), None
+            end = self.host.append_at(part, first, records)
         except OffsetMismatch as err:
             return rpc.MISMATCH, err.end, None
+        stream[key] = end
+        return rpc.OK, end, None
 
     # -- PUBs that landed on another worker of this node ---------------------------------
 

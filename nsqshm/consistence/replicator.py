@@ -219,6 +219,7 @@ class PartitionLeader:
             covers, covers_at = -1, 0.0  # the last frame that reached the log's end
             next_cursors = 0.0
             busy_until = 0.0  # a busy partition's cursors are looked at often
+            streaming = False  # this connection's last APPEND was taken (see rpc.py)
             try:
                 client = self.coordinator.connect(node, topic, index)
                 status, end, crc = client.append(rpc.encode_append(topic, index, self.epoch,
@@ -271,10 +272,14 @@ class PartitionLeader:
                         if after >= leader_end:
                             covers, covers_at = after, seen_at
                         sent_at = end
+                        # (the follower checks it only where this connection's stream
+                        # does not continue: its first APPEND after a probe or repair)
                         status, end, _ = client.append(
                             rpc.encode_append(topic, index, self.epoch, end, nbytes,
+                                              0 if streaming else
                                               host.tail_crc(self.partition, end)),
                             memoryview(buf)[:nbytes])
+                        streaming = status == rpc.OK
                     finally:
                         _BUFFERS.append(buf)
                     if status == rpc.MISMATCH:  # its log changed, not by us (another

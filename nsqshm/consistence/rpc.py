@@ -17,7 +17,9 @@ Every frame:
       prev crc: crc32 of the leader's record at first - 1 (0 when its log holds
       none there); the follower takes the records only if its own record there is
       the same (or it holds none there), so that two logs that match at an offset
-      match below it too (Raft's check of the previous entry);
+      match below it too (Raft's check of the previous entry).  Not checked, and
+      sent as 0, on a frame that continues the connection's stream: the previous
+      APPEND of the partition on this connection was taken and ended at first;
       records: the leader's log as LogReader.read_into packs it, [u32 size][message]...
       (the size in the hosts' native order: the cluster's hosts share one byte order,
       HELLO checks it); one frame carries a whole batch, not one message.  A frame with
@@ -223,7 +225,8 @@ def hello_body(cluster_id, node_id):
 
 class RPCServer:
     """A follower worker's listener.  is_peer(node_id, ip) -> bool checks the peer
-    against etcd; on_append(peer, topic, partition, epoch, first, prev_crc, records) -> (status,
+    against etcd; on_append(peer, topic, partition, epoch, first, prev_crc, records,
+    stream) -> (status,
     end) applies a batch; on_cursors(peer, topic, partition, epoch, committed, cursors) ->
     (status, end) takes the leader's channel cursors."""
 
@@ -256,6 +259,7 @@ class RPCServer:
             peer = self._welcome(sock, kind, body, address[0])
             if peer is None:
                 return
+            stream = {}  # on_append's: (topic, partition) -> where this connection's APPENDs end
             while True:
                 kind, body = read_frame(sock)
                 if kind == PUBLISH and peer == self.node_id:  # another worker of this node
@@ -272,7 +276,7 @@ class RPCServer:
                     raise RPCError(f"unexpected frame kind {kind}")
                 topic, partition, epoch, first, prev_crc, records = decode_append(body)
                 status, end, crc = self.on_append(peer, topic, partition, epoch, first,
-                                                  prev_crc, records)
+                                                  prev_crc, records, stream)
                 sock.sendall(encode_ack(status, topic, partition, end, crc))
         except (RPCError, OSError, ValueError, UnicodeDecodeError, struct.error) as err:
             self.logf("debug", f"RPC: peer {address[0]}: {err}")
