@@ -1447,10 +1447,12 @@ cdef class PartitionLog:
 
     # -- retention -------------------------------------------------------------------------
 
-    def apply_retention(self, double max_age_s=-1, long long max_bytes=-1):
+    def apply_retention(self, double max_age_s=-1, long long max_bytes=-1, keep_from=None):
         """Delete whole finished segments, oldest first, while the oldest is
         older than max_age_s (its newest message) or the log is larger than
-        max_bytes (-1: no limit).  The new start is committed before the
+        max_bytes (-1: no limit), never one that holds msg offset keep_from
+        or later (a replicated partition's committed end: what some in-sync
+        replica may still need).  The new start is committed before the
         files go.  [(base offset, end offset, bytes)] of what was removed."""
         bases = _segment_bases(self.path)
         bases = [b for b in bases if self.c.start_offset <= b < self.c.active_base_offset]
@@ -1463,7 +1465,7 @@ cdef class PartitionLog:
             size = nv - self.c.start_virtual
             old = max_age_s >= 0 and self._segment_max_ts(b) < now - max_age_s * 1e9
             big = max_bytes >= 0 and total > max_bytes
-            if not (old or big):
+            if not (old or big) or (keep_from is not None and nb > keep_from):
                 break
             removed.append((b, nb, size))
             total -= size

@@ -321,9 +321,13 @@ class Partition:
     # -- retention -----------------------------------------------------------------------
 
     def apply_retention(self, max_age_s, max_bytes):
+        """The owner: old segments go, never one that holds a message past the
+        readable end (in cluster mode the committed end: a leader keeps what an
+        in-sync replica may not have yet, as Kafka keeps what is above its high
+        watermark, so that replica is caught up, not reset)."""
         if self.log is None or (max_age_s < 0 and max_bytes < 0):
             return []
-        return self.log.apply_retention(max_age_s, max_bytes)
+        return self.log.apply_retention(max_age_s, max_bytes, keep_from=self.readable_end)
 
     # -- the end -------------------------------------------------------------------------
 

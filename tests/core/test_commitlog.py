@@ -326,6 +326,20 @@ def test_retention_deletes_old_segments_and_a_reader_behind_gets_a_status(logdir
     log.close()
 
 
+def test_retention_keeps_every_segment_holding_an_offset_from_keep_from_on(logdir):
+    msgs = [message(i, 200) for i in range(1000)]
+    log = PartitionLog(logdir, segment_bytes=32768)
+    log.append_packed(packed(msgs))
+    segs = log.reader.segments()
+    keep_from = segs[3][0] + 1  # (in the fourth segment)
+    removed = log.apply_retention(max_bytes=32768, keep_from=keep_from)
+    assert [r[0] for r in removed] == [s[0] for s in segs[:3]]
+    assert log.start_offset == segs[3][0] < keep_from
+    assert log.apply_retention(max_bytes=32768, keep_from=segs[4][0]) == [
+        (segs[3][0], segs[4][0], segs[3][3])]  # (its end at keep_from: it goes)
+    log.close()
+
+
 def test_a_log_made_at_a_start_copies_another_from_there_at_the_same_positions(tmp_path):
     """A replica copying a leader's log after retention removed its beginning: the
     copy begins at the leader's start, and every message has the same msg offset and
