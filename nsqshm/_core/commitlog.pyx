@@ -171,7 +171,7 @@ def copy_prefix(str src, str dst, uint64_t keep):
         reader.close()
     os.mkdir(dst, 0o700)
     last = len(segs) - 1  # (wraparound off: no negative indices)
-    for base, base_virtual, _, _ in segs[:last]:
+    for base, *_ in segs[:last]:
         for ext in (".log", ".index", ".timeindex"):
             name = f"{base:020d}{ext}"
             if os.path.exists(os.path.join(src, name)):

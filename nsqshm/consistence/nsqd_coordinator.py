@@ -429,7 +429,6 @@ class NsqdCoordinator:
             if self.node.id not in known.isr and mine is None:  # (not while in the ISR)
                 (keep,) = rpc.AT.unpack(records)
                 if self.host.truncate_log(part, keep):
-                    key = (topic, partition)
                     if key in self._committed_heard:  # (never above keep: the leader
                         # holds every committed record, and keeps what matches its own)
                         self._committed_heard[key] = min(self._committed_heard[key], keep)

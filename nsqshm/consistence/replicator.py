@@ -222,8 +222,7 @@ class PartitionLeader:
             streaming = False  # this connection's last APPEND was taken (see rpc.py)
             try:
                 client = self.coordinator.connect(node, topic, index)
-                status, end, crc = client.append(rpc.encode_append(topic, index, self.epoch,
-                                                                   rpc.PROBE), b"")
+                status, end, crc = self._control(client, rpc.PROBE)
                 if status == rpc.MISMATCH and self._diverged(end, crc):
                     status, end, crc = self._repair(client, node, end)
                 elif status == rpc.MISMATCH and end < host.start_offset(self.partition):
@@ -288,7 +287,8 @@ class PartitionLeader:
                         raise rpc.RPCError(f"{node} took no records at {sent_at} "
                                            f"(its log ends at {end}): probing it again")
             except (rpc.RPCError, OSError, CoordinationError, ValueError, LogError) as err:
-                # (LogError: its end is below this log's start, after retention)
+                # (LogError: retention moved this log's start past its end meanwhile:
+                # the next probe resets it)
                 if str(err) != last_error:  # once per kind of failure, not per retry
                     self.coordinator.logf("info", f"{self._name}: replica {node}: {err}")
                 last_error = str(err)
@@ -462,6 +462,12 @@ class PartitionLeader:
         return end > ours or (end > host.start_offset(self.partition)
                               and crc != host.tail_crc(self.partition, end))
 
+    def _control(self, client, kind, body=b""):
+        """A PROBE, TRUNCATE or RESET (an APPEND whose first offset says which, its
+        body in place of records: rpc.py): (status, end, crc) as the follower answers."""
+        return client.append(rpc.encode_append(self.partition.topic.name, self.partition.index,
+                                               self.epoch, kind, len(body)), body)
+
     def _repair(self, client, node, end):
         """A follower whose log diverged from ours: once out of the ISR, it removes
         what it holds from where the two part (found by _parting, a binary search),
@@ -469,15 +475,12 @@ class PartitionLeader:
         if node in self.state.replicas.isr:
             raise rpc.RPCError(f"{node}'s log diverges at offset {end - 1}: it is cut "
                                f"once out of the ISR")
-        topic, index = self.partition.topic.name, self.partition.index
         keep = self._parting(client, end)
         if keep > self.coordinator.host.start_offset(self.partition):
             self.coordinator.logf("warn", f"{self._name}: {node}'s log diverges at offset "
                                           f"{keep}: it removes what it holds from there, "
                                           f"and copies this one")
-            status, end, crc = client.append(
-                rpc.encode_append(topic, index, self.epoch, rpc.TRUNCATE, rpc.AT.size),
-                rpc.AT.pack(keep))
+            status, end, crc = self._control(client, rpc.TRUNCATE, rpc.AT.pack(keep))
             if status != rpc.MISMATCH or end == keep:
                 return status, end, crc
             # (it holds nothing below keep after all: its own retention)
@@ -490,14 +493,11 @@ class PartitionLeader:
         the first is the leader's: the frame's prev crc), so a binary search on the
         crc of the record before an offset finds it in log2(length) PROBEs."""
         host = self.coordinator.host
-        topic, index = self.partition.topic.name, self.partition.index
         lo = host.start_offset(self.partition)  # (matches by definition: nothing held)
         hi = min(end, host.end_offset(self.partition))
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            status, _, crc = client.append(
-                rpc.encode_append(topic, index, self.epoch, rpc.PROBE, rpc.AT.size),
-                rpc.AT.pack(mid))
+            status, _, crc = self._control(client, rpc.PROBE, rpc.AT.pack(mid))
             if status == rpc.FENCED:
                 raise rpc.RPCError("fenced while looking where the logs part")
             if crc is not None and crc == host.tail_crc(self.partition, mid):
@@ -511,16 +511,14 @@ class PartitionLeader:
         remove it and begin an empty one at our start (it is then copied from ours):
         only once it is out of the ISR, where a member must hold every acknowledged
         message."""
-        topic, index = self.partition.topic.name, self.partition.index
         host = self.coordinator.host
         if node in self.state.replicas.isr:
             raise rpc.RPCError(f"{node}'s log {why}: it is reset once out of the ISR")
         start = host.start_offset(self.partition)
         self.coordinator.logf("warn", f"{self._name}: {node}'s log {why}: it removes it and "
                                       f"copies this one from offset {start}")
-        status, end, crc = client.append(
-            rpc.encode_append(topic, index, self.epoch, rpc.RESET, rpc.RESET_START.size),
-            rpc.RESET_START.pack(start, host.start_virtual(self.partition)))
+        status, end, crc = self._control(
+            client, rpc.RESET, rpc.RESET_START.pack(start, host.start_virtual(self.partition)))
         if status == rpc.MISMATCH and (self._diverged(end, crc) or end < start):
             raise rpc.RPCError(f"{node} did not reset its log (it ends at {end})")
         return status, end, crc

@@ -53,11 +53,12 @@ def partition_owner(topic_name, partition, workers):
 
 
 def remove_later(path):
-    """Remove a log set aside (commitlog.cut_log, set_log_aside) on a thread of the
+    """Remove a log set aside (commitlog.cut_log, make_log_anew) on a thread of the
     hub's pool: a large log's unlinks would stall this worker (its clients, its etcd
     keep-alive, its replication RPC)."""
     if path is not None:
         gevent.get_hub().threadpool.spawn(shutil.rmtree, path, True)
+
 
 class Partition:
     def __init__(self, topic, index):

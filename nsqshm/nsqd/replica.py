@@ -246,17 +246,8 @@ class ReplicaHost:
         `start_virtual`), to be copied from the leader.  Only for a replica out of the
         ISR (the coordinator checks): what it held is on every ISR member or was never
         acknowledged."""
-        old = partition.log
-        settings = {"segment_bytes": old.segment_bytes, "max_msg_size": old.max_msg_size,
-                    "sync_every": old.sync_every, "sync_timeout": old.sync_timeout}
-        partition._wait_sync()
-        old.close()
-        gone = None
-        try:
-            gone = make_log_anew(partition.path, start, start_virtual, **settings)
-        finally:  # (made anew or not, the partition has an open log)
-            partition.log = PartitionLog(partition.path, logf=self.nsqd.logf, **settings)
-            remove_later(gone)
+        self._replace_log(partition, lambda path, settings: make_log_anew(
+            path, start, start_virtual, **settings))
         self.nsqd.logf("warn", f"{partition}: log removed, to be copied again from the "
                                f"leader from offset {start}")
 
@@ -267,24 +258,31 @@ class ReplicaHost:
         not copied), and it is copied from the leader from `keep`.  Only for a
         replica out of the ISR (the coordinator checks).  -> whether it was cut
         (not if the log holds nothing below `keep` or nothing from it)."""
-        old = partition.log
-        if not old.start_offset < keep < old.end_offset:
+        end = partition.log.end_offset
+        if not partition.log.start_offset < keep < end:
             return False
-        settings = {"segment_bytes": old.segment_bytes, "max_msg_size": old.max_msg_size,
-                    "sync_every": old.sync_every, "sync_timeout": old.sync_timeout}
-        end = old.end_offset
-        partition._wait_sync()
-        old.close()
-        gone = None
-        try:
-            gone = cut_log(partition.path, keep, **settings)
-        finally:  # (cut or not, the partition has an open log)
-            partition.log = PartitionLog(partition.path, logf=self.nsqd.logf, **settings)
-            remove_later(gone)
+        self._replace_log(partition, lambda path, settings: cut_log(path, keep, **settings))
         self.nsqd.logf("warn", f"{partition}: log cut at offset {keep} (it held "
                                f"{end - keep} messages the leader has not): copied from "
                                f"the leader from there")
         return True
+
+    def _replace_log(self, partition, make):
+        """Close the partition's log, have make(path, settings) put another in its
+        place (commitlog.cut_log, make_log_anew: -> the old log's directory, set
+        aside), open that one with the same settings, and remove the old on a
+        thread.  Made or not, the partition has an open log after."""
+        old = partition.log
+        settings = {"segment_bytes": old.segment_bytes, "max_msg_size": old.max_msg_size,
+                    "sync_every": old.sync_every, "sync_timeout": old.sync_timeout}
+        partition._wait_sync()
+        old.close()
+        gone = None
+        try:
+            gone = make(partition.path, settings)
+        finally:
+            partition.log = PartitionLog(partition.path, logf=self.nsqd.logf, **settings)
+            remove_later(gone)
 
     def append_at(self, partition, offset, packed):
         """A follower: the leader's records, which start at msg offset `offset`.  The
