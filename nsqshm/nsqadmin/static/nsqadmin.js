@@ -32,6 +32,19 @@
 
   // -- live refresh -------------------------------------------------------------
 
+  // A button pressed but not yet released is not replaced: a click is a
+  // mousedown and a mouseup on the same element, and a refresh between them
+  // would swallow it (the reset a user pressed would not be sent).  A press
+  // whose release never comes (let go outside the window) holds it 2 s at most.
+  var pressedAt = 0;
+  document.addEventListener("pointerdown", function () { pressedAt = Date.now(); }, true);
+  ["pointerup", "pointercancel"].forEach(function (kind) {
+    document.addEventListener(kind, function () {
+      window.setTimeout(function () { pressedAt = 0; }, 0);  // after the click event
+    }, true);
+  });
+  function pressed() { return pressedAt !== 0 && Date.now() - pressedAt < 2000; }
+
   var refreshing = false;
   var refreshes = 0;
   function refreshLive() {
@@ -42,6 +55,7 @@
     return fetch(window.location.pathname + "?" + params.toString(), { cache: "no-store" })
       .then(function (resp) { return resp.text(); })
       .then(function (html) {
+        if (pressed()) { return; }  // the next tick refreshes
         var picked = document.getElementById("reset-time");  // a time being chosen stays
         var kept = picked ? picked.value : "";
         live.innerHTML = html;
