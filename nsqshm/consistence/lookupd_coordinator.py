@@ -8,14 +8,15 @@ when the topic exists, so two concurrent creations cannot both succeed.  Electio
 are run by the ISR members themselves (nsqd_coordinator.py) as etcd transactions;
 an operator's move (`/topic/partition/move`) is a MoveRequest key the
 partition's leader carries out; the master puts one itself for a replica whose node
-has been gone too long (migrator.py).  Automatic balancing is not built yet.
+has been gone too long (migrator.py), and moves everything off a node an operator
+removes (`/cluster/node/remove`).  Automatic balancing is not built yet.
 """
 
 import time
 
 import gevent
 
-from nsqshm.consistence.errors import CoordinationError
+from nsqshm.consistence.errors import CoordinationError, TopicNotFound
 from nsqshm.consistence.master import Master
 from nsqshm.consistence.migrator import Migrator
 from nsqshm.consistence.options import endpoints
@@ -121,6 +122,8 @@ class LookupdCoordinator:
         live = {node.id for node in self.topology.nodes()}
         if to not in live:
             raise ValueError("the move destination is not found in cluster")
+        if to in self.topology.removing_nodes():
+            raise ValueError("the move destination is being removed from the cluster")
         if from_ not in live:
             raise ValueError("the move source data is lost in cluster")
         if state.leader_session is None:
@@ -151,6 +154,51 @@ class LookupdCoordinator:
                 self.topology.end_move(topic, partition, state.move)
                 raise TimeoutError("timeout waiting move data")
             gevent.sleep(MOVE_POLL)
+
+    # -- nodes an operator removes (migrator.py carries it out) ----------------------
+
+    def remove_node(self, node_id, restore=False):
+        """Youzan's `/cluster/node/remove`: mark the nsqd node for removal (the master
+        moves its leaderships and replicas off it), or with `restore` call that off.
+        LookupError when the node is neither registered nor holds a replica (or, to
+        restore, is not marked).  -> its removal state."""
+        if restore:
+            if not self.topology.unmark_removing(node_id):
+                raise LookupError("the node is not being removed")
+            self.logf("info", f"cluster: node {node_id}: its removal called off")
+            return ""
+        marked = self.topology.removing_nodes()
+        if node_id in marked:
+            return marked[node_id]
+        if node_id not in {node.id for node in self.topology.nodes()} \
+                and node_id not in self.replica_counts():
+            raise LookupError("the node is not found in cluster")
+        self.topology.mark_removing(node_id)
+        self.logf("info", f"cluster: node {node_id} marked for removal")
+        return self.topology.removing_nodes().get(node_id, "")
+
+    def replica_counts(self):
+        """{node ID: (partitions it leads, partitions it holds a replica of)}."""
+        counts = {}
+        for topic in self.topology.topics():
+            try:
+                states = self.topology.partitions(topic)
+            except TopicNotFound:
+                continue  # deleted meanwhile
+            for state in states:
+                for node in dict.fromkeys((*state.replicas.isr, *state.replicas.catchup)):
+                    leads, holds = counts.get(node, (0, 0))
+                    counts[node] = (leads + (node == state.leader), holds + 1)
+        return counts
+
+    def cluster_nodes(self):
+        """The registered nsqd nodes and those that hold replicas or are being removed:
+        [(node ID, NodeInfo or None when not registered, leads, holds, removal state)]."""
+        live = {node.id: node for node in self.topology.nodes()}
+        removing = self.topology.removing_nodes()
+        counts = self.replica_counts()
+        ids = sorted({*live, *removing, *counts})
+        return [(n, live.get(n), *counts.get(n, (0, 0)), removing.get(n, "")) for n in ids]
 
     def topic_layout(self, topic):
         """(TopicMeta, [PartitionState]) -- TopicNotFound when it is not in etcd."""

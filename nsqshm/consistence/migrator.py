@@ -13,11 +13,20 @@ carries it out as it does an operator's move: the new node catches up from the
 leader's log, joins the ISR, and the lost node leaves the replicas (its copy stays
 on its disk, no longer a replica).
 
-Nothing runs while every replica's node is registered: the check is woken by a
-change under the nodes' keys, by a change under the topics' keys (an ISR change,
-an election, a move's end) while a replica is lost, and by a timer at a lost
-replica's due time.  The lost-since times are the master's own: a new master
-starts them again.
+A node an operator removes (`POST /cluster/node/remove?remove_node=<id>`, Youzan's
+MarkNodeAsRemoving and handleRemovingNodes) is emptied the same way, at once: its
+leaderships are handed to ISR members that stay, each of its replicas moves to a
+spare node (or only leaves where the copies are enough without it), and no new
+topic is placed on it.  Its mark in etcd goes from "marked" to "pending" while it
+holds a replica, then "data_transferred": it can be stopped, and its mark is
+deleted once its registration is gone.  A node with nowhere to move its replicas
+to (every other node holds one) stays "pending" until a node comes.
+
+Nothing runs while every replica's node is registered and no node is being removed:
+the check is woken by a change under the nodes' keys or the removal marks, by a
+change under the topics' keys (an ISR change, an election, a move's end) while a
+replica is lost or a node is being removed, and by a timer at a lost replica's due
+time.  The lost-since times are the master's own: a new master starts them again.
 """
 
 import time
@@ -27,29 +36,33 @@ import gevent
 import gevent.event
 
 from nsqshm.consistence.errors import CoordinationError, TopicNotFound
-from nsqshm.consistence.topology import MoveRequest
+from nsqshm.consistence.topology import REMOVE_DONE, REMOVE_PENDING, MoveRequest
 
 CHECK_INTERVAL = 1.0  # s before a check that failed (etcd) is tried again
 
 
-def plan(partitions, live, lost_since, now, wait, urgent_wait):
-    """The replacements due, and when to look again: ([(state, MoveRequest)], seconds
-    from now or None -- not before the nodes change).  At most one move a partition.
+def plan(partitions, live, lost_since, now, wait, urgent_wait, removing=frozenset()):
+    """The moves due, and when to look again: ([(state, MoveRequest)], seconds from now
+    or None -- not before the nodes change).  At most one move a partition.
 
     partitions: [(PartitionState, replicator)]; live: the registered node IDs;
     lost_since: {(topic, partition, node): when first seen lost} (updated here: lost
     replicas added, the others dropped); wait: seconds a replica may be lost (0:
     never replaced); urgent_wait: the same when no more than half the partition's
-    replicas are live ISR members (Youzan's emergency; 0: wait).
+    replicas are live ISR members (Youzan's emergency; 0: wait); removing: the nodes
+    an operator removes (`/cluster/node/remove`): their replicas go now, lost or not.
 
-    The node a lost replica moves to: a live catch-up member (a move before it gave
-    up: the copy goes on), else, while the partition has fewer live replicas than
-    its replicator, the spare node with the fewest replicas, else (copies enough) a
-    live ISR member: the lost one only leaves.  The live leader's node is never
-    lost: its session is on the lease of the worker that leads, the node's key on
-    worker 0's, which may stall alone.  A partition is left alone while it has no
-    live leader (the election comes first; the leader carries the move out) or a
-    move under way."""
+    A leader on a node being removed hands its leadership to a live ISR member that
+    stays, else to the spare node (which catches up first).  Any other replica that
+    goes (lost, or on a node being removed) moves to: a live catch-up member (a move
+    before it gave up: the copy goes on), else, while the partition would have fewer
+    replicas than its replicator without it, the spare node with the fewest replicas,
+    else (copies enough) a live ISR member: it only leaves.  A spare node is live, holds
+    no replica of the partition and is not being removed.  The live leader's node is
+    never lost: its session is on the lease of the worker that leads, the node's key
+    on worker 0's, which may stall alone.  A partition is left alone while it has no
+    live leader (the election comes first; the leader carries the move out) or a move
+    under way."""
     load = Counter()  # replicas per node, the moves planned counted as they are
     for state, _ in partitions:
         for node in (*state.replicas.isr, *state.replicas.catchup):
@@ -67,31 +80,45 @@ def plan(partitions, live, lost_since, now, wait, urgent_wait):
         for node in lost:
             seen.add((state.topic, state.partition, node))
             lost_since.setdefault((state.topic, state.partition, node), now)
-        if not lost:
+        leaving = [n for n in holders if n in removing and n != state.leader]
+        if not lost and not leaving and state.leader not in removing:
             continue
         if state.leader_session is None or state.move is not None:
             continue  # (the election or the end of the move wakes the check)
-        alive = len(holders) - len(lost)  # copies, or copies coming (live catch-up)
-        urgent = sum(n not in lost for n in replicas.isr) <= replicator // 2  # (Youzan's)
-        due = (urgent_wait or wait) if urgent else wait
-        if not due:
+        spare = sorted((n for n in live if n not in holders and n not in removing),
+                       key=lambda n: (load[n], n))
+        if state.leader in removing:
+            to = next((n for n in replicas.isr
+                       if n != state.leader and n in live and n not in removing),
+                      spare[0] if spare else None)
+            if to is not None:  # (else a node that comes wakes the check)
+                moves.append((state, MoveRequest(state.leader, to, True)))
+                load[to] += 1
             continue
-        catching = [n for n in replicas.catchup if n not in lost]
-        spare = sorted((n for n in live if n not in holders), key=lambda n: (load[n], n))
-        if alive < replicator:
+        going = lost + [n for n in leaving if n not in lost]
+        staying = len(holders) - len(going)  # copies, or copies coming (live catch-up)
+        catching = [n for n in replicas.catchup if n not in going]
+        if staying < replicator:
             if not spare:
                 continue  # (a node that comes wakes the check)
             to = spare[0]
         elif catching:  # (its copy going on: it takes the lost one's place)
             to = catching[0]
         else:  # (any ISR member: it is one already, the move only removes)
-            to = next((n for n in replicas.isr if n not in lost and n != state.leader),
+            to = next((n for n in replicas.isr if n not in going and n != state.leader),
                       state.leader)
-        first = min(lost, key=lambda n: lost_since[(state.topic, state.partition, n)])
-        left = lost_since[(state.topic, state.partition, first)] + due - now
-        if left > 0:
-            look_again(left)
-            continue
+        if leaving:  # (an operator's: at once; a lost one among them first)
+            first = min(leaving, key=lambda n: (n not in lost, n))
+        else:
+            urgent = sum(n not in lost for n in replicas.isr) <= replicator // 2  # (Youzan's)
+            due = (urgent_wait or wait) if urgent else wait
+            if not due:
+                continue
+            first = min(lost, key=lambda n: lost_since[(state.topic, state.partition, n)])
+            left = lost_since[(state.topic, state.partition, first)] + due - now
+            if left > 0:
+                look_again(left)
+                continue
         moves.append((state, MoveRequest(first, to, False)))  # (its end wakes the check)
         load[to] += 1
     for key in [k for k in lost_since if k not in seen]:
@@ -99,8 +126,18 @@ def plan(partitions, live, lost_since, now, wait, urgent_wait):
     return moves, again
 
 
+def removal_states(partitions, removing):
+    """{node: REMOVE_PENDING while it holds a replica of any partition (leader, ISR or
+    catch-up), else REMOVE_DONE} for the nodes being removed."""
+    holding = {n for state, _ in partitions
+               for n in (state.replicas.leader, state.leader, *state.replicas.isr,
+                         *state.replicas.catchup)}
+    return {n: REMOVE_PENDING if n in holding else REMOVE_DONE for n in removing}
+
+
 class Migrator:
-    """Runs `plan` on the master nsqlookupd (is_master() says whether this one is)."""
+    """Runs `plan` on the master nsqlookupd (is_master() says whether this one is), and
+    keeps the removal marks' states."""
 
     def __init__(self, topology, is_master, logf, wait, urgent_wait):
         self.topology = topology
@@ -109,18 +146,20 @@ class Migrator:
         self.wait = wait
         self.urgent_wait = urgent_wait
         self.lost_since = {}
+        self.removing = {}  # node ID -> removal state, as the last check read it
         self._wake = gevent.event.Event()
         self._watches = []
         self._loop = None
 
     def start(self):
-        if not (self.wait or self.urgent_wait):
-            return self  # (both 0: lost replicas are never replaced)
         session, keys = self.topology.session, self.topology.keys
         self._watches = [
             session.watch(keys.nodes(), lambda events: self.wake(), prefix=True),
-            # an ISR change, an election, a move's end: what a lost replica waits for
-            session.watch(keys.topics(), lambda events: self.lost_since and self.wake(),
+            session.watch(keys.removing_nodes(), lambda events: self.wake(), prefix=True),
+            # an ISR change, an election, a move's end: what a lost replica or a node
+            # being removed waits for
+            session.watch(keys.topics(),
+                          lambda events: (self.lost_since or self.removing) and self.wake(),
                           prefix=True)]
         self._loop = gevent.spawn(self._run)
         self._wake.set()  # a check at once: nodes may have been lost before we started
@@ -145,6 +184,7 @@ class Migrator:
             self._wake.clear()
             if not self.is_master():
                 self.lost_since.clear()
+                self.removing = {}
                 again = None
                 continue
             try:
@@ -160,6 +200,7 @@ class Migrator:
         """One pass: read the layout, put the replacements due.  -> when to look
         again (seconds, or None: when the nodes change)."""
         live = {node.id for node in self.topology.nodes()}
+        removing = self.topology.removing_nodes()
         partitions = []
         for topic in self.topology.topics():
             try:
@@ -170,11 +211,34 @@ class Migrator:
             partitions.extend((state, replicator) for state in states)
         now = time.monotonic()
         moves, again = plan(partitions, live, self.lost_since, now, self.wait,
-                            self.urgent_wait)
+                            self.urgent_wait, frozenset(removing))
         for state, move in moves:
-            if self.topology.request_move(state, move):
+            if not self.topology.request_move(state, move):
+                continue
+            name = f"cluster: {state.topic}-{state.partition}"
+            if move.from_ in removing:
+                what = "leadership" if move.leader else "replica"
+                self.logf("info", f"{name}: the {what} on {move.from_}, a node being removed, "
+                                  f"moves to {move.to}")
+            else:
                 since = self.lost_since[(state.topic, state.partition, move.from_)]
-                self.logf("warn", f"cluster: {state.topic}-{state.partition}: the replica on "
-                                  f"{move.from_}, lost for {now - since:.0f}s, moves to "
-                                  f"{move.to}")
+                self.logf("warn", f"{name}: the replica on {move.from_}, lost for "
+                                  f"{now - since:.0f}s, moves to {move.to}")
+        self._record_removals(removal_states(partitions, removing), removing, live)
         return again
+
+    def _record_removals(self, states, marked, live):
+        """Each node's removal state into its mark; the mark of a node emptied and no
+        longer registered is deleted (Youzan's "done": it left the cluster)."""
+        for node, state in states.items():
+            if state == REMOVE_DONE and node not in live:
+                self.topology.unmark_removing(node)
+                self.logf("info", f"cluster: node {node} removed (it holds no replica and "
+                                  f"has left)")
+            elif marked.get(node) != state:
+                self.topology.set_removing_state(node, state)
+                if state == REMOVE_DONE:
+                    self.logf("info", f"cluster: node {node} holds no replica: it can be "
+                                      f"stopped")
+        self.removing = {n: s for n, s in states.items()
+                         if not (s == REMOVE_DONE and n not in live)}

@@ -5,6 +5,9 @@ v3 API instead of v2):
     /NSQMetaData/<cluster-id>/
         NsqdNodes/Node-<id>                       NodeInfo JSON, on the node's lease
         NsqlookupdInfo/NsqlookupdNodes/Node-<id>  NodeInfo JSON of an nsqlookupd, leased
+        NsqlookupdInfo/RemovingNodes/Node-<id>    nsqshm's: {"State": ...}, an nsqd node
+                                                  an operator removes (Youzan's
+                                                  removingNodes, kept in etcd here)
         Topics/<topic>/TopicMeta                  TopicMeta JSON (partitions, replicas, ...)
         Topics/<topic>/<partition>/ReplicaInfo    ReplicaInfo JSON: Leader, ISR, CatchupList
         Topics/<topic>/<partition>/LeaderSession  LeaderSession JSON, on the leader's lease
@@ -35,6 +38,11 @@ ROOT = "/NSQMetaData"
 NODE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 CLUSTER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
 MAX_PARTITIONS = 1024
+# a removed node's states (Youzan's): marked by the operator; pending while it holds
+# replicas; data_transferred once it holds none (it can be stopped: its mark goes
+# when its registration does)
+REMOVE_MARKED, REMOVE_PENDING, REMOVE_DONE = "marked", "pending", "data_transferred"
+REMOVE_STATES = (REMOVE_MARKED, REMOVE_PENDING, REMOVE_DONE)
 
 
 def check_topic(topic):
@@ -220,6 +228,12 @@ class Keys:
     def lookupd_node(self, node_id):
         return self.lookupd_nodes() + "Node-" + check_node_id(node_id)
 
+    def removing_nodes(self):
+        return self.root + "NsqlookupdInfo/RemovingNodes/"
+
+    def removing_node(self, node_id):
+        return self.removing_nodes() + "Node-" + check_node_id(node_id)
+
     def topics(self):
         return self.root + "Topics/"
 
@@ -272,6 +286,43 @@ class Topology:
     def lookupd_nodes(self):
         return [NodeInfo.from_json(json.loads(kv.value))
                 for kv in self.session.get_prefix(self.keys.lookupd_nodes())]
+
+    # -- nodes an operator removes (`/cluster/node/remove`, migrator.py) --------------
+
+    def mark_removing(self, node_id):
+        """Mark the node for removal (state "marked") unless it is already.  -> whether
+        it was marked now."""
+        key = self.keys.removing_node(node_id)
+        result = self.session.txn([Compare.absent(key)],
+                                  [Op.put(key, json.dumps({"State": REMOVE_MARKED}))])
+        return result.succeeded
+
+    def removing_nodes(self):
+        """{node ID: removal state} (REMOVE_STATES; another value reads as marked)."""
+        prefix = self.keys.removing_nodes() + "Node-"
+        out = {}
+        for kv in self.session.get_prefix(prefix):
+            node_id = kv.key[len(prefix):]
+            if not NODE_ID.match(node_id):
+                continue  # (not one of ours: ignored, as an unknown key)
+            try:
+                state = json.loads(kv.value).get("State")
+            except (ValueError, AttributeError):
+                state = None
+            out[node_id] = state if state in REMOVE_STATES else REMOVE_MARKED
+        return out
+
+    def set_removing_state(self, node_id, state):
+        """The removal's state, only while the node is still marked.  -> whether set."""
+        key = self.keys.removing_node(node_id)
+        result = self.session.txn([Compare.version(key, ">", 0)],
+                                  [Op.put(key, json.dumps({"State": state}))])
+        return result.succeeded
+
+    def unmark_removing(self, node_id):
+        """The node is no longer being removed (its removal done, or called off).
+        -> whether it was marked."""
+        return bool(self.session.delete(self.keys.removing_node(node_id)))
 
     # -- topics ----------------------------------------------------------------------
 
@@ -344,8 +395,11 @@ class Topology:
                 for st in self.partitions(topic)]
 
     def create_topic_on_live_nodes(self, topic, meta):
-        """create_topic with its partitions spread over the nodes registered now."""
-        placement = spread([n.id for n in self.nodes()], meta.partition_num, meta.replica)
+        """create_topic with its partitions spread over the nodes registered now, but
+        those being removed."""
+        removing = self.removing_nodes()
+        placement = spread([n.id for n in self.nodes() if n.id not in removing],
+                           meta.partition_num, meta.replica)
         self.create_topic(topic, meta, placement)
         return placement
 

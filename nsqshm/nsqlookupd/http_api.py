@@ -8,8 +8,10 @@ routes differ:
     GET  /ping /info /debug /lookup /topics /channels /nodes
     POST /topic/create /topic/delete /topic/tombstone /channel/create /channel/delete
 
-and in cluster mode Youzan's `POST /topic/partition/move` and nsqshm's
-`GET /cluster/topic` (a topic's partitions: leader, ISR, catch-up, epochs);
+and in cluster mode Youzan's `POST /topic/partition/move` and
+`POST /cluster/node/remove`, and nsqshm's `GET /cluster/topic` (a topic's
+partitions: leader, ISR, catch-up, epochs) and `GET /cluster/nodes` (each nsqd
+node's leaderships, replicas and removal state);
 there `/topic/create` and `/topic/delete` (with Youzan's `partition=**`) make
 and delete the topic in etcd, and the nsqd nodes follow.
 
@@ -56,6 +58,8 @@ class LookupHTTPAPI(HTTPAPI):
         add(Route("POST", "/topic/tombstone", self.topic_tombstone))
         add(Route("POST", "/topic/partition/move", self.topic_partition_move))
         add(Route("GET", "/cluster/topic", self.cluster_topic))
+        add(Route("POST", "/cluster/node/remove", self.cluster_node_remove))
+        add(Route("GET", "/cluster/nodes", self.cluster_nodes))
         add(Route("GET", "/listlookup", self.list_lookup))
 
     # -- helpers -----------------------------------------------------------------------
@@ -296,6 +300,37 @@ class LookupHTTPAPI(HTTPAPI):
             raise Err(500, str(err)) from None
         except CoordinationError as err:
             raise Err(500, f"E_CLUSTER {err}") from None
+
+    def cluster_node_remove(self, req):
+        """Youzan's: remove_node=<node ID> marks the nsqd node for removal; the master
+        moves its leaderships and replicas off it (consistence/migrator.py).  nsqshm's
+        restore=true calls the removal off.  -> {"node", "state"}."""
+        coordinator = self._coordinator()
+        values = self._req_params(req)
+        node = self._arg(values, "remove_node", "MISSING_ARG_NODE")
+        if not NODE_ID.match(node):
+            raise Err(400, "INVALID_ARG_NODE")
+        try:
+            state = coordinator.remove_node(node, values.get("restore", [""])[0] == "true")
+        except LookupError as err:
+            raise Err(404, str(err)) from None
+        except CoordinationError as err:
+            raise Err(500, f"E_CLUSTER {err}") from None
+        return {"node": node, "state": state}
+
+    def cluster_nodes(self, req):
+        """nsqshm's: every nsqd node of the cluster (registered, holding replicas, or
+        being removed) with the partitions it leads and holds and its removal state
+        ("" when not being removed; "marked", "pending", "data_transferred")."""
+        coordinator = self._coordinator()
+        try:
+            nodes = coordinator.cluster_nodes()
+        except CoordinationError as err:
+            raise Err(500, f"E_CLUSTER {err}") from None
+        return {"nodes": [{"id": node_id, "registered": info is not None,
+                           **(_peer(info) if info is not None else {}),
+                           "leaders": leads, "replicas": holds, "removing": removing}
+                          for node_id, info, leads, holds, removing in nodes]}
 
     def cluster_topic(self, req):
         """A topic's layout as etcd has it, with the nodes it names: what nsqadmin

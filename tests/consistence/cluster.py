@@ -202,9 +202,11 @@ class Client:
     def message(self):
         return p.decode_message(self.message_frame())
 
-    def consume(self, topic, channel, count):
-        """SUB, then `count` messages (each FINished): their bodies."""
-        self.send(p.sub(topic, channel))
+    def consume(self, topic, channel, count, partition=None):
+        """SUB (to one partition if given), then `count` messages (each FINished): their
+        bodies."""
+        self.send(p.sub(topic, channel) if partition is None else
+                  b"SUB %s %s %d\n" % (topic.encode(), channel.encode(), partition))
         assert self.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
         self.send(p.rdy(1000))
         bodies = []

@@ -3,9 +3,11 @@ the plan, table-driven on partition states as etcd holds them, then a real clust
 (three nsqd in network namespaces, a real etcd: cluster.py) where a follower's node
 is gone and its replica moves to the spare node."""
 
+import json
+
 import pytest
 
-from nsqshm.consistence.migrator import plan
+from nsqshm.consistence.migrator import plan, removal_states
 from nsqshm.consistence.topology import (
     LeaderSession,
     MoveRequest,
@@ -13,7 +15,7 @@ from nsqshm.consistence.topology import (
     PartitionState,
     ReplicaInfo,
 )
-from tests.consistence.cluster import Cluster
+from tests.consistence.cluster import Client, Cluster
 from tests.consistence.etcd_server import ETCD
 from tests.consistence.netns import available
 from tests.consistence.test_replication import consume_all, isr, publish, wait_until
@@ -66,6 +68,46 @@ def test_plan(partitions, live, lost_for, want):
     got, _ = plan(partitions, live, lost_since, 1000.0 + lost_for, WAIT, URGENT)
     assert [(st.partition, m.from_, m.to) for st, m in got] == want
     assert all(not m.leader for _, m in got)
+
+
+@pytest.mark.parametrize("partitions, live, removing, want", [
+    # the leader's node is removed: its leadership goes to the ISR member that stays
+    ([(state([A, B]), 2)], {A, B, C}, {A}, [(0, A, B, True)]),
+    # ... or, with no other ISR member (or only ones removed too), to the spare node,
+    # which catches up before it takes the leadership
+    ([(state([A]), 1)], {A, B}, {A}, [(0, A, B, True)]),
+    ([(state([A, B]), 2)], {A, B, C}, {A, B}, [(0, A, C, True)]),
+    # a follower's node is removed: a spare node takes its replica (copies short
+    # without it) ...
+    ([(state([A, B]), 2)], {A, B, C}, {B}, [(0, B, C, False)]),
+    # ... or it only leaves (copies enough without it)
+    ([(state([A, B, C]), 2)], {A, B, C}, {B}, [(0, B, C, False)]),
+    # ... and waits for a node while there is no spare
+    ([(state([A, B]), 2)], {A, B}, {B}, []),
+    # a removed node that is gone too: at once, not after the wait
+    ([(state([A, B]), 2)], {A, C}, {B}, [(0, B, C, False)]),
+    # a node being removed is no spare for a lost replica
+    ([(state([A, B]), 2)], {A, C, D}, {C}, []),
+])
+def test_plan_empties_a_node_being_removed(partitions, live, removing, want):
+    got, again = plan(partitions, live, {}, 1000.0, WAIT, URGENT, frozenset(removing))
+    assert [(st.partition, m.from_, m.to, m.leader) for st, m in got] == want
+    if not want:
+        assert again in (None, URGENT)
+
+
+def test_plan_takes_a_lost_replica_to_a_node_not_being_removed():
+    lost_since = {}
+    partitions = [(state([A, B]), 2)]
+    plan(partitions, {A, C, D}, lost_since, 0.0, WAIT, URGENT, frozenset({C}))
+    got, _ = plan(partitions, {A, C, D}, lost_since, URGENT, WAIT, URGENT, frozenset({C}))
+    assert [(m.from_, m.to) for _, m in got] == [(B, D)]
+
+
+def test_removal_states():
+    partitions = [(state([A, B], [C]), 2)]
+    assert removal_states(partitions, {A, C, D}) == {A: "pending", C: "pending",
+                                                    D: "data_transferred"}
 
 
 def test_plan_says_when_to_look_again():
@@ -128,5 +170,69 @@ def test_a_replica_whose_node_is_gone_moves_to_the_spare_node(tmp_path, workers)
         assert cluster.leader("kept", not_in=(leader.id,), timeout=20) is spare
         got = consume_all(spare, "kept", 100)
         assert got == [b"%s%03d" % (k, i) for k in (b"a", b"b") for i in range(50)]
+    finally:
+        cluster.close()
+
+
+def consume_partition(node, topic, partition, count):
+    client = Client(node)
+    try:
+        return client.consume(topic, "audit", count, partition)
+    finally:
+        client.close()
+
+
+@pytest.mark.skipif(bool(available()), reason=available() or "available")
+@pytest.mark.skipif(ETCD is None, reason="etcd not installed (scripts/setup.sh)")
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_a_node_removed_by_the_operator_hands_off_and_empties(tmp_path, workers):
+    """`/cluster/node/remove`: the node's leadership goes to a replica that stays, its
+    replicas to the spare node; no message acknowledged is lost, no new topic is
+    placed on it, and its mark goes once it is stopped."""
+    cluster = Cluster(tmp_path, workers=workers)
+    try:
+        lookupd = cluster.lookupd
+        assert cluster.create_topic("rm", 2, 2)[0] == 200
+        for part in range(2):
+            wait_until(lambda part=part: len(isr(cluster, "rm", part)) == 2, 15, "both in ISR")
+            publish(cluster.leader("rm", part), "rm", [b"%d-a%03d" % (part, i)
+                                                       for i in range(50)], partition=part)
+        gone = cluster.leader("rm", 1)
+        assert gone.id in isr(cluster, "rm", 0) | isr(cluster, "rm", 1)
+
+        assert lookupd.post("/cluster/node/remove") == (400, b'{"message":"MISSING_ARG_NODE"}')
+        assert lookupd.post("/cluster/node/remove?remove_node=a/b") == \
+            (400, b'{"message":"INVALID_ARG_NODE"}')
+        assert lookupd.post("/cluster/node/remove?remove_node=10.9.9.9:1")[0] == 404
+        status, body = lookupd.post(f"/cluster/node/remove?remove_node={gone.id}")
+        assert status == 200 and json.loads(body)["node"] == gone.id, body
+
+        def node_entry(node_id):
+            nodes = lookupd.get_json("/cluster/nodes")["nodes"]
+            return next((n for n in nodes if n["id"] == node_id), None)
+
+        wait_until(lambda: node_entry(gone.id)["removing"] == "data_transferred", 60,
+                   "the removed node's leadership and replicas moved off it")
+        assert node_entry(gone.id)["leaders"] == node_entry(gone.id)["replicas"] == 0
+        for part in range(2):
+            assert len(isr(cluster, "rm", part)) == 2 and gone.id not in isr(cluster, "rm", part)
+            leader = cluster.leader("rm", part)
+            assert leader is not gone
+            publish(leader, "rm", [b"%d-b%03d" % (part, i) for i in range(50)], partition=part)
+            assert consume_partition(leader, "rm", part, 100) == \
+                [b"%d-%s%03d" % (part, k, i) for k in (b"a", b"b") for i in range(50)]
+
+        # no new topic is placed on it; marking it again says where it stands
+        assert cluster.create_topic("rm2", 3, 2)[0] == 200
+        layout = lookupd.get_json("/cluster/topic?topic=rm2")["partitions"]
+        assert all(gone.id not in entry["isr"] for entry in layout)
+        status, body = lookupd.post(f"/cluster/node/remove?remove_node={gone.id}")
+        assert (status, json.loads(body)["state"]) == (200, "data_transferred")
+
+        gone.stop()  # its mark goes with its registration
+        wait_until(lambda: node_entry(gone.id) is None, 20, "the removed node's mark deleted")
+        assert lookupd.post(f"/cluster/node/remove?remove_node={gone.id}&restore=true")[0] \
+            == 404
     finally:
         cluster.close()

@@ -68,6 +68,7 @@ def test_empty_answers(tmp_path):
     ("/lookup?topic=a;b", 400, "INVALID_REQUEST"),
     ("/lookup?topic=nope", 404, "TOPIC_NOT_FOUND"),
     ("/cluster/topic?topic=t", 500, "MISSING_COORDINATOR"),  # cluster mode only
+    ("/cluster/nodes", 500, "MISSING_COORDINATOR"),
     ("/channels", 400, "MISSING_ARG_TOPIC"),
     ("/channels?topic=%zz", 400, "INVALID_REQUEST"),
 ])
@@ -93,6 +94,7 @@ def test_get_errors(srv, path, status, message):
     ("/channel/delete?topic=t&channel=never", 404, "CHANNEL_NOT_FOUND"),
     ("/channel/delete?topic=t", 400, "MISSING_ARG_CHANNEL"),
     ("/topic/partition/move?topic=t&partition=0", 500, "MISSING_COORDINATOR"),
+    ("/cluster/node/remove?remove_node=n", 500, "MISSING_COORDINATOR"),
 ])
 def test_post_errors(srv, path, status, message):
     assert post(srv, path) == (status, err(message))
