@@ -8,8 +8,13 @@ Every frame:
     | u32 BE  length | u8 kind|  body (length - 1 bytes)  |
     +----------------+--------+---------------------------+
 
-    HELLO    (peer -> server)  JSON {"cluster": id, "node": node ID}
+    HELLO    (peer -> server)  JSON {"cluster": id, "node": node ID, "byteorder": ...,
+                                     "version": PROTOCOL_VERSION}
     WELCOME  (server -> peer)  JSON {"node": node ID}          (or ERROR, then close)
+      A peer of another protocol version is refused (the ERROR names both): the
+      frames below change between builds, and a frame read by another layout would
+      be taken wrong, not refused.  A follower that refuses its leader this way falls
+      out of the ISR; the leader goes on with the others (one build per cluster).
     ERROR                      JSON {"error": text}
     APPEND   (leader -> follower)
         | u16 BE topic len | topic | u16 BE partition | u64 BE write epoch |
@@ -87,6 +92,9 @@ RESET_START = struct.Struct(">QQ")  # a RESET's records: the leader's start (msg
 AT = struct.Struct(">Q")  # a PROBE's or TRUNCATE's records: a msg offset
 ACK_END = struct.Struct(">HQ")  # partition, end offset
 BYTE_ORDER = sys.byteorder
+# the frames' layout: raised whenever a frame changes (3: APPEND's prev crc, RESET's
+# start; builds before it send none and are refused as version None)
+PROTOCOL_VERSION = 3
 
 
 class RPCError(Exception):
@@ -220,7 +228,8 @@ def _read_exact(sock, n):
 
 
 def hello_body(cluster_id, node_id):
-    return json.dumps({"cluster": cluster_id, "node": node_id, "byteorder": BYTE_ORDER}).encode()
+    return json.dumps({"cluster": cluster_id, "node": node_id, "byteorder": BYTE_ORDER,
+                       "version": PROTOCOL_VERSION}).encode()
 
 
 class RPCServer:
@@ -294,6 +303,9 @@ class RPCServer:
             why = "expected HELLO"
         elif hello.get("cluster") != self.cluster_id:
             why = "another cluster"
+        elif hello.get("version") != PROTOCOL_VERSION:
+            why = (f"replication protocol version {hello.get('version')!r}, this node speaks "
+                   f"{PROTOCOL_VERSION} (every node of a cluster must run the same build)")
         elif hello.get("byteorder") != BYTE_ORDER:
             why = f"byte order {hello.get('byteorder')!r}, this host is {BYTE_ORDER}"
         elif not self.is_peer(node, ip):

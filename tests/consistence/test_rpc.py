@@ -2,6 +2,8 @@
 the server taking only registered peers of its own cluster (registered_peer, checked
 against a real etcd)."""
 
+import json
+
 import gevent
 import gevent.socket
 import pytest
@@ -50,6 +52,22 @@ def test_publish_is_only_for_the_nodes_own_workers(server):
 def test_another_cluster_or_an_unregistered_node_is_refused(server, cluster, node):
     with pytest.raises(rpc.RPCError, match="refused"):
         rpc.RPCClient("127.0.0.1", server.address[1], cluster, node, timeout=5)
+    assert server.seen == []
+
+
+@pytest.mark.parametrize("version", [None, rpc.PROTOCOL_VERSION - 1, "3"])
+def test_a_peer_of_another_protocol_version_is_refused_with_both_versions(server, version):
+    sock = gevent.socket.create_connection(server.address, timeout=5)
+    hello = {"cluster": "c1", "node": "leader:1", "byteorder": rpc.BYTE_ORDER}
+    if version is not None:
+        hello["version"] = version
+    sock.sendall(rpc.frame(rpc.HELLO, json.dumps(hello).encode()))
+    kind, body = rpc.read_frame(sock)
+    assert kind == rpc.ERROR
+    assert json.loads(body)["error"] == (
+        f"replication protocol version {version!r}, this node speaks {rpc.PROTOCOL_VERSION} "
+        f"(every node of a cluster must run the same build)")
+    sock.close()
     assert server.seen == []
 
 
