@@ -42,6 +42,7 @@ class Broker:
         self.http_address = self.info.get("http_address")
         self.max_msg_size = int(self.info.get("max_msg_size") or 1048576)
         self.msg_timeout = float(self.info.get("msg_timeout") or 60.0)
+        self.cluster = bool(self.info.get("cluster"))  # its log topics are replicated
 
     def __repr__(self):
         return f"<Broker {self.prefix} pid={self.pid}>"
@@ -50,6 +51,10 @@ class Broker:
 
     def topic_ring_name(self, topic):
         return f"{self.prefix}.t.{check_name('topic', topic)}"
+
+    def partition_ring_name(self, topic, partition):
+        """A log topic partition's inbound ring (nsqd/partition.py)."""
+        return f"{self.prefix}.t.{check_name('topic', topic)}:p{int(partition)}"
 
     def channel_ring_name(self, topic, channel):
         return f"{self.prefix}.c.{check_name('topic', topic)}:{check_name('channel', channel)}"
@@ -138,17 +143,36 @@ class Broker:
                                      f"channel created on broker {self.prefix}?)") from None
                 time.sleep(0.01)
 
-    def topic_ring(self, topic, create=True):
-        """(the topic's ring, whether it was made with ext=true), for a
-        Producer: a log topic has no ring to publish into (LocalError)."""
+    def topic_rings(self, topic, create=True):
+        """What a Producer publishes into: (rings, ext, ordered, log).  A
+        classic topic: [its ring]; a log topic (log True): its partitions'
+        inbound rings, in order, which the partitions' owners append to
+        their logs.  ext: made
+        with ext=true (records carry Youzan's ext part); ordered: a log topic
+        that takes publishes to a named partition only.  A log topic of a
+        broker in cluster mode is refused (LocalError): its publishes are
+        acknowledged once every in-sync replica has them, which a push into
+        this host's memory is not."""
         if create:
             self.create_topic(topic)
         partitions, ext = self.topic_kind(topic)
-        if partitions:
-            raise LocalError(f"topic {topic!r} is a log topic: a local Producer publishes into "
-                             "classic topics only; publish to it over TCP or HTTP (PUB, MPUB, "
-                             "/mpub), which appends to its partitions' logs")
-        return self.attach(self.topic_ring_name(topic)), ext
+        if not partitions:
+            return [self.attach(self.topic_ring_name(topic))], ext, False, False
+        if self.cluster:
+            raise LocalError(f"topic {topic!r} is a replicated log topic (the broker runs in "
+                             "cluster mode): a publish to it is acknowledged once every "
+                             "in-sync replica has it; publish over TCP or HTTP (PUB, MPUB, "
+                             "/mpub) to its partition's leader")
+        spec = self.log_topic_spec(topic) or {}
+        rings = []
+        try:
+            for index in range(partitions):
+                rings.append(self.attach(self.partition_ring_name(topic, index)))
+        except BaseException:
+            for ring in rings:
+                ring.close()
+            raise
+        return rings, ext, bool(spec.get("ordered")), True
 
     def ids(self):
         from nsqshm._core.codec import IdGenerator

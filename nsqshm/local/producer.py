@@ -1,8 +1,18 @@
 """Producer: publish into a topic's ring, as a PUB or MPUB does in the
 broker (the topic's pump then copies each message into every channel).
 Into a topic made with ext=true each record gets Youzan's empty ext part
-(a plain publish's stored form, as a PUB to it is stored), in C.  Log
-topics are refused (they append to their partitions' logs: TCP or HTTP).
+(a plain publish's stored form, as a PUB to it is stored), in C.
+
+A log topic (docs/logtopics.md) takes each call's messages into one
+partition's inbound ring, as a PUB that lands on a worker that does not own
+the partition does: the partition's owner appends them to its log, in the
+order pushed.  The partition is the call's `partition=`, else the next in
+turn (one call's messages stay together and in order); an ordered topic
+takes named partitions only, as its PUBs.  A push is acknowledged once in
+shared memory, as into a classic topic's ring: it survives any broker
+process's death, and the owner appends it when it runs again.  A broker in
+cluster mode refuses it (Broker.topic_rings): a replicated log topic's OK
+means every in-sync replica has the message.
 
 Bodies are packed into ring records in C (fresh IDs from the broker's
 shared ID generator, attempts 0, one timestamp per call): a list of
@@ -49,16 +59,40 @@ class Producer:
             raise LocalError("producer is closed")
         if self._pid != os.getpid():  # new, or a forked child: handles of its own
             self._pid = os.getpid()
-            self._rings = {}
+            self._rings = {}  # topic -> [its ring], or a log topic's partitions' rings
             self._ext = {}   # topic -> made with ext=true (plain records get [0] after the header)
+            self._ordered = {}  # topic -> an ordered log topic (a partition must be named)
+            self._log = {}  # topic -> a log topic (its rings: its partitions')
+            self._turn = {}  # log topic -> the partition the next call without one takes
             self._ids = self.broker.ids()
             self._buf = bytearray()
-        ring = self._rings.get(topic)
-        if ring is None:
+        rings = self._rings.get(topic)
+        if rings is None:
             check_name("topic", topic)
-            ring, self._ext[topic] = self.broker.topic_ring(topic, create=self.create)
-            self._rings[topic] = ring
-        return ring
+            rings, self._ext[topic], self._ordered[topic], self._log[topic] = \
+                self.broker.topic_rings(topic, create=self.create)
+            self._rings[topic] = rings
+        return rings
+
+    def _target(self, topic, partition):
+        """The ring a call publishes into: a classic topic's, or the log topic's
+        partition `partition` (None: the next in turn)."""
+        rings = self._ring(topic)
+        if not self._log[topic]:
+            if partition is not None:
+                raise ValueError(f"topic {topic!r} is a classic topic: it has no partitions")
+            return rings[0]
+        if partition is None:
+            if self._ordered[topic]:
+                raise LocalError(f"topic {topic!r} is ordered: a publish to it names its "
+                                 "partition (partition=)")
+            partition = self._turn.get(topic, 0) % len(rings)
+            self._turn[topic] = partition + 1
+        elif isinstance(partition, bool) or not isinstance(partition, int) \
+                or not 0 <= partition < len(rings):
+            raise ValueError(f"invalid partition {partition!r}: topic {topic!r} has "
+                             f"{len(rings)} partitions")
+        return rings[partition]
 
     def __enter__(self):
         return self
@@ -71,21 +105,24 @@ class Producer:
 
     # -- publishing ------------------------------------------------------------------
 
-    def publish(self, body, topic=None):
-        """Publish one message (bytes-like, or str as UTF-8)."""
+    def publish(self, body, topic=None, partition=None):
+        """Publish one message (bytes-like, or str as UTF-8).  partition: a log
+        topic's (None: the next in turn); a classic topic has none."""
         body = memoryview(body.encode() if isinstance(body, str) else body).cast("B")
         return self.publish_buffer(body, np.zeros(1, dtype=np.int64),
-                                   np.array([len(body)], dtype=np.int64), topic=topic)
+                                   np.array([len(body)], dtype=np.int64), topic=topic,
+                                   partition=partition)
 
-    def publish_many(self, bodies, topic=None):
+    def publish_many(self, bodies, topic=None, partition=None):
         """Publish a sequence of bytes-like bodies; returns the count."""
         bodies = [memoryview(b.encode() if isinstance(b, str) else b).cast("B") for b in bodies]
         lengths = np.fromiter((len(b) for b in bodies), dtype=np.int64, count=len(bodies))
         offsets = np.zeros(len(bodies), dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
-        return self.publish_buffer(b"".join(bodies), offsets, lengths, topic=topic)
+        return self.publish_buffer(b"".join(bodies), offsets, lengths, topic=topic,
+                                   partition=partition)
 
-    def publish_buffer(self, data, offsets, lengths=None, topic=None):
+    def publish_buffer(self, data, offsets, lengths=None, topic=None, partition=None):
         """Publish bodies that lie in one buffer: body i is
         data[offsets[i]:offsets[i] + lengths[i]]; without lengths, `offsets`
         has one more entry and body i ends where i + 1 begins (Arrow's layout).
@@ -100,21 +137,22 @@ class Producer:
                 raise ValueError("fewer offsets than lengths")
         else:
             count = max(0, len(offsets) - 1)
-        return self._publish(data, offsets, lengths, 0, count, offsets.dtype.itemsize, topic)
+        return self._publish(data, offsets, lengths, 0, count, offsets.dtype.itemsize, topic,
+                             partition)
 
-    def publish_arrow(self, array, topic=None):
+    def publish_arrow(self, array, topic=None, partition=None):
         """Publish the values of a pyarrow binary or string array (or chunked
         array, large types too) as message bodies; returns the count."""
         from nsqshm.local.arrow import body_spans
 
         data, offsets, width, start, count = body_spans(array)
-        return self._publish(data, offsets, None, start, count, width, topic)
+        return self._publish(data, offsets, None, start, count, width, topic, partition)
 
-    def _publish(self, data, offsets, lengths, start, count, width, topic):
+    def _publish(self, data, offsets, lengths, start, count, width, topic, partition):
         topic = topic or self.topic
         if topic is None:
             raise ValueError("no topic: give one to Producer() or to this call")
-        ring = self._ring(topic)
+        ring = self._target(topic, partition)
         buf = self._buf
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         done = 0
@@ -147,7 +185,7 @@ class Producer:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     self.published += pushed
-                    raise PublishTimeout(f"topic ring {ring.name!r} stayed full for "
+                    raise PublishTimeout(f"ring {ring.name!r} stayed full for "
                                          f"{self.timeout} s ({before + pushed} of the messages "
                                          "published)", before + pushed)
                 k, used = ring.push_packed_wait(view, timeout=remaining)
@@ -165,7 +203,8 @@ class Producer:
             return
         self.closed = True
         if self._pid == os.getpid():
-            for ring in self._rings.values():
-                ring.close()
+            for rings in self._rings.values():
+                for ring in rings:
+                    ring.close()
             self._ids.close()
         self._rings = {}

@@ -388,7 +388,14 @@ class LogTopic(Topic):
 
     @property
     def published(self):
-        return self.message_count, self.message_bytes
+        """(messages, body bytes) published through this worker, and by local
+        producers into the partitions it owns."""
+        msgs, body = self.message_count, self.message_bytes
+        for partition in self._owned:
+            local_msgs, local_body = partition.published_locally
+            msgs += local_msgs
+            body += local_body
+        return msgs, body
 
     @property
     def depth(self):

@@ -76,7 +76,9 @@ def main(argv):
             "tcp_address": arb.addresses.get("tcp_address"),
             "http_address": arb.addresses.get("http_address"),
             "workers": arb.nworkers, "max_msg_size": opts.max_msg_size,
-            "msg_timeout": opts.msg_timeout})
+            "msg_timeout": opts.msg_timeout,
+            # local producers refuse a replicated log topic (its OK waits for the ISR)
+            "cluster": bool(getattr(opts, "cluster_leadership_addresses", ""))})
         for key, name in (("tcp_address", "TCP"), ("http_address", "HTTP"),
                           ("https_address", "HTTPS")):
             address = arb.addresses.get(key)

@@ -730,7 +730,9 @@ class NSQD:
             "tcp_address": format_address(self.tcp_server.address),
             "http_address": format_address(http) if http else None,
             "workers": self.nworkers, "max_msg_size": self.opts.max_msg_size,
-            "msg_timeout": self.opts.msg_timeout})
+            "msg_timeout": self.opts.msg_timeout,
+            # local producers refuse a replicated log topic (its OK waits for the ISR)
+            "cluster": bool(getattr(self.opts, "cluster_leadership_addresses", ""))})
 
     def stop(self, alone=False):
         """Stop this broker (or, alone, this worker while the others go on)."""

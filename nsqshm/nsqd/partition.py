@@ -9,8 +9,9 @@ Any worker reads the log's committed positions (LogReader: the state block
 is a shared mapping) for /stats.
 
 A publish on a worker that owns no partition of the topic (partitions <
-workers), or a PUB naming a partition another worker owns, goes through the
-partition's inbound ring, <prefix>.t.<T>:p<p> (':' is in no topic name, so
+workers), a PUB naming a partition another worker owns, or a local
+producer's publish (nsqshm.local, standalone) goes through the partition's
+inbound ring, <prefix>.t.<T>:p<p> (':' is in no topic name, so
 it never meets a topic's ring): shared memory, kept through any process's
 death like a topic ring, and acknowledged once pushed.  The owner's pump
 appends what it finds there to the log, then discards it (a death in
@@ -85,16 +86,14 @@ class Partition:
                                     sync_every=NEVER, sync_timeout=-1, logf=nsqd.logf)
             for gone in set_aside_logs(self.path):  # (its remover died: replica.py)
                 remove_later(gone)
-        # the inbound ring: only with several workers (one worker owns all)
-        self.inbound = None
+        # the inbound ring: the other workers' publishes, and local producers'
+        # (nsqshm.local, standalone), which count into its header; the owner
+        # reports what they published since it took the partition
         self._wake = gevent.event.Event()
-        self._waker = None
-        self._pump = None
-        if nsqd.nworkers > 1:
-            self.inbound = nsqd.make_ring(f"t.{topic.name}:p{index}")
-            self._waker = RingWaker(self.inbound, self._wake)
-            if self.owned:
-                self._pump = gevent.spawn(self._pump_loop)
+        self.inbound = nsqd.make_ring(f"t.{topic.name}:p{index}")
+        self._waker = RingWaker(self.inbound, self._wake)
+        self._local_base = self.inbound.local_published
+        self._pump = gevent.spawn(self._pump_loop) if self.owned else None
 
     def __repr__(self):
         return f"<Partition {self.topic.name}-{self.index} owner {self.owner}>"
@@ -245,6 +244,15 @@ class Partition:
                 self.append(memoryview(scratch)[:nbytes])
                 ring.discard(n)
             return n
+
+    @property
+    def published_locally(self):
+        """(messages, body bytes) local producers pushed into the inbound ring since
+        this worker took the partition (the owner's /stats count them)."""
+        if self.inbound is None:
+            return 0, 0
+        msgs, body = self.inbound.local_published
+        return msgs - self._local_base[0], body - self._local_base[1]
 
     def drain_inbound(self):
         """The owner, before it appends a publish (LogTopic.append_here: its

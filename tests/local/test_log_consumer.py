@@ -1,8 +1,8 @@
 """nsqshm.local's Consumer on a log topic's channel (docs/local.md, "Log
 topics"): the partitions' owners feed the channel ring for it, its FINs mark
 the channel's cursors, and what it held comes back when it dies; on real
-servers of one and two workers.  Producer and BulkConsumer refuse log topics
-with a clear error."""
+servers of one and two workers.  BulkConsumer refuses log topics with a
+clear error (the Producer's side: test_log_producer.py)."""
 
 import json
 import os
@@ -236,12 +236,9 @@ def test_a_time_to_live_finishes_what_it_drops(nsqd_factory):
             partitions(server, "lt", "c")
 
 
-def test_producer_and_bulk_consumer_refuse_a_log_topic(nsqd_factory):
+def test_bulk_consumer_refuses_a_log_topic(nsqd_factory):
     server = started(nsqd_factory())
     create(server, "lt", 2)
-    with pytest.raises(LocalError, match=r"topic 'lt' is a log topic: a local Producer "
-                                         r"publishes into classic topics only"):
-        Producer("lt", shm_prefix=server.prefix)
     with pytest.raises(LocalError, match=r"lt:c: a log topic's channel: a BulkConsumer reads "
                                          r"classic channels only"):
         BulkConsumer("lt", "c", shm_prefix=server.prefix)
