@@ -41,6 +41,15 @@ class TopicNotFound(CoordinationError):
     """The topic (or the partition) has no meta in etcd."""
 
 
+class NodeNotFound(CoordinationError):
+    """`/cluster/node/remove`: the node is neither registered nor holds a replica (or,
+    to call a removal off, is not being removed)."""
+
+
+class NodeRemoving(CoordinationError):
+    """create_topic: a node of the placement was marked for removal meanwhile."""
+
+
 class LeaderAlive(CoordinationError):
     """An election was refused: the partition's leader session is still held (its
     node's lease has not expired)."""

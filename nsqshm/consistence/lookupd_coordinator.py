@@ -16,7 +16,7 @@ import time
 
 import gevent
 
-from nsqshm.consistence.errors import CoordinationError, TopicNotFound
+from nsqshm.consistence.errors import CoordinationError, NodeNotFound, TopicNotFound
 from nsqshm.consistence.master import Master
 from nsqshm.consistence.migrator import Migrator
 from nsqshm.consistence.options import endpoints
@@ -160,11 +160,12 @@ class LookupdCoordinator:
     def remove_node(self, node_id, restore=False):
         """Youzan's `/cluster/node/remove`: mark the nsqd node for removal (the master
         moves its leaderships and replicas off it), or with `restore` call that off.
-        LookupError when the node is neither registered nor holds a replica (or, to
-        restore, is not marked).  -> its removal state."""
+        NodeNotFound when the node is neither registered nor holds a replica (or, to
+        restore, is not marked).  A restore does not withdraw a move already put: the
+        leader carries it out.  -> its removal state."""
         if restore:
             if not self.topology.unmark_removing(node_id):
-                raise LookupError("the node is not being removed")
+                raise NodeNotFound("the node is not being removed")
             self.logf("info", f"cluster: node {node_id}: its removal called off")
             return ""
         marked = self.topology.removing_nodes()
@@ -172,7 +173,7 @@ class LookupdCoordinator:
             return marked[node_id]
         if node_id not in {node.id for node in self.topology.nodes()} \
                 and node_id not in self.replica_counts():
-            raise LookupError("the node is not found in cluster")
+            raise NodeNotFound("the node is not found in cluster")
         self.topology.mark_removing(node_id)
         self.logf("info", f"cluster: node {node_id} marked for removal")
         return self.topology.removing_nodes().get(node_id, "")

@@ -25,8 +25,8 @@ to (every other node holds one) stays "pending" until a node comes.
 Nothing runs while every replica's node is registered and no node is being removed:
 the check is woken by a change under the nodes' keys or the removal marks, by a
 change under the topics' keys (an ISR change, an election, a move's end) while a
-replica is lost or a node is being removed, and by a timer at a lost replica's due
-time.  The lost-since times are the master's own: a new master starts them again.
+partition waits for one (a move planned or under way, no live leader), and by a
+timer at a lost replica's due time.  The lost-since times are the master's own: a new master starts them again.
 """
 
 import time
@@ -41,9 +41,13 @@ from nsqshm.consistence.topology import REMOVE_DONE, REMOVE_PENDING, MoveRequest
 CHECK_INTERVAL = 1.0  # s before a check that failed (etcd) is tried again
 
 
-def plan(partitions, live, lost_since, now, wait, urgent_wait, removing=frozenset()):
+def plan(partitions, live, lost_since, now, wait, urgent_wait, removing=frozenset(),
+         waiting=None):
     """The moves due, and when to look again: ([(state, MoveRequest)], seconds from now
-    or None -- not before the nodes change).  At most one move a partition.
+    or None -- not before the nodes change).  At most one move a partition.  waiting: a
+    list given gets the partitions that wait for a change of their keys (an election,
+    a move's end, a hand-off), the moves planned included: while there are some, such
+    a change is worth a look.
 
     partitions: [(PartitionState, replicator)]; live: the registered node IDs;
     lost_since: {(topic, partition, node): when first seen lost} (updated here: lost
@@ -53,7 +57,8 @@ def plan(partitions, live, lost_since, now, wait, urgent_wait, removing=frozense
     an operator removes (`/cluster/node/remove`): their replicas go now, lost or not.
 
     A leader on a node being removed hands its leadership to a live ISR member that
-    stays, else to the spare node (which catches up first).  Any other replica that
+    stays, else to a live catch-up member that stays (a hand-off before it gave up:
+    its copy goes on), else to the spare node (which catches up first).  Any other replica that
     goes (lost, or on a node being removed) moves to: a live catch-up member (a move
     before it gave up: the copy goes on), else, while the partition would have fewer
     replicas than its replicator without it, the spare node with the fewest replicas,
@@ -73,26 +78,33 @@ def plan(partitions, live, lost_since, now, wait, urgent_wait, removing=frozense
         nonlocal again
         again = seconds if again is None else min(again, seconds)
 
+    waiting = [] if waiting is None else waiting
     for state, replicator in partitions:
         replicas = state.replicas
         holders = list(dict.fromkeys((*replicas.isr, *replicas.catchup)))
         lost = [n for n in holders if n not in live and n != state.leader]
-        for node in lost:
-            seen.add((state.topic, state.partition, node))
-            lost_since.setdefault((state.topic, state.partition, node), now)
+        if wait or urgent_wait:  # (both 0: never replaced, nothing to time)
+            for node in lost:
+                seen.add((state.topic, state.partition, node))
+                lost_since.setdefault((state.topic, state.partition, node), now)
         leaving = [n for n in holders if n in removing and n != state.leader]
         if not lost and not leaving and state.leader not in removing:
             continue
-        if state.leader_session is None or state.move is not None:
-            continue  # (the election or the end of the move wakes the check)
+        if state.leader_session is None or state.move is not None \
+                or replicas.leader != state.leader:
+            # (the election, the end of the move, or the resignation of a leader that
+            # handed off -- it named its successor and ended the move -- wakes the check)
+            waiting.append(state)
+            continue
         spare = sorted((n for n in live if n not in holders and n not in removing),
                        key=lambda n: (load[n], n))
         if state.leader in removing:
-            to = next((n for n in replicas.isr
-                       if n != state.leader and n in live and n not in removing),
-                      spare[0] if spare else None)
+            stay = [n for n in (*replicas.isr, *replicas.catchup)
+                    if n != state.leader and n in live and n not in removing]
+            to = stay[0] if stay else spare[0] if spare else None
             if to is not None:  # (else a node that comes wakes the check)
                 moves.append((state, MoveRequest(state.leader, to, True)))
+                waiting.append(state)
                 load[to] += 1
             continue
         going = lost + [n for n in leaving if n not in lost]
@@ -112,7 +124,7 @@ def plan(partitions, live, lost_since, now, wait, urgent_wait, removing=frozense
         else:
             urgent = sum(n not in lost for n in replicas.isr) <= replicator // 2  # (Youzan's)
             due = (urgent_wait or wait) if urgent else wait
-            if not due:
+            if not due or not lost:
                 continue
             first = min(lost, key=lambda n: lost_since[(state.topic, state.partition, n)])
             left = lost_since[(state.topic, state.partition, first)] + due - now
@@ -120,6 +132,7 @@ def plan(partitions, live, lost_since, now, wait, urgent_wait, removing=frozense
                 look_again(left)
                 continue
         moves.append((state, MoveRequest(first, to, False)))  # (its end wakes the check)
+        waiting.append(state)
         load[to] += 1
     for key in [k for k in lost_since if k not in seen]:
         del lost_since[key]
@@ -147,6 +160,11 @@ class Migrator:
         self.urgent_wait = urgent_wait
         self.lost_since = {}
         self.removing = {}  # node ID -> removal state, as the last check read it
+        # the last check left partitions waiting for their keys to change (an election,
+        # a move's end): only then does a change under Topics/ wake the check -- a node
+        # being removed with nowhere to go, or emptied and not stopped yet, waits for
+        # the nodes' keys (a scan of every topic per change would be the cost)
+        self.topics_wake = False
         self._wake = gevent.event.Event()
         self._watches = []
         self._loop = None
@@ -158,8 +176,7 @@ class Migrator:
             session.watch(keys.removing_nodes(), lambda events: self.wake(), prefix=True),
             # an ISR change, an election, a move's end: what a lost replica or a node
             # being removed waits for
-            session.watch(keys.topics(),
-                          lambda events: (self.lost_since or self.removing) and self.wake(),
+            session.watch(keys.topics(), lambda events: self.topics_wake and self.wake(),
                           prefix=True)]
         self._loop = gevent.spawn(self._run)
         self._wake.set()  # a check at once: nodes may have been lost before we started
@@ -185,6 +202,7 @@ class Migrator:
             if not self.is_master():
                 self.lost_since.clear()
                 self.removing = {}
+                self.topics_wake = False
                 again = None
                 continue
             try:
@@ -210,8 +228,10 @@ class Migrator:
                 continue  # deleted meanwhile
             partitions.extend((state, replicator) for state in states)
         now = time.monotonic()
+        waiting = []
         moves, again = plan(partitions, live, self.lost_since, now, self.wait,
-                            self.urgent_wait, frozenset(removing))
+                            self.urgent_wait, frozenset(removing), waiting)
+        self.topics_wake = bool(waiting)
         for state, move in moves:
             if not self.topology.request_move(state, move):
                 continue

@@ -29,7 +29,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
-from nsqshm.consistence.errors import InvalidName, TopicExists, TopicNotFound
+from nsqshm.consistence.errors import InvalidName, NodeRemoving, TopicExists, TopicNotFound
 from nsqshm.consistence.placement import spread
 from nsqshm.consistence.txn import Compare, Op
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -345,9 +345,15 @@ class Topology:
                 raise ValueError(f"partition {p}: replicas {replicas} for replica={meta.replica}")
             info = ReplicaInfo(leader=replicas[0], isr=replicas, epoch_for_write=first_epoch)
             puts.append(Op.put(self.keys.replica_info(topic, p), json.dumps(info.to_json())))
-        result = self.session.txn([Compare.absent(self.keys.topic_meta(topic))], puts)
+        # no replica on a node marked for removal meanwhile (the marks were read
+        # before this transaction: create_topic_on_live_nodes)
+        placed = sorted({n for replicas in placement for n in replicas})
+        guards = [Compare.absent(self.keys.removing_node(n)) for n in placed]
+        result = self.session.txn([Compare.absent(self.keys.topic_meta(topic)), *guards], puts)
         if not result.succeeded:
-            raise TopicExists(topic)
+            if self.session.get(self.keys.topic_meta(topic)) is not None:
+                raise TopicExists(topic)
+            raise NodeRemoving(f"a node of {placement} is being removed")
         return result.revision
 
     def delete_topic(self, topic):
@@ -394,14 +400,19 @@ class Topology:
         return [st.leader_session.leader if st.leader_session is not None else None
                 for st in self.partitions(topic)]
 
-    def create_topic_on_live_nodes(self, topic, meta):
+    def create_topic_on_live_nodes(self, topic, meta, tries=3):
         """create_topic with its partitions spread over the nodes registered now, but
-        those being removed."""
-        removing = self.removing_nodes()
-        placement = spread([n.id for n in self.nodes() if n.id not in removing],
-                           meta.partition_num, meta.replica)
-        self.create_topic(topic, meta, placement)
-        return placement
+        those being removed (placed again if one is marked meanwhile)."""
+        for attempt in range(tries):
+            removing = self.removing_nodes()
+            placement = spread([n.id for n in self.nodes() if n.id not in removing],
+                               meta.partition_num, meta.replica)
+            try:
+                self.create_topic(topic, meta, placement)
+                return placement
+            except NodeRemoving:
+                if attempt == tries - 1:
+                    raise
 
     def state_from(self, topic, partition, kvs, revision=0):
         """A PartitionState from the KeyValues of the partition's prefix."""
@@ -445,13 +456,16 @@ class Topology:
 
     def request_move(self, state, move):
         """Put a MoveRequest for the partition read as `state`: only if nobody changed
-        its replicas since and no other move is under way.  -> the request's revision
+        its replicas since, no other move is under way and its destination is not being
+        removed.  -> the request's revision
         (its create_revision), or 0 if not put."""
         topic, partition = state.topic, state.partition
         key = self.keys.move_request(topic, partition)
         result = self.session.txn(
             [Compare.mod_revision(self.keys.replica_info(topic, partition), "=", state.epoch),
-             Compare.absent(key)],
+             Compare.absent(key),
+             # nothing moves to a node marked for removal (since the caller read the marks)
+             Compare.absent(self.keys.removing_node(move.to))],
             [Op.put(key, json.dumps(move.to_json()))])
         return result.revision if result.succeeded else 0
 

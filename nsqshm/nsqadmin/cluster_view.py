@@ -4,7 +4,7 @@ query that failed on some nodes adds a warning to ``messages``, one that
 failed everywhere is a 502 UPSTREAM_ERROR (``Err``), each logged with
 nsqadmin's words ("failed to get topic producers - ...")."""
 
-from nsqshm.nsqadmin.clusterinfo import UpstreamError
+from nsqshm.nsqadmin.clusterinfo import QUERY_ERRORS, UpstreamError
 from nsqshm.nsqadmin.stats import Producer, TopicStats, search
 from nsqshm.nsqd.http_api import Err
 
@@ -27,6 +27,16 @@ def _replication_row(part, nodes, ends):
             "leader_epoch": part.get("leader_epoch"), "moving": part.get("moving"),
             "isr": [member(n, "leader" if n == leader else "isr") for n in part.get("isr") or ()],
             "catchup": [member(n, "catchup") for n in part.get("catchup") or ()]}
+
+
+def _cluster_node_row(doc):
+    """One node of a lookupd's GET /cluster/nodes, with its HTTP address when registered."""
+    producer = Producer.from_json(doc) if doc.get("registered") is True else None
+    return {"id": doc["id"], "registered": producer is not None,
+            "hostname": producer.hostname if producer else "",
+            "node": producer.http_address() if producer else "",
+            "leaders": int(doc.get("leaders") or 0), "replicas": int(doc.get("replicas") or 0),
+            "removing": str(doc.get("removing") or "")}
 
 
 def maybe_warn(messages):
@@ -134,6 +144,33 @@ class ClusterView:
                 ends[node_id, entry.get("partition")] = entry.get("end_offset")
         return [_replication_row(part, nodes, ends) for part in layout["partitions"]
                 if isinstance(part, dict)]
+
+    def cluster_nodes(self):
+        """The cluster's nsqd nodes (cluster mode): per node its ID, whether it is
+        registered (its hostname and HTTP address then), the partitions it leads and
+        holds, its removal state; None when no lookupd answers GET /cluster/nodes
+        (standalone lookupds, or nsqd mode)."""
+        lookupd, _ = self.lists()
+        doc = self.ci.get_cluster_nodes(lookupd) if lookupd else None
+        if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
+            return None
+        try:
+            return [_cluster_node_row(n) for n in doc["nodes"]
+                    if isinstance(n, dict) and isinstance(n.get("id"), str)]
+        except QUERY_ERRORS as err:  # a lookupd's odd answer: the page goes on without it
+            self.admin.log.warn(f"failed to read the cluster's nodes - {err}")
+            return None
+
+    def remove_node(self, node, restore, messages):
+        """Mark an nsqd node for removal from the cluster (or call that off) through
+        the first lookupd that takes it: its {"node", "state"}; a lookupd's refusal
+        is answered with its status and message, no lookupd in cluster mode is a 502."""
+        status, answer = self.gather(f"{'restore' if restore else 'remove'} cluster node",
+                                     messages, self.ci.remove_cluster_node, node, restore,
+                                     self.lists()[0])
+        if not 200 <= status < 300:
+            raise Err(status, answer)
+        return answer
 
     def channel_stats(self, topic, channel, messages):
         """The channel aggregated across nodes, clients included; None if no node has it."""

@@ -15,15 +15,20 @@ Gathering functions return ``(result, errors)``; actions return ``errors``.
 Topic and channel names go into query strings escaped (url.QueryEscape).
 """
 
+import json
 from urllib.parse import quote_plus
 
 import gevent
 
-from nsqshm.nsqadmin.client import ClientError
+from nsqshm.nsqadmin.client import ACCEPT_V1, ClientError, status_text
 from nsqshm.nsqadmin.stats import ChannelStats, Producer, TopicStats, semver_key
+from nsqshm.nsqd.names import go_quote
 
 # what a node's bad answer raises: ClientError from the request, the others from its JSON
 QUERY_ERRORS = (ClientError, ValueError, TypeError, AttributeError, KeyError)
+# what a lookupd without a coordinator (nsqshm's standalone) or without the route
+# (NSQ's) answers a cluster-mode request
+NOT_CLUSTER_MODE = ("MISSING_COORDINATOR", "NOT_FOUND", "METHOD_NOT_ALLOWED")
 
 
 class UpstreamError(Exception):
@@ -128,16 +133,27 @@ class ClusterInfo:
                     producers.append(producer)
         return producers, errs
 
-    def get_cluster_topic(self, topic, lookupd):
-        """A replicated topic's layout (nsqshm's lookupd in cluster mode: GET
-        /cluster/topic), from the first lookupd that has it; None when none does
-        (standalone lookupds, NSQ's, a classic topic): not an error."""
+    def _first_cluster_answer(self, lookupd, uri, what):
+        """GET uri (a cluster-mode route) from the first lookupd that answers it; None
+        when none does: standalone lookupds (500 MISSING_COORDINATOR) and NSQ's (404)
+        have no cluster to show, which is not an error."""
         for addr in lookupd:
             try:
-                return self._get("nsqlookupd", f"http://{addr}/cluster/topic?{_qs(topic=topic)}")
+                return self._get("nsqlookupd", f"http://{addr}/{uri}")
             except QUERY_ERRORS as err:
-                self._logf(f"CI: no cluster layout of {topic} from {addr}: {err}")
+                self._logf(f"CI: no {what} from {addr}: {err}")
         return None
+
+    def get_cluster_topic(self, topic, lookupd):
+        """A replicated topic's layout (nsqshm's lookupd in cluster mode: GET
+        /cluster/topic), from the first lookupd that has it (None for a classic topic)."""
+        return self._first_cluster_answer(lookupd, f"cluster/topic?{_qs(topic=topic)}",
+                                          f"cluster layout of {topic}")
+
+    def get_cluster_nodes(self, lookupd):
+        """The cluster's nsqd nodes with their leaderships, replicas and removal state
+        (nsqshm's lookupd in cluster mode: GET /cluster/nodes)."""
+        return self._first_cluster_answer(lookupd, "cluster/nodes", "cluster nodes")
 
     # -- nsqd ---------------------------------------------------------------------------
 
@@ -316,6 +332,42 @@ class ClusterInfo:
         producers, errs = self.get_topic_producers(topic, lookupd, nsqd)
         return errs + self._post_producers(producers, "channel/setoffset",
                                            _qs(topic=topic, channel=channel), position.encode())
+
+    def remove_cluster_node(self, node, restore, lookupd):
+        """Youzan's POST /cluster/node/remove?remove_node= (restore=true calls it off),
+        sent to one lookupd: any of the cluster's passes it to etcd, so the first that
+        takes it is enough.  -> ((status, {"node", "state"} or the refusal's message),
+        errors): the first 2xx, else the first refusal (a 4xx, e.g. 404 for a node
+        the cluster does not know), with the errors of the lookupds that failed.
+        UpstreamError when none took or refused it (down, or standalone)."""
+        qs = _qs(remove_node=node, **({"restore": "true"} if restore else {}))
+        refused, errs = None, []
+        for addr in lookupd:
+            endpoint = f"http://{addr}/cluster/node/remove?{qs}"
+            self._logf(f"CI: querying nsqlookupd {endpoint}")
+            try:
+                # (not post_v1: a refusal's status and message are the answer here)
+                status, _, body = self.client.request("POST", endpoint, b"",
+                                                      {"Accept": ACCEPT_V1})
+            except ClientError as err:
+                errs.append(str(err))
+                continue
+            try:
+                doc = json.loads(body)
+            except ValueError:
+                doc = None
+            message = doc.get("message") if isinstance(doc, dict) else None
+            if 200 <= status < 300 and isinstance(doc, dict):
+                return (status, doc), errs
+            if message in NOT_CLUSTER_MODE:
+                errs.append(f"nsqlookupd {addr} does not run in cluster mode ({message})")
+            elif 400 <= status < 500 and isinstance(message, str) and refused is None:
+                refused = status, message
+            else:  # Go's POSTV1 text
+                errs.append(f"got response {status_text(status, '')} {go_quote(body)}")
+        if refused is not None:
+            return refused, errs
+        raise UpstreamError(f"Failed to query any nsqlookupd: {chr(10).join(errs)}")
 
     def channel_action(self, action, topic, channel, lookupd, nsqd):
         """pause, unpause or empty a channel on every node that has its topic."""

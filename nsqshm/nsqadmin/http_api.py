@@ -18,6 +18,8 @@
                                            timestamp:<s>"} (a log topic's channel; nsqshm's)
     DELETE /api/topics/:t[/:c]            deletes
     DELETE /api/nodes/:n                  {"topic":..} tombstones the node for the topic
+    POST   /api/cluster/nodes/:id         {"action":"remove|restore"} marks a cluster node
+                                          for removal or calls it off (nsqshm's; cluster mode)
     GET|PUT /config/:opt                  options (from --allow-config-from-cidr only)
     GET    /topics/:t/:c/policy, /api/topics/:t/:c/{policy,peek,dead_letters,redrive}
                                           delivery policies (nsqshm.nsqadmin.policies)
@@ -39,6 +41,7 @@ import re
 
 from werkzeug.wrappers import Response
 
+from nsqshm.consistence.topology import NODE_ID
 from nsqshm.flags import LOG_LEVELS, split_host_port
 from nsqshm.nsqadmin import graphite
 from nsqshm.nsqadmin.cluster_view import ClusterView, maybe_warn
@@ -159,6 +162,7 @@ class AdminHTTPAPI(HTTPAPI):
         add("POST", "/api/topics/:topic", self.topic_action)
         add("POST", "/api/topics/:topic/:channel", self.channel_action)
         add("DELETE", "/api/nodes/:node", self.tombstone_node_for_topic)
+        add("POST", "/api/cluster/nodes/:node", self.cluster_node_action)
         add("DELETE", "/api/topics/:topic", self.delete_topic)
         add("DELETE", "/api/topics/:topic/:channel", self.delete_channel)
         add("GET", "/api/counter", self.api_counter)
@@ -279,6 +283,25 @@ class AdminHTTPAPI(HTTPAPI):
                   topic, node, self.opts.lookupd_http_address)
         self._notify("tombstone_topic_producer", topic, "", node, req)
         return self._json({"message": maybe_warn(messages)})
+
+    def cluster_node_action(self, req, node):
+        """Remove an nsqd node from the cluster (its leaderships and replicas are moved
+        off it) or call the removal off: a lookupd's POST /cluster/node/remove."""
+        self._require_admin(req)
+        if not NODE_ID.match(node):  # (it goes into a request to the lookupd)
+            raise Err(400, "INVALID_NODE_ID: a cluster node ID is <address>:<rpc port>, "
+                           "up to 128 of A-Z a-z 0-9 . _ : -")
+        action = self._decode(req, ("action",))["action"]
+        if action not in ("remove", "restore"):
+            raise Err(400, 'INVALID_ACTION: a cluster node\'s action is "remove" or "restore"')
+        if not self.opts.lookupd_http_address:
+            raise Err(400, "MISSING_LOOKUPD: nodes are removed from a cluster through "
+                           "nsqlookupd (--lookupd-http-address)")
+        messages = []
+        answer = self.view.remove_node(node, action == "restore", messages)
+        self._notify(f"{action}_cluster_node", "", "", node, req)
+        return self._json({"node": node, "state": answer.get("state") or "",
+                           "message": maybe_warn(messages)})
 
     def create_topic_channel(self, req):
         self._require_admin(req)

@@ -135,9 +135,14 @@ class Pages:
 
     def nodes(self, req):
         def build(messages):
-            return {"producers": self.view.producers("get nodes", messages) or []}
+            producers = self.view.producers("get nodes", messages) or []
+            # a cluster node links to its page only if the lookupd lists it as a
+            # producer: a node with no topic yet has none
+            return {"producers": producers, "cluster_nodes": self.view.cluster_nodes(),
+                    "listed": {p.http_address() for p in producers}}
 
-        return self._page(req, "nodes.html", build, producers=[], section="nodes",
+        return self._page(req, "nodes.html", build, producers=[], cluster_nodes=None,
+                          listed=set(), section="nodes",
                           chart_api="/api/counter", chart_kind="counter")
 
     def node(self, req, node):

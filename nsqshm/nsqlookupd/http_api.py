@@ -20,7 +20,13 @@ Go's encoder writes them; structs keep their field order.
 """
 
 from nsqshm import NSQD_COMPAT_VERSION
-from nsqshm.consistence.errors import CoordinationError, InvalidName, TopicExists, TopicNotFound
+from nsqshm.consistence.errors import (
+    CoordinationError,
+    InvalidName,
+    NodeNotFound,
+    TopicExists,
+    TopicNotFound,
+)
 from nsqshm.consistence.lookupd_coordinator import MAX_REPLICATOR
 from nsqshm.consistence.topology import MAX_PARTITIONS, NODE_ID
 from nsqshm.httpserver import HTTPServer
@@ -312,7 +318,7 @@ class LookupHTTPAPI(HTTPAPI):
             raise Err(400, "INVALID_ARG_NODE")
         try:
             state = coordinator.remove_node(node, values.get("restore", [""])[0] == "true")
-        except LookupError as err:
+        except NodeNotFound as err:
             raise Err(404, str(err)) from None
         except CoordinationError as err:
             raise Err(500, f"E_CLUSTER {err}") from None

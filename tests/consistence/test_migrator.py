@@ -24,11 +24,11 @@ A, B, C, D = "10.0.0.1:4250", "10.0.0.2:4250", "10.0.0.3:4250", "10.0.0.4:4250"
 WAIT, URGENT = 600.0, 10.0
 
 
-def state(isr, catchup=(), partition=0, leader=True, move=None):
+def state(isr, catchup=(), partition=0, leader=True, move=None, designated=None):
     session = LeaderSession("t", partition, NodeInfo(id=isr[0], ip="10.0.0.1", tcp_port=1,
                                                      http_port=2), "1", 1) if leader else None
-    return PartitionState("t", partition, ReplicaInfo(leader=isr[0], isr=tuple(isr),
-                                                      catchup=tuple(catchup)),
+    return PartitionState("t", partition, ReplicaInfo(leader=designated or isr[0],
+                                                      isr=tuple(isr), catchup=tuple(catchup)),
                           leader_session=session, move=move)
 
 
@@ -88,6 +88,12 @@ def test_plan(partitions, live, lost_for, want):
     ([(state([A, B]), 2)], {A, C}, {B}, [(0, B, C, False)]),
     # a node being removed is no spare for a lost replica
     ([(state([A, B]), 2)], {A, C, D}, {C}, []),
+    # a hand-off that gave up left a catch-up member: it takes the leadership, its
+    # copy going on, not another spare node each time
+    ([(state([A], [C]), 1)], {A, B, C, D}, {A}, [(0, A, C, True)]),
+    # a hand-off under way (the designated leader named, the old one not resigned
+    # yet): not planned again
+    ([(state([A, B], designated=B), 2)], {A, B, C}, {A}, []),
 ])
 def test_plan_empties_a_node_being_removed(partitions, live, removing, want):
     got, again = plan(partitions, live, {}, 1000.0, WAIT, URGENT, frozenset(removing))
@@ -102,6 +108,30 @@ def test_plan_takes_a_lost_replica_to_a_node_not_being_removed():
     plan(partitions, {A, C, D}, lost_since, 0.0, WAIT, URGENT, frozenset({C}))
     got, _ = plan(partitions, {A, C, D}, lost_since, URGENT, WAIT, URGENT, frozenset({C}))
     assert [(m.from_, m.to) for _, m in got] == [(B, D)]
+
+
+def test_plan_names_the_partitions_that_wait_for_their_keys():
+    """Only these make a change under the topics' keys worth a look (Migrator's
+    topics watch): a move planned, no live leader, a move under way."""
+    partitions = [(state([A, B], partition=0), 2),  # B removed: a move planned
+                  (state([A, C], partition=1, leader=False), 2),  # C removed, no leader
+                  (state([A, D], partition=2, move=MoveRequest(D, B, False)), 2),
+                  (state([A, B, C], partition=3), 3)]  # nowhere to go (no spare node)
+    waiting = []
+    moves, _ = plan(partitions, {A, B, C, D}, {}, 0.0, WAIT, URGENT,
+                    frozenset({B, C, D}), waiting)
+    assert [st.partition for st, _ in moves] == []  # (no spare: B, C, D all removed)
+    assert [st.partition for st in waiting] == [1, 2]
+    waiting = []
+    moves, _ = plan(partitions[:1], {A, B, C}, {}, 0.0, WAIT, URGENT, frozenset({B}), waiting)
+    assert [(m.from_, m.to) for _, m in moves] == [(B, C)]
+    assert [st.partition for st in waiting] == [0]
+
+
+def test_plan_times_nothing_when_lost_replicas_are_never_replaced():
+    lost_since = {}
+    assert plan([(state([A, B]), 2)], {A, C}, lost_since, 0.0, 0.0, 0.0) == ([], None)
+    assert lost_since == {}
 
 
 def test_removal_states():

@@ -310,9 +310,33 @@ def test_tombstone_node_for_topic(cluster, admin):
     ("GET", "/api/topics/agg/x%2Fy", None, 404, "NOT_FOUND"),
     ("PUT", "/api/topics", None, 405, "METHOD_NOT_ALLOWED"),
     ("GET", "/api/nope", None, 404, "NOT_FOUND"),
+    ("POST", "/api/cluster/nodes/a%20b", {"action": "remove"}, 400,
+     "INVALID_NODE_ID: a cluster node ID is <address>:<rpc port>, up to 128 of A-Z a-z 0-9 . _ : -"),
+    ("POST", "/api/cluster/nodes/10.0.0.1:4250", {"action": "drop"}, 400,
+     'INVALID_ACTION: a cluster node\'s action is "remove" or "restore"'),
+    ("POST", "/api/cluster/nodes/10.0.0.1:4250", b"", 400, "EOF"),
 ])
 def test_bad_requests(admin, method, path, body, status, message):
     assert admin.json(method, path, body) == (status, {"message": message})
+
+
+def test_cluster_nodes_without_a_cluster(cluster, admin, admin_factory):
+    """A standalone lookupd (500 MISSING_COORDINATOR to GET /cluster/nodes): the Nodes
+    page has no cluster table and no error; removing a node says why it cannot."""
+    cluster.make_topic("standalone")
+    page = admin.get("/nodes")[2].decode()
+    assert 'id="nodes"' in page and 'id="cluster-nodes"' not in page
+    assert 'class="alert' not in page
+    status, doc = admin.json("POST", "/api/cluster/nodes/10.0.0.1:4250", {"action": "remove"})
+    assert (status, doc) == (502, {"message": "UPSTREAM_ERROR: Failed to query any nsqlookupd: "
+                                   f"nsqlookupd {cluster.lookupd.http_address} does not run "
+                                   "in cluster mode (MISSING_COORDINATOR)"})
+    assert "Traceback" not in "".join(admin.lines)
+    direct = admin_factory(f"--nsqd-http-address={cluster.addrs[0]}")  # no lookupd at all
+    assert 'id="cluster-nodes"' not in direct.get("/nodes")[2].decode()
+    assert direct.json("POST", "/api/cluster/nodes/10.0.0.1:4250", {"action": "restore"}) == (
+        400, {"message": "MISSING_LOOKUPD: nodes are removed from a cluster through nsqlookupd "
+                         "(--lookupd-http-address)"})
 
 
 # -- partial and total failures (nsqd mode) --------------------------------------------

@@ -5,7 +5,7 @@
  *  - polls the JSON API named by the chart's data-api and draws messages/s,
  *  - sends the actions of [data-action] buttons to the JSON API, asking for
  *    confirmation before the destructive ones (empty, delete, tombstone, a
- *    log channel's reset to a position: setoffset).
+ *    log channel's reset to a position: setoffset, a cluster node's removal).
  * No libraries, no build step. */
 (function () {
   "use strict";
@@ -17,6 +17,8 @@
   var flash = document.getElementById("flash");
   var canvas = document.getElementById("rate-chart");
   var DESTRUCTIVE = { empty: true, delete: true, tombstone: true, setoffset: true };
+  // the Nodes page's cluster buttons -> the action POSTed to /api/cluster/nodes/:id
+  var NODE_ACTIONS = { "remove-node": "remove", "restore-node": "restore" };
   var MAX_POINTS = 60;
 
   function apiUrl(path) { return base + path; }
@@ -181,6 +183,9 @@
     if (action === "setoffset") {
       if (!window.confirm("Are you sure you want to reset " + describe(topic, channel) +
                           " to " + position + "?")) { return; }
+    } else if (action === "remove-node") {
+      if (!window.confirm("Are you sure you want to remove node " + node +
+                          " from the cluster?")) { return; }
     } else if (DESTRUCTIVE[action]) {
       var what = action === "tombstone" ? "node " + node + " for topic " + topic
                                           : describe(topic, channel);
@@ -188,7 +193,9 @@
     }
     var path = "/api/topics/" + enc(topic) + (channel ? "/" + enc(channel) : "");
     var request;
-    if (action === "tombstone") {
+    if (NODE_ACTIONS[action]) {
+      request = send("POST", "/api/cluster/nodes/" + enc(node), { action: NODE_ACTIONS[action] });
+    } else if (action === "tombstone") {
       request = send("DELETE", "/api/nodes/" + enc(node), { topic: topic });
     } else if (action === "delete") {
       request = send("DELETE", path, null);
