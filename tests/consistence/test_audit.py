@@ -1,6 +1,6 @@
 """A Jepsen-style audit of replicated log topics (issue 17): publishers and consumers
 follow the leader through /lookup while a nemesis SIGKILLs the leader or takes its link
-down, then brings it back, over and over.  At the end every acknowledged message must
+down, then brings it back, or restarts etcd, over and over.  At the end every acknowledged message must
 have been delivered on both channels, a plain one (SUB) and an ordered one
 (SUB_ORDERED), and be readable from the leader.  The ordered channel must deliver in
 log order: a message's first delivery is the one after the last new one (redelivery
@@ -172,7 +172,11 @@ def ordered_state(cluster):
     return state
 
 
-def audit(tmp_path, seconds, seed, workers=1):
+def audit(tmp_path, seconds, seed, workers=1, kinds=("kill", "cut")):
+    """kinds: the nemesis' faults, by turns from one drawn: "kill" (SIGKILL of the
+    leader's node, started again after), "cut" (its link down, then up), "etcd"
+    (etcd killed, started again 1-4 s later: every lease past its 2 s TTL is lost,
+    every partition elects again, with the publishers and consumers at work)."""
     rng = random.Random(seed)
     cluster = Cluster(tmp_path, workers=workers)
     stop = threading.Event()
@@ -200,9 +204,15 @@ def audit(tmp_path, seconds, seed, workers=1):
             # second fault could leave no candidate (the guarantee is R-1 failures)
             wait_until(lambda: len(isr(cluster, TOPIC)) == 3, 60, "a full ISR")
             leader = cluster.leader(TOPIC, timeout=30)
-            # kills and cuts by turns, the first drawn
-            kind = faults[-1][0] if faults else rng.choice(["cut", "kill"])
-            kind = {"kill": "cut", "cut": "kill"}[kind] if faults else kind
+            # the kinds by turns, the first drawn
+            turn = kinds.index(faults[-1][0]) + 1 if faults else rng.randrange(len(kinds))
+            kind = kinds[turn % len(kinds)]
+            if kind == "etcd":  # (no victim: any node may lead after)
+                faults.append((kind, "", time.monotonic()))
+                cluster.etcd.restart(down_for=rng.uniform(1, 4))
+                cluster.leader(TOPIC, timeout=30)
+                time.sleep(rng.uniform(1, 2))
+                continue
             faults.append((kind, leader.id, time.monotonic()))
             if kind == "kill":
                 leader.kill()
@@ -245,13 +255,17 @@ def audit(tmp_path, seconds, seed, workers=1):
                                                                 ("plain", plain))}
         duplicates = total - len({body for body in ordered.at.values()})
         failovers = []
-        for _, victim, at in faults:  # fault to the first OK from another node
+        for kind, victim, at in faults:  # fault to the first OK from another node
+            if kind == "etcd":
+                continue  # (not a failover: writes may go on where they were)
             oks = [t for _, t, node in acked if t > at and node != victim]
             if oks:
                 failovers.append(min(oks) - at)
         print(f"\naudit: {seconds:.0f}s, w{workers}, {len(faults)} faults "
               f"({sum(k == 'kill' for k, _, _ in faults)} kills, "
-              f"{sum(k == 'cut' for k, _, _ in faults)} cuts), acknowledged {len(acked)}, "
+              f"{sum(k == 'cut' for k, _, _ in faults)} cuts, "
+              f"{sum(k == 'etcd' for k, _, _ in faults)} etcd restarts), "
+              f"acknowledged {len(acked)}, "
               f"lost {len(lost['ordered']) + len(lost['plain'])}, in the log {total}, "
               f"duplicates in the log {duplicates}, "
               f"publish errors {sum(pub.errors for pub in publishers)}")
@@ -291,8 +305,20 @@ def test_audit_short(tmp_path, workers):
     audit(tmp_path, SHORT_SECONDS, seed=17 + workers, workers=workers)
 
 
+@pytest.mark.timeout(SHORT_SECONDS + 300)
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_audit_short_etcd_restarted_under_load(tmp_path, workers):
+    """etcd killed and started again while publishers and consumers work: every
+    lease is lost, every partition elects again; nothing acknowledged is lost."""
+    audit(tmp_path, SHORT_SECONDS, seed=29 + workers, workers=workers, kinds=("etcd",))
+
+
 @pytest.mark.soak
 @pytest.mark.timeout(SOAK_SECONDS + 600)
 def test_audit_every_acknowledged_message_survives_leader_kills_and_cuts(tmp_path):
+    """Kills, cuts and etcd restarts by turns (NSQSHM_AUDIT_FAULTS: a comma list of
+    kill, cut, etcd)."""
+    kinds = tuple(os.environ.get("NSQSHM_AUDIT_FAULTS", "kill,cut,etcd").split(","))
+    assert set(kinds) <= {"kill", "cut", "etcd"}, kinds
     audit(tmp_path, SOAK_SECONDS, seed=int(os.environ.get("NSQSHM_AUDIT_SEED", "17")),
-          workers=int(os.environ.get("NSQSHM_AUDIT_WORKERS", "1")))
+          workers=int(os.environ.get("NSQSHM_AUDIT_WORKERS", "1")), kinds=kinds)
