@@ -4,11 +4,15 @@ the DataFrame has one.  Shared memory (Producer) when the broker is on
 this host, else MPUB over TCP.  Publishing cannot be undone: a retried task
 publishes again (at-least-once), so commit and abort have nothing to do.
 
-A log topic takes `MPUB T p` over TCP (local clients do not publish to log
-topics yet): a `partition` column names each row's partition, or a `key`
-column is hashed to one (CRC-32C of the key's bytes modulo the partition
-count, keyhash.pyx: stable, so one key's messages stay in order in one
-partition); with neither the broker spreads the rows round-robin.
+A log topic takes each partition's rows through shared memory when its
+broker is on this host and standalone (the local Producer pushes them into
+the partition's inbound ring; its owner appends them), else `MPUB T p` over
+TCP (a replicated topic's OK waits for its in-sync replicas): a `partition`
+column names each row's partition, or a `key` column is hashed to one
+(CRC-32C of the key's bytes modulo the partition count, keyhash.pyx: stable,
+so one key's messages stay in order in one partition); with neither, each
+batch goes to the next partition in turn (shared memory) or the broker
+spreads the rows round-robin (TCP).
 
 A `headers` column (Kafka's sink's: array<struct<key string, value binary
 or string>>) is published with MPUB_EXT over TCP, each row's pairs as one
@@ -149,19 +153,30 @@ class _Sink:
         return publisher.publish_ext(topic, *body_spans(bodies), headers, partition=partition)
 
     def _publish_log(self, lt, bodies, rows):
-        """MPUB T p per partition the rows go to (their order kept)."""
-        publisher = self._tcp_publisher(lt.tcp_address)
+        """Each partition's rows (their order kept): through the local Producer
+        (shared memory) or MPUB T p."""
+        headers = rows is not None and "headers" in rows.schema.names
+        if self.producer is not None and lt.data_path is not None and not self.broker.cluster \
+                and not headers and not lt.ext:
+            def send(part_bodies, part_rows, partition):
+                return self.producer.publish_arrow(part_bodies, topic=lt.name,
+                                                   partition=partition)
+        else:
+            publisher = self._tcp_publisher(lt.tcp_address)
+
+            def send(part_bodies, part_rows, partition):
+                return self._publish_tcp(publisher, lt.name, part_bodies, part_rows, partition)
         parts = self._partitions_of(lt, rows) if rows is not None else None
         if parts is None:
-            return self._publish_tcp(publisher, lt.name, bodies, rows)
+            return send(bodies, rows, None)
         count = 0
-        for p in np.unique(parts):
-            if len(np.unique(parts)) > 1:
+        distinct = np.unique(parts)
+        for p in distinct:
+            if len(distinct) > 1:
                 chosen = rows.filter(pa.array(parts == p))
-                count += self._publish_tcp(publisher, lt.name, chosen.column("body"), chosen,
-                                           int(p))
+                count += send(chosen.column("body"), chosen, int(p))
             else:
-                count += self._publish_tcp(publisher, lt.name, bodies, rows, int(p))
+                count += send(bodies, rows, int(p))
         return count
 
     @staticmethod

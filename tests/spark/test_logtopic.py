@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from nsqshm.ring import Ring
 from tests.local.conftest import started
 
 from .conftest import wait_for
@@ -410,6 +411,14 @@ def test_sink_partition_and_key_columns(spark, log_broker):
      .mode("append").save())
     got = load(spark, log_broker, "sink").collect()
     assert sorted((r.body.decode(), r.partition) for r in got) == sorted(rows)
+    # through shared memory (the broker is on this host): each partition's inbound
+    # ring counts what local producers pushed into it
+    for partition in range(4):
+        ring = Ring.attach(f"{log_broker.prefix}.t.sink:p{partition}")
+        try:
+            assert ring.local_published[0] == 50, partition
+        finally:
+            ring.close()
 
     make(log_broker, "keyed", 3)
     keyed = [(f"k{i % 7}", f"{i}") for i in range(700)]
