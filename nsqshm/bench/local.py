@@ -5,7 +5,12 @@ publish N messages with nsqshm.local.Producer.publish_buffer (batches of
 --batch-size from one buffer), then --procs consumer processes take them
 with Consumer.fetch and finish each batch at once; then the same N through
 TCP (loadgen.run_phases, as many publishers and consumers).  A fresh
-broker for each.  Skipped until nsqshm.local imports.
+broker for each.  Then the same on a log topic of --log-partitions
+partitions (each publish_buffer call into one partition's inbound ring, in
+turn; the owners append them to the logs; the consumers read the channel
+that the owners feed from the logs), against TCP MPUBs to a log topic and
+against the classic topic's local figures of the same run.  Skipped until
+nsqshm.local imports.
 """
 
 import time
@@ -15,6 +20,7 @@ import numpy as np
 
 from . import loadgen
 from .common import CTX, median, medians, stop_all
+from .logtopic import create_log_topic
 from .server import server, wait_local
 from .tcp import spec_for
 
@@ -28,6 +34,8 @@ def add_arguments(ap):
     ap.add_argument("--batch-size", "--batch", dest="batch", type=int, default=10_000,
                     help="messages per publish_buffer / fetch")
     ap.add_argument("--procs", type=int, default=2, help="producer and consumer processes")
+    ap.add_argument("--log-partitions", type=int, default=2,
+                    help="the log topic's partitions (0: no log topic rows)")
 
 
 def _producer(target, topic, count, size, batch, go, out, idx):
@@ -64,8 +72,9 @@ def _consumer(target, topic, batch, ready, go, stop, out, idx):
         out.cpu[idx] = time.process_time() - t0
 
 
-def run_local(target, messages, size, batch, procs):
-    topic = f"local{uuid.uuid4().hex[:8]}"
+def run_local(target, messages, size, batch, procs, topic=None):
+    """topic: one made beforehand (a log topic), else a new classic topic."""
+    topic = topic or f"local{uuid.uuid4().hex[:8]}"
     per = messages // procs
     total = per * procs
     pout, cout = loadgen.Shared(procs), loadgen.Shared(procs)
@@ -115,27 +124,42 @@ def run(ctx):
     a.window, a.rdy = 4, 2500
     tcp_spec = spec_for(a, publishers=a.procs, consumers=a.procs, batch=200)
     rows = []
-    with ctx.progress.task("local", 2 * ctx.runs()) as advance:
+    kinds = ("classic", "log") if a.log_partitions > 0 else ("classic",)
+    with ctx.progress.task("local", 2 * len(kinds) * ctx.runs()) as advance:
         for i in range(ctx.runs()):
-            ctx.settle()
-            with server(a, backlog=(a.messages, a.size)) as target:
-                wait_local(target)
-                local = run_local(target, a.messages, a.size, a.batch, a.procs)
-            advance()
-            with server(a, backlog=(a.messages, a.size)) as target:
-                tcp = loadgen.run_phases(target, tcp_spec)
-            advance()
-            row = {"local": local, "tcp": tcp,
-                   "ratio_in": local["in_msgs_per_s"] / tcp["in_msgs_per_s"],
-                   "ratio_out": local["out_msgs_per_s"] / tcp["out_msgs_per_s"]}
+            row = {}
+            for kind in kinds:
+                ctx.settle()
+                with server(a, backlog=(a.messages, a.size)) as target:
+                    wait_local(target)
+                    topic = create_log_topic(target, a.log_partitions) if kind == "log" else None
+                    local = run_local(target, a.messages, a.size, a.batch, a.procs, topic)
+                advance()
+                with server(a, backlog=(a.messages, a.size)) as target:
+                    topic = create_log_topic(target, a.log_partitions) if kind == "log" else None
+                    tcp = loadgen.run_phases(target, tcp_spec, topic=topic)
+                advance()
+                prefix = "" if kind == "classic" else "log_"
+                row.update({f"{prefix}local": local, f"{prefix}tcp": tcp,
+                            f"{prefix}ratio_in": local["in_msgs_per_s"] / tcp["in_msgs_per_s"],
+                            f"{prefix}ratio_out": local["out_msgs_per_s"] / tcp["out_msgs_per_s"]})
+                ctx.say(f"run {i + 1}, {kind} topic: local in "
+                        f"{local['in_msgs_per_s'] / 1e6:6.2f} M msg/s, out "
+                        f"{local['out_msgs_per_s'] / 1e6:6.2f} M msg/s; TCP in "
+                        f"{tcp['in_msgs_per_s'] / 1e6:6.2f} M, out "
+                        f"{tcp['out_msgs_per_s'] / 1e6:6.2f} M")
+            if "log_local" in row:  # the log topic's local figures against the classic's
+                row["log_classic_in"] = (row["log_local"]["in_msgs_per_s"]
+                                         / row["local"]["in_msgs_per_s"])
+                row["log_classic_out"] = (row["log_local"]["out_msgs_per_s"]
+                                          / row["local"]["out_msgs_per_s"])
             rows.append(row)
-            ctx.say(f"run {i + 1}: local in {local['in_msgs_per_s'] / 1e6:6.2f} M msg/s, out "
-                    f"{local['out_msgs_per_s'] / 1e6:6.2f} M msg/s; TCP in "
-                    f"{tcp['in_msgs_per_s'] / 1e6:6.2f} M, out {tcp['out_msgs_per_s'] / 1e6:6.2f} M")
-    summary = {"local": medians([r["local"] for r in rows]), "tcp": medians([r["tcp"] for r in rows]),
-               "ratio_in": median([r["ratio_in"] for r in rows]),
-               "ratio_out": median([r["ratio_out"] for r in rows])}
-    return {"params": {"messages": a.messages, "size": a.size, "batch": a.batch, "procs": a.procs},
+    summary = {key: medians([r[key] for r in rows]) for key in rows[0]
+               if isinstance(rows[0][key], dict)}
+    summary.update({key: median([r[key] for r in rows]) for key in rows[0]
+                    if not isinstance(rows[0][key], dict)})
+    return {"params": {"messages": a.messages, "size": a.size, "batch": a.batch, "procs": a.procs,
+                       "log_partitions": a.log_partitions},
             "runs": rows, "median": summary}
 
 
@@ -155,4 +179,22 @@ def render(res):
         if key in m["local"] and key in m["tcp"]:
             out.append(f"| broker CPU per message {way} | {m['local'][key]:.2f} us | "
                        f"{m['tcp'][key]:.2f} us | |")
+    if "log_local" not in m:
+        return out
+    out += ["", f"A log topic of {p.get('log_partitions')} partitions, the same run: each "
+            "publish_buffer call goes into one partition's inbound ring (in turn), the owners "
+            "append to the logs; the consumers read the channel the owners feed from the logs. "
+            "Against TCP MPUBs to a log topic, and against the classic topic's local figures "
+            "above.", "",
+            "| log topic | local shared memory | TCP | local / TCP | local: log / classic |",
+            "|---|---:|---:|---:|---:|"]
+    for way, name in (("in", "publish, msg/s"), ("out", "consume, msg/s")):
+        out.append(f"| {name} | {m['log_local'][f'{way}_msgs_per_s'] / 1e6:.2f} M | "
+                   f"{m['log_tcp'][f'{way}_msgs_per_s'] / 1e6:.2f} M | "
+                   f"{m[f'log_ratio_{way}']:.1f}x | {m[f'log_classic_{way}']:.2f} |")
+    for way in ("in", "out"):
+        key = f"server_cpu_us_per_msg_{way}"
+        if key in m["log_local"] and key in m["log_tcp"]:
+            out.append(f"| broker CPU per message {way} | {m['log_local'][key]:.2f} us | "
+                       f"{m['log_tcp'][key]:.2f} us | | |")
     return out
