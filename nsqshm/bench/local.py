@@ -174,11 +174,7 @@ def render(res):
     for way, name in (("in", "publish, msg/s"), ("out", "consume, msg/s")):
         out.append(f"| {name} | {m['local'][f'{way}_msgs_per_s'] / 1e6:.2f} M | "
                    f"{m['tcp'][f'{way}_msgs_per_s'] / 1e6:.2f} M | {m[f'ratio_{way}']:.1f}x |")
-    for way in ("in", "out"):
-        key = f"server_cpu_us_per_msg_{way}"
-        if key in m["local"] and key in m["tcp"]:
-            out.append(f"| broker CPU per message {way} | {m['local'][key]:.2f} us | "
-                       f"{m['tcp'][key]:.2f} us | |")
+    out += _cpu_rows(m["local"], m["tcp"], "| |")
     if "log_local" not in m:
         return out
     out += ["", f"A log topic of {p.get('log_partitions')} partitions, the same run: each "
@@ -192,9 +188,15 @@ def render(res):
         out.append(f"| {name} | {m['log_local'][f'{way}_msgs_per_s'] / 1e6:.2f} M | "
                    f"{m['log_tcp'][f'{way}_msgs_per_s'] / 1e6:.2f} M | "
                    f"{m[f'log_ratio_{way}']:.1f}x | {m[f'log_classic_{way}']:.2f} |")
+    return out + _cpu_rows(m["log_local"], m["log_tcp"], "| | |")
+
+
+def _cpu_rows(local, tcp, tail):
+    """The broker's CPU per message, each way, where both runs measured it."""
+    rows = []
     for way in ("in", "out"):
         key = f"server_cpu_us_per_msg_{way}"
-        if key in m["log_local"] and key in m["log_tcp"]:
-            out.append(f"| broker CPU per message {way} | {m['log_local'][key]:.2f} us | "
-                       f"{m['log_tcp'][key]:.2f} us | | |")
-    return out
+        if key in local and key in tcp:
+            rows.append(f"| broker CPU per message {way} | {local[key]:.2f} us | "
+                        f"{tcp[key]:.2f} us {tail}")
+    return rows
