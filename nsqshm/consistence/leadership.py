@@ -89,7 +89,8 @@ class Leadership:
                            f"{list(state.replicas.isr)}")
         old = state.replicas
         replicas = ReplicaInfo(leader=self.node.id, isr=old.isr, catchup=old.catchup,
-                               epoch_for_write=old.epoch_for_write + 1)
+                               epoch_for_write=old.epoch_for_write + 1,
+                               preferred=old.preferred)
         lease = self.session.ensure_lease()
         session = LeaderSession(topic, partition, self.node, f"{lease:x}",
                                 replicas.epoch_for_write)
@@ -122,11 +123,12 @@ class Leadership:
 
     # -- the ISR, fenced by the epoch -------------------------------------------------
 
-    def update_replicas(self, state, isr, catchup, designated=None):
+    def update_replicas(self, state, isr, catchup, designated=None, preferred=None):
         """Set the ISR and catch-up list, as the partition's leader holding state (and
         the designated leader, who goes first at the next election: this node unless
-        it hands off).  Fenced if the epoch moved or the leader session is no longer
-        ours.  -> the new PartitionState (its epoch for the next change)."""
+        it hands off; and the preferred leader, kept unless given).  Fenced if the
+        epoch moved or the leader session is no longer ours.  -> the new
+        PartitionState (its epoch for the next change)."""
         own = state.leader_session
         if own is None or own.leader.id != self.node.id:
             raise Fenced(f"{state.topic}/{state.partition}: {self.node.id} is not the leader")
@@ -137,8 +139,10 @@ class Leadership:
         designated = check_node_id(designated) if designated else self.node.id
         if designated not in isr:
             raise ValueError("the designated leader must be in the ISR")
+        preferred = state.replicas.preferred if preferred is None else check_node_id(preferred)
         replicas = ReplicaInfo(leader=designated, isr=isr, catchup=catchup,
-                               epoch_for_write=state.replicas.epoch_for_write)
+                               epoch_for_write=state.replicas.epoch_for_write,
+                               preferred=preferred)
         topic, partition = state.topic, state.partition
         info_key = self.keys.replica_info(topic, partition)
         session_key = self.keys.leader_session(topic, partition)

@@ -9,7 +9,8 @@ are run by the ISR members themselves (nsqd_coordinator.py) as etcd transactions
 an operator's move (`/topic/partition/move`) is a MoveRequest key the
 partition's leader carries out; the master puts one itself for a replica whose node
 has been gone too long (migrator.py), and moves everything off a node an operator
-removes (`/cluster/node/remove`).  Automatic balancing is not built yet.
+removes (`/cluster/node/remove`), and hands leaderships back to their preferred
+leaders (Kafka's preferred replica election).  Balancing by load is not built.
 """
 
 import time
@@ -40,7 +41,8 @@ class LookupdCoordinator:
         self.topology = Topology(self.session, opts.cluster_id)
         self.master = Master(self.topology, self.node, self._master_changed)
         self.migrator = Migrator(self.topology, lambda: self.master.is_master, logf,
-                                 opts.lost_replica_wait, opts.lost_replica_urgent_wait)
+                                 opts.lost_replica_wait, opts.lost_replica_urgent_wait,
+                                 opts.leader_rebalance_wait)
         self._loop = None
 
     def start(self):

@@ -13,6 +13,13 @@ carries it out as it does an operator's move: the new node catches up from the
 leader's log, joins the ISR, and the lost node leaves the replicas (its copy stays
 on its disk, no longer a replica).
 
+A partition led by another node than its preferred leader (the one its placement
+chose: ReplicaInfo.preferred) while that one is a live ISR member -- after a
+failover, once the old leader is back and in sync -- gets its leadership handed
+back after --leader-rebalance-wait (5 minutes), as Kafka's preferred replica
+election (auto.leader.rebalance), so leaderships do not pile up on the nodes that
+survived failovers (`rebalance`).
+
 A node an operator removes (`POST /cluster/node/remove?remove_node=<id>`, Youzan's
 MarkNodeAsRemoving and handleRemovingNodes) is emptied the same way, at once: its
 leaderships are handed to ISR members that stay, each of its replicas moves to a
@@ -139,6 +146,42 @@ def plan(partitions, live, lost_since, now, wait, urgent_wait, removing=frozense
     return moves, again
 
 
+def rebalance(partitions, live, removing, imbalanced_since, now, wait, waiting=None):
+    """Leaderships handed back to their preferred leaders (Kafka's preferred replica
+    election, auto.leader.rebalance): ([(state, MoveRequest)], seconds from now to look
+    again or None).  A partition led by another node than its preferred one
+    (ReplicaInfo.preferred: the leader its placement chose) while that one is a live
+    ISR member not being removed, for `wait` seconds (imbalanced_since: {(topic,
+    partition): when first seen so}, updated here), gets a move of its leadership to
+    it.  Left alone: no live leader, a move or a hand-off under way, a leader being
+    removed (plan's), wait 0.  waiting: as plan's (a preferred leader catching up
+    joins the ISR by a change of the partition's keys)."""
+    waiting = [] if waiting is None else waiting
+    moves, again, seen = [], None, set()
+    for state, _ in partitions:
+        replicas = state.replicas
+        preferred, leader = replicas.preferred, state.leader
+        if not wait or not preferred or not leader or preferred == leader \
+                or preferred not in live or preferred in removing or leader in removing \
+                or state.move is not None or replicas.leader != leader:
+            continue
+        if preferred not in replicas.isr:
+            if preferred in replicas.catchup:
+                waiting.append(state)  # (its joining the ISR wakes the check)
+            continue
+        key = (state.topic, state.partition)
+        seen.add(key)
+        left = imbalanced_since.setdefault(key, now) + wait - now
+        if left > 0:
+            again = left if again is None else min(again, left)
+            continue
+        moves.append((state, MoveRequest(leader, preferred, True)))
+        waiting.append(state)
+    for key in [k for k in imbalanced_since if k not in seen]:
+        del imbalanced_since[key]
+    return moves, again
+
+
 def removal_states(partitions, removing):
     """{node: REMOVE_PENDING while it holds a replica of any partition (leader, ISR or
     catch-up), else REMOVE_DONE} for the nodes being removed."""
@@ -152,13 +195,15 @@ class Migrator:
     """Runs `plan` on the master nsqlookupd (is_master() says whether this one is), and
     keeps the removal marks' states."""
 
-    def __init__(self, topology, is_master, logf, wait, urgent_wait):
+    def __init__(self, topology, is_master, logf, wait, urgent_wait, rebalance_wait=0.0):
         self.topology = topology
         self.is_master = is_master
         self.logf = logf
         self.wait = wait
         self.urgent_wait = urgent_wait
+        self.rebalance_wait = rebalance_wait
         self.lost_since = {}
+        self.imbalanced_since = {}  # (topic, partition) -> when first led off its preference
         self.removing = {}  # node ID -> removal state, as the last check read it
         # the last check left partitions waiting for their keys to change (an election,
         # a move's end): only then does a change under Topics/ wake the check -- a node
@@ -201,6 +246,7 @@ class Migrator:
             self._wake.clear()
             if not self.is_master():
                 self.lost_since.clear()
+                self.imbalanced_since.clear()
                 self.removing = {}
                 self.topics_wake = False
                 again = None
@@ -231,7 +277,19 @@ class Migrator:
         waiting = []
         moves, again = plan(partitions, live, self.lost_since, now, self.wait,
                             self.urgent_wait, frozenset(removing), waiting)
+        moved = {(state.topic, state.partition) for state, _ in moves}
+        back, later = rebalance([(st, r) for st, r in partitions
+                                 if (st.topic, st.partition) not in moved],
+                                live, frozenset(removing), self.imbalanced_since, now,
+                                self.rebalance_wait, waiting)
+        if later is not None:
+            again = later if again is None else min(again, later)
         self.topics_wake = bool(waiting)
+        for state, move in back:
+            if self.topology.request_move(state, move):
+                self.logf("info", f"cluster: {state.topic}-{state.partition}: the leadership "
+                                  f"goes back to its preferred leader {move.to} (led by "
+                                  f"{move.from_} for {self.rebalance_wait:.0f}s or more)")
         for state, move in moves:
             if not self.topology.request_move(state, move):
                 continue

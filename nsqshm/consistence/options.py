@@ -38,7 +38,8 @@ NSQD: tuple[Flag, ...] = COMMON + (
          "(cluster mode; worker k of nsqshm listens on port + k)"),
 )
 
-# the nsqlookupd's own (the master's replacement of lost replicas: migrator.py)
+# the nsqlookupd's own (the master's replacement of lost replicas and leadership
+# rebalance: migrator.py)
 LOOKUPD_ONLY: tuple[Flag, ...] = (
     Flag("lost-replica-wait", DURATION, "10m",
          _EXT + "how long a replica's nsqd may be gone from the cluster before the master "
@@ -47,6 +48,12 @@ LOOKUPD_ONLY: tuple[Flag, ...] = (
     Flag("lost-replica-urgent-wait", DURATION, "10s",
          _EXT + "the same when no more than half of a partition's replicas are live ISR "
          "members (Youzan's waitEmergencyMigrateInterval; 0: --lost-replica-wait)",
+         extension=True),
+    Flag("leader-rebalance-wait", DURATION, "5m",
+         _EXT + "how long a partition may be led by another node than its preferred leader "
+         "(the one its placement chose) while that one is a live ISR member, before the "
+         "master nsqlookupd hands the leadership back to it (Kafka's "
+         "auto.leader.rebalance with leader.imbalance.check.interval.seconds; 0: never)",
          extension=True),
 )
 

@@ -400,9 +400,11 @@ class PartitionLeader:
             return self.hand_off(move.to, move)
         replicas = self.state.replicas
         if move.from_ in replicas.isr or move.from_ in replicas.catchup:
+            # the node that takes the preferred leader's replica is preferred after it
             self.set_state(leadership.update_replicas(
                 self.state, [n for n in replicas.isr if n != move.from_],
-                [n for n in replicas.catchup if n != move.from_]))
+                [n for n in replicas.catchup if n != move.from_],
+                preferred=move.to if replicas.preferred == move.from_ else None))
         return None
 
     def hand_off(self, to, move=None, timeout=HAND_OFF_TIMEOUT):

@@ -120,23 +120,34 @@ class TopicMeta:
 class ReplicaInfo:
     """Who holds a partition: Youzan's TopicPartitionReplicaInfo.  epoch is the key's
     mod_revision (not stored in the value); epoch_for_write counts leader changes, from
-    the store's revision when the topic was made (Topology.create_topic)."""
+    the store's revision when the topic was made (Topology.create_topic).  preferred:
+    nsqshm's "Preferred", Kafka's preferred replica -- the leader the placement chose
+    (the node that took its replica's place after a move), to which the master hands
+    the leadership back once it is in sync again (migrator.rebalance); "" in a key
+    written without it: no rebalance."""
     leader: str
     isr: tuple
     catchup: tuple = ()
     epoch_for_write: int = 0
     epoch: int = 0
+    preferred: str = ""
 
     def to_json(self):
-        return {"Leader": self.leader, "ISR": list(self.isr), "CatchupList": list(self.catchup),
-                "EpochForWrite": self.epoch_for_write}
+        d = {"Leader": self.leader, "ISR": list(self.isr), "CatchupList": list(self.catchup),
+             "EpochForWrite": self.epoch_for_write}
+        if self.preferred:
+            d["Preferred"] = self.preferred
+        return d
 
     @classmethod
     def from_kv(cls, kv):
         d = json.loads(kv.value)
+        preferred = d.get("Preferred")
         return cls(leader=d.get("Leader", ""), isr=tuple(d.get("ISR") or ()),
                    catchup=tuple(d.get("CatchupList") or ()),
-                   epoch_for_write=int(d.get("EpochForWrite", 0)), epoch=kv.mod_revision)
+                   epoch_for_write=int(d.get("EpochForWrite", 0)), epoch=kv.mod_revision,
+                   preferred=preferred if isinstance(preferred, str)
+                   and NODE_ID.match(preferred) else "")
 
 
 @dataclass(frozen=True)
@@ -343,7 +354,8 @@ class Topology:
             replicas = tuple(check_node_id(n) for n in replicas)
             if len(replicas) != meta.replica or len(set(replicas)) != len(replicas):
                 raise ValueError(f"partition {p}: replicas {replicas} for replica={meta.replica}")
-            info = ReplicaInfo(leader=replicas[0], isr=replicas, epoch_for_write=first_epoch)
+            info = ReplicaInfo(leader=replicas[0], isr=replicas, epoch_for_write=first_epoch,
+                               preferred=replicas[0])
             puts.append(Op.put(self.keys.replica_info(topic, p), json.dumps(info.to_json())))
         # no replica on a node marked for removal meanwhile (the marks were read
         # before this transaction: create_topic_on_live_nodes)

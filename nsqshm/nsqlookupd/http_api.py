@@ -460,7 +460,8 @@ def _peer(node):
 def _layout(state):
     move = state.move
     return {"partition": state.partition, "leader": state.leader,
-            "designated_leader": state.replicas.leader, "isr": list(state.replicas.isr),
+            "designated_leader": state.replicas.leader,
+            "preferred_leader": state.replicas.preferred, "isr": list(state.replicas.isr),
             "catchup": list(state.replicas.catchup), "epoch": state.epoch,
             "leader_epoch": state.replicas.epoch_for_write,
             "moving": None if move is None else {"from": move.from_, "to": move.to,

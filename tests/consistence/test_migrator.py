@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from nsqshm.consistence.migrator import plan, removal_states
+from nsqshm.consistence.migrator import plan, rebalance, removal_states
 from nsqshm.consistence.topology import (
     LeaderSession,
     MoveRequest,
@@ -24,11 +24,13 @@ A, B, C, D = "10.0.0.1:4250", "10.0.0.2:4250", "10.0.0.3:4250", "10.0.0.4:4250"
 WAIT, URGENT = 600.0, 10.0
 
 
-def state(isr, catchup=(), partition=0, leader=True, move=None, designated=None):
+def state(isr, catchup=(), partition=0, leader=True, move=None, designated=None,
+          preferred=""):
     session = LeaderSession("t", partition, NodeInfo(id=isr[0], ip="10.0.0.1", tcp_port=1,
                                                      http_port=2), "1", 1) if leader else None
     return PartitionState("t", partition, ReplicaInfo(leader=designated or isr[0],
-                                                      isr=tuple(isr), catchup=tuple(catchup)),
+                                                      isr=tuple(isr), catchup=tuple(catchup),
+                                                      preferred=preferred),
                           leader_session=session, move=move)
 
 
@@ -132,6 +134,48 @@ def test_plan_times_nothing_when_lost_replicas_are_never_replaced():
     lost_since = {}
     assert plan([(state([A, B]), 2)], {A, C}, lost_since, 0.0, 0.0, 0.0) == ([], None)
     assert lost_since == {}
+
+
+REBALANCE = 300.0
+
+
+@pytest.mark.parametrize("partition, live, removing, want", [
+    # led by B (a failover) while A, its preferred leader, is back in the ISR: back to A
+    (state([B, A], preferred=A), {A, B}, (), (B, A)),
+    # A still catching up, gone, or being removed; no preference (an older key); led by
+    # its preferred leader already; no live leader; a move or a hand-off under way
+    (state([B], [A], preferred=A), {A, B}, (), None),
+    (state([B, A], preferred=A), {B}, (), None),
+    (state([B, A], preferred=A), {A, B}, {A}, None),
+    (state([B, A]), {A, B}, (), None),
+    (state([A, B], preferred=A), {A, B}, (), None),
+    (state([B, A], preferred=A, leader=False), {A, B}, (), None),
+    (state([B, A], preferred=A, move=MoveRequest(B, C, False)), {A, B, C}, (), None),
+    (state([B, A], preferred=A, designated=A), {A, B}, (), None),
+])
+def test_rebalance_hands_the_leadership_back_to_the_preferred_leader(partition, live,
+                                                                     removing, want):
+    since = {}
+    got, again = rebalance([(partition, 2)], live, frozenset(removing), since, 0.0, REBALANCE)
+    assert got == []  # not before the wait
+    assert again == (REBALANCE if want else None)
+    got, _ = rebalance([(partition, 2)], live, frozenset(removing), since, REBALANCE,
+                       REBALANCE)
+    assert [(m.from_, m.to, m.leader) for _, m in got] == ([(*want, True)] if want else [])
+
+
+def test_rebalance_forgets_a_partition_led_by_its_preferred_leader_again_and_a_wait_of_0():
+    since = {}
+    imbalanced = [(state([B, A], preferred=A), 2)]
+    rebalance(imbalanced, {A, B}, frozenset(), since, 0.0, REBALANCE)
+    assert since == {("t", 0): 0.0}
+    rebalance([(state([A, B], preferred=A), 2)], {A, B}, frozenset(), since, 1.0, REBALANCE)
+    assert since == {}
+    assert rebalance(imbalanced, {A, B}, frozenset(), since, 1e9, 0.0) == ([], None)
+    waiting = []  # a preferred leader catching up: its joining the ISR is worth a look
+    rebalance([(state([B], [A], preferred=A), 2)], {A, B}, frozenset(), since, 0.0,
+              REBALANCE, waiting)
+    assert len(waiting) == 1
 
 
 def test_removal_states():
@@ -264,5 +308,38 @@ def test_a_node_removed_by_the_operator_hands_off_and_empties(tmp_path, workers)
         wait_until(lambda: node_entry(gone.id) is None, 20, "the removed node's mark deleted")
         assert lookupd.post(f"/cluster/node/remove?remove_node={gone.id}&restore=true")[0] \
             == 404
+    finally:
+        cluster.close()
+
+
+@pytest.mark.skipif(bool(available()), reason=available() or "available")
+@pytest.mark.skipif(ETCD is None, reason="etcd not installed (scripts/setup.sh)")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_the_leadership_goes_back_to_the_preferred_leader_once_it_is_in_sync(tmp_path,
+                                                                            workers):
+    """After a failover the old leader, back and in the ISR, leads again once
+    --leader-rebalance-wait has passed (Kafka's preferred replica election): its
+    placement chose it, and leaderships do not pile up on the nodes that survived."""
+    cluster = Cluster(tmp_path, workers=workers, lookupd_args=["--leader-rebalance-wait=1s"])
+    try:
+        assert cluster.create_topic("back", 1, 3)[0] == 200
+        first = cluster.leader("back")
+        layout = cluster.lookupd.get_json("/cluster/topic?topic=back")["partitions"][0]
+        assert layout["preferred_leader"] == first.id
+        wait_until(lambda: len(isr(cluster, "back")) == 3, 15, "a full ISR")
+        publish(first, "back", [b"a%03d" % i for i in range(50)])
+        first.kill()
+        second = cluster.leader("back", not_in=(first.id,), timeout=20)
+        publish(second, "back", [b"b%03d" % i for i in range(50)])
+        first.start()
+        wait_until(lambda: cluster.leader("back") is first, 40,
+                   "the preferred leader leads again, once back in the ISR")
+        publish(first, "back", [b"c%03d" % i for i in range(10)])
+        assert consume_all(first, "back", 110) == \
+            [b"%s%03d" % (k, i) for k in (b"a", b"b") for i in range(50)] + \
+            [b"c%03d" % i for i in range(10)]
+        layout = cluster.lookupd.get_json("/cluster/topic?topic=back")["partitions"][0]
+        assert (layout["leader"], layout["preferred_leader"]) == (first.id, first.id)
     finally:
         cluster.close()

@@ -70,8 +70,10 @@ def test_usage_is_go_style():
                             "allow-write-with-nochannels",
                             "cluster-id", "cluster-leadership-addresses",
                             "cluster-lease-ttl",
-                            # nsqshm's: the master's replacement of lost replicas
-                            "lost-replica-wait", "lost-replica-urgent-wait"])
+                            # nsqshm's: the master's replacement of lost replicas and
+                            # its leadership rebalance
+                            "lost-replica-wait", "lost-replica-urgent-wait",
+                            "leader-rebalance-wait"])
     assert ("  -inactive-producer-timeout duration\n    \tduration of time a producer will "
             "remain in the active list since its last ping (default 5m0s)\n") in text
     assert ("  -tombstone-lifetime duration\n    \tduration of time a producer will remain "
