@@ -15,6 +15,7 @@ from nsqshm._core.ring import (
     RingCorruptError,
     RingError,
     RingLayoutError,
+    RingRetired,
     RingVersionError,
     set_sleeper,
     validate_name,
@@ -22,7 +23,7 @@ from nsqshm._core.ring import (
 
 __all__ = [
     "EMPTY", "FULL", "MAX_WAITERS", "OK", "RECORD_OVERHEAD", "TOO_BIG", "Ring",
-    "RingCorruptError", "RingError", "RingLayoutError", "RingVersionError",
+    "RingCorruptError", "RingError", "RingLayoutError", "RingRetired", "RingVersionError",
     "set_sleeper", "use_gevent", "validate_name",
 ]
 

@@ -145,6 +145,11 @@ class RingCorruptError(RingError):
     """A record header in the data area is impossible."""
 
 
+class RingRetired(RingError):
+    """push_packed: the broker drains the ring a last time and removes it (it
+    stops): nothing was pushed; push into the ring the next broker makes."""
+
+
 cdef inline uint64_t _align8(uint64_t n) noexcept nogil:
     return (n + 7) & ~(<uint64_t>7)
 
@@ -753,6 +758,9 @@ cdef class Ring:
                 count += 1
             pos = 0
             self._lock_prod()
+            if self.hdr.retired:  # (checked under the lock the retiring broker takes)
+                self._unlock_prod()
+                raise RingRetired(f"ring {self.name!r} is retired: its broker stops")
             tail = self.hdr.tail
             head = nsqshm_load_acquire(&self.hdr.head)
             while done < count:
@@ -1136,6 +1144,29 @@ cdef class Ring:
         """push(), waiting up to `timeout` seconds (None: forever) for room.
         OK, FULL on timeout, or TOO_BIG at once."""
         return self._block(lambda: self.push(data), True, timeout)
+
+    def retire(self):
+        """The broker, before it drains the ring a last time and removes it: from
+        now on push_packed refuses (RingRetired), under the producer lock, so every
+        push that succeeded is in the ring for that drain.  Producers waiting for
+        room are woken (they see it)."""
+        self._check()
+        self._lock_prod()
+        self.hdr.retired = 1
+        self._unlock_prod()
+        self._wake(&self.hdr.wait_space)
+
+    def unretire(self):
+        """Take pushes again (a ring kept after all: its last drain failed)."""
+        self._check()
+        self._lock_prod()
+        self.hdr.retired = 0
+        self._unlock_prod()
+
+    @property
+    def retired(self):
+        self._check()
+        return nsqshm_load_acquire(&self.hdr.retired) != 0
 
     def push_packed_wait(self, buffer, Py_ssize_t max_records=-1, timeout=None):
         """push_packed(), waiting for room for at least one record;

@@ -161,22 +161,29 @@ def rebalance(partitions, live, removing, imbalanced_since, now, wait, waiting=N
     for state, _ in partitions:
         replicas = state.replicas
         preferred, leader = replicas.preferred, state.leader
-        if not wait or not preferred or not leader or preferred == leader \
-                or preferred not in live or preferred in removing or leader in removing \
-                or state.move is not None or replicas.leader != leader:
+        key = (state.topic, state.partition)
+        if not wait or not preferred or preferred == leader or preferred not in live \
+                or preferred in removing or leader in removing:
+            continue
+        if not leader or state.move is not None or replicas.leader != leader:
+            # (an election, a move or a hand-off under way: its end wakes the check, and
+            # the time counted so far stays)
+            if key in imbalanced_since:
+                seen.add(key)
+            waiting.append(state)
             continue
         if preferred not in replicas.isr:
             if preferred in replicas.catchup:
                 waiting.append(state)  # (its joining the ISR wakes the check)
             continue
-        key = (state.topic, state.partition)
         seen.add(key)
         left = imbalanced_since.setdefault(key, now) + wait - now
         if left > 0:
             again = left if again is None else min(again, left)
             continue
         moves.append((state, MoveRequest(leader, preferred, True)))
-        waiting.append(state)
+        imbalanced_since[key] = now  # (a hand-off that does not take: tried again after
+        waiting.append(state)        # another wait, not at every check)
     for key in [k for k in imbalanced_since if k not in seen]:
         del imbalanced_since[key]
     return moves, again

@@ -439,8 +439,12 @@ class PartitionLeader:
         if self.fenced is not None:
             return f"no longer leading: {self.fenced}"
         replicas = self.state.replicas
+        # a move (an operator's, the master's) makes `to` the preferred leader too, or the
+        # master would hand the leadership back (migrator.rebalance); a graceful stop's
+        # hand-off keeps the preference: back, this node leads again
         self.set_state(leadership.update_replicas(self.state, replicas.isr, replicas.catchup,
-                                                  designated=to))
+                                                  designated=to,
+                                                  preferred=to if move is not None else None))
         if move is not None:
             self.coordinator.topology.end_move(self.partition.topic.name,
                                                self.partition.index, move)

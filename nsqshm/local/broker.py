@@ -42,7 +42,9 @@ class Broker:
         self.http_address = self.info.get("http_address")
         self.max_msg_size = int(self.info.get("max_msg_size") or 1048576)
         self.msg_timeout = float(self.info.get("msg_timeout") or 60.0)
-        self.cluster = bool(self.info.get("cluster"))  # its log topics are replicated
+        # its log topics are replicated (None: an instance file of an older build, which
+        # does not say: its log topics are refused too)
+        self.cluster = self.info.get("cluster")
 
     def __repr__(self):
         return f"<Broker {self.prefix} pid={self.pid}>"
@@ -158,6 +160,10 @@ class Broker:
         partitions, ext = self.topic_kind(topic)
         if not partitions:
             return [self.attach(self.topic_ring_name(topic))], ext, False, False
+        if self.cluster is None:
+            raise LocalError(f"topic {topic!r} is a log topic of a broker that does not say "
+                             "whether it runs in cluster mode (an older build): restart it, "
+                             "or publish over TCP or HTTP (PUB, MPUB, /mpub)")
         if self.cluster:
             raise LocalError(f"topic {topic!r} is a replicated log topic (the broker runs in "
                              "cluster mode): a publish to it is acknowledged once every "

@@ -10,7 +10,10 @@ order pushed.  The partition is the call's `partition=`, else the next in
 turn (one call's messages stay together and in order); an ordered topic
 takes named partitions only, as its PUBs.  A push is acknowledged once in
 shared memory, as into a classic topic's ring: it survives any broker
-process's death, and the owner appends it when it runs again.  A broker in
+process's death, and the owner appends it when it runs again.  A graceful
+stop retires the rings before it drains them a last time (Ring.retire): a
+push then is refused whole, and the producer pushes it into the next
+broker's ring once one runs (within `timeout`), so a restart loses nothing.  A broker in
 cluster mode refuses it (Broker.topic_rings): a replicated log topic's OK
 means every in-sync replica has the message.
 
@@ -28,10 +31,12 @@ import numpy as np
 
 from nsqshm._core.ext import plain_to_ext
 from nsqshm._core.localbatch import pack_bodies
-from nsqshm.local.broker import Broker, LocalError, check_name
+from nsqshm.local.broker import Broker, LocalError, NoBroker, check_name
+from nsqshm.ring import RingError, RingRetired
 
 CHUNK = 16384  # messages packed and pushed per ring call
 RECORD_BYTES = 4 + 26  # a packed record's size field and message header, around the body
+REATTACH_WAIT = 0.05  # s between looks for the next broker once this one stops
 
 
 class PublishTimeout(LocalError):
@@ -75,13 +80,13 @@ class Producer:
         return rings
 
     def _target(self, topic, partition):
-        """The ring a call publishes into: a classic topic's, or the log topic's
-        partition `partition` (None: the next in turn)."""
+        """Which of the topic's rings a call publishes into: a classic topic's (0),
+        or the log topic's partition `partition` (None: the next in turn)."""
         rings = self._ring(topic)
         if not self._log[topic]:
             if partition is not None:
                 raise ValueError(f"topic {topic!r} is a classic topic: it has no partitions")
-            return rings[0]
+            return 0
         if partition is None:
             if self._ordered[topic]:
                 raise LocalError(f"topic {topic!r} is ordered: a publish to it names its "
@@ -92,7 +97,25 @@ class Producer:
                 or not 0 <= partition < len(rings):
             raise ValueError(f"invalid partition {partition!r}: topic {topic!r} has "
                              f"{len(rings)} partitions")
-        return rings[partition]
+        return partition
+
+    def _reattach(self, topic, deadline, published):
+        """A ring of the topic was retired: its broker stops (a graceful stop drains
+        the rings a last time).  Wait for the next broker on the same shared memory
+        prefix and attach its rings; PublishTimeout past the deadline."""
+        for ring in self._rings.pop(topic, ()):
+            ring.close()
+        while True:
+            time.sleep(REATTACH_WAIT)
+            try:
+                self.broker = Broker(shm_prefix=self.broker.prefix)
+                return self._ring(topic)
+            except (NoBroker, LocalError, RingError):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise PublishTimeout(
+                        f"the broker of topic {topic!r} stopped and none came back within "
+                        f"{self.timeout} s ({published} of the messages published)",
+                        published) from None
 
     def __enter__(self):
         return self
@@ -152,7 +175,7 @@ class Producer:
         topic = topic or self.topic
         if topic is None:
             raise ValueError("no topic: give one to Producer() or to this call")
-        ring = self._target(topic, partition)
+        index = self._target(topic, partition)
         buf = self._buf
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         done = 0
@@ -169,26 +192,38 @@ class Producer:
                     records = plain_to_ext(buf, n, self.max_msg_size)
                 except ValueError as err:
                     raise ValueError(f"{err} (topic {topic!r} stores an ext part)") from None
-                self._push(ring, records, n, deadline, done, RECORD_BYTES + 1)
+                self._push(topic, index, records, n, deadline, done, RECORD_BYTES + 1)
             else:
-                self._push(ring, buf, n, deadline, done)
+                self._push(topic, index, buf, n, deadline, done)
             done += n
             self.published += n
         return count
 
-    def _push(self, ring, buf, n, deadline, before, overhead=RECORD_BYTES):
+    def _push(self, topic, index, buf, n, deadline, before, overhead=RECORD_BYTES):
+        """Push n packed records into the topic's ring `index`, waiting for room, and
+        for the next broker when this one stops (RingRetired: nothing of that push
+        went in, so nothing is published twice)."""
         view = memoryview(buf)
         pushed = 0
+        ring = self._rings[topic][index]
         while True:
-            k, used = ring.push_packed(view)
-            if not k:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+            try:
+                k, used = ring.push_packed(view)
+                if not k:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        self.published += pushed
+                        raise PublishTimeout(f"ring {ring.name!r} stayed full for "
+                                             f"{self.timeout} s ({before + pushed} of the "
+                                             "messages published)", before + pushed)
+                    k, used = ring.push_packed_wait(view, timeout=remaining)
+            except RingRetired:
+                try:
+                    ring = self._reattach(topic, deadline, before + pushed)[index]
+                except PublishTimeout:
                     self.published += pushed
-                    raise PublishTimeout(f"ring {ring.name!r} stayed full for "
-                                         f"{self.timeout} s ({before + pushed} of the messages "
-                                         "published)", before + pushed)
-                k, used = ring.push_packed_wait(view, timeout=remaining)
+                    raise
+                continue
             if k:
                 # for the topic's message_count and message_bytes in /stats: each
                 # record is [u32 size][26-byte message header]([0])[body]

@@ -6,6 +6,7 @@ import os
 import sys
 
 from nsqshm import NSQD_COMPAT_VERSION, __version__
+from nsqshm.consistence.options import cluster_mode
 
 EXIT_OK = 0
 EXIT_FATAL = 1
@@ -78,7 +79,7 @@ def main(argv):
             "workers": arb.nworkers, "max_msg_size": opts.max_msg_size,
             "msg_timeout": opts.msg_timeout,
             # local producers refuse a replicated log topic (its OK waits for the ISR)
-            "cluster": bool(getattr(opts, "cluster_leadership_addresses", ""))})
+            "cluster": cluster_mode(opts)})
         for key, name in (("tcp_address", "TCP"), ("http_address", "HTTP"),
                           ("https_address", "HTTPS")):
             address = arb.addresses.get(key)

@@ -36,6 +36,7 @@ from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm._core.arena import Arena
 from nsqshm._core.codec import LEASE_FILE as ID_LEASE_FILE
 from nsqshm._core.codec import IdGenerator
+from nsqshm.consistence.options import cluster_mode
 from nsqshm.nsqd import ext, instance, listeners, peek, policy, trace
 from nsqshm.nsqd.log import LEVELS, Logger
 from nsqshm.nsqd.logspecs import load_specs, write_specs
@@ -125,8 +126,11 @@ class NSQD:
     # -- shared memory ----------------------------------------------------------------
 
     def make_ring(self, suffix):
-        return Ring.create(f"{self.shm_prefix}.{suffix}", self.capacity,
+        ring = Ring.create(f"{self.shm_prefix}.{suffix}", self.capacity,
                            max_record=self.max_record, exist_ok=True)
+        if ring.retired:  # (kept by a stop whose last drain or flush failed: it goes on)
+            ring.unretire()
+        return ring
 
     # -- topics ---------------------------------------------------------------------
 
@@ -732,7 +736,7 @@ class NSQD:
             "workers": self.nworkers, "max_msg_size": self.opts.max_msg_size,
             "msg_timeout": self.opts.msg_timeout,
             # local producers refuse a replicated log topic (its OK waits for the ISR)
-            "cluster": bool(getattr(self.opts, "cluster_leadership_addresses", ""))})
+            "cluster": cluster_mode(self.opts)})
 
     def stop(self, alone=False):
         """Stop this broker (or, alone, this worker while the others go on)."""

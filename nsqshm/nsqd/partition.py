@@ -39,6 +39,7 @@ from nsqshm._core.commitlog import (
 )
 from nsqshm.nsqd.topic import TopicError
 from nsqshm.nsqd.waiting import RingWaker
+from nsqshm.ring import RingRetired
 from nsqshm.youzan.offset import MSGCOUNT, NOT_SUPPORTED, TIMESTAMP, VIRTUAL_QUEUE
 
 # the largest segment a partition log takes (commitlog.MAX_SEGMENT_BYTES)
@@ -220,7 +221,10 @@ class Partition:
         view = memoryview(packed)
         waited = 0.0
         while True:
-            _, used = self.inbound.push_packed(view)
+            try:
+                _, used = self.inbound.push_packed(view)
+            except RingRetired:  # (the owner's last drain: the broker stops)
+                raise TopicError(f"partition {self.index} is closing") from None
             view = view[used:]
             if not view:
                 return True
@@ -350,12 +354,18 @@ class Partition:
         the broker stops as a whole and the pump emptied the ring first."""
         self.stop()
         if self.inbound is not None and self.owned and unlink_inbound:
+            # a local producer's (or another worker's) push after the last drain would
+            # land in a ring nobody reads again: refused from now on
+            self.inbound.retire()
             self._drain_inbound()
         if self._waker is not None:
             self._waker.close()
         if self.inbound is not None:
-            if unlink_inbound and self.owned and self.inbound.depth == 0:
-                self.inbound.unlink()
+            if unlink_inbound and self.owned:
+                if self.inbound.depth == 0:
+                    self.inbound.unlink()
+                else:  # (kept for the next start, which appends it)
+                    self.inbound.unretire()
             self.inbound.close()
             self.inbound = None
         if self.log is not None:

@@ -36,7 +36,7 @@ from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.overflow import Overflow
 from nsqshm.nsqd.waiting import RingWaker
-from nsqshm.ring import FULL, Ring
+from nsqshm.ring import FULL, Ring, RingRetired
 
 
 class TopicError(Exception):
@@ -110,7 +110,10 @@ class Topic:
         else:
             view = memoryview(packed)
             if not self.overflow.depth:  # else behind what waits there, in order
-                _, used = self.ring.push_packed(view)
+                try:
+                    _, used = self.ring.push_packed(view)
+                except RingRetired:  # (the owner's last flush: the broker stops)
+                    raise TopicError("exiting") from None
                 view = view[used:]
             if view and not self.ephemeral:  # (an ephemeral topic drops it, as nsqd)
                 try:  # (its drainer tells the owner the ring is full)
@@ -414,6 +417,9 @@ class Topic:
         else:
             for overflow in [self.overflow, *self.adopted]:
                 overflow.close()  # drained at the next start
+            # a local producer's push after the flush would land in a ring nobody reads
+            # again: refused from now on (it pushes into the next broker's ring)
+            self.ring.retire()
             with self.nsqd.scratch.borrow() as scratch:
                 if flush_ring(self.ring, self.backend, scratch, self.nsqd):
                     while True:  # waiting DPUB messages: on disk, due now (as before a restart)
@@ -469,6 +475,7 @@ def flush_ring(ring, backend, scratch, nsqd):
             rest = memoryview(scratch)[:nbytes]
             for _ in range(done):  # the part written stays on disk
                 rest = rest[4 + int.from_bytes(rest[:4], "little"):]
+            ring.unretire()  # (kept for the next start: local producers may push again)
             ring.push_packed(rest)
             return False
 

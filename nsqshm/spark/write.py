@@ -156,8 +156,8 @@ class _Sink:
         """Each partition's rows (their order kept): through the local Producer
         (shared memory) or MPUB T p."""
         headers = rows is not None and "headers" in rows.schema.names
-        if self.producer is not None and lt.data_path is not None and not self.broker.cluster \
-                and not headers and not lt.ext:
+        if self.producer is not None and lt.data_path is not None \
+                and self.broker.cluster is False and not headers and not lt.ext:
             def send(part_bodies, part_rows, partition):
                 return self.producer.publish_arrow(part_bodies, topic=lt.name,
                                                    partition=partition)

@@ -178,6 +178,22 @@ def test_rebalance_forgets_a_partition_led_by_its_preferred_leader_again_and_a_w
     assert len(waiting) == 1
 
 
+def test_rebalance_tries_again_only_after_another_wait():
+    """A hand-off that does not take (the preferred leader lost the election) is
+    not tried at every check; one under way keeps its time and waits for its keys."""
+    since = {}
+    led_by_b = [(state([B, A], preferred=A), 2)]
+    rebalance(led_by_b, {A, B}, frozenset(), since, 0.0, REBALANCE)
+    assert len(rebalance(led_by_b, {A, B}, frozenset(), since, REBALANCE, REBALANCE)[0]) == 1
+    assert rebalance(led_by_b, {A, B}, frozenset(), since, REBALANCE + 1, REBALANCE) == \
+        ([], REBALANCE - 1)
+    waiting = []
+    handing = [(state([B, A], preferred=A, designated=A), 2)]
+    assert rebalance(handing, {A, B}, frozenset(), since, REBALANCE + 2, REBALANCE,
+                     waiting) == ([], None)
+    assert len(waiting) == 1 and since == {("t", 0): REBALANCE}
+
+
 def test_removal_states():
     partitions = [(state([A, B], [C]), 2)]
     assert removal_states(partitions, {A, C, D}) == {A: "pending", C: "pending",

@@ -5,6 +5,7 @@ import multiprocessing
 import os
 import stat
 import struct
+import threading
 import time
 
 import psutil
@@ -18,6 +19,7 @@ from nsqshm.ring import (
     Ring,
     RingCorruptError,
     RingLayoutError,
+    RingRetired,
     RingVersionError,
     validate_name,
 )
@@ -27,7 +29,7 @@ HEADER = 4096
 OFF = {
     "magic": 0, "version": 8, "header_size": 12, "capacity": 16, "total_size": 24,
     "max_record": 32, "tail": 128, "push_records": 136, "push_bytes": 144, "j_tail": 152,
-    "head": 256, "pop_records": 264, "recoveries": 448, "waiters": 512,
+    "retired": 176, "head": 256, "pop_records": 264, "recoveries": 448, "waiters": 512,
 }
 
 
@@ -271,6 +273,43 @@ def test_push_packed_limits_and_errors(ring):
         with pytest.raises(ValueError, match=msg):
             ring.push_packed(bad)
     assert ring.depth == 2
+
+
+def test_a_retired_ring_refuses_a_push_packed_whole_and_wakes_a_waiting_producer(ring):
+    """A broker's graceful stop retires a ring before its last drain: every push
+    that succeeded is in the ring for that drain, a later one pushes nothing."""
+    rec = struct.pack("=I", 3) + b"abc"
+    assert ring.push_packed(rec) == (1, 7)
+    other = Ring.attach(ring.name)  # (another process's handle: the header is shared)
+    try:
+        while ring.push_packed(rec * 64)[0]:
+            pass  # full
+        depth = ring.depth
+        woke = []
+        waiter = threading.Thread(target=lambda: woke.append(
+            _raises(lambda: other.push_packed_wait(rec, timeout=10))))
+        waiter.start()
+        time.sleep(0.2)
+        ring.retire()
+        waiter.join(5)
+        assert woke == [RingRetired] and other.retired
+        assert u64(raw_map(ring.name), "retired") == 1  # at 176, as ring_layout.h draws it
+        with pytest.raises(RingRetired, match="is retired: its broker stops"):
+            other.push_packed(rec)
+        assert ring.depth == depth  # nothing went in
+        ring.unretire()
+        ring.pop_many_into(bytearray(1 << 20))
+        assert other.push_packed(rec) == (1, 7) and not other.retired
+    finally:
+        other.close()
+
+
+def _raises(fn):
+    try:
+        fn()
+    except Exception as err:  # noqa: BLE001 (the class is what the test looks at)
+        return type(err)
+    return None
 
 
 def test_pop_many_into_needs_room_for_one_record(ring):

@@ -1,13 +1,15 @@
 """nsqshm.local's Producer on a log topic (docs/local.md, "Log topics"): each
 call's messages go into one partition's inbound ring (named, or the next in
 turn), the partition's owner appends them to its log in the order pushed;
-what was pushed survives the death of every broker process; an ordered topic
-takes named partitions only; a broker in cluster mode refuses.  On real
+what was pushed survives the death of every broker process, and a graceful
+restart under a publishing producer (log and classic topics); an ordered
+topic takes named partitions only; a broker in cluster mode refuses.  On real
 servers of one and two workers."""
 
 import json
 import os
 import signal
+import threading
 import time
 
 import psutil
@@ -136,3 +138,51 @@ def test_a_broker_in_cluster_mode_refuses_a_log_topic(nsqd_factory):
     with pytest.raises(LocalError, match=r"topic 'lt' is a replicated log topic \(the broker "
                                          r"runs in cluster mode\)"):
         Producer("lt", broker=broker)
+
+
+@pytest.mark.parametrize("kind", ["classic", "log"])
+def test_a_graceful_restart_under_a_publishing_producer_loses_nothing(nsqd_factory, tmp_path,
+                                                                      kind):
+    """The broker stopped (SIGTERM) and started again while a producer publishes:
+    the stop retires the rings before their last drain or flush, a push then is
+    refused whole and goes into the next broker's ring: every message a call
+    returned for is there after the restart, once."""
+    data = tmp_path / "data"
+    data.mkdir()
+    server = started(nsqd_factory(data_path=data))
+    if kind == "log":
+        create(server, "t", 2)
+    else:
+        assert server.post("/topic/create?topic=t")[0] == 200
+        assert server.post("/channel/create?topic=t&channel=c")[0] == 200
+    producer = Producer("t", shm_prefix=server.prefix, timeout=30)
+    done = threading.Event()
+    published = []
+
+    def publish():
+        i = 0
+        while not done.is_set():
+            published.append(producer.publish_many([b"%07d" % (i + k) for k in range(50)]))
+            i += 50
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        assert server.stop() == 0
+        again = started(nsqd_factory(data_path=data, prefix=server.prefix))
+        time.sleep(0.5)
+    finally:
+        done.set()
+        thread.join(60)
+        producer.close()
+    total = sum(published)
+    assert total > 0 and not thread.is_alive()
+    if kind == "log":
+        assert wait_for(lambda: sum(end_offsets(again, "t")) == total, 15), \
+            (end_offsets(again, "t"), total)
+    else:
+        def depth():
+            entry = topic_stats(again, "t")
+            return next(c["depth"] for c in entry["channels"] if c["channel_name"] == "c")
+        assert wait_for(lambda: depth() == total, 15), (depth(), total)

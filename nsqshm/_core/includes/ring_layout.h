@@ -23,7 +23,11 @@
  *                                ring (the owners' feeders fill it)
  *       64    64  prod_lock      robust process-shared pthread mutex
  *      128    64  producer line  tail, push_records, push_bytes,
- *                                j_tail, j_push_records, j_push_bytes
+ *                                j_tail, j_push_records, j_push_bytes,
+ *                                retired (at 176): nonzero once the broker drains the
+ *                                ring a last time before it removes it (a graceful
+ *                                stop): push_packed refuses to push (RingRetired), so
+ *                                nothing lands in a ring nobody will read again
  *      192    64  cons_lock      robust process-shared pthread mutex
  *      256    64  consumer line  head, pop_records, pop_bytes,
  *                                j_head, j_pop_records, j_pop_bytes
@@ -107,7 +111,8 @@ typedef struct {
     uint64_t j_tail;
     uint64_t j_push_records;
     uint64_t j_push_bytes;
-    uint64_t _pad2[2];
+    uint64_t retired;
+    uint64_t _pad2[1];
     /* line 3 */
     nsqshm_lock_line cons_lock;
     /* line 4: written by the consumer holding cons_lock */
@@ -141,6 +146,7 @@ typedef struct {
 _Static_assert(sizeof(pthread_mutex_t) <= 64, "pthread_mutex_t must fit a cache line");
 _Static_assert(offsetof(nsqshm_ring_header, prod_lock) == 64, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, tail) == 128, "layout");
+_Static_assert(offsetof(nsqshm_ring_header, retired) == 176, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, cons_lock) == 192, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, head) == 256, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, wait_data) == 320, "layout");

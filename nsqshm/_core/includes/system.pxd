@@ -125,6 +125,7 @@ cdef extern from "ring_layout.h" nogil:
         uint64_t j_tail
         uint64_t j_push_records
         uint64_t j_push_bytes
+        uint64_t retired
         nsqshm_lock_line cons_lock
         uint64_t head
         uint64_t pop_records
