@@ -244,17 +244,36 @@ def _swap_in(str path, str new):
 def cut_log(str path, uint64_t keep, **settings):
     """Remove the messages from msg offset `keep` on from the log at `path` (no
     writer open): a replica whose log diverged from the leader's there.  The cut
-    log is made beside it (copy_prefix: no copy of the whole segments below),
-    recovered by a PartitionLog with `settings` (the log's own), and swapped in
-    (_swap_in).  -> the old log's directory, for the caller to remove."""
+    log is made beside it (prepare_cut), then swapped in (swap_in).  -> the old
+    log's directory, for the caller to remove."""
+    return swap_in(path, prepare_cut(path, keep, **settings))
+
+
+def prepare_cut(str path, uint64_t keep, **settings):
+    """The first half of cut_log, which may run on a thread while the log's
+    writer is open but idle (nothing below `keep` changes: a log only grows at
+    its end and loses whole segments at its start): the cut log made beside it
+    (copy_prefix: no copy of the whole segments below keep), recovered by a
+    PartitionLog with `settings` (the log's own) and synced.  -> its directory,
+    for swap_in once the writer is closed."""
     cut = path + CUT_SUFFIX
     shutil.rmtree(cut, ignore_errors=True)
     try:
         copy_prefix(path, cut, keep)
         PartitionLog(cut, **settings).close()
-        return _swap_in(path, cut)
+        return cut
     except BaseException:
         shutil.rmtree(cut, ignore_errors=True)
+        raise
+
+
+def swap_in(str path, str new):
+    """A log made beside `path` (prepare_cut) takes its place (_swap_in); if
+    that fails it is removed.  -> the old log's directory."""
+    try:
+        return _swap_in(path, new)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
         raise
 
 

@@ -16,7 +16,10 @@ the leader gave them, so every replica holds the same message at the same offset
 
 import zlib
 
-from nsqshm._core.commitlog import PartitionLog, cut_log, make_log_anew
+import gevent
+import gevent.lock
+
+from nsqshm._core.commitlog import PartitionLog, make_log_anew, prepare_cut, swap_in
 from nsqshm._core.logcursor import window_offsets
 from nsqshm.nsqd.ext import make_ext
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -73,6 +76,12 @@ class OffsetMismatch(Exception):
         self.end = end
 
 
+def _log_settings(log):
+    """What a log made in a partition log's place is opened with: its own."""
+    return {"segment_bytes": log.segment_bytes, "max_msg_size": log.max_msg_size,
+            "sync_every": log.sync_every, "sync_timeout": log.sync_timeout}
+
+
 class ReplicaHost:
     """One worker's side of the cluster: the coordinator's only handle on the broker."""
 
@@ -83,6 +92,7 @@ class ReplicaHost:
         nsqd.replica_gate = ForwardGate(self)
         self.forwarder = None  # (topic, partition, packed): the coordinator's
         self._crc_buffer = None  # tail_crc's read buffer, made at its first use
+        self._cutting = {}  # a partition log's path -> the lock its cut holds
 
     def forward(self, topic, partition, packed):
         """A PUB's records to the worker that owns the partition; NotLeader or
@@ -246,8 +256,9 @@ class ReplicaHost:
         `start_virtual`), to be copied from the leader.  Only for a replica out of the
         ISR (the coordinator checks): what it held is on every ISR member or was never
         acknowledged."""
-        self._replace_log(partition, lambda path, settings: make_log_anew(
-            path, start, start_virtual, **settings))
+        with self._cut_lock(partition):  # (not under a cut running on a thread)
+            self._replace_log(partition, lambda path, settings: make_log_anew(
+                path, start, start_virtual, **settings))
         self.nsqd.logf("warn", f"{partition}: log removed, to be copied again from the "
                                f"leader from offset {start}")
 
@@ -258,14 +269,26 @@ class ReplicaHost:
         not copied), and it is copied from the leader from `keep`.  Only for a
         replica out of the ISR (the coordinator checks).  -> whether it was cut
         (not if the log holds nothing below `keep` or nothing from it)."""
-        end = partition.log.end_offset
-        if not partition.log.start_offset < keep < end:
-            return False
-        self._replace_log(partition, lambda path, settings: cut_log(path, keep, **settings))
+        with self._cut_lock(partition):  # (a leader that reconnected may ask again
+            end = partition.log.end_offset  # meanwhile: it waits here)
+            if not partition.log.start_offset < keep < end:
+                return False
+            settings = _log_settings(partition.log)
+            # the copy of the segment holding the cut (up to --max-bytes-per-file) and
+            # its recovery on a thread: this worker's loop goes on (its etcd keep-alive,
+            # its other partitions' replication); the log's writer stays open meanwhile,
+            # idle (this replica is out of the ISR: the leader's APPENDs wait for this
+            # answer), and nothing below keep changes
+            cut = gevent.get_hub().threadpool.apply(prepare_cut, (partition.path, keep),
+                                                    settings)
+            self._replace_log(partition, lambda path, settings: swap_in(path, cut))
         self.nsqd.logf("warn", f"{partition}: log cut at offset {keep} (it held "
                                f"{end - keep} messages the leader has not): copied from "
                                f"the leader from there")
         return True
+
+    def _cut_lock(self, partition):
+        return self._cutting.setdefault(partition.path, gevent.lock.Semaphore())
 
     def _replace_log(self, partition, make):
         """Close the partition's log, have make(path, settings) put another in its
@@ -273,8 +296,7 @@ class ReplicaHost:
         aside), open that one with the same settings, and remove the old on a
         thread.  Made or not, the partition has an open log after."""
         old = partition.log
-        settings = {"segment_bytes": old.segment_bytes, "max_msg_size": old.max_msg_size,
-                    "sync_every": old.sync_every, "sync_timeout": old.sync_timeout}
+        settings = _log_settings(old)
         partition._wait_sync()
         old.close()
         gone = None
