@@ -27,10 +27,11 @@ def _stats(address, topic):
 
 class LogTopic:
     def __init__(self, name, partitions, data_path=None, http_address=None, tcp_address=None,
-                 ext=False):
+                 ext=False, ordered=False):
         self.name = name
         self.partitions = partitions
         self.ext = ext                      # made with ext=true: records carry headers
+        self.ordered = ordered              # orderedmulti: publishes name their partition
         self.data_path = data_path          # set: the logs are on this host
         self.http_address = http_address
         self.tcp_address = tcp_address
@@ -53,14 +54,15 @@ class LogTopic:
             return cls(topic, int(spec["partition_num"]), data_path=data_path,
                        http_address=o.http_address or broker.http_address,
                        tcp_address=o.tcp_address or broker.info.get("tcp_address"),
-                       ext=topic_is_ext(o, topic, broker))
+                       ext=topic_is_ext(o, topic, broker), ordered=bool(spec.get("ordered")))
         if not o.http_address:
             raise OptionError("a broker not on this host needs nsqdHttpAddress")
         t = _stats(o.http_address, topic)
         if t is None or "partitions" not in t:
             return None
         return cls(topic, len(t["partitions"]), http_address=o.http_address,
-                   tcp_address=o.tcp_address, ext=bool(t.get("is_ext")))
+                   tcp_address=o.tcp_address, ext=bool(t.get("is_ext")),
+                   ordered=bool(t.get("ordered")))
 
     @staticmethod
     def names(o):

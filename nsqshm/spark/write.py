@@ -168,6 +168,9 @@ class _Sink:
                 return self._publish_tcp(publisher, lt.name, part_bodies, part_rows, partition)
         parts = self._partitions_of(lt, rows) if rows is not None else None
         if parts is None:
+            if lt.ordered:  # (as its PUBs: a partition named, so that order means one)
+                raise OptionError(f'log topic {lt.name!r} is ordered: its rows need a '
+                                  '"partition" or a "key" column')
             return send(bodies, rows, None)
         count = 0
         distinct = np.unique(parts)

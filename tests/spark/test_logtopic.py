@@ -435,3 +435,15 @@ def test_sink_partition_and_key_columns(spark, log_broker):
         assert len({p for p, _ in seen}) == 1, key
         assert [i for _, i in seen] == sorted(i for _, i in seen)
     assert len({seen[0][0] for seen in where.values()}) > 1   # and keys spread
+
+    # an ordered topic takes rows that name their partition only, as its PUBs
+    make(log_broker, "ord", 2, orderedmulti="true")
+    with pytest.raises(Exception, match='log topic \'ord\' is ordered: its rows need a '
+                                        '"partition" or a "key" column'):
+        (spark.createDataFrame([("x",)], "body string").write.format("nsqshm")
+         .option("topic", "ord").option("shmPrefix", log_broker.prefix).mode("append").save())
+    (spark.createDataFrame([("o1", 1), ("o2", 1)], "body string, partition int").coalesce(1)
+     .write.format("nsqshm").option("topic", "ord").option("shmPrefix", log_broker.prefix)
+     .mode("append").save())
+    assert sorted(r.body.decode() for r in load(spark, log_broker, "ord").collect()) == \
+        ["o1", "o2"]
