@@ -24,6 +24,7 @@ def _replication_row(part, nodes, ends):
                 "hostname": producer.hostname if producer else node_id}
 
     return {"partition": index, "leader": leader, "epoch": part.get("epoch"),
+            "preferred": part.get("preferred_leader") or "",
             "leader_epoch": part.get("leader_epoch"), "moving": part.get("moving"),
             "isr": [member(n, "leader" if n == leader else "isr") for n in part.get("isr") or ()],
             "catchup": [member(n, "catchup") for n in part.get("catchup") or ()]}

@@ -19,6 +19,7 @@ from tests.consistence.cluster import Client, Cluster
 from tests.consistence.etcd_server import ETCD
 from tests.consistence.netns import available
 from tests.consistence.test_replication import consume_all, isr, publish, wait_until
+from tests.nsqadmin.conftest import Admin
 
 A, B, C, D = "10.0.0.1:4250", "10.0.0.2:4250", "10.0.0.3:4250", "10.0.0.4:4250"
 WAIT, URGENT = 600.0, 10.0
@@ -348,6 +349,15 @@ def test_the_leadership_goes_back_to_the_preferred_leader_once_it_is_in_sync(tmp
         first.kill()
         second = cluster.leader("back", not_in=(first.id,), timeout=20)
         publish(second, "back", [b"b%03d" % i for i in range(50)])
+        # nsqadmin's replication table names the preferred leader beside the one leading
+        admin = Admin([f"--lookupd-http-address={cluster.lookupd.http_address}"])
+        try:
+            status, _, page = admin.get("/topics/back")
+            assert status == 200
+            assert f'<td class="leader">{second.id} <span class="muted preferred"' in \
+                page.decode() and f"(preferred: {first.id})" in page.decode()
+        finally:
+            admin.stop()
         first.start()
         wait_until(lambda: cluster.leader("back") is first, 40,
                    "the preferred leader leads again, once back in the ISR")
