@@ -206,6 +206,9 @@ def copy_prefix(str src, str dst, uint64_t keep):
 
 
 CUT_SUFFIX = ".cut"    # cut_log, make_log_anew: the new log, until it takes the log's place
+# prepare_cut: the cut log while it is made (on a thread); never taken by _finish_cut (a
+# topic deleted and made again meanwhile must not get it), removed at the next open
+CUTTING_SUFFIX = ".cutting"
 GONE_SUFFIX = ".gone"  # cut_log, make_log_anew: a log replaced, until removed (+ a tag)
 
 
@@ -253,27 +256,36 @@ def prepare_cut(str path, uint64_t keep, **settings):
     """The first half of cut_log, which may run on a thread while the log's
     writer is open but idle (nothing below `keep` changes: a log only grows at
     its end and loses whole segments at its start): the cut log made beside it
-    (copy_prefix: no copy of the whole segments below keep), recovered by a
-    PartitionLog with `settings` (the log's own) and synced.  -> its directory,
-    for swap_in once the writer is closed."""
-    cut = path + CUT_SUFFIX
-    shutil.rmtree(cut, ignore_errors=True)
+    as path + CUTTING_SUFFIX (copy_prefix: no copy of the whole segments below
+    keep), recovered by a PartitionLog with `settings` (the log's own) and
+    synced.  -> its directory, for swap_in once the writer is closed, or for
+    the caller to remove if the log changed meanwhile."""
+    cutting = path + CUTTING_SUFFIX
+    shutil.rmtree(cutting, ignore_errors=True)
     try:
-        copy_prefix(path, cut, keep)
-        PartitionLog(cut, **settings).close()
-        return cut
+        copy_prefix(path, cutting, keep)
+        PartitionLog(cutting, **settings).close()
+        return cutting
     except BaseException:
-        shutil.rmtree(cut, ignore_errors=True)
+        shutil.rmtree(cutting, ignore_errors=True)
         raise
 
 
 def swap_in(str path, str new):
-    """A log made beside `path` (prepare_cut) takes its place (_swap_in); if
-    that fails it is removed.  -> the old log's directory."""
+    """A complete log made beside `path` (prepare_cut) takes its place: renamed
+    to path + CUT_SUFFIX first (from there an interrupted swap is finished by
+    the next open: _finish_cut), then _swap_in.  If the swap fails before the
+    old log left, the new one is removed; after (path gone), it is kept for
+    _finish_cut.  -> the old log's directory."""
+    cut = path + CUT_SUFFIX
+    if new != cut:
+        shutil.rmtree(cut, ignore_errors=True)
+        os.rename(new, cut)
     try:
-        return _swap_in(path, new)
+        return _swap_in(path, cut)
     except BaseException:
-        shutil.rmtree(new, ignore_errors=True)
+        if os.path.exists(path):
+            shutil.rmtree(cut, ignore_errors=True)
         raise
 
 
@@ -311,7 +323,10 @@ def set_aside_logs(str path):
 
 def _finish_cut(str path):
     """A cut_log or make_log_anew interrupted: between its renames, the new log
-    (complete) takes its place; before them, the new log (maybe partial) goes."""
+    (complete) takes its place; before them, the new log (maybe partial) goes.
+    A cut being prepared (CUTTING_SUFFIX) goes in any case: its process died, or
+    its log was deleted under it."""
+    shutil.rmtree(path + CUTTING_SUFFIX, ignore_errors=True)
     cut = path + CUT_SUFFIX
     if os.path.isdir(cut):
         if os.path.exists(path):

@@ -76,6 +76,9 @@ class OffsetMismatch(Exception):
         self.end = end
 
 
+CUTS_AT_ONCE = 2  # cuts prepared on the hub's thread pool at a time (it runs the syncs too)
+
+
 def _log_settings(log):
     """What a log made in a partition log's place is opened with: its own."""
     return {"segment_bytes": log.segment_bytes, "max_msg_size": log.max_msg_size,
@@ -93,6 +96,7 @@ class ReplicaHost:
         self.forwarder = None  # (topic, partition, packed): the coordinator's
         self._crc_buffer = None  # tail_crc's read buffer, made at its first use
         self._cutting = {}  # a partition log's path -> the lock its cut holds
+        self._cut_slots = gevent.lock.BoundedSemaphore(CUTS_AT_ONCE)
 
     def forward(self, topic, partition, packed):
         """A PUB's records to the worker that owns the partition; NotLeader or
@@ -270,17 +274,23 @@ class ReplicaHost:
         replica out of the ISR (the coordinator checks).  -> whether it was cut
         (not if the log holds nothing below `keep` or nothing from it)."""
         with self._cut_lock(partition):  # (a leader that reconnected may ask again
-            end = partition.log.end_offset  # meanwhile: it waits here)
-            if not partition.log.start_offset < keep < end:
+            old = partition.log             # meanwhile: it waits here)
+            end = old.end_offset
+            if not old.start_offset < keep < end:
                 return False
-            settings = _log_settings(partition.log)
             # the copy of the segment holding the cut (up to --max-bytes-per-file) and
             # its recovery on a thread: this worker's loop goes on (its etcd keep-alive,
             # its other partitions' replication); the log's writer stays open meanwhile,
             # idle (this replica is out of the ISR: the leader's APPENDs wait for this
-            # answer), and nothing below keep changes
-            cut = gevent.get_hub().threadpool.apply(prepare_cut, (partition.path, keep),
-                                                    settings)
+            # answer), and nothing below keep changes.  A few at a time: the hub's pool
+            # also runs the syncs
+            with self._cut_slots:
+                cut = gevent.get_hub().threadpool.apply(
+                    prepare_cut, (partition.path, keep), _log_settings(old))
+            if partition.log is not old or old.end_offset != end:
+                # (the topic deleted, or the log written meanwhile: the copy is stale)
+                remove_later(cut)
+                raise OSError(f"{partition}: the log changed during its cut at {keep}")
             self._replace_log(partition, lambda path, settings: swap_in(path, cut))
         self.nsqd.logf("warn", f"{partition}: log cut at offset {keep} (it held "
                                f"{end - keep} messages the leader has not): copied from "

@@ -3,6 +3,7 @@ recovery, retention, readers in other processes."""
 
 import os
 import random
+import shutil
 import signal
 import struct
 import subprocess
@@ -25,8 +26,10 @@ from nsqshm._core.commitlog import (
     cut_log,
     make_log_anew,
     partition_dir,
+    prepare_cut,
     segment_name,
     set_aside_logs,
+    swap_in,
 )
 
 T0 = 1_700_000_000_000_000_000
@@ -435,6 +438,35 @@ def test_a_cut_log_goes_on_at_the_cut_and_a_cut_interrupted_is_finished(logdir, 
     assert open(os.path.join(logdir, "c.cursor"), "rb").read() == b"checkpoint"
     # the old log set aside, for its owner to remove (not on the way of the open)
     assert set_aside_logs(logdir) == ([] if crash == "after the copy" else [gone])
+    log.close()
+
+
+@pytest.mark.parametrize("log_there", [True, False])
+def test_a_cut_being_prepared_is_never_taken_by_the_next_open(logdir, log_there):
+    """prepare_cut makes the cut log as <log>.cutting (on a thread): if its process
+    dies, or the topic is deleted meanwhile (and made again), the next open removes
+    it, keeps the log it has (no cut), or makes a new empty one -- never the copy of
+    a deleted topic's log."""
+    msgs = [message(i, 200) for i in range(400)]
+    write(logdir, msgs, segment_bytes=32768).close()
+    cutting = prepare_cut(logdir, 250, segment_bytes=32768)
+    assert cutting == logdir + ".cutting" and os.path.isdir(cutting)
+    if not log_there:  # the topic deleted under the cut
+        shutil.rmtree(logdir)
+    log = PartitionLog(logdir, segment_bytes=32768)
+    assert (log.start_offset, log.end_offset) == ((0, 400) if log_there else (0, 0))
+    assert not os.path.exists(cutting) and not os.path.exists(logdir + ".cut")
+    log.close()
+
+
+def test_swap_in_takes_a_prepared_cut(logdir):
+    msgs = [message(i, 200) for i in range(400)]
+    write(logdir, msgs, segment_bytes=32768).close()
+    gone = swap_in(logdir, prepare_cut(logdir, 250, segment_bytes=32768))
+    log = PartitionLog(logdir, segment_bytes=32768)
+    assert (log.end_offset, read_all(log.reader)) == (250, msgs[:250])
+    assert set_aside_logs(logdir) == [gone]
+    assert not os.path.exists(logdir + ".cutting") and not os.path.exists(logdir + ".cut")
     log.close()
 
 
