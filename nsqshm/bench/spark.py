@@ -70,7 +70,8 @@ def publish(target, topic, n):
 
 def publish_log(target, topic, n, partitions):
     """n messages of SIZE bytes into a new log topic, spread evenly over its
-    partitions (MPUB T p over TCP: local clients do not publish to logs)."""
+    partitions (MPUB T p over TCP, the setup of the read benchmark: how the
+    messages got there is not what it measures)."""
     import urllib.request
 
     import numpy as np
