@@ -15,7 +15,7 @@ from nsqshm._core.logcursor import segment_name
 from nsqshm.nsqd import instance
 from nsqshm.nsqd.instance import NoBroker
 from nsqshm.nsqd.logspecs import find_spec
-from nsqshm.nsqd.names import is_valid_name
+from nsqshm.nsqd.names import inbound_ring_suffix, is_valid_name
 from nsqshm.ring import Ring, RingError
 
 ATTACH_WAIT = 5.0  # seconds to wait for a just-created queue's ring to appear
@@ -56,7 +56,7 @@ class Broker:
 
     def partition_ring_name(self, topic, partition):
         """A log topic partition's inbound ring (nsqd/partition.py)."""
-        return f"{self.prefix}.t.{check_name('topic', topic)}:p{int(partition)}"
+        return f"{self.prefix}.{inbound_ring_suffix(check_name('topic', topic), partition)}"
 
     def channel_ring_name(self, topic, channel):
         return f"{self.prefix}.c.{check_name('topic', topic)}:{check_name('channel', channel)}"

@@ -13,9 +13,10 @@ shared memory, as into a classic topic's ring: it survives any broker
 process's death, and the owner appends it when it runs again.  A graceful
 stop retires the rings before it drains them a last time (Ring.retire): a
 push then is refused whole, and the producer pushes it into the next
-broker's ring once one runs (within `timeout`), so a restart loses nothing.  A broker in
-cluster mode refuses it (Broker.topic_rings): a replicated log topic's OK
-means every in-sync replica has the message.
+broker's ring once one runs (within `timeout`), so a restart loses nothing
+(classic topics alike).  A broker in cluster mode refuses a log topic
+(Broker.topic_rings): a replicated log topic's OK means every in-sync
+replica has the message.
 
 Bodies are packed into ring records in C (fresh IDs from the broker's
 shared ID generator, attempts 0, one timestamp per call): a list of

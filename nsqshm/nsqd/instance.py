@@ -4,7 +4,7 @@ prefix, and a small JSON file beside its segments in /dev/shm.
     /dev/shm/<prefix>.instance   (mode 0600, replaced atomically)
     {"pid": 123, "prefix": "nsqshm.0123456789ab", "data_path": "/abs/path",
      "tcp_address": "127.0.0.1:4150", "http_address": "127.0.0.1:4151",
-     "workers": 2, "max_msg_size": 1048576, "msg_timeout": 60.0}
+     "workers": 2, "max_msg_size": 1048576, "msg_timeout": 60.0, "cluster": false}
 
 The prefix is --shm-prefix, or nsqshm.<first 12 hex digits of the sha1 of
 the absolute data path>, so a broker restarted on the same data path (and a
@@ -14,6 +14,8 @@ local client given that path) finds the same segments.
 import hashlib
 import json
 import os
+
+from nsqshm.consistence.options import cluster_mode
 
 SHM_DIR = "/dev/shm"
 
@@ -30,6 +32,16 @@ def info_path(prefix):
 
     validate_name(prefix)  # the prefix becomes a file name
     return os.path.join(SHM_DIR, f"{prefix}.instance")
+
+
+def record(prefix, data_path, tcp_address, http_address, workers, opts):
+    """What write() stores for a broker started with `opts` (the supervisor's and a
+    single worker's alike).  cluster: its log topics are replicated, so local
+    producers refuse them (their OK waits for the ISR)."""
+    return {"pid": os.getpid(), "prefix": prefix, "data_path": data_path,
+            "tcp_address": tcp_address, "http_address": http_address, "workers": workers,
+            "max_msg_size": opts.max_msg_size, "msg_timeout": opts.msg_timeout,
+            "cluster": cluster_mode(opts)}
 
 
 def write(prefix, info):

@@ -6,7 +6,6 @@ import os
 import sys
 
 from nsqshm import NSQD_COMPAT_VERSION, __version__
-from nsqshm.consistence.options import cluster_mode
 
 EXIT_OK = 0
 EXIT_FATAL = 1
@@ -72,14 +71,9 @@ def main(argv):
 
     def on_ready(arb):
         # the instance file first: a client may act on the "listening" lines at once
-        instance.write(prefix, {
-            "pid": os.getpid(), "prefix": prefix, "data_path": data_path,
-            "tcp_address": arb.addresses.get("tcp_address"),
-            "http_address": arb.addresses.get("http_address"),
-            "workers": arb.nworkers, "max_msg_size": opts.max_msg_size,
-            "msg_timeout": opts.msg_timeout,
-            # local producers refuse a replicated log topic (its OK waits for the ISR)
-            "cluster": cluster_mode(opts)})
+        instance.write(prefix, instance.record(
+            prefix, data_path, arb.addresses.get("tcp_address"),
+            arb.addresses.get("http_address"), arb.nworkers, opts))
         for key, name in (("tcp_address", "TCP"), ("http_address", "HTTP"),
                           ("https_address", "HTTPS")):
             address = arb.addresses.get(key)

@@ -79,3 +79,10 @@ def go_quote(value):
             i += 1
     out.append('"')
     return "".join(out)
+
+
+def inbound_ring_suffix(topic, partition):
+    """A log topic partition's inbound ring, after the broker's shm prefix: the
+    other workers' and the local producers' publishes (nsqd/partition.py,
+    nsqshm.local).  ':' is in no topic name, so it never meets a topic's ring."""
+    return f"t.{topic}:p{int(partition)}"

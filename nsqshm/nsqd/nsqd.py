@@ -36,7 +36,6 @@ from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm._core.arena import Arena
 from nsqshm._core.codec import LEASE_FILE as ID_LEASE_FILE
 from nsqshm._core.codec import IdGenerator
-from nsqshm.consistence.options import cluster_mode
 from nsqshm.nsqd import ext, instance, listeners, peek, policy, trace
 from nsqshm.nsqd.log import LEVELS, Logger
 from nsqshm.nsqd.logspecs import load_specs, write_specs
@@ -729,14 +728,9 @@ class NSQD:
         from nsqshm.nsqd.main import format_address
 
         http = self.http_server and self.http_server.address
-        instance.write(self.shm_prefix, {
-            "pid": os.getpid(), "prefix": self.shm_prefix, "data_path": self.data_path,
-            "tcp_address": format_address(self.tcp_server.address),
-            "http_address": format_address(http) if http else None,
-            "workers": self.nworkers, "max_msg_size": self.opts.max_msg_size,
-            "msg_timeout": self.opts.msg_timeout,
-            # local producers refuse a replicated log topic (its OK waits for the ISR)
-            "cluster": cluster_mode(self.opts)})
+        instance.write(self.shm_prefix, instance.record(
+            self.shm_prefix, self.data_path, format_address(self.tcp_server.address),
+            format_address(http) if http else None, self.nworkers, self.opts))
 
     def stop(self, alone=False):
         """Stop this broker (or, alone, this worker while the others go on)."""

@@ -37,6 +37,7 @@ from nsqshm._core.commitlog import (
     partition_dir,
     set_aside_logs,
 )
+from nsqshm.nsqd.names import inbound_ring_suffix
 from nsqshm.nsqd.topic import TopicError
 from nsqshm.nsqd.waiting import RingWaker
 from nsqshm.ring import RingRetired
@@ -91,7 +92,7 @@ class Partition:
         # (nsqshm.local, standalone), which count into its header; the owner
         # reports what they published since it took the partition
         self._wake = gevent.event.Event()
-        self.inbound = nsqd.make_ring(f"t.{topic.name}:p{index}")
+        self.inbound = nsqd.make_ring(inbound_ring_suffix(topic.name, index))
         self._waker = RingWaker(self.inbound, self._wake)
         self._local_base = self.inbound.local_published
         self._pump = gevent.spawn(self._pump_loop) if self.owned else None

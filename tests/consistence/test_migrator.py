@@ -25,6 +25,21 @@ A, B, C, D = "10.0.0.1:4250", "10.0.0.2:4250", "10.0.0.3:4250", "10.0.0.4:4250"
 WAIT, URGENT = 600.0, 10.0
 
 
+def on_a_cluster(timeout):
+    """A test on a real cluster (cluster.py: network namespaces, a real etcd), on
+    one and two workers a node."""
+    marks = [pytest.mark.skipif(bool(available()), reason=available() or "available"),
+             pytest.mark.skipif(ETCD is None, reason="etcd not installed (scripts/setup.sh)"),
+             pytest.mark.timeout(timeout),
+             pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])]
+
+    def mark(test):
+        for m in reversed(marks):
+            test = m(test)
+        return test
+    return mark
+
+
 def state(isr, catchup=(), partition=0, leader=True, move=None, designated=None,
           preferred=""):
     session = LeaderSession("t", partition, NodeInfo(id=isr[0], ip="10.0.0.1", tcp_port=1,
@@ -230,10 +245,7 @@ def test_plan_forgets_a_node_back_and_the_waits_of_zero():
     assert plan(partitions, {A, C}, lost_since, 1e9, 0.0, 0.0) == ([], None)
 
 
-@pytest.mark.skipif(bool(available()), reason=available() or "available")
-@pytest.mark.skipif(ETCD is None, reason="etcd not installed (scripts/setup.sh)")
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+@on_a_cluster(timeout=120)
 def test_a_replica_whose_node_is_gone_moves_to_the_spare_node(tmp_path, workers):
     cluster = Cluster(tmp_path, workers=workers,
                       lookupd_args=["--lost-replica-urgent-wait=1s"])
@@ -273,10 +285,7 @@ def consume_partition(node, topic, partition, count):
         client.close()
 
 
-@pytest.mark.skipif(bool(available()), reason=available() or "available")
-@pytest.mark.skipif(ETCD is None, reason="etcd not installed (scripts/setup.sh)")
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+@on_a_cluster(timeout=150)
 def test_a_node_removed_by_the_operator_hands_off_and_empties(tmp_path, workers):
     """`/cluster/node/remove`: the node's leadership goes to a replica that stays, its
     replicas to the spare node; no message acknowledged is lost, no new topic is
@@ -329,10 +338,7 @@ def test_a_node_removed_by_the_operator_hands_off_and_empties(tmp_path, workers)
         cluster.close()
 
 
-@pytest.mark.skipif(bool(available()), reason=available() or "available")
-@pytest.mark.skipif(ETCD is None, reason="etcd not installed (scripts/setup.sh)")
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+@on_a_cluster(timeout=120)
 def test_the_leadership_goes_back_to_the_preferred_leader_once_it_is_in_sync(tmp_path,
                                                                             workers):
     """After a failover the old leader, back and in the ISR, leads again once
