@@ -1255,6 +1255,53 @@ cdef class DeferredQueue(MessageStore):
         finally:
             PyBuffer_Release(&view)
 
+    def take_retries(self, CursorSet cursors not None, packed, int64_t now_ms,
+                     int64_t mono_now_ns):
+        """A partition's new leader takes up what the old one had put back
+        (LogChannel.take_up_retries): each message of the writable packed [u32
+        native size][message] records that its cursor's retry table has
+        (CursorSet.retry_of) gets its attempts back, and one deferred past
+        now_ms (unix ms) is deferred here, due that much after mono_now_ns.
+        Returns (the records to deliver now, as packed records; how many were
+        deferred; the earliest due, monotonic ns, or -1).  One C loop."""
+        cdef Py_buffer view
+        cdef char *p
+        cdef Py_ssize_t pos = 0, deferred = 0, kept = 0
+        cdef uint32_t size, attempts = 0
+        cdef int64_t due_ms = 0, due_ns, earliest = -1
+        cdef bytearray out = bytearray(len(packed))
+        cdef char *dst = PyByteArray_AS_STRING(out)
+        PyObject_GetBuffer(packed, &view, PyBUF_WRITABLE)
+        try:
+            p = <char *>view.buf
+            while pos < view.len:
+                if view.len - pos < 4:
+                    raise ValueError(f"a record cut short at byte {pos}")
+                memcpy(&size, p + pos, 4)
+                if size < MSG_HEADER_SIZE or view.len - pos - 4 < <Py_ssize_t>size:
+                    raise ValueError(f"a record of {size} bytes at byte {pos}")
+                if cursors.retry_of(p + pos + 4 + MSG_ID_OFFSET, &attempts, &due_ms):
+                    if attempts > 0xFFFF:
+                        attempts = 0xFFFF
+                    # nsqd's encoding: [8 BE timestamp][2 BE attempts]...
+                    p[pos + 12] = <char>(attempts >> 8)
+                    p[pos + 13] = <char>(attempts & 0xFF)
+                    if due_ms > now_ms:
+                        due_ns = mono_now_ns + (due_ms - now_ms) * 1000000
+                        self.push_raw(p + pos + 4, size, due_ns)
+                        if earliest < 0 or due_ns < earliest:
+                            earliest = due_ns
+                        deferred += 1
+                        pos += 4 + size
+                        continue
+                memcpy(dst + kept, p + pos, 4 + size)
+                kept += 4 + size
+                pos += 4 + size
+        finally:
+            PyBuffer_Release(&view)
+        PyByteArray_Resize(out, kept)
+        return out, deferred, earliest
+
     def pop_due(self, int64_t now_ns, buffer):
         """Remove messages due by now_ns, earliest first, into the writable
         buffer as packed [u32 native size][message] records; (count, bytes).

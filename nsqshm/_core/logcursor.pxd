@@ -1,7 +1,7 @@
 # A channel's cursor in a log partition, and the set of them a channel's FIN
 # path finishes by message ID (wire.fin_lines).  Layout: includes/commitlog_layout.h.
 
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from nsqshm._core.includes.system cimport pthread_mutex_t
 
@@ -20,6 +20,9 @@ cdef extern from "commitlog_layout.h" nogil:
         uint32_t window_bits
         uint64_t created_ns
         uint64_t recoveries
+        uint32_t retry_slots
+        uint32_t retry_used
+        uint64_t retry_dropped
         nsqshm_cursor_lock lock
         uint64_t confirmed
         uint64_t finished
@@ -30,6 +33,11 @@ cdef extern from "commitlog_layout.h" nogil:
         uint64_t confirmed_total
         uint64_t finish_total
         uint64_t window[1]
+
+    ctypedef struct nsqshm_retry_slot:
+        uint64_t key
+        uint32_t attempts
+        int64_t due_ms
 
     uint32_t nsqshm_crc32c(uint32_t crc, const void *p, size_t n)
 
@@ -49,6 +57,13 @@ cdef class Cursor:
     cdef void _repair(self) noexcept
     cdef int _finish(self, uint64_t o) noexcept nogil
     cdef long long _next(self, uint64_t start, uint64_t end) noexcept nogil
+    cdef nsqshm_retry_slot *_retries(self) noexcept nogil
+    cdef bint _done(self, uint64_t o) noexcept nogil
+    cdef nsqshm_retry_slot *_retry_find(self, uint64_t o) noexcept nogil
+    cdef int _retry_put(self, uint64_t o, uint32_t attempts, int64_t due_ms) noexcept nogil
+    cdef void _retry_compact(self) noexcept nogil
+    cdef Py_ssize_t _retry_load(self, const unsigned char *p, Py_ssize_t size,
+                                uint64_t end) noexcept nogil
 
 
 cdef class CursorSet:
@@ -60,6 +75,7 @@ cdef class CursorSet:
     cdef int has_id(self, const char *msg_id) noexcept
     cdef int finish_id(self, const char *msg_id) except -2
     cdef int stale_id(self, const char *msg_id) noexcept
+    cdef int retry_of(self, const char *msg_id, uint32_t *attempts, int64_t *due_ms) except -1
 
 
 cdef inline long long decode_log_id(const char *p, uint64_t *offset) noexcept nogil:

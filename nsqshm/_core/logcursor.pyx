@@ -31,7 +31,8 @@ import re
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, qsort
 
 from nsqshm._core.includes.system cimport (
     EBUSY, EOWNERDEAD, MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, PTHREAD_MUTEX_ROBUST,
@@ -46,9 +47,14 @@ FINISHED = 0          # finish(): newly finished
 ALREADY = 1           # finish(): it was finished before
 OUT_OF_WINDOW = -1    # finish(): beyond confirmed + window_bits: hold delivery
 DEFAULT_WINDOW_BITS = 1 << 16
+RETRY_SLOTS = 4096    # a new cursor's retry table (24 bytes a slot; tmpfs pages only when used)
+cdef enum:
+    RETRY_ENTRY_SIZE = 18  # retries()' wire entry: u64 BE msg offset, u16 BE attempts, i64 BE due ms
+RETRY_ENTRY = RETRY_ENTRY_SIZE
 SHM_DIR = "/dev/shm"
 NAME_MAX_LEN = 200
-CHECKPOINT_MAGIC = b"NSQLCUR1"
+CHECKPOINT_MAGIC = b"NSQLCUR2"     # with the retry table after the window
+CHECKPOINT_MAGIC_V1 = b"NSQLCUR1"  # without (read still)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_:#][A-Za-z0-9_.:#-]{0,199}$")
 _CHANNEL_RE = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
 
@@ -152,6 +158,26 @@ cdef uint64_t _run(const uint64_t *w, uint64_t mask, uint64_t start, uint64_t li
     return n if n < limit else limit
 
 
+cdef int _by_key(const void *a, const void *b) noexcept nogil:
+    cdef uint64_t x = (<const nsqshm_retry_slot *>a).key, y = (<const nsqshm_retry_slot *>b).key
+    return (x > y) - (x < y)
+
+
+cdef inline void _put_be(unsigned char *q, uint64_t v, int n) noexcept nogil:
+    cdef int i
+    for i in range(n - 1, -1, -1):
+        q[i] = v & 0xFF
+        v >>= 8
+
+
+cdef inline uint64_t _get_be(const unsigned char *p, int n) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(n):
+        v = (v << 8) | p[i]
+    return v
+
+
 # read_pos while a seek holds the cursor: past any log's end, so a feeder
 # finds nothing to read there
 cdef uint64_t _READ_HELD = (<uint64_t>1) << 62
@@ -169,12 +195,15 @@ cdef class Cursor:
 
     @staticmethod
     def open(str name, str checkpoint_file, unsigned long long start_offset=0,
-             unsigned long long window_bits=DEFAULT_WINDOW_BITS):
+             unsigned long long window_bits=DEFAULT_WINDOW_BITS,
+             unsigned int retry_slots=RETRY_SLOTS):
         """Attach to the cursor segment `name`, or make it: from the
         checkpoint file if there is one, else at start_offset."""
         validate_name(name)
         if window_bits < 64 or window_bits > (1 << 24) or window_bits & (window_bits - 1):
             raise ValueError(f"window_bits {window_bits}: a power of two in 64..2**24")
+        if retry_slots > (1 << 20) or retry_slots & (retry_slots - 1):
+            raise ValueError(f"retry_slots {retry_slots}: 0 or a power of two up to 2**20")
         cdef Cursor self = Cursor.__new__(Cursor)
         self.name = name
         self.checkpoint_file = checkpoint_file
@@ -184,10 +213,10 @@ cdef class Cursor:
                 return self
             except FileNotFoundError:
                 pass
-            confirmed, window = _read_checkpoint(checkpoint_file, window_bits)
+            confirmed, window, retries = _read_checkpoint(checkpoint_file, window_bits)
             if confirmed is None:
                 confirmed = start_offset
-            if self._create(confirmed, window, window_bits):
+            if self._create(confirmed, window, window_bits, retry_slots, retries):
                 return self
         raise CursorError(f"cursor {name!r}: could not attach nor create")
 
@@ -225,18 +254,22 @@ cdef class Cursor:
             os.close(fd)
         h = self.h
         if h.magic != NSQSHM_CURSOR_MAGIC or h.version != NSQSHM_CURSOR_VERSION or \
-                NSQSHM_CURSOR_HEADER + h.window_bits // 8 != self.size:
+                h.retry_slots & (h.retry_slots - 1) or \
+                NSQSHM_CURSOR_HEADER + h.window_bits // 8 + h.retry_slots * 24 != self.size:
+            # (retry_slots 0: a segment of a build before the retry table, taken as it is)
             raise CursorError(f"cursor {self.name!r}: not a cursor of layout "
                               f"{NSQSHM_CURSOR_VERSION}")
         self.bits = h.window_bits
         self.mask = self.bits - 1
 
-    def _create(self, unsigned long long confirmed, window, unsigned long long window_bits):
-        """Make the segment unnamed, fill it, link it under its name.  False
-        when another process linked one first (attach to it then)."""
+    def _create(self, unsigned long long confirmed, window, unsigned long long window_bits,
+                unsigned int retry_slots, bytes retries=b""):
+        """Make the segment unnamed, fill it (retries: a checkpoint's retry table,
+        as retries() gives it), link it under its name.  False when another
+        process linked one first (attach to it then)."""
         cdef pthread_mutexattr_t attr
         cdef nsqshm_cursor_header *h
-        size = NSQSHM_CURSOR_HEADER + window_bits // 8
+        size = NSQSHM_CURSOR_HEADER + window_bits // 8 + retry_slots * 24
         tmp = None
         try:
             fd = os.open(SHM_DIR, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
@@ -253,6 +286,7 @@ cdef class Cursor:
             h = self.h
             h.version = NSQSHM_CURSOR_VERSION
             h.window_bits = window_bits
+            h.retry_slots = retry_slots
             h.created_ns = _now_ns()
             h.confirmed = confirmed
             self.bits = window_bits
@@ -260,6 +294,9 @@ cdef class Cursor:
             if window is not None:
                 memcpy(<void *>h.window, PyBytes_AS_STRING(window), window_bits // 8)
                 h.finished = _popcount(h.window, window_bits // 64)
+            if retries and len(retries) % RETRY_ENTRY == 0:  # (not linked yet: no lock)
+                self._retry_load(<const unsigned char *>PyBytes_AS_STRING(retries),
+                                 len(retries), 0xFFFFFFFFFFFFFFFF)
             pthread_mutexattr_init(&attr)
             pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED)
             pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST)
@@ -409,6 +446,189 @@ cdef class Cursor:
         r = offset < c or (offset - c < self.bits and _bit(self.h.window, offset & self.mask))
         self._unlock()
         return r
+
+    # -- the retry table (layout: includes/commitlog_layout.h) ------------------------------
+
+    cdef nsqshm_retry_slot *_retries(self) noexcept nogil:
+        return <nsqshm_retry_slot *>(<char *>self.h + NSQSHM_CURSOR_HEADER + self.bits // 8)
+
+    cdef bint _done(self, uint64_t o) noexcept nogil:
+        """Whether msg offset o is finished (the lock held)."""
+        cdef uint64_t c = self.h.confirmed
+        return o < c or (o - c < self.bits and _bit(self.h.window, o & self.mask))
+
+    cdef nsqshm_retry_slot *_retry_find(self, uint64_t o) noexcept nogil:
+        """o's slot, or NULL (the lock held; no table: NULL)."""
+        cdef uint32_t slots = self.h.retry_slots, i, n
+        cdef nsqshm_retry_slot *t = self._retries()
+        if slots == 0:
+            return NULL
+        i = <uint32_t>(o & (slots - 1))
+        for n in range(slots):
+            if t[i].key == 0:
+                return NULL
+            if t[i].key == o + 1:
+                return &t[i]
+            i = (i + 1) & (slots - 1)
+        return NULL
+
+    cdef int _retry_put(self, uint64_t o, uint32_t attempts, int64_t due_ms) noexcept nogil:
+        """Note o's attempts and due time (the lock held): 1 noted, 0 not (finished,
+        or no table), -1 the table is full of live entries (counted in retry_dropped)."""
+        cdef nsqshm_cursor_header *h = self.h
+        cdef uint32_t slots = h.retry_slots, i
+        cdef nsqshm_retry_slot *t = self._retries()
+        cdef nsqshm_retry_slot *e
+        if slots == 0 or self._done(o):
+            return 0
+        e = self._retry_find(o)
+        if e == NULL:
+            if (h.retry_used + 1) * 4 > slots * 3:
+                self._retry_compact()
+                if (h.retry_used + 1) * 4 > slots * 3:
+                    h.retry_dropped += 1
+                    return -1
+            i = <uint32_t>(o & (slots - 1))
+            while t[i].key != 0:
+                i = (i + 1) & (slots - 1)
+            e = &t[i]
+            h.retry_used += 1  # (first: a holder killed in between leaves it one too many)
+            e.key = o + 1
+        e.attempts = attempts
+        e.due_ms = due_ms
+        return 1
+
+    cdef void _retry_compact(self) noexcept nogil:
+        """Drop the stale entries (finished offsets): the live ones are put in
+        again.  (Without memory for the copy, the table stays as it is.)"""
+        cdef nsqshm_cursor_header *h = self.h
+        cdef uint32_t slots = h.retry_slots, i, j, n = 0
+        cdef nsqshm_retry_slot *t = self._retries()
+        cdef nsqshm_retry_slot *live
+        if slots == 0:
+            return
+        live = <nsqshm_retry_slot *>malloc(slots * sizeof(nsqshm_retry_slot))
+        if live == NULL:
+            return
+        for i in range(slots):
+            if t[i].key and not self._done(t[i].key - 1):
+                live[n] = t[i]
+                n += 1
+        memset(<void *>t, 0, slots * sizeof(nsqshm_retry_slot))
+        for i in range(n):
+            j = <uint32_t>((live[i].key - 1) & (slots - 1))
+            while t[j].key != 0:
+                j = (j + 1) & (slots - 1)
+            t[j] = live[i]
+        h.retry_used = n
+        free(live)
+
+    def note_retry(self, unsigned long long offset, unsigned int attempts, long long due_ms=0):
+        """Note a message put back (retry_of's input; tests and the lone path):
+        1 noted, 0 finished, -1 the table is full."""
+        cdef int r
+        self._lock()
+        r = self._retry_put(offset, attempts, due_ms)
+        self._unlock()
+        return r
+
+    def retry(self, unsigned long long offset):
+        """(attempts, due ms) noted for an unfinished offset, or None."""
+        cdef nsqshm_retry_slot *e
+        self._lock()
+        try:
+            e = NULL if self._done(offset) else self._retry_find(offset)
+            return None if e == NULL else (e.attempts, e.due_ms)
+        finally:
+            self._unlock()
+
+    def retries(self, unsigned long long end=0xFFFFFFFFFFFFFFFF):
+        """The live entries below msg offset `end`, in offset order, as the wire
+        has them (rpc CURSORS): RETRY_ENTRY bytes each, u64 BE msg offset, u16 BE
+        attempts (at most 65535), i64 BE due unix ms (0: not deferred)."""
+        cdef uint32_t slots, i, n = 0
+        cdef nsqshm_retry_slot *t
+        cdef nsqshm_retry_slot *live
+        cdef bytes out
+        cdef unsigned char *q
+        self._lock()
+        if self.h.retry_used == 0:  # (nearly always: sent with every cursor, every 50 ms)
+            self._unlock()
+            return b""
+        slots = self.h.retry_slots
+        live = <nsqshm_retry_slot *>malloc(self.h.retry_used * sizeof(nsqshm_retry_slot))
+        if live == NULL:
+            self._unlock()
+            raise MemoryError()
+        t = self._retries()
+        for i in range(slots):
+            if t[i].key and t[i].key - 1 < end and not self._done(t[i].key - 1) \
+                    and n < self.h.retry_used:
+                live[n] = t[i]
+                n += 1
+        self._unlock()
+        qsort(live, n, sizeof(nsqshm_retry_slot), _by_key)
+        out = PyBytes_FromStringAndSize(NULL, n * RETRY_ENTRY_SIZE)
+        q = <unsigned char *>PyBytes_AS_STRING(out)
+        for i in range(n):
+            _put_be(q, live[i].key - 1, 8)
+            _put_be(q + 8, live[i].attempts if live[i].attempts < 0xFFFF else 0xFFFF, 2)
+            _put_be(q + 10, <uint64_t>live[i].due_ms, 8)
+            q += RETRY_ENTRY_SIZE
+        free(live)
+        return out
+
+    def set_retries(self, data, unsigned long long end):
+        """Take a leader's retries() as this table (a follower), those below
+        msg offset `end` (what this log holds) and not finished; how many."""
+        cdef Py_buffer view
+        cdef Py_ssize_t n = 0
+        PyObject_GetBuffer(data, &view, 0)
+        try:
+            if view.len % RETRY_ENTRY:
+                raise ValueError(f"a retry table of {view.len} bytes")
+            self._lock()
+            if self.h.retry_slots:
+                memset(<void *>self._retries(), 0,
+                       self.h.retry_slots * sizeof(nsqshm_retry_slot))
+                self.h.retry_used = 0
+                n = self._retry_load(<const unsigned char *>view.buf, view.len, end)
+            self._unlock()
+        finally:
+            PyBuffer_Release(&view)
+        return n
+
+    cdef Py_ssize_t _retry_load(self, const unsigned char *p, Py_ssize_t size,
+                                uint64_t end) noexcept nogil:
+        """Note each entry of a retries() table below msg offset `end` (the lock
+        held, or the segment not linked yet); how many were noted."""
+        cdef Py_ssize_t pos = 0, n = 0
+        cdef uint64_t o
+        while size - pos >= RETRY_ENTRY_SIZE:
+            o = _get_be(p + pos, 8)
+            if o < end and self._retry_put(o, <uint32_t>_get_be(p + pos + 8, 2),
+                                           <int64_t>_get_be(p + pos + 10, 8)) == 1:
+                n += 1
+            pos += RETRY_ENTRY_SIZE
+        return n
+
+    def retry_high(self):
+        """One past the highest unfinished offset of the table (0: none)."""
+        cdef uint32_t i
+        cdef uint64_t high = 0
+        cdef nsqshm_retry_slot *t
+        self._lock()
+        t = self._retries()
+        for i in range(self.h.retry_slots):
+            if t[i].key > high and not self._done(t[i].key - 1):
+                high = t[i].key
+        self._unlock()
+        return high
+
+    @property
+    def retry_stats(self):
+        """(slots, slots taken, notes the full table dropped)."""
+        return self.h.retry_slots, self.h.retry_used, self.h.retry_dropped
 
     @property
     def confirmed(self):
@@ -583,12 +803,20 @@ cdef class Cursor:
         return confirmed, window
 
     def checkpoint(self):
-        """Write confirmed and the window to the checkpoint file: a temp
-        file, fsynced, renamed over it (a crash leaves the old or the new)."""
+        """Write confirmed, the window and the retry table to the checkpoint
+        file: a temp file, fsynced, renamed over it (a crash leaves the old or
+        the new).  The layout: magic, u32 BE crc32c of the rest, then
+
+            | u64 BE confirmed | u32 BE window bits | window | retries() ... |"""
         if not self.checkpoint_file:  # Cursor.attach: a client's view, not its owner's
             raise CursorError(f"cursor {self.name!r} has no checkpoint file here")
-        confirmed, window = self.snapshot()
-        body = confirmed.to_bytes(8, "big") + self.bits.to_bytes(4, "big") + window
+        self._lock()
+        try:  # (one lock over both: the retries are those of that window)
+            confirmed, window = self.snapshot()
+            retries = self.retries()
+        finally:
+            self._unlock()
+        body = confirmed.to_bytes(8, "big") + self.bits.to_bytes(4, "big") + window + retries
         data = CHECKPOINT_MAGIC + nsqshm_crc32c(0, <const char *>body, len(body)).to_bytes(
             4, "big") + body
         tmp = f"{self.checkpoint_file}.{os.getpid()}.tmp"
@@ -620,23 +848,30 @@ cdef class Cursor:
 
 
 def _read_checkpoint(str path, unsigned long long window_bits):
-    """(confirmed, window bytes) from a checkpoint file, (None, None) if
-    there is none; CursorError if it is corrupt or of another window."""
+    """(confirmed, window bytes, retry table) from a checkpoint file, (None,
+    None, b"") if there is none; CursorError if it is corrupt.  (A checkpoint
+    of the first layout, NSQLCUR1, has no retry table.)"""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
-        return None, None
+        return None, None, b""
     body = data[12:]
-    if data[:8] != CHECKPOINT_MAGIC or len(body) < 12 or \
+    if data[:8] not in (CHECKPOINT_MAGIC, CHECKPOINT_MAGIC_V1) or len(body) < 12 or \
             nsqshm_crc32c(0, <const char *>body, len(body)) != int.from_bytes(data[8:12], "big"):
         raise CursorError(f"cursor checkpoint {path} is corrupt")
     bits = int.from_bytes(body[8:12], "big")
     confirmed = int.from_bytes(body[:8], "big")
+    size = 12 + bits // 8
+    if bits < 64 or bits & (bits - 1) or len(body) < size or \
+            (data[:8] == CHECKPOINT_MAGIC_V1 and len(body) != size) or \
+            (len(body) - size) % RETRY_ENTRY:
+        raise CursorError(f"cursor checkpoint {path} is corrupt")
+    retries = bytes(body[size:])
     if bits != window_bits:
         # another window size: keep confirmed; finishes above it are redelivered
-        return confirmed, None
-    return confirmed, bytes(body[12:])
+        return confirmed, None, retries
+    return confirmed, bytes(body[12:size]), retries
 
 
 # -- finishing by message ID ---------------------------------------------------------------
@@ -789,6 +1024,67 @@ cdef class CursorSet:
         if __atomic_load_n(&cur.h.read_pos, 2) == _READ_HELD:
             return 1
         return off < __atomic_load_n(&cur.h.confirmed, 2)
+
+    cdef int retry_of(self, const char *msg_id, uint32_t *attempts, int64_t *due_ms) except -1:
+        """1 and a log message's noted attempts and due ms when its cursor's
+        retry table has it (unfinished), else 0."""
+        cdef uint64_t off = 0
+        cdef long long p = decode_log_id(msg_id, &off)
+        cdef Cursor cur
+        cdef nsqshm_retry_slot *e
+        if p < 0 or p >= self.count or self.cursors[p] is None:
+            return 0
+        cur = <Cursor>self.cursors[p]
+        if cur.h == NULL or cur.h.retry_slots == 0:
+            return 0
+        cur._lock()
+        e = NULL if cur._done(off) else cur._retry_find(off)
+        if e != NULL:
+            attempts[0] = e.attempts
+            due_ms[0] = e.due_ms
+        cur._unlock()
+        return e != NULL
+
+    def note_retries(self, packed, long long due_ms=0):
+        """Note in their cursors' retry tables the messages of packed [u32 native
+        size][message] records put back into the channel (a REQ, a timeout, a dead
+        worker's) or deferred until unix ms due_ms: their attempts (the record's),
+        so that a partition's next leader delivers them as this one would.  One C
+        loop; how many were noted (a finished one, or one a full table cannot
+        take, is not; nor one never delivered, not deferred: a ring's records
+        taken back by a seek)."""
+        cdef Py_buffer view
+        cdef const unsigned char *p
+        cdef Py_ssize_t pos = 0, done = 0
+        cdef uint32_t size
+        cdef uint64_t off = 0
+        cdef long long part
+        cdef Cursor cur
+        PyObject_GetBuffer(packed, &view, 0)
+        try:
+            p = <const unsigned char *>view.buf
+            while pos < view.len:
+                if view.len - pos < 4:
+                    raise ValueError(f"a record cut short at byte {pos}")
+                memcpy(&size, p + pos, 4)
+                if size < RECORD_ID_END or view.len - pos - 4 < <Py_ssize_t>size:
+                    raise ValueError(f"a record of {size} bytes at byte {pos}")
+                part = decode_log_id(<const char *>p + pos + 4 + RECORD_ID_OFFSET, &off)
+                if (p[pos + 12] | p[pos + 13]) == 0 and due_ms == 0:
+                    pass  # never delivered, not deferred: nothing a next leader must know
+                elif 0 <= part < self.count and self.cursors[part] is not None:
+                    cur = <Cursor>self.cursors[part]
+                    if cur.h != NULL and cur.h.retry_slots:
+                        cur._lock()
+                        # attempts: [8 BE timestamp][2 BE attempts] of nsqd's encoding
+                        if cur._retry_put(off, (<uint32_t>p[pos + 12] << 8) | p[pos + 13],
+                                          due_ms) == 1:
+                            done += 1
+                        cur._unlock()
+                pos += 4 + size
+        finally:
+            PyBuffer_Release(&view)
+        return done
 
     def is_stale(self, msg_id):
         """stale_id for one ID (tests)."""

@@ -395,7 +395,7 @@ class NsqdCoordinator:
             return refused, self.host.end_offset(part) if part is not None else 0
         key = (topic, partition)
         self._committed_heard[key] = max(self._committed_heard.get(key, 0), committed)
-        self.host.drop_channels(part, [name for name, confirmed, _ in cursors
+        self.host.drop_channels(part, [name for name, confirmed, *_ in cursors
                                        if confirmed == rpc.DELETED])
         self.host.adopt_cursors(part, [c for c in cursors if c[1] != rpc.DELETED])
         return rpc.OK, self.host.end_offset(part)

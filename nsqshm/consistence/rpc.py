@@ -55,11 +55,15 @@ Every frame:
         | u16 BE topic len | topic | u16 BE partition | u64 BE write epoch |
         | u64 BE committed end | u16 BE count |
         |                count x ( u8 name len | name | u64 BE confirmed |
-        |                          u32 BE window len | window ) |
+        |                          u32 BE window len | window |
+        |                          u32 BE retries len | retries ) |
       window: the cursor's finished-above bits as Cursor.snapshot gives them (native
-      u64 words; empty when nothing above confirmed is finished).  The follower's
-      channel takes them (ReplicaHost.adopt_cursors), so a new leader resumes where
-      the old one's consumers were.  confirmed DELETED (u64 max, no window): the
+      u64 words; empty when nothing above confirmed is finished).  retries: what the
+      channel put back of the partition (REQ, timeout), as Cursor.retries gives it:
+      18 bytes each, | u64 BE msg offset | u16 BE attempts | i64 BE due unix ms |.
+      The follower's channel takes them (ReplicaHost.adopt_cursors), so a new leader
+      resumes where the old one's consumers were, and delivers what was put back
+      with its attempts, once due (LogChannel.take_up_retries).  confirmed DELETED (u64 max, no window): the
       channel was deleted on the leader, and goes on the follower too
       (ReplicaHost.drop_channels).  committed end: the leader's (what every ISR
       member holds, replicator.committed_end), sent also when only it moved: a
@@ -93,8 +97,9 @@ AT = struct.Struct(">Q")  # a PROBE's or TRUNCATE's records: a msg offset
 ACK_END = struct.Struct(">HQ")  # partition, end offset
 BYTE_ORDER = sys.byteorder
 # the frames' layout: raised whenever a frame changes (3: APPEND's prev crc, RESET's
-# start; builds before it send none and are refused as version None)
-PROTOCOL_VERSION = 3
+# start; builds before it send none and are refused as version None; 4: the CURSORS
+# entries' retry tables)
+PROTOCOL_VERSION = 4
 
 
 class RPCError(Exception):
@@ -146,21 +151,25 @@ def decode_publish(body):
 
 CURSORS_FIXED = struct.Struct(">HQQH")  # partition, write epoch, committed end, count
 CURSOR_ENTRY = struct.Struct(">QI")  # confirmed, window length
+RETRIES_LEN = struct.Struct(">I")
 MAX_WINDOW = 1 << 20  # bytes: a cursor's window is 8 KiB (logcursor's 64 Ki bits)
+RETRY_ENTRY = 18  # logcursor.RETRY_ENTRY
+MAX_RETRIES = RETRY_ENTRY << 20  # bytes: a cursor's retry table has 4 Ki slots
 
 
 def encode_cursors(topic, partition, epoch, committed, cursors):
-    """A CURSORS frame: cursors [(channel name, confirmed, window bytes)]."""
+    """A CURSORS frame: cursors [(channel name, confirmed, window bytes, retries)]."""
     parts = [_topic(topic), CURSORS_FIXED.pack(partition, epoch, committed, len(cursors))]
-    for name, confirmed, window in cursors:
+    for name, confirmed, window, retries in cursors:
         raw = name.encode()
-        parts += [bytes((len(raw),)), raw, CURSOR_ENTRY.pack(confirmed, len(window)), window]
+        parts += [bytes((len(raw),)), raw, CURSOR_ENTRY.pack(confirmed, len(window)), window,
+                  RETRIES_LEN.pack(len(retries)), retries]
     return frame(CURSORS, b"".join(parts))
 
 
 def decode_cursors(body):
     """-> (topic, partition, epoch, committed end, [(channel name, confirmed, window
-    bytes)]); RPCError for a body that does not hold what it announces."""
+    bytes, retries)]); RPCError for a body that does not hold what it announces."""
     view = memoryview(body)
     (n,) = struct.unpack_from(">H", view, 0)
     pos = 2 + n + CURSORS_FIXED.size
@@ -179,10 +188,16 @@ def decode_cursors(body):
             raise RPCError("short CURSORS entry")
         confirmed, wlen = CURSOR_ENTRY.unpack_from(view, pos)
         pos += CURSOR_ENTRY.size
-        if wlen > MAX_WINDOW or pos + wlen > len(view):
+        if wlen > MAX_WINDOW or pos + wlen + RETRIES_LEN.size > len(view):
             raise RPCError(f"bad CURSORS window length {wlen}")
-        out.append((name, confirmed, bytes(view[pos:pos + wlen])))
+        window = bytes(view[pos:pos + wlen])
         pos += wlen
+        (rlen,) = RETRIES_LEN.unpack_from(view, pos)
+        pos += RETRIES_LEN.size
+        if rlen > MAX_RETRIES or rlen % RETRY_ENTRY or pos + rlen > len(view):
+            raise RPCError(f"bad CURSORS retries length {rlen}")
+        out.append((name, confirmed, window, bytes(view[pos:pos + rlen])))
+        pos += rlen
     if pos != len(view):
         raise RPCError("trailing bytes after CURSORS")
     return topic, partition, epoch, committed, out

@@ -49,6 +49,7 @@ import gevent
 
 from nsqshm._core.commitlog import LogError, OffsetOutOfRange
 from nsqshm._core.logcursor import (
+    RETRY_ENTRY,
     Cursor,
     CursorSet,
     checkpoint_path,
@@ -88,14 +89,20 @@ class LogChannel(Channel):
         self._full_windows = set()  # partitions whose cursor window the feeder saw full
         self.feed_target = max(1, min(self.mem_limit, FEED_AHEAD))
         self.feed_low = max(1, self.feed_target // 2)
+        restored = []  # partitions whose cursor was made from its checkpoint here
         for partition in topic.partitions:
-            self.cursors[partition.index] = self._open_cursor(partition)
+            self.cursors[partition.index] = self._open_cursor(partition, restored)
         self._owned = [p for p in topic.partitions if p.owned]
         # what a dispatcher here may read straight from the logs (_direct): the
         # partitions this worker owns, and standalone the others' too (their files,
         # through a LogReader); a replica's committed end is known to its owner only
         self._readable = [p for p in topic.partitions if p.owned or p.replica is None]
         self._find_lanes()
+        for partition in restored:
+            # what was put back before a graceful stop (the checkpoint's retry table):
+            # with its attempts, once due.  (Standalone only: in cluster mode the
+            # partition's role decides, ReplicaHost.set_gate.)
+            self.take_up_retries(partition)
         self._feeder = gevent.spawn(self._feed_loop) if self._owned else None
 
     def __repr__(self):
@@ -104,11 +111,13 @@ class LogChannel(Channel):
     def _cursor_name(self, partition):
         return segment_name(self.nsqd.shm_prefix, self.topic.name, self.name, partition.index)
 
-    def _open_cursor(self, partition):
+    def _open_cursor(self, partition, restored):
         """Attach to the cursor, or make it: from its checkpoint, else at the
         log's end -- a new channel sees only new messages -- or, for the
         topic's first channel, at its start: nsqd's topic keeps what is
-        published before any channel exists for the first one."""
+        published before any channel exists for the first one.  A partition
+        this worker owns whose cursor came from its checkpoint, standalone,
+        is added to `restored`."""
         name = self._cursor_name(partition)
         ckpt = checkpoint_path(partition.path, self.name)
         fresh = not os.path.exists(f"/dev/shm/{name}")
@@ -119,6 +128,8 @@ class LogChannel(Channel):
         cursor = Cursor.open(name, ckpt, start if first else end)
         if fresh and not self.ephemeral and partition.owned and not os.path.exists(ckpt):
             cursor.checkpoint()  # a restart finds where it started
+        elif fresh and partition.owned and partition.replica is None and cursor.retry_high():
+            restored.append(partition)
         # (None: no checkpoint yet; the owner's retention pass writes one)
         self._checkpointed[partition.index] = cursor.confirmed if os.path.exists(ckpt) else None
         return cursor
@@ -223,9 +234,63 @@ class LogChannel(Channel):
 
     def put_records(self, packed, keep_rest=True):
         """Requeues, timeouts, deferred messages coming due, what a dead
-        worker held: each record back into its partition's lane, the rest
-        into the channel's ring (Channel.put_records).  A lane with no room
-        left: deferred 0.1 s and tried again (in the arena: kept)."""
+        worker held: noted in their cursors' retry tables (with their
+        attempts, for a partition's next leader: take_up_retries), then
+        put back (_put_back)."""
+        self.cursors.note_retries(packed)
+        return self._put_back(packed, keep_rest)
+
+    def defer(self, msg, delay_s):
+        """A REQ with a delay: noted with its due time in its cursor's retry
+        table (for a partition's next leader: take_up_retries)."""
+        super().defer(msg, delay_s)
+        self.cursors.note_retries(len(msg).to_bytes(4, "little") + bytes(msg),
+                                  int((time.time() + delay_s) * 1000))
+
+    def take_up_retries(self, partition):
+        """This node now leads the partition: what the old leader had put back
+        and told this node (its retry table, ReplicaHost.adopt_cursors) goes out
+        as the old leader would have sent it, with its attempts, and not before
+        it is due.  The unfinished records from read_pos (the confirmed offset,
+        after an adopt) up to the table's last are claimed as a feeder claims a
+        run (_claim: against every other reader of the partition), and each is
+        deferred here until it is due (DeferredQueue.take_retries) or put back
+        into the channel now.  Runs before the partition's first delivery here
+        (ReplicaHost.set_gate; standalone, at the start after a graceful stop);
+        how many records it took.  Not for an ordered lane: its feeder delivers
+        from the confirmed offset, one at a time (attempts start again)."""
+        lane = self.lanes.get(partition.index)
+        if self.topic.ordered or (lane is not None and lane.ordered):
+            return 0  # (an ordered lane holds one message at a time: the feeder's)
+        cursor = self.cursors[partition.index]
+        high = cursor.retry_high()
+        view = self._log_view(partition) if high > cursor.read_pos else None
+        if view is None:
+            return 0
+        reader, end = view
+        view = (reader, min(end, high))
+        total = 0
+        with self.scratch.borrow() as scratch:
+            while cursor.read_pos < view[1]:
+                taken, _ = self._claim(partition, view, FEED_BATCH, scratch, self._take_up)
+                if taken == 0:
+                    break  # (the window is full, or the log reads short: the rest as usual)
+                total += max(taken, 0)
+        return total
+
+    def _take_up(self, records, n):
+        now, deferred, due = self.deferred.take_retries(
+            self.cursors, records, int(time.time() * 1000), time.monotonic_ns())
+        if deferred:
+            self.nsqd.schedule_scan(due)
+        if now:
+            self._put_back(now)
+        return n, None
+
+    def _put_back(self, packed, keep_rest=True):
+        """Each record back into its partition's lane, the rest into the
+        channel's ring (Channel.put_records).  A lane with no room left:
+        deferred 0.1 s and tried again (in the arena: kept)."""
         if not self.lanes:
             return super().put_records(packed, keep_rest)
         view = memoryview(packed)
@@ -832,6 +897,9 @@ class LogChannel(Channel):
             out.append({"partition": partition.index, "confirmed_offset": cursor.confirmed,
                         "read_offset": cursor.read_pos, "finished_above": cursor.finished_above,
                         "lag": max(0, end - cursor.confirmed),
+                        # messages put back (REQ, timeout) still unfinished, as the retry
+                        # table knows them (sent to the followers: take_up_retries)
+                        "put_back": len(cursor.retries()) // RETRY_ENTRY,
                         # its own ring (loglane.py): "partition" (SUB T C p) or
                         # "ordered" (SUB_ORDERED), and what waits there
                         "lane": None if lane is None else ("ordered" if lane.ordered

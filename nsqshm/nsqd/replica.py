@@ -19,7 +19,7 @@ import zlib
 import gevent
 import gevent.lock
 
-from nsqshm._core.commitlog import PartitionLog, make_log_anew, prepare_cut, swap_in
+from nsqshm._core.commitlog import LogError, PartitionLog, make_log_anew, prepare_cut, swap_in
 from nsqshm._core.logcursor import window_offsets
 from nsqshm.nsqd.ext import make_ext
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -154,28 +154,39 @@ class ReplicaHost:
         return p if p.owned and p.log is not None else None
 
     def set_gate(self, partition, gate):
+        promoted = gate.writable and not partition.writable
         partition.replica = gate
         # a follower's channels push nothing of it (LogChannel._feedable); a new
-        # leader's start from the cursors the old one sent (adopt_cursors)
+        # leader's start from the cursors the old one sent (adopt_cursors), first
+        # taking up what it had put back (its retry tables), before any delivery
         for channel in list(partition.topic.channels.values()):
+            if promoted and not channel.exiting:
+                try:
+                    channel.take_up_retries(partition)
+                except (LogError, OSError, ValueError) as err:  # (delivered as usual then)
+                    self.nsqd.logf("warn", f"{partition}: channel {channel.name}: the old "
+                                           f"leader's put-back messages not taken up: {err}")
             channel.feed_wake()
 
     # -- channel cursors (rpc CURSORS) ------------------------------------------------
 
     def cursor_states(self, partition):
-        """The leader: {channel name: (confirmed, window bytes)} of the partition's
-        durable channels (an ephemeral one is not kept across a failover)."""
+        """The leader: {channel name: (confirmed, window bytes, retry table)} of the
+        partition's durable channels (an ephemeral one is not kept across a
+        failover; the retry table: Cursor.retries, what was put back)."""
         out = {}
         for channel in list(partition.topic.channels.values()):
             if not channel.ephemeral and not channel.exiting:
-                out[channel.name] = channel.cursors[partition.index].snapshot()
+                cursor = channel.cursors[partition.index]
+                out[channel.name] = (*cursor.snapshot(), cursor.retries())
         return out
 
     def adopt_cursors(self, partition, cursors):
-        """A follower: the leader's cursors [(channel, confirmed, window)] become its
-        channels' (made here when missing), so that if it leads next, consumers go on
-        from there: what the old leader's consumers had finished by its last send is
-        not delivered again.  A confirmed offset past this log's end waits for the
+        """A follower: the leader's cursors [(channel, confirmed, window, retry table)]
+        become its channels' (made here when missing), so that if it leads next,
+        consumers go on from there: what the old leader's consumers had finished by
+        its last send is not delivered again, and what it had put back goes out with
+        its attempts and when due (LogChannel.take_up_retries).  A confirmed offset past this log's end waits for the
         records (the leader sends it again); finished offsets are taken below the end
         only (an offset this log lacks may hold another message after a failover).
         A follower delivers nothing of the partition (LogChannel._following), so its
@@ -183,7 +194,7 @@ class ReplicaHost:
         seek that takes back what was (this node led it before)."""
         topic = partition.topic
         end = partition.log.end_offset
-        for name, confirmed, window in cursors:
+        for name, confirmed, window, retries in cursors:
             if not is_valid_name(name) or is_ephemeral(name) or confirmed > end:
                 continue
             try:
@@ -196,6 +207,7 @@ class ReplicaHost:
                     cursor.set(confirmed)
                 if finished:
                     cursor.finish_many(finished)
+                cursor.set_retries(retries, end)
             except Exception as err:  # (a channel being deleted, a bad window): the next send
                 self.nsqd.logf("warn", f"{partition}: channel {name}'s cursor from the "
                                        f"leader not taken: {err}")

@@ -234,6 +234,73 @@ def test_a_new_leader_delivers_what_was_committed_before_the_dead_leader_leaves_
         survivor.close()
 
 
+def put_back(node, topic, channel, partition=0):
+    """(confirmed offset, messages put back) of a channel on a node, or None."""
+    for t in node.get_json(f"/stats?format=json&topic={topic}")["topics"] or ():
+        for c in t["channels"]:
+            if c["channel_name"] == channel:
+                e = c["partitions"][partition]
+                return e["confirmed_offset"], e["put_back"]
+    return None
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_a_new_leader_delivers_what_was_put_back_with_its_attempts_once_due(make_cluster,
+                                                                           workers):
+    """What the leader's consumers put back (REQ, timeouts) rides with the cursors
+    (each cursor's retry table, in CURSORS frames): after the leader's SIGKILL, a
+    message REQ'd with a delay comes from the new leader when it is due, not at once,
+    and a message REQ'd twice comes with its attempts counted on (3rd delivery: 3)."""
+    cluster = make_cluster(workers)
+    assert cluster.create_topic("orders", 1, 3)[0] == 200
+    leader = cluster.leader("orders")
+    followers = [n for n in cluster.nodes if n is not leader]
+    bodies = [b"m%04d" % i for i in range(20)]
+    publish(leader, "orders", bodies)
+    client = Client(leader)
+    client.send(p.sub("orders", "audit"))
+    assert client.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    client.send(p.rdy(20))
+    got = {}
+    for _ in range(20):
+        m = client.message()
+        got[m.body] = m
+    client.send(p.req(got[b"m0003"].id, 0))
+    again = client.message()
+    assert (again.body, again.attempts) == (b"m0003", 2)
+    client.send(p.rdy(0))  # what is put back now stays in the channel
+    client.send(p.req(again.id, 0))
+    client.send(p.req(got[b"m0005"].id, 10_000))
+    due = time.time() + 10.0
+    for body, m in got.items():
+        if body not in (b"m0003", b"m0005"):
+            client.send(p.fin(m.id))
+    wait_until(lambda: all(put_back(f, "orders", "audit") == (3, 2) for f in followers),
+               10, "the followers know the two messages put back")
+    leader.kill()
+    client.close()
+    new = cluster.leader("orders", not_in=(leader.id,), timeout=20)
+    assert time.time() < due - 2, "the failover outlasted the delay"
+    survivor = Client(new, timeout=15)
+    try:
+        survivor.send(p.sub("orders", "audit"))
+        assert survivor.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+        survivor.send(p.rdy(10))
+        m = survivor.message()
+        assert (m.body, m.attempts) == (b"m0003", 3)
+        survivor.send(p.fin(m.id))
+        m = survivor.message()
+        arrived = time.time()
+        assert (m.body, m.attempts) == (b"m0005", 2)
+        assert arrived >= due - 0.2, f"delivered {due - arrived:.1f}s before it was due"
+        survivor.send(p.fin(m.id))
+        survivor.sock.settimeout(1.0)  # and nothing else: the rest were finished
+        with pytest.raises(TimeoutError):
+            survivor.message()
+    finally:
+        survivor.close()
+
+
 def test_a_channel_deleted_on_the_leader_goes_on_the_followers(make_cluster):
     """The deletion rides with the cursors (a CURSORS entry with confirmed DELETED):
     a new leader does not bring back a channel its consumers had deleted, and a

@@ -5,6 +5,7 @@ hex ID][body].  Buffers from pop_expired / drain / pop_due and the records
 given to deliver are packed [u32 native size][message] records.
 """
 
+import os
 import random
 import struct
 
@@ -15,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from nsqshm._core import codec
 from nsqshm._core.inflight import NOT_IN_FLIGHT, NOT_OWNER, OK, DeferredQueue, InFlight
+from nsqshm._core.logcursor import Cursor, CursorSet, log_message_id
 
 TS = 1_700_000_000_123_456_789
 
@@ -622,3 +624,34 @@ class InFlightMachine(RuleBasedStateMachine):
 InFlightMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60,
                                              deadline=None)
 TestInFlightModel = InFlightMachine.TestCase
+
+
+def test_take_retries_gives_back_attempts_and_defers_what_is_not_due(tmp_path):
+    name = f"nsqshm-test-retries-{os.getpid()}-{random.getrandbits(32):08x}"
+    cur = Cursor.open(name, str(tmp_path / "c.cursor"), 0)
+    try:
+        cursors = CursorSet(1)
+        cursors[0] = cur
+        cur.note_retry(1, 4)                   # put back once more: due now
+        cur.note_retry(2, 2, 10_500)           # deferred until 10.5 s (unix ms)
+        cur.note_retry(3, 7, 9_000)            # was deferred, due already
+
+        def record(offset):
+            msg = struct.pack(">qH", 99, 0) + log_message_id(0, offset) + b"body"
+            return struct.pack("<I", len(msg)) + msg
+        packed = bytearray(record(0) + record(1) + record(2) + record(3))
+        deferred = DeferredQueue()
+        now, ndeferred, due = deferred.take_retries(cursors, packed, 10_000, 1_000_000_000)
+        assert ndeferred == 1 and due == 1_000_000_000 + 500 * 1_000_000
+        assert now == record(0) + _with_attempts(record(1), 4) + _with_attempts(record(3), 7)
+        assert len(deferred) == 1 and deferred.next_due() == due
+        buf = bytearray(1024)
+        n, nbytes = deferred.pop_due(due, buf)
+        assert n == 1 and bytes(buf[:nbytes]) == _with_attempts(record(2), 2)
+    finally:
+        cur.close()
+        os.unlink(f"/dev/shm/{name}")
+
+
+def _with_attempts(record, attempts):
+    return record[:12] + struct.pack(">H", attempts) + record[14:]

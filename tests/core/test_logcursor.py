@@ -13,10 +13,14 @@ import time
 
 import pytest
 
+from nsqshm._core.commitlog import crc32c
 from nsqshm._core.logcursor import (
     ALREADY,
+    CHECKPOINT_MAGIC_V1,
     FINISHED,
     OUT_OF_WINDOW,
+    RETRY_ENTRY,
+    RETRY_SLOTS,
     Cursor,
     CursorError,
     CursorSet,
@@ -192,6 +196,34 @@ def test_corrupt_checkpoint_is_refused(cursor_args):
     open(ckpt, "wb").write(data)
     with pytest.raises(CursorError):
         Cursor.open(name, ckpt)
+
+
+def test_a_checkpoint_keeps_the_retry_table(cursor_args):
+    name, ckpt = cursor_args
+    c = Cursor.open(name, ckpt, start_offset=0, window_bits=1024)
+    c.note_retry(3, 2)
+    c.note_retry(5, 1, 1_800_000_000_000)
+    c.note_retry(6, 4)
+    c.finish(6)
+    c.checkpoint()
+    c.close()
+    os.unlink(f"/dev/shm/{name}")                  # as after a graceful stop
+    again = Cursor.open(name, ckpt, window_bits=1024)
+    assert again.retries() == struct.pack(">QHq", 3, 2, 0) + struct.pack(
+        ">QHq", 5, 1, 1_800_000_000_000)
+    again.close()
+
+
+def test_a_checkpoint_of_the_first_layout_is_read(cursor_args):
+    name, ckpt = cursor_args
+    window = bytearray(128)
+    window[0] = 0b100                              # offset 2 finished above confirmed 0
+    body = (0).to_bytes(8, "big") + (1024).to_bytes(4, "big") + bytes(window)
+    with open(ckpt, "wb") as f:
+        f.write(CHECKPOINT_MAGIC_V1 + crc32c(body).to_bytes(4, "big") + body)
+    c = Cursor.open(name, ckpt, window_bits=1024)
+    assert c.confirmed == 0 and c.is_finished(2) and c.retries() == b""
+    c.close()
 
 
 @pytest.mark.parametrize("name", ["", ".x", "-x", "a/b", "a" * 201, "é"])
@@ -525,3 +557,89 @@ def test_lock_holds_the_cursor_against_other_processes_and_nests(cursor_args):
     with pytest.raises(CursorError, match="not locked"):
         c.unlock()
     c.close()
+
+
+# -- the retry table -------------------------------------------------------------------------
+
+def _record(partition, offset, attempts, body=b"x" * 10):
+    msg = struct.pack(">qH", 1234, attempts) + log_message_id(partition, offset) + body
+    return struct.pack("<I", len(msg)) + msg
+
+
+def test_retry_table_notes_attempts_and_due_and_forgets_finished(cursor_args):
+    name, ckpt = cursor_args
+    cur = Cursor.open(name, ckpt, 100)
+    assert cur.retry_stats == (RETRY_SLOTS, 0, 0)
+    assert cur.note_retry(99, 3) == 0            # finished (below confirmed): not noted
+    assert cur.note_retry(105, 2, 1_700_000_000_000) == 1
+    assert cur.note_retry(101, 1) == 1
+    assert cur.note_retry(105, 4) == 1           # noted again: replaced
+    assert cur.retry(105) == (4, 0)
+    assert cur.retry(101) == (1, 0)
+    assert cur.retry(102) is None
+    assert cur.retry_high() == 106
+    wire = cur.retries()
+    assert len(wire) == 2 * RETRY_ENTRY
+    assert wire == (struct.pack(">QHq", 101, 1, 0) + struct.pack(">QHq", 105, 4, 0))
+    assert cur.retries(end=105) == struct.pack(">QHq", 101, 1, 0)
+    cur.finish(105)
+    assert cur.retry(105) is None and cur.retry_high() == 102
+    cur.finish(100)
+    cur.finish(101)                              # confirmed passes 101
+    assert cur.retries() == b"" and cur.retry_high() == 0
+    cur.close()
+
+
+def test_a_full_retry_table_drops_stale_entries_first_then_new_notes(cursor_args):
+    name, ckpt = cursor_args
+    cur = Cursor.open(name, ckpt, 0, retry_slots=64)
+    for o in range(48):                          # three quarters of 64
+        assert cur.note_retry(o, 1) == 1
+    assert cur.note_retry(48, 1) == -1           # live entries only: dropped, counted
+    assert cur.retry_stats == (64, 48, 1)
+    for o in range(10):
+        cur.finish(o)
+    assert cur.note_retry(48, 2) == 1            # the stale ten went at the compaction
+    assert cur.retry_stats == (64, 39, 1)
+    assert [o for o in range(60) if cur.retry(o)] == list(range(10, 49))
+    cur.close()
+
+
+def test_set_retries_takes_what_the_log_holds_and_is_unfinished(cursor_args):
+    name, ckpt = cursor_args
+    cur = Cursor.open(name, ckpt, 10)
+    cur.note_retry(50, 9)
+    cur.finish(12)
+    wire = b"".join(struct.pack(">QHq", o, a, d) for o, a, d in
+                    [(5, 1, 0), (11, 2, 0), (12, 3, 0), (13, 4, 7_000), (20, 5, 0)])
+    assert cur.set_retries(wire, end=20) == 2    # 5 and 12 finished, 20 past the end
+    assert cur.retries() == struct.pack(">QHq", 11, 2, 0) + struct.pack(">QHq", 13, 4, 7_000)
+    with pytest.raises(ValueError):
+        cur.set_retries(b"x" * 5, end=20)
+    cur.close()
+
+
+def test_a_segment_without_a_retry_table_notes_nothing(cursor_args):
+    name, ckpt = cursor_args
+    cur = Cursor.open(name, ckpt, 0, retry_slots=0)
+    assert cur.note_retry(3, 2) == 0 and cur.retries() == b"" and cur.retry_high() == 0
+    again = Cursor.attach(name)                  # (a build before the table made it so)
+    assert again.retry_stats == (0, 0, 0)
+    again.close()
+    cur.close()
+
+
+def test_cursor_set_notes_retries_from_records(cursor_args):
+    name, ckpt = cursor_args
+    cur = Cursor.open(name, ckpt, 0)
+    cursors = CursorSet(2)
+    cursors[1] = cur
+    packed = _record(1, 4, 2) + _record(0, 7, 1) + _record(1, 9, 300)
+    assert cursors.note_retries(packed, 5_000) == 2   # partition 0 has no cursor here
+    assert cur.retry(4) == (2, 5_000) and cur.retry(9) == (300, 5_000)
+    assert cursors.note_retries(_record(1, 11, 0)) == 0        # never delivered: nothing to keep
+    assert cursors.note_retries(_record(1, 11, 0), 9_000) == 1  # but deferred: its due time
+    assert cur.retry(11) == (0, 9_000)
+    with pytest.raises(ValueError):
+        cursors.note_retries(packed[:-1])
+    cur.close()

@@ -761,6 +761,50 @@ def test_cursor_survives_a_graceful_restart(nsqd_factory, tmp_path):
     _rest(again, "lt", [b"after"])
 
 
+def test_put_back_messages_keep_attempts_and_delay_across_a_graceful_restart(nsqd_factory,
+                                                                            tmp_path):
+    """A graceful stop drops what a log channel holds (all of it is in the log); the
+    cursor's checkpoint keeps its retry table, so the next start delivers what was put
+    back with its attempts, and what was REQ'd with a delay not before it is due (as a
+    classic channel keeps its deferred messages in a file)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    create(server, "lt", 1)
+    c = consumer(server, "lt", "ch", rdy=0)
+    pc = Client(server)
+    for i in range(5):
+        assert pub(pc, "lt", b"m%d" % i) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    c.send(p.rdy(5))
+    got = {m.body: m for m in take(c, 5, fin=False)}
+    c.send(p.req(got[b"m1"].id, 0))
+    again = c.message()
+    assert (again.body, again.attempts) == (b"m1", 2)
+    c.send(p.rdy(0))  # what is put back now stays in the channel
+    c.send(p.req(again.id, 0))
+    c.send(p.req(got[b"m3"].id, 6000))
+    due = time.time() + 6.0
+    for body in (b"m0", b"m2", b"m4"):
+        c.send(p.fin(got[body].id))
+    assert wait_for(lambda: [(e["confirmed_offset"], e["put_back"]) for e in
+                             channel_stats(server, "lt", "ch")["partitions"]] == [(1, 2)])
+    c.close()
+    assert server.stop() == 0
+    restarted = nsqd_factory(data_path=data, prefix=server.prefix)
+    assert time.time() < due - 2, "the restart outlasted the delay"
+    c = consumer(restarted, "lt", "ch", rdy=10)
+    m = c.message()
+    assert (m.body, m.attempts) == (b"m1", 3)
+    c.send(p.fin(m.id))
+    c.sock.settimeout(10)
+    m = c.message()
+    arrived = time.time()
+    assert (m.body, m.attempts) == (b"m3", 2)
+    assert arrived >= due - 0.2, f"delivered {due - arrived:.1f}s before it was due"
+    c.send(p.fin(m.id))
+    assert nothing_more(c)
+
+
 def _answers(server):
     try:
         return all_workers_answer(server, server.workers)

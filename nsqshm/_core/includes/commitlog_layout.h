@@ -92,6 +92,9 @@
  *       12     4  window_bits    bits of the finished-set window (x 64)
  *       16     8  created_ns
  *       24     8  recoveries     locks taken over from a dead holder
+ *       32     4  retry_slots    slots of the retry table (0: a segment without one)
+ *       36     4  retry_used     slots taken (live or stale)
+ *       40     8  retry_dropped  notes the full table could not take
  *       64    64  lock           robust process-shared pthread mutex
  *      128     8  confirmed      every msg offset below it is finished
  *      136     8  finished       offsets finished above confirmed (count)
@@ -104,6 +107,19 @@
  *      192     8  confirmed_total, finish_total: counters
  *      256   w/8  window         bit (o % window_bits) = msg offset o in
  *                                [confirmed, confirmed + window_bits) finished
+ *  256+w/8  24 x s  retry table  open addressing by msg offset, linear probing:
+ *
+ *                     0  8  key       msg offset + 1 (0: an empty slot)
+ *                     8  4  attempts  deliveries so far (the record's attempts)
+ *                    12  4  (zero)
+ *                    16  8  due_ms    unix ms it is deferred until (0: not deferred)
+ *
+ * The retry table holds what a channel knows of messages handed out and put back
+ * (REQ, timeout, a dead worker's): their attempts and, for a REQ with a delay, when
+ * they are due.  A partition's leader sends it to its followers with the cursor, so
+ * that a new leader delivers them with their attempts and when they are due.  An
+ * entry whose offset is finished is stale: skipped when read, dropped when the table
+ * is compacted (at three quarters full), never removed otherwise.
  *
  * An advance from confirmed c to c' (the run of finished offsets starting at
  * c) writes j_from = c, j_to = c', stores confirmed = c' (release), clears
@@ -172,7 +188,10 @@ typedef struct {
     uint32_t window_bits;
     uint64_t created_ns;
     uint64_t recoveries;
-    uint64_t _pad0[4];
+    uint32_t retry_slots;
+    uint32_t retry_used;
+    uint64_t retry_dropped;
+    uint64_t _pad0[2];
     nsqshm_cursor_lock lock;
     uint64_t confirmed;
     uint64_t finished;
@@ -187,6 +206,15 @@ typedef struct {
     uint64_t window[];
 } nsqshm_cursor_header;
 
+typedef struct {
+    uint64_t key;
+    uint32_t attempts;
+    uint32_t _pad;
+    int64_t due_ms;
+} nsqshm_retry_slot;
+
+_Static_assert(sizeof(nsqshm_retry_slot) == 24, "layout");
+_Static_assert(offsetof(nsqshm_cursor_header, retry_slots) == 32, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, lock) == 64, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, confirmed) == 128, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, read_pos) == 168, "layout");
