@@ -1256,23 +1256,26 @@ cdef class DeferredQueue(MessageStore):
             PyBuffer_Release(&view)
 
     def take_retries(self, CursorSet cursors not None, packed, int64_t now_ms,
-                     int64_t mono_now_ns):
+                     int64_t mono_now_ns, int64_t max_delay_ms):
         """A partition's new leader takes up what the old one had put back
         (LogChannel.take_up_retries): each message of the writable packed [u32
         native size][message] records that its cursor's retry table has
         (CursorSet.retry_of) gets its attempts back, and one deferred past
-        now_ms (unix ms) is deferred here, due that much after mono_now_ns.
-        Returns (the records to deliver now, as packed records; how many were
-        deferred; the earliest due, monotonic ns, or -1).  One C loop."""
+        now_ms (unix ms) is deferred here, due that much after mono_now_ns (at
+        most max_delay_ms: --max-req-timeout; one the arena cannot hold goes
+        now).  Returns (the records to deliver now, as packed records; how many
+        were deferred; the earliest due, monotonic ns, or -1).  One C loop."""
         cdef Py_buffer view
         cdef char *p
         cdef Py_ssize_t pos = 0, deferred = 0, kept = 0
         cdef uint32_t size, attempts = 0
         cdef int64_t due_ms = 0, due_ns, earliest = -1
-        cdef bytearray out = bytearray(len(packed))
-        cdef char *dst = PyByteArray_AS_STRING(out)
+        cdef bytearray out
+        cdef char *dst
         PyObject_GetBuffer(packed, &view, PyBUF_WRITABLE)
         try:
+            out = bytearray(view.len)
+            dst = PyByteArray_AS_STRING(out)
             p = <char *>view.buf
             while pos < view.len:
                 if view.len - pos < 4:
@@ -1281,19 +1284,24 @@ cdef class DeferredQueue(MessageStore):
                 if size < MSG_HEADER_SIZE or view.len - pos - 4 < <Py_ssize_t>size:
                     raise ValueError(f"a record of {size} bytes at byte {pos}")
                 if cursors.retry_of(p + pos + 4 + MSG_ID_OFFSET, &attempts, &due_ms):
-                    if attempts > 0xFFFF:
-                        attempts = 0xFFFF
-                    # nsqd's encoding: [8 BE timestamp][2 BE attempts]...
-                    p[pos + 12] = <char>(attempts >> 8)
+                    if attempts > 0x7FFF:
+                        attempts = 0x7FFF
+                    # nsqd's encoding: [8 BE timestamp][2 BE attempts]..., the top bit
+                    # the message's own (a time to live: includes/message_expiry.h)
+                    p[pos + 12] = <char>((<unsigned char>p[pos + 12] & 0x80) | (attempts >> 8))
                     p[pos + 13] = <char>(attempts & 0xFF)
                     if due_ms > now_ms:
-                        due_ns = mono_now_ns + (due_ms - now_ms) * 1000000
-                        self.push_raw(p + pos + 4, size, due_ns)
-                        if earliest < 0 or due_ns < earliest:
-                            earliest = due_ns
-                        deferred += 1
-                        pos += 4 + size
-                        continue
+                        due_ns = mono_now_ns + min(due_ms - now_ms, max_delay_ms) * 1000000
+                        try:
+                            self.push_raw(p + pos + 4, size, due_ns)
+                        except MemoryError:
+                            pass  # (the arena is full: delivered now)
+                        else:
+                            if earliest < 0 or due_ns < earliest:
+                                earliest = due_ns
+                            deferred += 1
+                            pos += 4 + size
+                            continue
                 memcpy(dst + kept, p + pos, 4 + size)
                 kept += 4 + size
                 pos += 4 + size

@@ -50,6 +50,8 @@ cdef class Cursor:
     cdef readonly str checkpoint_file
     cdef bint crash_test
     cdef int lock_depth               # this handle's holds of the mutex (lock() nests)
+    cdef uint32_t slots               # the retry table's, as checked at attach / made
+    cdef readonly bint created        # this handle made the segment (Cursor.open)
 
     cdef int _map(self, int fd, size_t size) except -1
     cdef int _lock(self) except -1
@@ -62,6 +64,8 @@ cdef class Cursor:
     cdef nsqshm_retry_slot *_retry_find(self, uint64_t o) noexcept nogil
     cdef int _retry_put(self, uint64_t o, uint32_t attempts, int64_t due_ms) noexcept nogil
     cdef void _retry_compact(self) noexcept nogil
+    cdef void _retry_delete(self, uint32_t i) noexcept nogil
+    cdef void _retry_clear(self) noexcept nogil
     cdef Py_ssize_t _retry_load(self, const unsigned char *p, Py_ssize_t size,
                                 uint64_t end) noexcept nogil
 

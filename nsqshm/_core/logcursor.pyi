@@ -5,6 +5,7 @@ ALREADY: int
 OUT_OF_WINDOW: int
 DEFAULT_WINDOW_BITS: int
 RETRY_SLOTS: int
+MAX_RETRY_SLOTS: int
 RETRY_ENTRY: int
 SHM_DIR: str
 NAME_MAX_LEN: int
@@ -22,9 +23,11 @@ def checkpoint_path(partition_dir: str, channel: str) -> str: ...
 class Cursor:
     name: str
     checkpoint_file: str
+    created: bool
     @staticmethod
     def open(name: str, checkpoint_file: str, start_offset: int = ...,
-             window_bits: int = ..., retry_slots: int = ...) -> Cursor: ...
+             window_bits: int = ..., retry_slots: int = ...,
+             hold_retries: bool = ...) -> Cursor: ...
     @staticmethod
     def attach(name: str) -> Cursor: ...
     def finish(self, offset: int) -> int: ...

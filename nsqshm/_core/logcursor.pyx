@@ -48,6 +48,7 @@ ALREADY = 1           # finish(): it was finished before
 OUT_OF_WINDOW = -1    # finish(): beyond confirmed + window_bits: hold delivery
 DEFAULT_WINDOW_BITS = 1 << 16
 RETRY_SLOTS = 4096    # a new cursor's retry table (24 bytes a slot; tmpfs pages only when used)
+MAX_RETRY_SLOTS = 1 << 20
 cdef enum:
     RETRY_ENTRY_SIZE = 18  # retries()' wire entry: u64 BE msg offset, u16 BE attempts, i64 BE due ms
 RETRY_ENTRY = RETRY_ENTRY_SIZE
@@ -196,14 +197,18 @@ cdef class Cursor:
     @staticmethod
     def open(str name, str checkpoint_file, unsigned long long start_offset=0,
              unsigned long long window_bits=DEFAULT_WINDOW_BITS,
-             unsigned int retry_slots=RETRY_SLOTS):
+             unsigned int retry_slots=RETRY_SLOTS, bint hold_retries=False):
         """Attach to the cursor segment `name`, or make it: from the
-        checkpoint file if there is one, else at start_offset."""
+        checkpoint file if there is one, else at start_offset.  hold_retries:
+        a cursor made from a checkpoint whose retry table holds messages is
+        made held (read_pos HELD: no reader takes anything of it), for its
+        maker (`created`) to take them up and release it."""
         validate_name(name)
         if window_bits < 64 or window_bits > (1 << 24) or window_bits & (window_bits - 1):
             raise ValueError(f"window_bits {window_bits}: a power of two in 64..2**24")
-        if retry_slots > (1 << 20) or retry_slots & (retry_slots - 1):
-            raise ValueError(f"retry_slots {retry_slots}: 0 or a power of two up to 2**20")
+        if retry_slots > MAX_RETRY_SLOTS or retry_slots & (retry_slots - 1):
+            raise ValueError(f"retry_slots {retry_slots}: 0 or a power of two up to "
+                             f"{MAX_RETRY_SLOTS}")
         cdef Cursor self = Cursor.__new__(Cursor)
         self.name = name
         self.checkpoint_file = checkpoint_file
@@ -216,7 +221,8 @@ cdef class Cursor:
             confirmed, window, retries = _read_checkpoint(checkpoint_file, window_bits)
             if confirmed is None:
                 confirmed = start_offset
-            if self._create(confirmed, window, window_bits, retry_slots, retries):
+            if self._create(confirmed, window, window_bits, retry_slots,
+                            retries, hold_retries):
                 return self
         raise CursorError(f"cursor {name!r}: could not attach nor create")
 
@@ -253,17 +259,19 @@ cdef class Cursor:
         finally:
             os.close(fd)
         h = self.h
+        slots = h.retry_slots  # (read once: the table's code uses this handle's copy)
         if h.magic != NSQSHM_CURSOR_MAGIC or h.version != NSQSHM_CURSOR_VERSION or \
-                h.retry_slots & (h.retry_slots - 1) or \
-                NSQSHM_CURSOR_HEADER + h.window_bits // 8 + h.retry_slots * 24 != self.size:
+                slots > MAX_RETRY_SLOTS or slots & (slots - 1) or \
+                int(NSQSHM_CURSOR_HEADER) + int(h.window_bits) // 8 + int(slots) * 24 != self.size:
             # (retry_slots 0: a segment of a build before the retry table, taken as it is)
             raise CursorError(f"cursor {self.name!r}: not a cursor of layout "
                               f"{NSQSHM_CURSOR_VERSION}")
         self.bits = h.window_bits
         self.mask = self.bits - 1
+        self.slots = slots
 
     def _create(self, unsigned long long confirmed, window, unsigned long long window_bits,
-                unsigned int retry_slots, bytes retries=b""):
+                unsigned int retry_slots, bytes retries=b"", bint hold=False):
         """Make the segment unnamed, fill it (retries: a checkpoint's retry table,
         as retries() gives it), link it under its name.  False when another
         process linked one first (attach to it then)."""
@@ -287,6 +295,7 @@ cdef class Cursor:
             h.version = NSQSHM_CURSOR_VERSION
             h.window_bits = window_bits
             h.retry_slots = retry_slots
+            self.slots = retry_slots
             h.created_ns = _now_ns()
             h.confirmed = confirmed
             self.bits = window_bits
@@ -295,8 +304,9 @@ cdef class Cursor:
                 memcpy(<void *>h.window, PyBytes_AS_STRING(window), window_bits // 8)
                 h.finished = _popcount(h.window, window_bits // 64)
             if retries and len(retries) % RETRY_ENTRY == 0:  # (not linked yet: no lock)
-                self._retry_load(<const unsigned char *>PyBytes_AS_STRING(retries),
-                                 len(retries), 0xFFFFFFFFFFFFFFFF)
+                if self._retry_load(<const unsigned char *>PyBytes_AS_STRING(retries),
+                                    len(retries), 0xFFFFFFFFFFFFFFFF) and hold:
+                    h.read_pos = _READ_HELD
             pthread_mutexattr_init(&attr)
             pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED)
             pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST)
@@ -313,6 +323,7 @@ cdef class Cursor:
                 return False
             finally:
                 os.close(shm_dir)
+            self.created = True
         finally:
             os.close(fd)
             if tmp:
@@ -459,7 +470,7 @@ cdef class Cursor:
 
     cdef nsqshm_retry_slot *_retry_find(self, uint64_t o) noexcept nogil:
         """o's slot, or NULL (the lock held; no table: NULL)."""
-        cdef uint32_t slots = self.h.retry_slots, i, n
+        cdef uint32_t slots = self.slots, i, n
         cdef nsqshm_retry_slot *t = self._retries()
         if slots == 0:
             return NULL
@@ -476,7 +487,7 @@ cdef class Cursor:
         """Note o's attempts and due time (the lock held): 1 noted, 0 not (finished,
         or no table), -1 the table is full of live entries (counted in retry_dropped)."""
         cdef nsqshm_cursor_header *h = self.h
-        cdef uint32_t slots = h.retry_slots, i
+        cdef uint32_t slots = self.slots, i
         cdef nsqshm_retry_slot *t = self._retries()
         cdef nsqshm_retry_slot *e
         if slots == 0 or self._done(o):
@@ -499,29 +510,40 @@ cdef class Cursor:
         return 1
 
     cdef void _retry_compact(self) noexcept nogil:
-        """Drop the stale entries (finished offsets): the live ones are put in
-        again.  (Without memory for the copy, the table stays as it is.)"""
-        cdef nsqshm_cursor_header *h = self.h
-        cdef uint32_t slots = h.retry_slots, i, j, n = 0
+        """Drop the stale entries (finished offsets), in place: each one's slot
+        is emptied and the entries after it in its probe run shifted back
+        (_retry_delete), so a holder killed midway leaves every live entry
+        findable (at worst one twice: a finder takes the first)."""
+        cdef uint32_t i = 0
+        while i < self.slots:
+            if self._retries()[i].key and self._done(self._retries()[i].key - 1):
+                self._retry_delete(i)  # (slot i may hold a shifted entry now: look again)
+            else:
+                i += 1
+
+    cdef void _retry_delete(self, uint32_t i) noexcept nogil:
+        """Empty slot i of the linear-probing table, moving back each entry of
+        the run after it that would no longer be found (backward shift)."""
         cdef nsqshm_retry_slot *t = self._retries()
-        cdef nsqshm_retry_slot *live
-        if slots == 0:
-            return
-        live = <nsqshm_retry_slot *>malloc(slots * sizeof(nsqshm_retry_slot))
-        if live == NULL:
-            return
-        for i in range(slots):
-            if t[i].key and not self._done(t[i].key - 1):
-                live[n] = t[i]
-                n += 1
-        memset(<void *>t, 0, slots * sizeof(nsqshm_retry_slot))
-        for i in range(n):
-            j = <uint32_t>((live[i].key - 1) & (slots - 1))
-            while t[j].key != 0:
-                j = (j + 1) & (slots - 1)
-            t[j] = live[i]
-        h.retry_used = n
-        free(live)
+        cdef uint32_t m = self.slots - 1, j = i, home
+        while True:
+            j = (j + 1) & m
+            if t[j].key == 0:
+                break
+            home = <uint32_t>((t[j].key - 1) & m)
+            # t[j] stays when its home lies cyclically in (i, j]
+            if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
+                continue
+            t[i] = t[j]
+            i = j
+        t[i].key = 0
+        if self.h.retry_used:
+            self.h.retry_used -= 1
+
+    cdef void _retry_clear(self) noexcept nogil:
+        if self.slots:
+            memset(<void *>self._retries(), 0, self.slots * sizeof(nsqshm_retry_slot))
+        self.h.retry_used = 0
 
     def note_retry(self, unsigned long long offset, unsigned int attempts, long long due_ms=0):
         """Note a message put back (retry_of's input; tests and the lone path):
@@ -545,38 +567,43 @@ cdef class Cursor:
     def retries(self, unsigned long long end=0xFFFFFFFFFFFFFFFF):
         """The live entries below msg offset `end`, in offset order, as the wire
         has them (rpc CURSORS): RETRY_ENTRY bytes each, u64 BE msg offset, u16 BE
-        attempts (at most 65535), i64 BE due unix ms (0: not deferred)."""
-        cdef uint32_t slots, i, n = 0
+        attempts (at most 65535), i64 BE due unix ms (0: not deferred).  A table
+        found to hold nothing live is emptied (the next look is one load)."""
+        cdef uint32_t i, n = 0
         cdef nsqshm_retry_slot *t
         cdef nsqshm_retry_slot *live
-        cdef bytes out
         cdef unsigned char *q
         self._lock()
         if self.h.retry_used == 0:  # (nearly always: sent with every cursor, every 50 ms)
             self._unlock()
             return b""
-        slots = self.h.retry_slots
         live = <nsqshm_retry_slot *>malloc(self.h.retry_used * sizeof(nsqshm_retry_slot))
         if live == NULL:
             self._unlock()
             raise MemoryError()
-        t = self._retries()
-        for i in range(slots):
-            if t[i].key and t[i].key - 1 < end and not self._done(t[i].key - 1) \
-                    and n < self.h.retry_used:
-                live[n] = t[i]
-                n += 1
-        self._unlock()
-        qsort(live, n, sizeof(nsqshm_retry_slot), _by_key)
-        out = PyBytes_FromStringAndSize(NULL, n * RETRY_ENTRY_SIZE)
-        q = <unsigned char *>PyBytes_AS_STRING(out)
-        for i in range(n):
-            _put_be(q, live[i].key - 1, 8)
-            _put_be(q + 8, live[i].attempts if live[i].attempts < 0xFFFF else 0xFFFF, 2)
-            _put_be(q + 10, <uint64_t>live[i].due_ms, 8)
-            q += RETRY_ENTRY_SIZE
-        free(live)
-        return out
+        try:
+            t = self._retries()
+            any_live = False
+            for i in range(self.slots):
+                if t[i].key and not self._done(t[i].key - 1):
+                    any_live = True
+                    if t[i].key - 1 < end and n < self.h.retry_used:
+                        live[n] = t[i]
+                        n += 1
+            if not any_live:
+                self._retry_clear()
+            self._unlock()
+            qsort(live, n, sizeof(nsqshm_retry_slot), _by_key)
+            out = PyBytes_FromStringAndSize(NULL, n * RETRY_ENTRY_SIZE)
+            q = <unsigned char *>PyBytes_AS_STRING(out)
+            for i in range(n):
+                _put_be(q, live[i].key - 1, 8)
+                _put_be(q + 8, live[i].attempts if live[i].attempts < 0xFFFF else 0xFFFF, 2)
+                _put_be(q + 10, <uint64_t>live[i].due_ms, 8)
+                q += RETRY_ENTRY_SIZE
+            return out
+        finally:
+            free(live)
 
     def set_retries(self, data, unsigned long long end):
         """Take a leader's retries() as this table (a follower), those below
@@ -588,11 +615,8 @@ cdef class Cursor:
             if view.len % RETRY_ENTRY:
                 raise ValueError(f"a retry table of {view.len} bytes")
             self._lock()
-            if self.h.retry_slots:
-                memset(<void *>self._retries(), 0,
-                       self.h.retry_slots * sizeof(nsqshm_retry_slot))
-                self.h.retry_used = 0
-                n = self._retry_load(<const unsigned char *>view.buf, view.len, end)
+            self._retry_clear()
+            n = self._retry_load(<const unsigned char *>view.buf, view.len, end)
             self._unlock()
         finally:
             PyBuffer_Release(&view)
@@ -619,7 +643,7 @@ cdef class Cursor:
         cdef nsqshm_retry_slot *t
         self._lock()
         t = self._retries()
-        for i in range(self.h.retry_slots):
+        for i in range(self.slots):
             if t[i].key > high and not self._done(t[i].key - 1):
                 high = t[i].key
         self._unlock()
@@ -628,7 +652,7 @@ cdef class Cursor:
     @property
     def retry_stats(self):
         """(slots, slots taken, notes the full table dropped)."""
-        return self.h.retry_slots, self.h.retry_used, self.h.retry_dropped
+        return self.slots, self.h.retry_used, self.h.retry_dropped
 
     @property
     def confirmed(self):
@@ -667,6 +691,9 @@ cdef class Cursor:
         memset(<void *>h.window, 0, self.bits // 8)
         h.finished = 0
         h.j_reset = 0
+        # what was put back before the move is not of the messages from there on
+        # (a seek back would otherwise give old attempts and due times again)
+        self._retry_clear()
         self._unlock()
 
     cdef long long _next(self, uint64_t start, uint64_t end) noexcept nogil:
@@ -817,7 +844,8 @@ cdef class Cursor:
         finally:
             self._unlock()
         body = confirmed.to_bytes(8, "big") + self.bits.to_bytes(4, "big") + window + retries
-        data = CHECKPOINT_MAGIC + nsqshm_crc32c(0, <const char *>body, len(body)).to_bytes(
+        # (the first layout when there is no table to keep: a build before it reads that)
+        data = (CHECKPOINT_MAGIC if retries else CHECKPOINT_MAGIC_V1) + nsqshm_crc32c(0, <const char *>body, len(body)).to_bytes(
             4, "big") + body
         tmp = f"{self.checkpoint_file}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -1035,7 +1063,7 @@ cdef class CursorSet:
         if p < 0 or p >= self.count or self.cursors[p] is None:
             return 0
         cur = <Cursor>self.cursors[p]
-        if cur.h == NULL or cur.h.retry_slots == 0:
+        if cur.h == NULL or cur.slots == 0:
             return 0
         cur._lock()
         e = NULL if cur._done(off) else cur._retry_find(off)
@@ -1051,12 +1079,12 @@ cdef class CursorSet:
         worker's) or deferred until unix ms due_ms: their attempts (the record's),
         so that a partition's next leader delivers them as this one would.  One C
         loop; how many were noted (a finished one, or one a full table cannot
-        take, is not; nor one never delivered, not deferred: a ring's records
-        taken back by a seek)."""
+        take, is not; nor one never delivered: a ring's records taken back by a
+        seek or deferred for room)."""
         cdef Py_buffer view
         cdef const unsigned char *p
         cdef Py_ssize_t pos = 0, done = 0
-        cdef uint32_t size
+        cdef uint32_t size, attempts
         cdef uint64_t off = 0
         cdef long long part
         cdef Cursor cur
@@ -1070,15 +1098,16 @@ cdef class CursorSet:
                 if size < RECORD_ID_END or view.len - pos - 4 < <Py_ssize_t>size:
                     raise ValueError(f"a record of {size} bytes at byte {pos}")
                 part = decode_log_id(<const char *>p + pos + 4 + RECORD_ID_OFFSET, &off)
-                if (p[pos + 12] | p[pos + 13]) == 0 and due_ms == 0:
-                    pass  # never delivered, not deferred: nothing a next leader must know
+                # attempts: [8 BE timestamp][2 BE attempts] of nsqd's encoding, the
+                # top bit a message's time to live (includes/message_expiry.h)
+                attempts = ((<uint32_t>p[pos + 12] & 0x7F) << 8) | p[pos + 13]
+                if attempts == 0:
+                    pass  # never delivered (a ring's overflow, a seek's take-back): nothing
                 elif 0 <= part < self.count and self.cursors[part] is not None:
                     cur = <Cursor>self.cursors[part]
-                    if cur.h != NULL and cur.h.retry_slots:
+                    if cur.h != NULL and cur.slots:
                         cur._lock()
-                        # attempts: [8 BE timestamp][2 BE attempts] of nsqd's encoding
-                        if cur._retry_put(off, (<uint32_t>p[pos + 12] << 8) | p[pos + 13],
-                                          due_ms) == 1:
+                        if cur._retry_put(off, attempts, due_ms) == 1:
                             done += 1
                         cur._unlock()
                 pos += 4 + size

@@ -100,9 +100,10 @@ class LogChannel(Channel):
         self._find_lanes()
         for partition in restored:
             # what was put back before a graceful stop (the checkpoint's retry table):
-            # with its attempts, once due.  (Standalone only: in cluster mode the
-            # partition's role decides, ReplicaHost.set_gate.)
-            self.take_up_retries(partition)
+            # with its attempts, once due, by whichever worker made the cursor (held
+            # until then).  (Standalone only: in cluster mode the partition's role
+            # decides, ReplicaHost.set_gate.)
+            self.take_up_retries(partition, held=True)
         self._feeder = gevent.spawn(self._feed_loop) if self._owned else None
 
     def __repr__(self):
@@ -116,8 +117,8 @@ class LogChannel(Channel):
         log's end -- a new channel sees only new messages -- or, for the
         topic's first channel, at its start: nsqd's topic keeps what is
         published before any channel exists for the first one.  A partition
-        this worker owns whose cursor came from its checkpoint, standalone,
-        is added to `restored`."""
+        whose cursor this worker made from a checkpoint with messages put
+        back, standalone, is added to `restored` (take_up_retries)."""
         name = self._cursor_name(partition)
         ckpt = checkpoint_path(partition.path, self.name)
         fresh = not os.path.exists(f"/dev/shm/{name}")
@@ -125,11 +126,12 @@ class LogChannel(Channel):
             _remove(ckpt)
         start, end = partition.offsets()
         first = not any(c is not self for c in self.topic.channels.values())
-        cursor = Cursor.open(name, ckpt, start if first else end)
+        standalone = partition.replica is None
+        cursor = Cursor.open(name, ckpt, start if first else end, hold_retries=standalone)
         if fresh and not self.ephemeral and partition.owned and not os.path.exists(ckpt):
             cursor.checkpoint()  # a restart finds where it started
-        elif fresh and partition.owned and partition.replica is None and cursor.retry_high():
-            restored.append(partition)
+        elif cursor.created and standalone and cursor.held:
+            restored.append(partition)  # (made held: its checkpoint's retry table holds some)
         # (None: no checkpoint yet; the owner's retention pass writes one)
         self._checkpointed[partition.index] = cursor.confirmed if os.path.exists(ckpt) else None
         return cursor
@@ -247,7 +249,7 @@ class LogChannel(Channel):
         self.cursors.note_retries(len(msg).to_bytes(4, "little") + bytes(msg),
                                   int((time.time() + delay_s) * 1000))
 
-    def take_up_retries(self, partition):
+    def take_up_retries(self, partition, held=False):
         """This node now leads the partition: what the old leader had put back
         and told this node (its retry table, ReplicaHost.adopt_cursors) goes out
         as the old leader would have sent it, with its attempts, and not before
@@ -256,31 +258,43 @@ class LogChannel(Channel):
         run (_claim: against every other reader of the partition), and each is
         deferred here until it is due (DeferredQueue.take_retries) or put back
         into the channel now.  Runs before the partition's first delivery here
-        (ReplicaHost.set_gate; standalone, at the start after a graceful stop);
-        how many records it took.  Not for an ordered lane: its feeder delivers
-        from the confirmed offset, one at a time (attempts start again)."""
-        lane = self.lanes.get(partition.index)
-        if self.topic.ordered or (lane is not None and lane.ordered):
-            return 0  # (an ordered lane holds one message at a time: the feeder's)
+        (ReplicaHost.set_gate), or, standalone at the start after a graceful
+        stop, by the worker that made the cursor from its checkpoint, held
+        (`held`: no reader took anything of it since) and released here; the
+        cursor's lock is held throughout.  How many records it took.  Not for
+        an ordered lane: its feeder delivers from the confirmed offset, one at
+        a time (attempts start again)."""
         cursor = self.cursors[partition.index]
-        high = cursor.retry_high()
-        view = self._log_view(partition) if high > cursor.read_pos else None
-        if view is None:
-            return 0
-        reader, end = view
-        view = (reader, min(end, high))
+        lane = self.lanes.get(partition.index)
         total = 0
-        with self.scratch.borrow() as scratch:
-            while cursor.read_pos < view[1]:
-                taken, _ = self._claim(partition, view, FEED_BATCH, scratch, self._take_up)
-                if taken == 0:
-                    break  # (the window is full, or the log reads short: the rest as usual)
-                total += max(taken, 0)
+        cursor.lock()
+        try:
+            if held:
+                if not cursor.held:
+                    return 0  # (released meanwhile: _check_hold)
+                cursor.release(cursor.confirmed)
+            if self.topic.ordered or (lane is not None and lane.ordered):
+                return 0  # (an ordered lane holds one message at a time: the feeder's)
+            high = cursor.retry_high()
+            view = self._log_view(partition) if high > cursor.read_pos else None
+            if view is None:
+                return 0
+            view = (view[0], min(view[1], high))
+            with self.scratch.borrow() as scratch:
+                while cursor.read_pos < view[1]:
+                    taken, _ = self._claim(partition, view, FEED_BATCH, scratch,
+                                           self._take_up)
+                    if taken == 0:
+                        break  # (the window is full, or the log reads short: as usual then)
+                    total += max(taken, 0)
+        finally:
+            cursor.unlock()
         return total
 
     def _take_up(self, records, n):
         now, deferred, due = self.deferred.take_retries(
-            self.cursors, records, int(time.time() * 1000), time.monotonic_ns())
+            self.cursors, records, int(time.time() * 1000), time.monotonic_ns(),
+            int(self.nsqd.opts.max_req_timeout * 1000))
         if deferred:
             self.nsqd.schedule_scan(due)
         if now:

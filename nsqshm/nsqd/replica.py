@@ -19,7 +19,7 @@ import zlib
 import gevent
 import gevent.lock
 
-from nsqshm._core.commitlog import LogError, PartitionLog, make_log_anew, prepare_cut, swap_in
+from nsqshm._core.commitlog import PartitionLog, make_log_anew, prepare_cut, swap_in
 from nsqshm._core.logcursor import window_offsets
 from nsqshm.nsqd.ext import make_ext
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -154,7 +154,9 @@ class ReplicaHost:
         return p if p.owned and p.log is not None else None
 
     def set_gate(self, partition, gate):
-        promoted = gate.writable and not partition.writable
+        old = partition.replica  # (a fenced leader's gate stays writable: it refuses)
+        promoted = gate.writable and not (old is not None and old.writable
+                                          and getattr(old, "fenced", None) is None)
         partition.replica = gate
         # a follower's channels push nothing of it (LogChannel._feedable); a new
         # leader's start from the cursors the old one sent (adopt_cursors), first
@@ -163,7 +165,7 @@ class ReplicaHost:
             if promoted and not channel.exiting:
                 try:
                     channel.take_up_retries(partition)
-                except (LogError, OSError, ValueError) as err:  # (delivered as usual then)
+                except Exception as err:  # (a cursor, a log, the arena: delivered as usual then)
                     self.nsqd.logf("warn", f"{partition}: channel {channel.name}: the old "
                                            f"leader's put-back messages not taken up: {err}")
             channel.feed_wake()

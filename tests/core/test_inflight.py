@@ -641,13 +641,23 @@ def test_take_retries_gives_back_attempts_and_defers_what_is_not_due(tmp_path):
             return struct.pack("<I", len(msg)) + msg
         packed = bytearray(record(0) + record(1) + record(2) + record(3))
         deferred = DeferredQueue()
-        now, ndeferred, due = deferred.take_retries(cursors, packed, 10_000, 1_000_000_000)
+        now, ndeferred, due = deferred.take_retries(cursors, packed, 10_000, 1_000_000_000,
+                                                    3_600_000)
         assert ndeferred == 1 and due == 1_000_000_000 + 500 * 1_000_000
         assert now == record(0) + _with_attempts(record(1), 4) + _with_attempts(record(3), 7)
         assert len(deferred) == 1 and deferred.next_due() == due
         buf = bytearray(1024)
         n, nbytes = deferred.pop_due(due, buf)
         assert n == 1 and bytes(buf[:nbytes]) == _with_attempts(record(2), 2)
+        # a message with a time to live keeps its bit (the attempts field's top one);
+        # a due time past --max-req-timeout is cut to it
+        cur.note_retry(4, 5, 10_000 + 10 ** 12)
+        ttl = bytearray(record(4))
+        ttl[12] |= 0x80
+        now, ndeferred, due = deferred.take_retries(cursors, ttl, 10_000, 0, 1_000)
+        assert (now, ndeferred, due) == (bytearray(), 1, 1_000 * 1_000_000)
+        n, nbytes = deferred.pop_due(due, buf)
+        assert buf[12:14] == bytes((0x80, 5))
     finally:
         cur.close()
         os.unlink(f"/dev/shm/{name}")

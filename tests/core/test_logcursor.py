@@ -208,9 +208,17 @@ def test_a_checkpoint_keeps_the_retry_table(cursor_args):
     c.checkpoint()
     c.close()
     os.unlink(f"/dev/shm/{name}")                  # as after a graceful stop
-    again = Cursor.open(name, ckpt, window_bits=1024)
+    again = Cursor.open(name, ckpt, window_bits=1024, hold_retries=True)
+    assert again.created and again.held            # made held: its maker takes them up
     assert again.retries() == struct.pack(">QHq", 3, 2, 0) + struct.pack(
         ">QHq", 5, 1, 1_800_000_000_000)
+    other = Cursor.open(name, ckpt, window_bits=1024, hold_retries=True)
+    assert not other.created and other.held
+    other.close()
+    again.set(0)                                   # a seek: what was put back is forgotten
+    assert again.retries() == b"" and again.retry_stats[1] == 0 and not again.held
+    again.checkpoint()                             # nothing to keep: the first layout
+    assert open(ckpt, "rb").read(8) == CHECKPOINT_MAGIC_V1
     again.close()
 
 
@@ -602,6 +610,32 @@ def test_a_full_retry_table_drops_stale_entries_first_then_new_notes(cursor_args
     assert cur.note_retry(48, 2) == 1            # the stale ten went at the compaction
     assert cur.retry_stats == (64, 39, 1)
     assert [o for o in range(60) if cur.retry(o)] == list(range(10, 49))
+    for o in range(10, 49):
+        cur.finish(o)
+    assert cur.retries() == b"" and cur.retry_stats[1] == 0   # nothing live: emptied
+    cur.close()
+
+
+def test_compaction_in_place_keeps_every_live_entry_findable(cursor_args):
+    """Offsets that collide (the same slot modulo the table) and wrap past its end,
+    finished in a random order: the live ones stay findable after each compaction."""
+    name, ckpt = cursor_args
+    cur = Cursor.open(name, ckpt, 0, window_bits=1 << 16, retry_slots=64)
+    rng = random.Random(7)
+    live = {}
+    for step in range(400):
+        o = rng.choice([rng.randrange(0, 4000), 64 * rng.randrange(0, 40) + 63])
+        if cur.is_finished(o):
+            continue
+        if rng.random() < 0.4 and live:
+            done = rng.choice(sorted(live))
+            cur.finish(done)
+            del live[done]
+        r = cur.note_retry(o, step % 50 + 1)
+        if r == 1:
+            live[o] = step % 50 + 1
+        for k, attempts in live.items():
+            assert cur.retry(k) == (attempts, 0), (step, k)
     cur.close()
 
 
@@ -637,9 +671,11 @@ def test_cursor_set_notes_retries_from_records(cursor_args):
     packed = _record(1, 4, 2) + _record(0, 7, 1) + _record(1, 9, 300)
     assert cursors.note_retries(packed, 5_000) == 2   # partition 0 has no cursor here
     assert cur.retry(4) == (2, 5_000) and cur.retry(9) == (300, 5_000)
-    assert cursors.note_retries(_record(1, 11, 0)) == 0        # never delivered: nothing to keep
-    assert cursors.note_retries(_record(1, 11, 0), 9_000) == 1  # but deferred: its due time
-    assert cur.retry(11) == (0, 9_000)
+    # never delivered (a ring's overflow deferred for room): nothing to keep
+    assert cursors.note_retries(_record(1, 11, 0)) == 0
+    assert cursors.note_retries(_record(1, 11, 0), 9_000) == 0
+    assert cursors.note_retries(_record(1, 12, 0x8003)) == 1   # the time-to-live bit is not attempts
+    assert cur.retry(11) is None and cur.retry(12) == (3, 0)
     with pytest.raises(ValueError):
         cursors.note_retries(packed[:-1])
     cur.close()

@@ -185,6 +185,9 @@ def test_reset_a_log_channel_to_a_time_in_the_page(cluster, admin, page):
     page.on("dialog", confirm)
     page.goto(admin.url("/topics/ui-log/c"))
     assert page.locator("#channel-partitions tr[data-row]").count() == 2
+    heads = page.locator("#channel-partitions th").all_inner_texts()
+    assert heads[heads.index("Put Back") + 1] == "Lag"
+    assert page.locator("#channel-partitions tr[data-row] td").nth(5).inner_text() == "0"
     page.click("button[data-position=latest]")
     assert wait_for(lambda: cursors(node, "ui-log", "c") == [(0, 5, 0), (1, 5, 0)])
     page.click("button[data-position=earliest]")
