@@ -15,6 +15,12 @@ from the earliest offset with LogReader.read_into into a 1 MiB buffer (a
 fresh reader per run, as a new consumer: its mappings are made on the
 way), against a sequential readinto of the same segment files into a
 1 MiB buffer.  Both from the page cache.  Medians of --runs.
+
+Cut (issue 17: a replica's log cut where it diverged, ReplicaHost.truncate_log):
+a log of one --cut-mb segment cut at 90 % by commitlog.prepare_cut on the gevent
+hub's threadpool, as a worker does it, while a greenlet sleeps 1 ms at a time:
+how late its wake-ups come (p99, max) is how long the worker's loop could not
+run, against the same greenlet while the pool only sleeps.
 """
 
 import argparse
@@ -27,7 +33,9 @@ import sys
 import tempfile
 import time
 
-from nsqshm._core.commitlog import LogReader, PartitionLog, partition_dir
+import gevent
+
+from nsqshm._core.commitlog import LogReader, PartitionLog, partition_dir, prepare_cut
 
 TITLE = "The commit log against raw file I/O: append, and replay from the earliest (issue 15)"
 ISSUE = "15"
@@ -41,6 +49,8 @@ def add_arguments(ap):
     ap.add_argument("--append", type=int, default=500_000, help="messages per append run")
     ap.add_argument("--read", type=int, default=10_000_000,
                     help="messages in the log replayed (issue 15: 10 M)")
+    ap.add_argument("--cut-mb", type=int, default=256,
+                    help="the segment a cut copies and recovers (0: no cut measured)")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
 
 
@@ -113,6 +123,61 @@ def time_raw_read(files):
     return time.perf_counter() - t0, total
 
 
+def loop_lateness(work, tick=0.001):
+    """Run work() on the hub's threadpool while a greenlet sleeps `tick` at a
+    time: (seconds work took, p99 and max lateness of the wake-ups in ms)."""
+    late = []
+    running = [True]
+
+    def ticker():
+        while running[0]:
+            t = time.perf_counter()
+            gevent.sleep(tick)
+            late.append(time.perf_counter() - t - tick)
+
+    g = gevent.spawn(ticker)
+    gevent.sleep(0)
+    t0 = time.perf_counter()
+    gevent.get_hub().threadpool.apply(work)
+    took = time.perf_counter() - t0
+    running[0] = False
+    g.join()
+    late.sort()
+    return took, late[int(len(late) * 0.99)] * 1e3, late[-1] * 1e3
+
+
+def measure_cut(root, mb, runs, settle, say):
+    """A cut at 90 % of a log of one `mb` MiB segment, on the hub's pool."""
+    path = partition_dir(root, "cut", 0)
+    log = PartitionLog(path, sync_every=1 << 62, sync_timeout=-1, segment_bytes=(mb + 16) << 20)
+    batch, per, calls = batches_for((mb << 20) // (4 + 26 + BODY), 1 << 20)
+    for k in range(calls):
+        log.append_packed(batch if k else packed_batch(per))
+    settings = {"segment_bytes": log.segment_bytes, "max_msg_size": log.max_msg_size,
+                "sync_every": log.sync_every, "sync_timeout": log.sync_timeout}
+    end = log.end_offset
+    keep = end * 9 // 10
+    log.close()
+
+    def cut():
+        shutil.rmtree(prepare_cut(path, keep, **settings))
+
+    settle()
+    idle = [loop_lateness(lambda: time.sleep(0.3)) for _ in range(runs)]
+    cuts = [loop_lateness(cut) for _ in range(runs)]
+    shutil.rmtree(path)
+    res = {"segment_mb": mb, "messages": end, "keep": keep,
+           "cut_s": statistics.median(c[0] for c in cuts),
+           "cut_p99_ms": statistics.median(c[1] for c in cuts),
+           "cut_max_ms": statistics.median(c[2] for c in cuts),
+           "idle_p99_ms": statistics.median(c[1] for c in idle),
+           "idle_max_ms": statistics.median(c[2] for c in idle)}
+    say(f"cut of a {mb} MiB segment at 90 % on the hub's pool: {res['cut_s']:.2f} s; the "
+        f"loop's lateness p99 {res['cut_p99_ms']:.2f} ms, max {res['cut_max_ms']:.2f} ms "
+        f"(idle: {res['idle_p99_ms']:.2f} / {res['idle_max_ms']:.2f} ms)")
+    return res
+
+
 def measure(args, runs, settle=lambda: None, say=print):
     """Append in two batch sizes, then the replay; each against raw I/O."""
     root = tempfile.mkdtemp(prefix="nsqshm-bench-log-", dir=args.dir)
@@ -155,6 +220,9 @@ def measure(args, runs, settle=lambda: None, say=print):
         say(f"read {n} msgs ({size / 1e6:.0f} MB, {len(files)} segments) from the earliest: "
             f"log {r['log_msgs_per_s'] / 1e6:6.2f} M msg/s ({r['log_GB_per_s']:5.2f} GB/s), "
             f"raw read {r['raw_GB_per_s']:5.2f} GB/s: ratio {r['ratio']:.2f}")
+        shutil.rmtree(path)
+        if getattr(args, "cut_mb", 0):
+            res["cut"] = measure_cut(root, args.cut_mb, runs, settle, say)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return res
@@ -164,6 +232,7 @@ def run(ctx):
     a = ctx.args
     if ctx.quick:
         a.append, a.read = min(a.append, 100_000), min(a.read, 500_000)
+        a.cut_mb = min(a.cut_mb, 32)
     return measure(a, ctx.runs(default=5), ctx.settle, ctx.say)
 
 
@@ -187,6 +256,18 @@ def render(res):
             "", "Replay: LogReader.read_into (whole records into a 1 MiB buffer, a fresh reader "
                 "per run, its mappings made on the way) against a sequential readinto of the "
                 "same segment files into a 1 MiB buffer; both from the page cache."]
+    c = res.get("cut")
+    if c:
+        out += ["", "**A cut on the hub's pool (issue 17).** A log of one segment of "
+                    f"{c['segment_mb']} MiB ({c['messages']:,} messages) cut at msg offset "
+                    f"{c['keep']:,} (90 %) by `prepare_cut` on the gevent hub's threadpool, as "
+                    "ReplicaHost.truncate_log does it, while a greenlet sleeps 1 ms at a time; "
+                    "its wake-ups' lateness is how long the worker's loop could not run.", "",
+                "| | takes | loop lateness p99 | max |", "|---|---:|---:|---:|",
+                f"| pool idle (sleeps 0.3 s) | | {c['idle_p99_ms']:.2f} ms | "
+                f"{c['idle_max_ms']:.2f} ms |",
+                f"| cut | {c['cut_s']:.2f} s | {c['cut_p99_ms']:.2f} ms | "
+                f"{c['cut_max_ms']:.2f} ms |"]
     return out
 
 

@@ -303,6 +303,7 @@ class Consumer:
         self._check()
         now = time.monotonic_ns()
         packed = []
+        deferred = []
         done = 0
         with self._lock:
             for msg_id in ids:
@@ -313,8 +314,13 @@ class Consumer:
                 done += 1
                 if delay > 0:
                     self._deferred.push(msg, now + int(delay * 1e9))
+                    deferred.append(struct.pack("=I", len(msg)) + msg)
                 else:
                     packed.append(struct.pack("=I", len(msg)) + msg)
+            if deferred and self._cursors is not None:
+                # a log channel: noted with when it is due, as the broker notes its REQs
+                # (its cursor's retry table: a restart or a new leader keeps the delay)
+                self._cursors.note_retries(b"".join(deferred), int((time.time() + delay) * 1000))
             if packed:
                 self._store(b"".join(packed), len(packed), now)
             self._inflight.release()  # the copies are stored: free the blocks
@@ -356,7 +362,11 @@ class Consumer:
     def _store(self, packed, count, now):
         """Push packed records back into the channel ring; what does not fit
         (a full ring) waits here as deferred and is retried shortly, so a
-        requeue never blocks on a ring only this consumer would drain."""
+        requeue never blocks on a ring only this consumer would drain.  A log
+        channel's are noted with their attempts in their cursors' retry tables,
+        as the broker's put-backs are (LogChannel.put_records)."""
+        if self._cursors is not None:
+            self._cursors.note_retries(packed)
         view = memoryview(packed)
         done, used = self.ring.push_packed(view)
         if done < count:

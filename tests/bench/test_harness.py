@@ -93,11 +93,14 @@ def test_suites_that_start_nsqshm_skip_for_an_external_server(suite, capsys):
 
 def test_commitlog_measures_append_and_replay_against_raw_io(capsys, tmp_path):
     rc, res = _run(["commitlog", "--quick", "--append", "20000", "--read", "50000",
-                    "--dir", str(tmp_path)], capsys)
+                    "--cut-mb", "8", "--dir", str(tmp_path)], capsys)
     assert rc == 0 and [row["batch"] for row in res["append"]] == ["200 msgs", "1 MiB"]
     read = res["read"]
     assert 50_000 - 4_600 < read["messages"] <= 50_000 and read["bytes"] >= read["messages"] * 230
     assert read["ratio"] > 0 and read["log_GB_per_s"] > 0
+    cut = res["cut"]  # a cut on the hub's pool, the loop's lateness meanwhile
+    assert cut["segment_mb"] == 8 and cut["keep"] == cut["messages"] * 9 // 10
+    assert cut["cut_s"] > 0 and cut["cut_max_ms"] >= cut["cut_p99_ms"] >= 0
     assert not any(tmp_path.iterdir())  # the logs are removed
 
 

@@ -266,6 +266,37 @@ def test_bad_crc_truncates_at_the_last_good_record(logdir, where):
     log.close()
 
 
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_a_scan_across_many_chunks_indexes_all_and_stops_at_a_bad_record(logdir, corrupt):
+    """Recovery of an active segment with no index scans it in chunks of a few MiB
+    (crcs checked without the GIL, _verify_run, then indexed): every record of a
+    14 MiB segment is found and indexed again, and a bad crc past the third chunk
+    truncates exactly there."""
+    msgs = [message(i, 2000) for i in range(7000)]
+    write(logdir, msgs, segment_bytes=64 << 20).close()
+    seg = os.path.join(logdir, segment_name(0))
+    for ext in (".index", ".timeindex"):
+        os.unlink(seg[:-4] + ext)
+    want = 7000
+    if corrupt:
+        want = 5000
+        with open(seg, "r+b") as f:
+            pos = 0
+            for _ in range(want):  # [u32 BE size][u32 crc][u64 offset][message]
+                f.seek(pos)
+                pos += 8 + struct.unpack(">I", f.read(4))[0]
+            f.seek(pos + 40)
+            b = f.read(1)
+            f.seek(pos + 40)
+            f.write(bytes([b[0] ^ 1]))
+    log = PartitionLog(logdir, segment_bytes=64 << 20)
+    assert log.end_offset == want
+    assert read_all(log.reader) == msgs[:want]
+    assert read_all(log.reader, start=want - 3) == msgs[want - 3:want]  # (found by the index)
+    assert os.path.getsize(seg[:-4] + ".index") > 1024
+    log.close()
+
+
 @pytest.mark.parametrize("lose", [".index", ".timeindex", "both-active", "state"])
 def test_missing_indexes_and_state_are_rebuilt(logdir, lose):
     rnd = random.Random(2)

@@ -141,6 +141,33 @@ def test_out_of_order_fin_requeue_and_timeout(nsqd_factory):
         nothing_more(c)
 
 
+def test_requeues_are_noted_in_the_cursors_retry_table(nsqd_factory):
+    """A local consumer's REQs and timeouts go into the channel's cursors' retry
+    tables as the broker's do (with their attempts, and a delayed one's due time):
+    what a graceful restart or a new leader gives back (docs/logtopics.md, Attempts)."""
+    server = started(nsqd_factory())
+    create(server, "lt", 1)
+    with Consumer("lt", "c", shm_prefix=server.prefix) as c:
+        mpub(server, "lt", [b"m0", b"m1", b"m2"])
+        msgs = []
+        while len(msgs) < 3:
+            more = list(c.fetch(3 - len(msgs), timeout=5))
+            assert more
+            msgs += more
+        msgs.sort(key=lambda m: bytes(m.body))
+        due = time.time() + 60
+        msgs[0].requeue(delay=60)
+        msgs[1].requeue()
+        msgs[2].finish()
+        cursor = c._cursors[0]
+        assert cursor.retry(0)[0] == 1 and abs(cursor.retry(0)[1] / 1000 - due) < 2
+        assert cursor.retry(1) == (1, 0)
+        assert cursor.retry(2) is None
+        doc = json.loads(server.get("/stats?format=json&topic=lt")[1])
+        chan = doc["topics"][0]["channels"][0]
+        assert [p["put_back"] for p in chan["partitions"]] == [2]
+
+
 @pytest.mark.parametrize("sig", ["close", "kill"])
 def test_what_a_consumer_held_comes_back_and_finished_stays_finished(nsqd_factory, sig):
     """A consumer process finishes 30 of 50 fetched and then closes, or is
