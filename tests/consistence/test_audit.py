@@ -2,7 +2,9 @@
 follow the leader through /lookup while a nemesis SIGKILLs the leader or takes its link
 down, then brings it back, or restarts etcd, over and over.  At the end every acknowledged message must
 have been delivered on both channels, a plain one (SUB) and an ordered one
-(SUB_ORDERED), and be readable from the leader.  The ordered channel must deliver in
+(SUB_ORDERED), and be readable from the leader.  The plain consumer REQs about one
+message in REQ_EVERY once, with a delay, and counts it delivered only when it comes back
+(through failovers: the cursors' retry tables, docs/consistence.md).  The ordered channel must deliver in
 log order: a message's first delivery is the one after the last new one (redelivery
 goes back, never ahead), and an offset delivered twice holds the same message both
 times (the leader delivers only what every ISR member has: nothing that a new leader
@@ -21,6 +23,7 @@ import random
 import statistics
 import threading
 import time
+import zlib
 
 import pytest
 
@@ -40,6 +43,8 @@ pytestmark = [
 SOAK_SECONDS = float(os.environ.get("NSQSHM_AUDIT_SECONDS", "120"))
 SHORT_SECONDS = 8.0
 TOPIC = "jepsen"
+REQ_EVERY = 25         # the plain consumer REQs about one message in this many, once
+REQ_DELAY_MS = 300
 
 
 class Publisher(threading.Thread):
@@ -91,6 +96,9 @@ class Consumer(threading.Thread):
         self.mismatches = []      # ordered: (offset, first body, body) another message
         self.reconnects = 0
         self.error_frames = []    # the broker's error frames, as sent
+        self.requeued = set()     # plain: bodies REQ'd once (a delay of REQ_DELAY_MS)
+        self.back = 0             # plain: of those, how many came back
+        self.back_fresh = 0       # plain: came back with attempts 1 (put back not known)
 
     def run(self):
         while not self.stop.is_set():
@@ -129,6 +137,15 @@ class Consumer(threading.Thread):
         else:
             m = p.decode_message(data)
         self.deliveries += 1
+        if not self.ordered and m.body in self.requeued:
+            self.back += 1
+            self.back_fresh += m.attempts == 1
+        elif not self.ordered and zlib.crc32(m.body) % REQ_EVERY == 0:
+            # put back once, with a delay: it counts as delivered only when it comes
+            # back (through failovers: the cursors' retry tables)
+            self.requeued.add(m.body)
+            client.send(p.req(m.id, REQ_DELAY_MS))
+            return
         self.bodies.add(m.body)
         client.send(p.fin(m.id))
 
@@ -272,7 +289,9 @@ def audit(tmp_path, seconds, seed, workers=1, kinds=("kill", "cut")):
         print(f"audit: ordered: {ordered.deliveries} deliveries, {ordered.redelivered} "
               f"redelivered, {len(ordered.violations)} out of order, "
               f"{len(ordered.mismatches)} offsets with two messages; plain: "
-              f"{plain.deliveries} deliveries of {len(plain.bodies)} messages; reconnects "
+              f"{plain.deliveries} deliveries of {len(plain.bodies)} messages, "
+              f"{len(plain.requeued)} REQ'd once ({REQ_DELAY_MS} ms), {plain.back} came back "
+              f"({plain.back_fresh} with attempts 1); reconnects "
               f"{ordered.reconnects + plain.reconnects}; error frames "
               f"{len(ordered.error_frames) + len(plain.error_frames)} "
               f"{(ordered.error_frames + plain.error_frames)[:3]}")
