@@ -965,6 +965,32 @@ def arena_reset(Arena arena not None):
     return live
 
 
+def arena_finish_logged(Arena arena not None, CursorSet cursors not None):
+    """Mark in their cursors every LIVE message of `arena` (a BulkConsumer of a
+    log channel, before its arena_reset): the cursor first, so a death before
+    the reset delivers them again, never leaves an offset nothing finishes.
+    One C pass; returns how many were newly finished.  CursorError-free: a
+    message of a partition whose cursor is not attached is skipped."""
+    cdef uint64_t off, end
+    cdef nsqshm_arena_block *b
+    cdef uint32_t cap, size
+    cdef Py_ssize_t done = 0
+    arena._check()
+    off = arena.hdr.data_offset
+    end = nsqshm_load_acquire(&arena.hdr.bump)
+    while off + BLOCK_HEADER <= end:
+        b = _block_at(arena, off, end)
+        cap = b.capacity
+        if nsqshm_load32_acquire(&b.state) == NSQSHM_BLOCK_LIVE:
+            size = b.entry.size
+            if size < MSG_HEADER_SIZE or size > cap - BLOCK_HEADER:
+                raise ValueError(f"arena {arena.name!r}: block at {off} holds {size} bytes")
+            if cursors.finish_id(<char *>b + BLOCK_HEADER + ID_OFFSET) == 0:
+                done += 1
+        off += cap
+    return done
+
+
 def arena_due(Arena arena not None):
     """(live messages, the latest due time (wall ns) among them, or 0): how
     long a dead Spark reader's batch is kept for a restarted query to adopt."""

@@ -69,12 +69,15 @@ def pack_blocks(blocks, queue=None):
     return b"".join(parts), offsets
 
 
-def put_back(arena, ring, queue, timeout=None):
+def put_back(arena, ring, queue, timeout=None, cursors=None):
     """Push the messages `arena` holds for `queue` back into `ring` and free
     their blocks (each only once it is in the ring: a death in between
     repeats it, never loses it).  Waits up to `timeout` seconds for room
-    (None: no wait).  Returns (put back, left in the arena)."""
+    (None: no wait).  cursors: a log channel's, whose retry tables note what
+    goes back (with its attempts).  Returns (put back, left in the arena)."""
     packed, offsets = pack_blocks(arena.blocks(), queue)
+    if cursors is not None and packed:
+        cursors.note_retries(packed)
     view = memoryview(packed)
     done = 0
     while done < len(offsets):

@@ -8,6 +8,14 @@ lock (Columns.take); finish() forgets every message held at once
 no per-message timeout: a bulk consumer holds what it took until it
 finishes or requeues the lot, closes (which requeues), or dies (the broker
 recovers its arena).  Use Consumer for per-message FIN/REQ/TOUCH.
+
+A log topic's channel is taken the same way, from the ring its partitions'
+owners feed while this consumer is subscribed (subscription.py, as a
+Consumer); finish() marks every message held in its partition's cursor
+first (arena_finish_logged, one C pass), then forgets them, so the
+channel's cursors, lag and what a restart delivers again are those of a
+TCP consumer's FINs.  requeue() notes what goes back in the cursors'
+retry tables (with its attempts), as the broker's put-backs.
 """
 
 import os
@@ -16,29 +24,35 @@ import time
 
 from nsqshm import __version__
 from nsqshm._core.arena import Arena
-from nsqshm._core.localbatch import Columns, arena_reset
+from nsqshm._core.localbatch import Columns, arena_finish_logged, arena_reset
 from nsqshm.local import arenas
 from nsqshm.local.broker import Broker, LocalError, check_name
+from nsqshm.local.subscription import attach_cursors, subscribe, unsubscribe
+from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST, SUB_ORDER_IS_MUST_TEXT
+from nsqshm.nsqd.local_clients import BULK_LABEL
 
 USER_AGENT = f"nsqshm.local.bulk/{__version__}"
+ORDERED_ONLY = f"{E_SUB_ORDER_IS_MUST} {SUB_ORDER_IS_MUST_TEXT}"  # nsqd's refusal of a SUB
 
 
 class BulkConsumer:
     def __init__(self, topic, channel, data_path=None, shm_prefix=None, *, create=True,
                  client_id=None, user_agent=USER_AGENT, arena_size=1 << 32, since_ns=0,
-                 broker=None, label="local-bulk", ext=False, headers=False):
+                 broker=None, label=BULK_LABEL, ext=False, headers=False):
         """ext: the topic was made with ext=true (its records carry Youzan's
         ext part, cut from the bodies); headers: a headers column too."""
         self.topic = check_name("topic", topic)
         self.channel = check_name("channel", channel)
         self.queue = f"{topic}:{channel}"
         self.broker = broker or Broker(data_path, shm_prefix)
+        spec = self.broker.log_topic_spec(topic)
+        if spec is not None and spec.get("ordered"):
+            raise LocalError(ORDERED_ONLY)  # (as a Consumer: before a channel is made)
         if create:
             self.broker.create_channel(topic, channel)
-        if self.broker.channel_cursors(topic, channel):
-            # finish() forgets a whole lot at once (arena_reset): no cursor would learn of it
-            raise LocalError(f"{self.queue}: a log topic's channel: a BulkConsumer reads classic "
-                             "channels only; use Consumer, or the Spark source's log reads")
+        # a log topic's channel: its cursors, one per partition (None: classic)
+        names = self.broker.channel_cursors(topic, channel)
+        self.cursors = attach_cursors(names, self.queue) if names else None
         self.ring = self.broker.attach(self.broker.channel_ring_name(topic, channel))
         self.arena = Arena.create(arenas.local_name(self.broker.prefix), size=arena_size,
                                   max_queues=4, label=label)
@@ -55,6 +69,11 @@ class BulkConsumer:
             hostname=socket.gethostname(), user_agent=user_agent, queue=self.queue,
             connect_ts=int(time.time()), ready_count=0, message_count=0, finish_count=0,
             requeue_count=0, in_flight=0)
+        self._subscribed = False
+        if self.cursors is not None:
+            subscribe(self.ring, self.queue)
+            self._subscribed = True
+            self.arena.set_client_info(ready_count=1)  # (recovery: a place to give back)
 
     def _check(self):
         if self.closed:
@@ -87,8 +106,11 @@ class BulkConsumer:
                     remaining = end - time.monotonic()
                     if n or remaining <= 0:
                         break
-                    if self.ring.disk_backlog and not self.ring.paused:
-                        self.ring.nudge()  # the owner refills the ring from disk
+                    if (self.ring.disk_backlog or self.cursors is not None) \
+                            and not self.ring.paused:
+                        if self.cursors is not None:  # a log channel: filled whatever
+                            self.ring.ring_wanted = True  # the subscriber counts say
+                        self.ring.nudge()  # the owner refills the ring from disk or its logs
                     self.ring.sleep(min(remaining, 0.1) if self.ring.paused else remaining)
                     self.ring.drain()
             finally:
@@ -98,6 +120,9 @@ class BulkConsumer:
     def _take(self, max_messages, max_bytes):
         if max_messages <= 0 or self.ring.paused:  # a paused channel delivers nothing
             return 0
+        if self.cursors is not None and not self.ring.depth:
+            self.ring.ring_wanted = True  # (the owners' feeders: a consumer here takes)
+            self.ring.nudge()
         due = time.time_ns()  # no timeout: the due time only records when it was taken
         n = self.columns.take(self.ring, self.arena, self._qidx, max_messages, max_bytes, due)
         if n:
@@ -120,6 +145,8 @@ class BulkConsumer:
     def finish(self):
         """FIN every message held; returns how many."""
         self._check()
+        if self.cursors is not None:  # the cursors first: a death before the reset repeats
+            arena_finish_logged(self.arena, self.cursors)
         n = arena_reset(self.arena)
         self.finish_count += n
         self.held = 0
@@ -130,7 +157,8 @@ class BulkConsumer:
         """Put every message held back into the channel; returns how many went
         back (the rest stay held: LocalError if some could not)."""
         self._check()
-        done, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout)
+        done, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
+                                     cursors=self.cursors)
         self.requeue_count += done
         self.held = left
         if not left:
@@ -148,7 +176,12 @@ class BulkConsumer:
         self.closed = True
         if os.getpid() != self._pid:
             return
-        _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout)
+        _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
+                                  cursors=self.cursors)
+        self.arena.set_client_info(in_flight=left)
+        if self._subscribed:
+            unsubscribe(self.ring, self.arena)
+            self._subscribed = False
         if not left:
             self.arena.unlink()
         self.arena.close()

@@ -42,11 +42,10 @@ from nsqshm._core.arena import Arena
 from nsqshm._core.ext import ExtView
 from nsqshm._core.inflight import NOT_IN_FLIGHT, DeferredQueue, InFlight
 from nsqshm._core.localbatch import finish_frames
-from nsqshm._core.logcursor import Cursor, CursorError, CursorSet
-from nsqshm._core.ring import SUBSCRIBERS_RETIRED
 from nsqshm.local import arenas, tracing
 from nsqshm.local.batch import Batch
 from nsqshm.local.broker import Broker, LocalError, check_name
+from nsqshm.local.subscription import attach_cursors, subscribe, unsubscribe
 from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST, SUB_ORDER_IS_MUST_TEXT
 from nsqshm.nsqd.local_clients import LOCAL_LABEL
 
@@ -133,24 +132,15 @@ class Consumer:
             self.arena.set_client_info(ready_count=self.max_in_flight)
 
     def _attach_cursors(self):
-        cursors = CursorSet(len(self._cursor_names))
-        try:
-            for partition, name in enumerate(self._cursor_names):
-                cursors[partition] = Cursor.attach(name)
-        except CursorError as err:
-            raise LocalError(f"{self.queue}: {err} (was the channel deleted?)") from None
+        cursors = attach_cursors(self._cursor_names, self.queue)
         self._inflight.expired_out = bytearray()  # marked finished in their cursors
         return cursors
 
     def _subscribe(self):
-        """Count this consumer among the channel's subscribers (every
-        worker's, in the ring's header): the partitions' owners then feed
-        the ring for it.  Nudged, a sleeping owner looks at once."""
-        if self.ring.add_subscribers(1) >= SUBSCRIBERS_RETIRED:  # an ephemeral channel being deleted
-            self.ring.add_subscribers(-1)
-            raise LocalError(f"channel {self.queue} is being deleted")
+        """Count this consumer among the channel's subscribers: the
+        partitions' owners then feed the ring for it (subscription.py)."""
+        subscribe(self.ring, self.queue)
         self._subscribed = True
-        self.ring.nudge()
 
     def _tracing(self):
         """(writer, stream) while tracing is on for this channel or its topic, else
@@ -434,13 +424,8 @@ class Consumer:
             _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout)
             self.arena.set_client_info(in_flight=left)
             if self._subscribed:
-                # ready 0 first: the broker's recovery of this arena then
-                # knows it has nothing to give back (a death in between
-                # leaves the count one high, which only costs ring copies)
-                self.arena.set_client_info(ready_count=0)
-                self.ring.add_subscribers(-1)
+                unsubscribe(self.ring, self.arena)
                 self._subscribed = False
-                self.ring.nudge()  # the owners look again: maybe nobody needs the ring now
             if not left:
                 self.arena.unlink()
             # the tables point into the arena: drop them before unmapping it

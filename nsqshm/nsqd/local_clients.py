@@ -21,6 +21,7 @@ from nsqshm._core.localbatch import arena_due
 
 TAGS = ("f.l", "f.s")
 LOCAL_LABEL = "local"  # the label of a Consumer's arena (nsqshm/local/consumer.py)
+BULK_LABEL = "local-bulk"  # a BulkConsumer's (nsqshm/local/bulk.py)
 
 
 def local_arenas(prefix):
@@ -32,7 +33,7 @@ def local_arenas(prefix):
 
 
 def local_subscribers(prefix):
-    """{"topic:channel": n}: the local Consumers of broker `prefix` counted
+    """{"topic:channel": n}: the local Consumers (and BulkConsumers) of broker `prefix` counted
     among a log channel's subscribers (ready_count > 0: close() and the
     recovery of a dead one's arena set it to 0 as they give the count back).
     A dead one not recovered yet counts too: its recovery takes it out."""
@@ -42,7 +43,7 @@ def local_subscribers(prefix):
         if arena is None:
             continue
         try:
-            if arena.label == LOCAL_LABEL:
+            if arena.label in (LOCAL_LABEL, BULK_LABEL):
                 info = arena.client_info()
                 if info["ready_count"] > 0:
                     counts[info["queue"]] = counts.get(info["queue"], 0) + 1

@@ -119,10 +119,10 @@ def recover_arena(nsqd, name):
 
 
 def _unsubscribe(nsqd, arena):
-    """A dead local Consumer of a log channel counted itself among the
+    """A dead local Consumer (or BulkConsumer) of a log channel counted itself among the
     ring's subscribers (nsqshm/local/consumer.py): take it out.  Once: the
     count goes to 0 with it, before its messages go back."""
-    if arena.label != local_clients.LOCAL_LABEL:
+    if arena.label not in (local_clients.LOCAL_LABEL, local_clients.BULK_LABEL):
         return
     info = arena.client_info()
     if info["ready_count"] <= 0:  # closed: it took itself out

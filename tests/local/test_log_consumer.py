@@ -1,11 +1,10 @@
 """nsqshm.local's Consumer on a log topic's channel (docs/local.md, "Log
 topics"): the partitions' owners feed the channel ring for it, its FINs mark
 the channel's cursors, and what it held comes back when it dies; on real
-servers of one and two workers.  BulkConsumer refuses log topics with a
-clear error (the Producer's side: test_log_producer.py)."""
+servers of one and two workers.  BulkConsumer takes them too, its finish
+marking the cursors (the Producer's side: test_log_producer.py)."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import time
 import pytest
 
 from nsqshm._core.logcursor import decode_message_id
-from nsqshm.local import BulkConsumer, Consumer, LocalError, Producer
+from nsqshm.local import BulkConsumer, Consumer, LocalError
 from nsqshm.ring import Ring
 
 from .conftest import started, wait_for
@@ -263,19 +262,89 @@ def test_a_time_to_live_finishes_what_it_drops(nsqd_factory):
             partitions(server, "lt", "c")
 
 
-def test_bulk_consumer_refuses_a_log_topic(nsqd_factory):
+def take_rows(bulk, n, timeout=15.0):
+    """Rows (body, attempts) a BulkConsumer takes until n came."""
+    rows = []
+    deadline = time.monotonic() + timeout
+    while len(rows) < n and time.monotonic() < deadline:
+        batch = bulk.take(n - len(rows), timeout=0.5).to_pydict()
+        rows += list(zip(batch["body"], batch["attempts"], strict=True))
+    return rows
+
+
+def test_a_bulk_consumer_takes_a_log_channel_and_its_finish_marks_the_cursors(nsqd_factory):
+    """BulkConsumer on a log topic's channel: the owners feed the ring for it, a
+    finish marks every message held in its cursor (the channel caught up), a
+    requeue puts the lot back with its attempts (noted in the retry tables)."""
     server = started(nsqd_factory())
     create(server, "lt", 2)
-    with pytest.raises(LocalError, match=r"lt:c: a log topic's channel: a BulkConsumer reads "
-                                         r"classic channels only"):
-        BulkConsumer("lt", "c", shm_prefix=server.prefix)
-    # a classic topic is as it was
-    with Producer("classic", shm_prefix=server.prefix) as p:
-        p.publish(b"x")
-    with Consumer("classic", "c", shm_prefix=server.prefix) as c:
-        assert not c.is_log
-        assert [b for b, _, _ in fetch_all(c, 1)] == [b"x"]
-    assert os.path.exists(f"/dev/shm/{server.prefix}.k.lt:c:p0")
+    bulk = BulkConsumer("lt", "c", shm_prefix=server.prefix)
+    ring = Ring.attach(f"{server.prefix}.c.lt:c")
+    try:
+        with bulk:
+            assert ring.subscribers == 1
+            mpub(server, "lt", [b"b%03d" % i for i in range(100)])
+            rows = take_rows(bulk, 100)
+            assert sorted(b for b, _ in rows) == [b"b%03d" % i for i in range(100)]
+            assert partitions(server, "lt", "c")[1] == [0, 0]  # held, not finished
+            assert bulk.finish() == 100
+            assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+            mpub(server, "lt", [b"again%d" % i for i in range(10)])
+            assert len(take_rows(bulk, 10)) == 10
+            assert bulk.requeue() == 10
+            doc = json.loads(server.get("/stats?format=json&topic=lt")[1])
+            chan = doc["topics"][0]["channels"][0]
+            assert sum(p["put_back"] for p in chan["partitions"]) == 10
+            rows = take_rows(bulk, 10)
+            assert sorted(rows) == [(b"again%d" % i, 2) for i in range(10)]
+            assert bulk.finish() == 10
+            assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+            assert bulk.take(10, timeout=0.3).num_rows == 0
+        assert ring.subscribers == 0
+    finally:
+        ring.close()
+    # an ordered-only topic is refused, as nsqd refuses a plain SUB
+    assert server.post("/topic/create?topic=ot&partition_num=1&orderedmulti=true")[0] == 200
+    with pytest.raises(LocalError, match="E_SUB_ORDER_IS_MUST"):
+        BulkConsumer("ot", "c", shm_prefix=server.prefix)
+
+
+def test_what_a_killed_bulk_consumer_held_comes_back(nsqd_factory):
+    """A BulkConsumer process SIGKILLed holding 40 (after finishing 60): the
+    broker's recovery puts the 40 back and gives its subscriber place back."""
+    server = started(nsqd_factory())
+    create(server, "lt", 2)
+    mpub(server, "lt", [b"k%03d" % i for i in range(100)])
+    script = textwrap.dedent(f"""
+        import os
+        from nsqshm.local import BulkConsumer
+        b = BulkConsumer("lt", "c", shm_prefix={server.prefix!r})
+        rows = []
+        while len(rows) < 60:
+            rows += b.take(60 - len(rows), timeout=5).to_pydict()["body"]
+        b.finish()
+        print(" ".join(r.decode() for r in rows), flush=True)
+        held = 0
+        while held < 40:
+            held += b.take(40 - held, timeout=5).num_rows
+        os.kill(os.getpid(), 9)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    finished = set(out.stdout.split())
+    assert len(finished) == 60
+    ring = Ring.attach(f"{server.prefix}.c.lt:c")
+    try:
+        assert wait_for(lambda: ring.subscribers == 0, 10), ring.subscribers
+        with BulkConsumer("lt", "c", shm_prefix=server.prefix) as bulk:
+            rows = take_rows(bulk, 40)
+            assert sorted(b.decode() for b, _ in rows) == sorted(
+                b for b in (f"k{i:03d}" for i in range(100)) if b not in finished)
+            bulk.finish()
+            assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+    finally:
+        ring.close()
 
 
 def test_an_ordered_topic_is_refused_as_nsqd_refuses_a_plain_sub(nsqd_factory):

@@ -1,0 +1,39 @@
+"""A local consumer's hold on a log topic's channel (Consumer, BulkConsumer):
+the channel's cursors, one per partition, attached so that its FINs mark them;
+and its place among the channel ring's subscribers, which makes the partitions'
+owners feed the ring for it (nsqd/logchannel.py, LogChannel._room).  The
+broker's recovery of a dead consumer's arena gives the place back
+(nsqd/recovery.py, _unsubscribe: the arena's ready_count says it holds one)."""
+
+from nsqshm._core.logcursor import Cursor, CursorError, CursorSet
+from nsqshm._core.ring import SUBSCRIBERS_RETIRED
+from nsqshm.local.broker import LocalError
+
+
+def attach_cursors(names, queue):
+    """A CursorSet of the channel's cursor segments `names` (by partition)."""
+    cursors = CursorSet(len(names))
+    try:
+        for partition, name in enumerate(names):
+            cursors[partition] = Cursor.attach(name)
+    except CursorError as err:
+        raise LocalError(f"{queue}: {err} (was the channel deleted?)") from None
+    return cursors
+
+
+def subscribe(ring, queue):
+    """Count a consumer among the channel's subscribers (every worker's, in
+    the ring's header); nudged, a sleeping owner looks at once."""
+    if ring.add_subscribers(1) >= SUBSCRIBERS_RETIRED:  # an ephemeral channel being deleted
+        ring.add_subscribers(-1)
+        raise LocalError(f"channel {queue} is being deleted")
+    ring.nudge()
+
+
+def unsubscribe(ring, arena):
+    """Give the place back: ready 0 first, so that the broker's recovery of the
+    arena knows it has nothing to give back (a death in between leaves the count
+    one high, which only costs ring copies)."""
+    arena.set_client_info(ready_count=0)
+    ring.add_subscribers(-1)
+    ring.nudge()  # the owners look again: maybe nobody needs the ring now
