@@ -88,6 +88,7 @@ class Ring:
     disk_backlog: bool
     paused: bool
     ring_wanted: bool
+    topic_paused: bool
     def nudge(self) -> None: ...
     @property
     def depth(self) -> int: ...

@@ -1262,6 +1262,16 @@ cdef class Ring:
         self._set_flag(2, value)
 
     @property
+    def topic_paused(self):
+        """Set while a log channel's topic is paused (flags bit 3): a local
+        consumer that reads the partitions' logs itself takes nothing then."""
+        return self._flag(8)
+
+    @topic_paused.setter
+    def topic_paused(self, bint value):
+        self._set_flag(8, value)
+
+    @property
     def ring_wanted(self):
         """Set by a log channel's dispatcher whose client takes from the ring
         and finds it empty (flags bit 2): the owners' feeders fill the ring

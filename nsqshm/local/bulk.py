@@ -40,7 +40,10 @@ class BulkConsumer:
                  client_id=None, user_agent=USER_AGENT, arena_size=1 << 32, since_ns=0,
                  broker=None, label=BULK_LABEL, ext=False, headers=False):
         """ext: the topic was made with ext=true (its records carry Youzan's
-        ext part, cut from the bodies); headers: a headers column too."""
+        ext part, cut from the bodies); headers: a headers column too.
+        label: the arena's, on a classic channel; on a log topic's channel it
+        is BULK_LABEL, by which the broker's recovery of a dead consumer's
+        arena knows to give its place among the ring's subscribers back."""
         self.topic = check_name("topic", topic)
         self.channel = check_name("channel", channel)
         self.queue = f"{topic}:{channel}"
@@ -51,8 +54,10 @@ class BulkConsumer:
         if create:
             self.broker.create_channel(topic, channel)
         # a log topic's channel: its cursors, one per partition (None: classic)
-        names = self.broker.channel_cursors(topic, channel)
-        self.cursors = attach_cursors(names, self.queue) if names else None
+        self.cursors = attach_cursors(self.broker.channel_cursors(topic, channel), self.queue,
+                                      log=spec is not None)
+        if self.cursors is not None:
+            label = BULK_LABEL
         self.ring = self.broker.attach(self.broker.channel_ring_name(topic, channel))
         self.arena = Arena.create(arenas.local_name(self.broker.prefix), size=arena_size,
                                   max_queues=4, label=label)
@@ -176,12 +181,18 @@ class BulkConsumer:
         self.closed = True
         if os.getpid() != self._pid:
             return
-        _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
-                                  cursors=self.cursors)
-        self.arena.set_client_info(in_flight=left)
-        if self._subscribed:
-            unsubscribe(self.ring, self.arena)
-            self._subscribed = False
+        left = 1  # (kept for the broker's recovery if the put back fails)
+        try:
+            _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
+                                      cursors=self.cursors)
+            self.arena.set_client_info(in_flight=left)
+        finally:
+            if self._subscribed:
+                unsubscribe(self.ring, self.arena)
+                self._subscribed = False
+            if self.cursors is not None:
+                for index in range(len(self.cursors)):
+                    self.cursors[index].close()
         if not left:
             self.arena.unlink()
         self.arena.close()

@@ -14,11 +14,20 @@ the channel's (the ring header's ttl_ns, set by the broker) is dropped, and
 counted in the ring for the broker's expired_count.  A channel's max
 attempts is not applied here: a local requeue goes back to the ring.
 
-A log topic's channel (docs/logtopics.md) is consumed the same way: the
-owners of its partitions feed the channel ring from their logs while a
-consumer they do not serve themselves is subscribed, which this consumer
-counts itself as (the ring's subscriber count, given back at close or, if
-it dies, by the broker's recovery of its arena).  A FIN marks the message's
+A log topic's channel (docs/logtopics.md) is consumed by cursor: on a
+standalone broker this consumer reads the partitions' logs itself, as the
+broker's workers do for their TCP clients (_deliver_direct: a run of unread,
+unfinished messages claimed under the partition cursor's lock, read from the
+mmap'd segments straight into flight, read_pos moved past it), after what
+the channel ring holds (put back by a REQ or a timeout); it counts itself
+among the ring's subscribers and direct subscribers, so the owners do not
+copy the partitions into the ring for it.  A partition it cannot read so
+(another consumer took it into a lane, retention removed what the cursor
+would read, a seek holds it) it leaves to the owners, asking them to fill the
+ring (ring_wanted).  Otherwise (an ext topic, a broker in cluster mode,
+direct=False) the owners of its partitions feed the channel ring from their
+logs while this consumer is subscribed (the ring's subscriber count, given
+back at close or, if it dies, by the broker's recovery of its arena).  A FIN marks the message's
 offset in its partition's cursor (shared memory, attached here) before the
 message leaves the in-flight table, as the broker's FIN does, and a message
 a time to live drops is marked too; so the channel's cursors, its lag in
@@ -39,6 +48,7 @@ import weakref
 
 from nsqshm import __version__
 from nsqshm._core.arena import Arena
+from nsqshm._core.commitlog import LogError, LogReader, OffsetOutOfRange, partition_dir
 from nsqshm._core.ext import ExtView
 from nsqshm._core.inflight import NOT_IN_FLIGHT, DeferredQueue, InFlight
 from nsqshm._core.localbatch import finish_frames
@@ -47,7 +57,9 @@ from nsqshm.local.batch import Batch
 from nsqshm.local.broker import Broker, LocalError, check_name
 from nsqshm.local.subscription import attach_cursors, subscribe, unsubscribe
 from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST, SUB_ORDER_IS_MUST_TEXT
-from nsqshm.nsqd.local_clients import LOCAL_LABEL
+from nsqshm.nsqd.local_clients import DIRECT_LABEL, LOCAL_LABEL
+from nsqshm.nsqd.loglane import lane_suffix
+from nsqshm.ring import Ring
 
 CLIENT = 1                      # the one client id of this consumer's table
 MAX_MSG_TIMEOUT = 15 * 60.0     # nsqd's default --max-msg-timeout caps TOUCH
@@ -64,12 +76,15 @@ class Consumer:
     def __init__(self, topic, channel, data_path=None, shm_prefix=None, *,
                  max_in_flight=10_000, msg_timeout=None, client_id=None, hostname=None,
                  user_agent=USER_AGENT, create=True, arena_size=1 << 30, broker=None,
-                 headers=False):
+                 headers=False, direct=True):
         """headers: on a topic made with ext=true, frames keep Youzan's ext
         part (what IDENTIFY extend_support asks of nsqd), so each message
         has its headers (Message.headers; bodies still without it); without
         it the bodies are plain, cut in C, as a TCP client that did not ask
-        gets them.  Ignored on other topics."""
+        gets them.  Ignored on other topics.  direct: a log topic's channel
+        is read from the partitions' logs here where it can be (a
+        standalone broker, a topic without ext); False: through the ring
+        the owners fill, always."""
         self.topic = check_name("topic", topic)
         self.channel = check_name("channel", channel)
         self.queue = f"{topic}:{channel}"
@@ -92,8 +107,19 @@ class Consumer:
             self.broker.create_channel(topic, channel)
         # a log topic's channel: its cursors, one per partition (none: classic)
         self._cursor_names = self.broker.channel_cursors(topic, channel)
+        if spec is not None and not self._cursor_names:
+            raise LocalError(f"{self.queue}: a log topic's channel without its cursors (is the "
+                             "channel created on the broker?)")
         self.ext = self.broker.topic_kind(topic)[1]
         self.headers = bool(headers) and self.ext
+        data_path = self.broker.info.get("data_path")
+        self.direct = bool(direct and self._cursor_names and data_path and not self.ext
+                           and self.broker.cluster is False)
+        self._partition_dirs = [partition_dir(data_path, topic, i)
+                                for i in range(len(self._cursor_names))] if self.direct else []
+        self._lane_names = [[f"{self.broker.prefix}.{lane_suffix(topic, channel, i, ordered)}"
+                             for ordered in (False, True)]
+                            for i in range(len(self._cursor_names))] if self.direct else []
         self._open()
 
     def _open(self):
@@ -101,7 +127,7 @@ class Consumer:
         self._pid = os.getpid()
         self.ring = self.broker.attach(self.broker.channel_ring_name(self.topic, self.channel))
         self.arena = Arena.create(arenas.local_name(self.broker.prefix), size=self.arena_size,
-                                  max_queues=4, label=LOCAL_LABEL)
+                                  max_queues=4, label=DIRECT_LABEL if self.direct else LOCAL_LABEL)
         self._inflight = InFlight()
         self._inflight.use_arena(self.arena, self.queue)
         # an ext topic's frames: the ext part cut (plain bodies) or kept (headers)
@@ -115,6 +141,8 @@ class Consumer:
         self._timer = None
         self._cursors = None
         self._subscribed = False
+        self._readers = [None] * len(self._partition_dirs)  # LogReader by partition, when made
+        self._turn = 0  # the partition the next direct read starts at
         self.message_count = self.finish_count = self.requeue_count = self.timeout_count = 0
         self.connect_ts = int(time.time())
         # a log channel's consumer says it is subscribed (ready_count > 0) only
@@ -138,8 +166,11 @@ class Consumer:
 
     def _subscribe(self):
         """Count this consumer among the channel's subscribers: the
-        partitions' owners then feed the ring for it (subscription.py)."""
+        partitions' owners then feed the ring for it (subscription.py), unless
+        it reads the logs itself (a direct subscriber too)."""
         subscribe(self.ring, self.queue)
+        if self.direct:
+            self.ring.add_direct_subscribers(1)
         self._subscribed = True
 
     def _tracing(self):
@@ -193,7 +224,7 @@ class Consumer:
         want = self.max_in_flight if max_messages is None else int(max_messages)
         batch = self._deliver(want)
         if batch or timeout <= 0:
-            if not batch and self._cursors is not None:
+            if not batch and self._cursors is not None and not self.direct:
                 self.ring.ring_wanted = True  # (filled whatever the counts say)
                 self.ring.nudge()  # the owners' feeders: a consumer here waits
             return batch
@@ -206,6 +237,13 @@ class Consumer:
                 remaining = end - time.monotonic()
                 if batch or remaining <= 0:
                     return batch
+                if self.direct:
+                    # a partition's owner wakes the ring's sleepers whenever it appends
+                    # (LogChannel.feed_wake: as for the workers that read the logs)
+                    paused = ring.paused or ring.topic_paused
+                    ring.sleep(min(remaining, 0.1) if paused else remaining)
+                    ring.drain()
+                    continue
                 if (ring.disk_backlog or self._cursors is not None) and not ring.paused:
                     if self._cursors is not None:  # a log channel: filled whatever the
                         ring.ring_wanted = True     # subscriber counts say
@@ -234,6 +272,10 @@ class Consumer:
                     break
                 taken += t
                 added += a
+            if self.direct and taken < n and not self.ring.depth and not self.ring.topic_paused:
+                t, a = self._deliver_direct(n - taken, out, deadline)
+                taken += t
+                added += a
             if self._inflight.expired != expired:  # dropped, counted in the broker's /stats
                 self.ring.count_local_expired(self._inflight.expired - expired)
                 if self._cursors is not None:  # consumed without a FIN: finished
@@ -248,6 +290,71 @@ class Consumer:
         if added:
             self._start_timer()
         return Batch(self, out, added)
+
+    def _deliver_direct(self, room, out, deadline):
+        """Up to `room` unread, unfinished messages of the partitions, read
+        from their logs into flight here (the lock held): a run of each
+        partition in turn, each claimed under its cursor's lock as the
+        broker's readers claim theirs (LogChannel._claim: read it, put it in
+        flight, move read_pos past it, as one step).  (taken, added)."""
+        n = len(self._cursors)
+        taken = added = 0
+        wanted = False
+        for k in range(n):
+            if taken >= room:
+                break
+            index = (self._turn + k) % n
+            got, put, want = self._claim_run(index, room - taken, out, deadline)
+            taken += got
+            added += put
+            wanted = wanted or want
+        self._turn = (self._turn + 1) % n
+        if wanted and not self.ring.ring_wanted:  # a partition left to the owners' feeders
+            self.ring.ring_wanted = True
+            self.ring.nudge()
+        return taken, added
+
+    def _claim_run(self, index, room, out, deadline):
+        """One partition's next run -> (taken, added, whether the owners must
+        feed it into the ring: this consumer cannot read it now)."""
+        names = self._lane_names[index]
+        if Ring.exists(names[0]) or Ring.exists(names[1]):
+            return 0, 0, True  # a TCP consumer took it into a lane: the owner feeds that
+        reader = self._readers[index]
+        if reader is None:
+            try:
+                reader = self._readers[index] = LogReader(self._partition_dirs[index])
+            except (OSError, LogError):
+                return 0, 0, False  # (the owner has not made the log yet)
+        cursor = self._cursors[index]
+        cursor.lock()
+        try:
+            if cursor.held:
+                return 0, 0, False  # a seek: what it moves is not read meanwhile
+            pos, end = cursor.read_pos, reader.end_offset
+            if pos >= end:
+                return 0, 0, False
+            if pos < reader.start_offset:
+                return 0, 0, True  # retention went past the cursor: the owner moves it
+            first, run = cursor.unfinished_run(pos, end, room)
+            if first < 0:  # all finished up to the window's end (or the log's)
+                to = min(end, cursor.window_end)
+                if to > pos:
+                    cursor.read_pos = to
+                return 0, 0, False
+            try:
+                got, nbytes, _ = reader.read_into(first, self._scratch,
+                                                  max_records=min(run, room))
+            except OffsetOutOfRange:
+                return 0, 0, True
+            if not got:
+                return 0, 0, False
+            put = self._inflight.deliver(memoryview(self._scratch)[:nbytes], got, out, CLIENT,
+                                         deadline, 0, None)
+            cursor.read_pos = first + got
+            return got, put, False
+        finally:
+            cursor.unlock()
 
     # -- FIN / REQ / TOUCH -------------------------------------------------------------
 
@@ -421,11 +528,19 @@ class Consumer:
         if self._timer is not None and self._timer is not threading.current_thread():
             self._timer.join(1.0)
         with self._lock:
-            _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout)
+            # (noted in the retry tables with their attempts, as a broker client's when it
+            # goes: a deferred one goes back now too)
+            _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
+                                      cursors=self._cursors)
             self.arena.set_client_info(in_flight=left)
             if self._subscribed:
+                if self.direct:
+                    self.ring.add_direct_subscribers(-1)
                 unsubscribe(self.ring, self.arena)
                 self._subscribed = False
+            for reader in self._readers:
+                if reader is not None:
+                    reader.close()
             if not left:
                 self.arena.unlink()
             # the tables point into the arena: drop them before unmapping it

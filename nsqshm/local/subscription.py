@@ -10,8 +10,15 @@ from nsqshm._core.ring import SUBSCRIBERS_RETIRED
 from nsqshm.local.broker import LocalError
 
 
-def attach_cursors(names, queue):
-    """A CursorSet of the channel's cursor segments `names` (by partition)."""
+def attach_cursors(names, queue, log=True):
+    """A CursorSet of the channel's cursor segments `names` (by partition);
+    None for a classic channel (log False).  A log topic's channel whose
+    cursors are not there (not made yet, or deleted) is refused."""
+    if not log:
+        return None
+    if not names:
+        raise LocalError(f"{queue}: a log topic's channel without its cursors (is the channel "
+                         "created on the broker?)")
     cursors = CursorSet(len(names))
     try:
         for partition, name in enumerate(names):
@@ -27,7 +34,11 @@ def subscribe(ring, queue):
     if ring.add_subscribers(1) >= SUBSCRIBERS_RETIRED:  # an ephemeral channel being deleted
         ring.add_subscribers(-1)
         raise LocalError(f"channel {queue} is being deleted")
-    ring.nudge()
+    try:
+        ring.nudge()
+    except BaseException:
+        ring.add_subscribers(-1)  # (not subscribed after all: nothing to give back later)
+        raise
 
 
 def unsubscribe(ring, arena):

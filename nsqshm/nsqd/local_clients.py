@@ -22,6 +22,10 @@ from nsqshm._core.localbatch import arena_due
 TAGS = ("f.l", "f.s")
 LOCAL_LABEL = "local"  # the label of a Consumer's arena (nsqshm/local/consumer.py)
 BULK_LABEL = "local-bulk"  # a BulkConsumer's (nsqshm/local/bulk.py)
+# a Consumer of a log channel that reads the partitions' logs itself: counted among
+# the ring's direct_subscribers too (the owners' feeders need not fill the ring for it)
+DIRECT_LABEL = "local-direct"
+SUBSCRIBER_LABELS = (LOCAL_LABEL, BULK_LABEL, DIRECT_LABEL)
 
 
 def local_arenas(prefix):
@@ -33,20 +37,24 @@ def local_arenas(prefix):
 
 
 def local_subscribers(prefix):
-    """{"topic:channel": n}: the local Consumers (and BulkConsumers) of broker `prefix` counted
-    among a log channel's subscribers (ready_count > 0: close() and the
-    recovery of a dead one's arena set it to 0 as they give the count back).
-    A dead one not recovered yet counts too: its recovery takes it out."""
+    """{"topic:channel": [n, of them direct]}: the local Consumers (and
+    BulkConsumers) of broker `prefix` counted among a log channel's subscribers
+    (ready_count > 0: close() and the recovery of a dead one's arena set it to 0
+    as they give the count back), and of them those that read the logs
+    themselves (DIRECT_LABEL).  A dead one not recovered yet counts too: its
+    recovery takes it out."""
     counts = {}
     for name in Arena.list(f"{prefix}.f.l"):
         arena = _attach(name)
         if arena is None:
             continue
         try:
-            if arena.label in (LOCAL_LABEL, BULK_LABEL):
+            if arena.label in SUBSCRIBER_LABELS:
                 info = arena.client_info()
                 if info["ready_count"] > 0:
-                    counts[info["queue"]] = counts.get(info["queue"], 0) + 1
+                    count = counts.setdefault(info["queue"], [0, 0])
+                    count[0] += 1
+                    count[1] += arena.label == DIRECT_LABEL
         except ArenaError:
             pass
         finally:

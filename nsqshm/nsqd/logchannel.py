@@ -98,6 +98,7 @@ class LogChannel(Channel):
         # through a LogReader); a replica's committed end is known to its owner only
         self._readable = [p for p in topic.partitions if p.owned or p.replica is None]
         self._find_lanes()
+        self.ring.topic_paused = topic.paused  # (LogTopic.paused keeps it after)
         for partition in restored:
             # what was put back before a graceful stop (the checkpoint's retry table):
             # with its attempts, once due, by whichever worker made the cursor (held

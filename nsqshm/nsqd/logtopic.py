@@ -174,7 +174,7 @@ class LogTopic(Topic):
         self.adopted = []
         self.mem_limit = nsqd.opts.mem_queue_size
         self.channels = {}
-        self.paused = False
+        self._paused = False
         self.exiting = False
         self.message_count = 0
         self.message_bytes = 0
@@ -373,6 +373,19 @@ class LogTopic(Topic):
         partition this worker feeds."""
         for channel in self.channels.values():
             channel.feed_wake()
+
+    @property
+    def paused(self):
+        return self._paused
+
+    @paused.setter
+    def paused(self, value):
+        """Also in each channel ring's header (Ring.topic_paused): a local
+        consumer that reads the logs itself honours it (nsqshm/local)."""
+        self._paused = bool(value)
+        for channel in list(self.channels.values()):
+            if not channel.exiting:
+                channel.ring.topic_paused = self._paused
 
     def unpause(self):
         super().unpause()

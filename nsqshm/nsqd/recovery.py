@@ -122,7 +122,7 @@ def _unsubscribe(nsqd, arena):
     """A dead local Consumer (or BulkConsumer) of a log channel counted itself among the
     ring's subscribers (nsqshm/local/consumer.py): take it out.  Once: the
     count goes to 0 with it, before its messages go back."""
-    if arena.label not in (local_clients.LOCAL_LABEL, local_clients.BULK_LABEL):
+    if arena.label not in local_clients.SUBSCRIBER_LABELS:
         return
     info = arena.client_info()
     if info["ready_count"] <= 0:  # closed: it took itself out
@@ -132,6 +132,8 @@ def _unsubscribe(nsqd, arena):
     channel = topic.channels.get(channel_name) if topic is not None else None
     if channel is not None and channel.local_subscribers:
         arena.set_client_info(ready_count=0)
+        if arena.label == local_clients.DIRECT_LABEL:
+            channel.ring.add_direct_subscribers(-1)
         channel.ring.add_subscribers(-1)
 
 
@@ -201,6 +203,6 @@ def recount_subscribers(nsqd):
         for channel in topic.channels.values():
             queue = f"{topic.name}:{channel.name}"
             clients, direct = counts.get(queue, (0, 0))
-            channel.ring.subscribers = clients + (
-                local.get(queue, 0) if channel.local_subscribers else 0)
-            channel.ring.direct_subscribers = direct
+            here, here_direct = local.get(queue, (0, 0)) if channel.local_subscribers else (0, 0)
+            channel.ring.subscribers = clients + here
+            channel.ring.direct_subscribers = direct + here_direct

@@ -303,7 +303,7 @@ def audit(tmp_path, seconds, seed, workers=1, kinds=("kill", "cut")):
         assert not ordered.violations, ordered.violations[:10]
         assert not ordered.mismatches, ordered.mismatches[:10]
         assert ordered.next == total  # every offset of the log, each once in order
-        assert len(acked) > 0 and faults
+        assert len(acked) > 0 and faults and plain.requeued
     except BaseException:
         for node in cluster.nodes:  # what the nodes said went wrong
             if node.server is not None:

@@ -6,6 +6,7 @@ marking the cursors (the Producer's side: test_log_producer.py)."""
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ import pytest
 
 from nsqshm._core.logcursor import decode_message_id
 from nsqshm.local import BulkConsumer, Consumer, LocalError
+from nsqshm.protocol import MAGIC_V2
 from nsqshm.ring import Ring
 
 from .conftest import started, wait_for
@@ -65,13 +67,16 @@ def nothing_more(consumer, wait=0.5):
     assert not batch, [bytes(b) for b in batch.bodies()]
 
 
-def test_consumes_every_partition_and_moves_the_cursors(nsqd_factory):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "ring"])
+def test_consumes_every_partition_and_moves_the_cursors(nsqd_factory, direct):
+    """direct: the consumer reads the partitions' logs itself (the default on a
+    standalone broker); ring: through the ring the owners fill for it."""
     server = started(nsqd_factory())
     create(server, "lt", 3)
     mpub(server, "lt", [b"before%03d" % i for i in range(90)])
     # the topic's first channel starts at the log start (nsqd keeps what came before it)
-    with Consumer("lt", "c", shm_prefix=server.prefix) as c:
-        assert c.is_log
+    with Consumer("lt", "c", shm_prefix=server.prefix, direct=direct) as c:
+        assert c.is_log and c.direct == direct
         for partition, first in enumerate(range(0, 210, 70)):
             mpub(server, "lt", [b"after%03d" % i for i in range(first, first + 70)], partition)
         got = fetch_all(c, 300)
@@ -114,10 +119,11 @@ def test_shares_a_channel_with_a_tcp_consumer(nsqd_factory):
         assert wait_for(lambda: caught_up(server, "lt", "c"), 5), partitions(server, "lt", "c")
 
 
-def test_out_of_order_fin_requeue_and_timeout(nsqd_factory):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "ring"])
+def test_out_of_order_fin_requeue_and_timeout(nsqd_factory, direct):
     server = started(nsqd_factory())
     create(server, "lt", 1)
-    with Consumer("lt", "c", shm_prefix=server.prefix, msg_timeout=1.0) as c:
+    with Consumer("lt", "c", shm_prefix=server.prefix, msg_timeout=1.0, direct=direct) as c:
         mpub(server, "lt", [b"m%02d" % i for i in range(20)])
         msgs = []
         while len(msgs) < 20:  # (the feeder may push them in more than one go)
@@ -138,6 +144,60 @@ def test_out_of_order_fin_requeue_and_timeout(nsqd_factory):
         assert [(b, a) for b, _, a in again] == [(b"m00", 2), (b"m01", 2), (b"m09", 2)]
         assert wait_for(lambda: partitions(server, "lt", "c")[1] == [20], 5)
         nothing_more(c)
+
+
+def test_a_direct_consumer_copies_nothing_into_the_ring(nsqd_factory):
+    """A consumer that reads the logs itself counts among the ring's direct
+    subscribers: the owners leave the ring empty for it (one that does not
+    gets the partitions copied into the ring while it waits)."""
+    server = started(nsqd_factory())
+    create(server, "lt", 2)
+    Consumer("lt", "c", shm_prefix=server.prefix).close()  # (the channel)
+    ring = Ring.attach(f"{server.prefix}.c.lt:c")
+    try:
+        for direct in (True, False):
+            with Consumer("lt", "c", shm_prefix=server.prefix, direct=direct) as c:
+                assert (ring.subscribers, ring.direct_subscribers) == (1, int(direct))
+                nothing_more(c, 0.2)  # (a consumer through the ring asks for it: ring_wanted)
+                mpub(server, "lt", [b"d%03d" % i for i in range(100)])
+                if direct:
+                    time.sleep(0.5)
+                    assert ring.depth == 0
+                else:
+                    assert wait_for(lambda: ring.depth == 100, 5), ring.depth
+                assert len(fetch_all(c, 100)) == 100
+                assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+            assert (ring.subscribers, ring.direct_subscribers) == (0, 0)
+    finally:
+        ring.close()
+
+
+def test_a_direct_consumer_honours_a_topic_pause_and_leaves_lanes_alone(nsqd_factory):
+    """Reading the logs itself, a consumer takes nothing of a paused topic (the ring's
+    header says so: Ring.topic_paused), and nothing of a partition a TCP consumer
+    took into a lane (SUB T C p): the owner feeds that lane."""
+    server = started(nsqd_factory())
+    create(server, "lt", 2)
+    with Consumer("lt", "c", shm_prefix=server.prefix) as c:
+        assert c.direct
+        assert server.post("/topic/pause?topic=lt")[0] == 200
+        assert wait_for(lambda: c.ring.topic_paused, 5)
+        mpub(server, "lt", [b"p%d" % i for i in range(10)])
+        nothing_more(c, 0.5)
+        assert server.post("/topic/unpause?topic=lt")[0] == 200
+        assert sorted(b for b, _, _ in fetch_all(c, 10)) == [b"p%d" % i for i in range(10)]
+        with socket.create_connection(("127.0.0.1", server.tcp_port), timeout=5) as tcp:
+            tcp.sendall(MAGIC_V2 + b"SUB lt c 0\n")  # partition 0 into a lane; RDY 0
+            assert tcp.recv(64).endswith(b"OK")
+            mpub(server, "lt", [b"zero%d" % i for i in range(5)], partition=0)
+            mpub(server, "lt", [b"one%d" % i for i in range(5)], partition=1)
+            assert sorted(b for b, _, _ in fetch_all(c, 5)) == [b"one%d" % i for i in range(5)]
+            nothing_more(c, 0.5)
+            lane = Ring.attach(f"{server.prefix}.c.lt:c:p0")
+            try:
+                assert wait_for(lambda: lane.depth == 5, 5), lane.depth  # the owner's
+            finally:
+                lane.close()
 
 
 def test_requeues_are_noted_in_the_cursors_retry_table(nsqd_factory):
@@ -167,8 +227,9 @@ def test_requeues_are_noted_in_the_cursors_retry_table(nsqd_factory):
         assert [p["put_back"] for p in chan["partitions"]] == [2]
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "ring"])
 @pytest.mark.parametrize("sig", ["close", "kill"])
-def test_what_a_consumer_held_comes_back_and_finished_stays_finished(nsqd_factory, sig):
+def test_what_a_consumer_held_comes_back_and_finished_stays_finished(nsqd_factory, sig, direct):
     """A consumer process finishes 30 of 50 fetched and then closes, or is
     SIGKILLed holding 20: the next consumer gets exactly the 70 unfinished,
     and the ring's subscriber count comes back down."""
@@ -178,7 +239,8 @@ def test_what_a_consumer_held_comes_back_and_finished_stays_finished(nsqd_factor
     script = textwrap.dedent(f"""
         import os, sys
         from nsqshm.local import Consumer
-        c = Consumer("lt", "c", shm_prefix={server.prefix!r}, max_in_flight=50)
+        c = Consumer("lt", "c", shm_prefix={server.prefix!r}, max_in_flight=50,
+                     direct={direct!r})
         held = []
         while len(held) < 50:
             held += list(c.fetch(50 - len(held), timeout=5))
@@ -198,6 +260,7 @@ def test_what_a_consumer_held_comes_back_and_finished_stays_finished(nsqd_factor
     try:
         # the dead consumer's count is taken out by the broker's recovery of its arena
         assert wait_for(lambda: ring.subscribers == 0, 10), ring.subscribers
+        assert ring.direct_subscribers == 0
         with Consumer("lt", "c", shm_prefix=server.prefix) as c:
             assert ring.subscribers == 1
             got = fetch_all(c, 70)

@@ -20,7 +20,9 @@
  *       52     4  flags          bit 0: the owner's disk queue holds messages;
  *                                bit 1: the channel is paused;
  *                                bit 2: a log channel's client waits on the empty
- *                                ring (the owners' feeders fill it)
+ *                                ring (the owners' feeders fill it);
+ *                                bit 3: a log channel's topic is paused (local
+ *                                consumers reading its logs take nothing)
  *       64    64  prod_lock      robust process-shared pthread mutex
  *      128    64  producer line  tail, push_records, push_bytes,
  *                                j_tail, j_push_records, j_push_bytes,
@@ -187,7 +189,7 @@ static inline int nsqshm_cas(uint64_t *p, uint64_t expected, uint64_t desired) {
 static inline int nsqshm_ctz64(uint64_t v) { return __builtin_ctzll(v); }
 /* flags: bit 0 = the queue's owner has messages on disk (a refill may be asked),
  * bit 1 = the channel is paused, bit 2 = a log channel's client waits on the
- * empty ring (ring_wanted) */
+ * empty ring (ring_wanted), bit 3 = a log channel's topic is paused */
 static inline uint32_t nsqshm_flags_load(const uint32_t *p) {
     return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
