@@ -7,8 +7,9 @@ with Consumer.fetch and finish each batch at once; then the same N through
 TCP (loadgen.run_phases, as many publishers and consumers).  A fresh
 broker for each.  Then the same on a log topic of --log-partitions
 partitions (each publish_buffer call into one partition's inbound ring, in
-turn; the owners append them to the logs; the consumers read the channel
-that the owners feed from the logs), against TCP MPUBs to a log topic and
+turn; the owners append them to the logs; the consumers read the partitions'
+logs themselves, by cursor: Consumer(direct=True), the default on a standalone
+broker), against TCP MPUBs to a log topic and
 against the classic topic's local figures of the same run.  Skipped until
 nsqshm.local imports.
 """
@@ -179,7 +180,8 @@ def render(res):
         return out
     out += ["", f"A log topic of {p.get('log_partitions')} partitions, the same run: each "
             "publish_buffer call goes into one partition's inbound ring (in turn), the owners "
-            "append to the logs; the consumers read the channel the owners feed from the logs. "
+            "append to the logs; the consumers read the partitions' logs themselves by cursor "
+            "(Consumer's default on a standalone broker). "
             "Against TCP MPUBs to a log topic, and against the classic topic's local figures "
             "above.", "",
             "| log topic | local shared memory | TCP | local / TCP | local: log / classic |",
