@@ -132,11 +132,7 @@ cdef class CommandParser:
         False leaves every REQ to Python (a policy that may dead-letter)."""
         cdef const char *p = PyByteArray_AS_STRING(buf)
         cdef Py_ssize_t end = PyByteArray_GET_SIZE(buf)
-        cdef Py_ssize_t n, eol, stop, length
-        cdef const char *nl
-        cdef const char *line
-        cdef int64_t now = 0, first, deadline
-        cdef int status = NEED_MORE
+        cdef int status
         self.finished = self.requeued = self.touched = self.nops = 0
         self.scan_by = -1
         if pos < 0 or pos > end:
@@ -145,6 +141,24 @@ cdef class CommandParser:
             self.inflight.lat_now = _clock_ns(CLOCK_REALTIME)
         if self.trace is not None:
             self.trace.clock()  # one time for the events of this call
+        if self.cursors is not None:
+            self.cursors.batch_begin()  # (the FINs' runs by partition: one lock a run)
+        try:
+            status = self._parse(p, end, pos, requeue)
+        finally:
+            if self.cursors is not None:
+                self.cursors.batch_end()
+        if self.trace is not None:
+            self.trace.flush()  # (a failed write is counted in the writer: trace.py logs it)
+        return status
+
+    cdef int _parse(self, const char *p, Py_ssize_t end, Py_ssize_t pos,
+                    bint requeue) except -1:
+        cdef Py_ssize_t n, eol, stop, length
+        cdef const char *nl
+        cdef const char *line
+        cdef int64_t now = 0, first, deadline
+        cdef int status = NEED_MORE
         while True:
             n = end - pos
             if n <= 0:
@@ -200,8 +214,6 @@ cdef class CommandParser:
                 break
             pos = eol + 1
         self.pos = pos
-        if self.trace is not None:
-            self.trace.flush()  # (a failed write is counted in the writer: trace.py logs it)
         return status
 
     cdef inline void _scan_by(self, int64_t when) noexcept:

@@ -927,6 +927,8 @@ def finish_frames(InFlight inflight not None, buf, starts, Py_ssize_t count,
             for i in range(count):
                 if s[i] < 0 or s[i] + MSG_HEADER_SIZE > view.len:
                     raise ValueError(f"message {i} at {s[i]} is outside the buffer")
+            if cursors is not None:
+                cursors.batch_begin()  # (a run of one partition: one lock of its cursor)
             for i in range(count):
                 if cursors is not None:
                     # the cursor marked before the block is freed (InFlight.finish_logged);
@@ -942,6 +944,8 @@ def finish_frames(InFlight inflight not None, buf, starts, Py_ssize_t count,
                         trace.add(EV_FIN, p + s[i] + ID_OFFSET, trace.clock(),
                                   nsqshm_be16(p + s[i] + 8), stream, 0, NULL)
         finally:
+            if cursors is not None:
+                cursors.batch_end()
             PyBuffer_Release(&sv)
     finally:
         PyBuffer_Release(&view)

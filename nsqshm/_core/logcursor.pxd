@@ -74,6 +74,10 @@ cdef class CursorSet:
     cdef list cursors                 # by partition: Cursor, or None (not attached yet)
     cdef Py_ssize_t count             # len(cursors), fixed at __init__
     cdef public object fault_path     # tests: see FAULT_DIE_IN_FIN_ENV
+    cdef long long held               # a batch of FINs (batch_begin): the partition whose
+                                      # cursor stays locked, -1 none; -2 not in a batch
+    cdef void batch_begin(self) noexcept
+    cdef void batch_end(self) noexcept
     cdef long long find_id(self, const char *msg_id, uint64_t *offset) noexcept
     cdef int finish_at(self, long long partition, uint64_t offset) except -2
     cdef int has_id(self, const char *msg_id) noexcept

@@ -971,6 +971,28 @@ cdef class CursorSet:
         self.cursors = [None] * partitions
         self.count = partitions
         self.fault_path = os.environ.get(FAULT_DIE_IN_FIN_ENV) or None
+        self.held = -2
+
+    cdef void batch_begin(self) noexcept:
+        """A batch of FINs follows (a client's read of FIN lines, a local
+        consumer's finish of a batch): a cursor locked for one stays locked
+        for the next of the same partition, until one of another partition
+        or batch_end.  A batch's messages come in runs by partition, so a
+        run costs one lock of the process-shared mutex, not one per message;
+        at most one cursor is held at a time (no order between two locks),
+        for no longer than the batch."""
+        if self.held == -2:
+            self.held = -1
+
+    cdef void batch_end(self) noexcept:
+        cdef Cursor cur
+        if self.held >= 0:
+            obj = self.cursors[self.held]
+            if obj is not None:
+                cur = <Cursor>obj
+                if cur.h != NULL and cur.lock_depth > 0:
+                    cur._unlock()
+        self.held = -2
 
     def __len__(self):
         return self.count
@@ -1014,10 +1036,17 @@ cdef class CursorSet:
         cur = <Cursor>obj  # (__setitem__ takes a Cursor or None only)
         if cur.h == NULL:
             return -1
-        cur._lock()
-        r = cur._finish(offset)
-        cur._unlock()
-        return r
+        if self.held == -2:
+            cur._lock()
+            r = cur._finish(offset)
+            cur._unlock()
+            return r
+        if self.held != partition:  # (a batch: the last partition's lock goes first)
+            self.batch_end()
+            self.held = -1
+            cur._lock()
+            self.held = partition
+        return cur._finish(offset)
 
     cdef int has_id(self, const char *msg_id) noexcept:
         """1 when the ID's partition has its cursor here (0: the caller

@@ -244,19 +244,25 @@ def fin_lines(bytearray buf, Py_ssize_t pos, InFlight inflight, uint64_t client_
     cdef Py_ssize_t count = 0
     if inflight.lat != NULL:  # e2e latency is measured against one clock reading per batch
         inflight.lat_now = time.time_ns()
-    while end - pos >= 21:
-        if not (p[pos] == 70 and p[pos + 1] == 73 and p[pos + 2] == 78 and p[pos + 3] == 32
-                and p[pos + 20] == 10):
-            break
-        if cursors is not None:
-            # the cursor is marked before the in-flight block is freed, once the
-            # client is known to hold the message (InFlight.finish_logged says why)
-            if inflight.finish_logged(p + pos + 4, client_id, cursors) != 0:
+    if cursors is not None:
+        cursors.batch_begin()  # (a run of one partition's FINs: one lock of its cursor)
+    try:
+        while end - pos >= 21:
+            if not (p[pos] == 70 and p[pos + 1] == 73 and p[pos + 2] == 78 and p[pos + 3] == 32
+                    and p[pos + 20] == 10):
                 break
-        elif inflight.finish_raw(p + pos + 4, client_id) != 0:
-            break
-        pos += 21
-        count += 1
+            if cursors is not None:
+                # the cursor is marked before the in-flight block is freed, once the
+                # client is known to hold the message (InFlight.finish_logged says why)
+                if inflight.finish_logged(p + pos + 4, client_id, cursors) != 0:
+                    break
+            elif inflight.finish_raw(p + pos + 4, client_id) != 0:
+                break
+            pos += 21
+            count += 1
+    finally:
+        if cursors is not None:
+            cursors.batch_end()
     return pos, count
 
 

@@ -7,14 +7,16 @@ with Consumer.fetch and finish each batch at once; then the same N through
 TCP (loadgen.run_phases, as many publishers and consumers).  A fresh
 broker for each.  Then the same on a log topic of --log-partitions
 partitions (each publish_buffer call into one partition's inbound ring, in
-turn; the owners append them to the logs; the consumers read the partitions'
-logs themselves, by cursor: Consumer(direct=True), the default on a standalone
-broker), against TCP MPUBs to a log topic and
+turn; the owners append them to the logs; once the logs hold them all, the
+consumers read the partitions' logs themselves, by cursor: Consumer(direct=True),
+the default on a standalone broker), against TCP MPUBs to a log topic and
 against the classic topic's local figures of the same run.  Skipped until
 nsqshm.local imports.
 """
 
+import json
 import time
+import urllib.request
 import uuid
 
 import numpy as np
@@ -73,8 +75,25 @@ def _consumer(target, topic, batch, ready, go, stop, out, idx):
         out.cpu[idx] = time.process_time() - t0
 
 
+def _wait_appended(target, topic, total, timeout=60.0):
+    """Until the log topic's partitions hold `total` messages."""
+    host, port = target.http
+    url = f"http://{host}:{port}/stats?format=json&include_clients=false&topic={topic}"
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            doc = json.loads(resp.read())
+        held = sum(p["end_offset"] for t in doc.get("topics") or () if t["topic_name"] == topic
+                   for p in t.get("partitions") or ())
+        if held >= total:
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"{topic}: the owners did not append {total} messages in {timeout:.0f}s")
+
+
 def run_local(target, messages, size, batch, procs, topic=None):
     """topic: one made beforehand (a log topic), else a new classic topic."""
+    log = topic is not None
     topic = topic or f"local{uuid.uuid4().hex[:8]}"
     per = messages // procs
     total = per * procs
@@ -98,6 +117,8 @@ def run_local(target, messages, size, batch, procs, topic=None):
         loadgen.wait_for(pout.msgs, total, pubs, 60)
         t1 = time.perf_counter()
         time.sleep(0.2)  # the pump moves the tail into the channel
+        if log:  # the owners append what the producers pushed: the consumers read the
+            _wait_appended(target, topic, total)  # whole log, not the appends' pace
         s1, t1b = target.cpu_seconds(), time.perf_counter()
         go.set()
         loadgen.wait_for(cout.msgs, total, cons, 60)
@@ -180,8 +201,8 @@ def render(res):
         return out
     out += ["", f"A log topic of {p.get('log_partitions')} partitions, the same run: each "
             "publish_buffer call goes into one partition's inbound ring (in turn), the owners "
-            "append to the logs; the consumers read the partitions' logs themselves by cursor "
-            "(Consumer's default on a standalone broker). "
+            "append to the logs; once the logs hold them all, the consumers read the partitions' "
+            "logs themselves by cursor (Consumer's default on a standalone broker). "
             "Against TCP MPUBs to a log topic, and against the classic topic's local figures "
             "above.", "",
             "| log topic | local shared memory | TCP | local / TCP | local: log / classic |",

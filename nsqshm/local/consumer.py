@@ -168,9 +168,7 @@ class Consumer:
         """Count this consumer among the channel's subscribers: the
         partitions' owners then feed the ring for it (subscription.py), unless
         it reads the logs itself (a direct subscriber too)."""
-        subscribe(self.ring, self.queue)
-        if self.direct:
-            self.ring.add_direct_subscribers(1)
+        subscribe(self.ring, self.queue, self.direct)
         self._subscribed = True
 
     def _tracing(self):
@@ -316,10 +314,10 @@ class Consumer:
 
     def _claim_run(self, index, room, out, deadline):
         """One partition's next run -> (taken, added, whether the owners must
-        feed it into the ring: this consumer cannot read it now)."""
-        names = self._lane_names[index]
-        if Ring.exists(names[0]) or Ring.exists(names[1]):
-            return 0, 0, True  # a TCP consumer took it into a lane: the owner feeds that
+        feed it into the ring: this consumer cannot read it now).  Everything
+        is looked at under the cursor's lock, as the broker's readers do
+        (LogChannel._claim): a lane made (use_lanes) or records pushed into the
+        ring meanwhile are seen, not overtaken."""
         reader = self._readers[index]
         if reader is None:
             try:
@@ -327,10 +325,13 @@ class Consumer:
             except (OSError, LogError):
                 return 0, 0, False  # (the owner has not made the log yet)
         cursor = self._cursors[index]
+        names = self._lane_names[index]
         cursor.lock()
         try:
-            if cursor.held:
-                return 0, 0, False  # a seek: what it moves is not read meanwhile
+            if Ring.exists(names[0]) or Ring.exists(names[1]):
+                return 0, 0, False  # a TCP consumer took it into a lane: the owner feeds that
+            if cursor.held or self.ring.depth:
+                return 0, 0, False  # a seek holds it; or older records wait in the ring
             pos, end = cursor.read_pos, reader.end_offset
             if pos >= end:
                 return 0, 0, False
@@ -341,6 +342,10 @@ class Consumer:
                 to = min(end, cursor.window_end)
                 if to > pos:
                     cursor.read_pos = to
+                else:
+                    # the window is full: the owner's feeder watches it for the FINs that
+                    # move it, wherever they come, and wakes the ring's sleepers then
+                    self.ring.nudge()
                 return 0, 0, False
             try:
                 got, nbytes, _ = reader.read_into(first, self._scratch,
@@ -351,6 +356,10 @@ class Consumer:
                 return 0, 0, False
             put = self._inflight.deliver(memoryview(self._scratch)[:nbytes], got, out, CLIENT,
                                          deadline, 0, None)
+            expired = self._inflight.expired_out
+            if expired:  # consumed without a FIN (a time to live): finished before read_pos
+                self._cursors.finish_records(expired)  # moves past them (counted by _deliver)
+                del expired[:]
             cursor.read_pos = first + got
             return got, put, False
         finally:
@@ -528,19 +537,20 @@ class Consumer:
         if self._timer is not None and self._timer is not threading.current_thread():
             self._timer.join(1.0)
         with self._lock:
-            # (noted in the retry tables with their attempts, as a broker client's when it
-            # goes: a deferred one goes back now too)
-            _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
-                                      cursors=self._cursors)
-            self.arena.set_client_info(in_flight=left)
-            if self._subscribed:
-                if self.direct:
-                    self.ring.add_direct_subscribers(-1)
-                unsubscribe(self.ring, self.arena)
-                self._subscribed = False
-            for reader in self._readers:
-                if reader is not None:
-                    reader.close()
+            left = 1  # (kept for the broker's recovery if the put back fails)
+            try:
+                # (noted in the retry tables with their attempts, as a broker client's when
+                # it goes: a deferred one goes back now too)
+                _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
+                                          cursors=self._cursors)
+                self.arena.set_client_info(in_flight=left)
+            finally:
+                if self._subscribed:
+                    unsubscribe(self.ring, self.arena, self.direct)
+                    self._subscribed = False
+                for reader in self._readers:
+                    if reader is not None:
+                        reader.close()
             if not left:
                 self.arena.unlink()
             # the tables point into the arena: drop them before unmapping it

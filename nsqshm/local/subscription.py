@@ -28,23 +28,34 @@ def attach_cursors(names, queue, log=True):
     return cursors
 
 
-def subscribe(ring, queue):
+def subscribe(ring, queue, direct=False):
     """Count a consumer among the channel's subscribers (every worker's, in
-    the ring's header); nudged, a sleeping owner looks at once."""
-    if ring.add_subscribers(1) >= SUBSCRIBERS_RETIRED:  # an ephemeral channel being deleted
-        ring.add_subscribers(-1)
-        raise LocalError(f"channel {queue} is being deleted")
+    the ring's header), and with `direct` among those that read the logs
+    themselves (first: the owners never see it as one the ring must be filled
+    for); nudged, a sleeping owner looks at once."""
+    if direct:
+        ring.add_direct_subscribers(1)
     try:
-        ring.nudge()
+        if ring.add_subscribers(1) >= SUBSCRIBERS_RETIRED:  # an ephemeral channel being deleted
+            ring.add_subscribers(-1)
+            raise LocalError(f"channel {queue} is being deleted")
+        try:
+            ring.nudge()
+        except BaseException:
+            ring.add_subscribers(-1)  # (not subscribed after all: nothing to give back later)
+            raise
     except BaseException:
-        ring.add_subscribers(-1)  # (not subscribed after all: nothing to give back later)
+        if direct:
+            ring.add_direct_subscribers(-1)
         raise
 
 
-def unsubscribe(ring, arena):
+def unsubscribe(ring, arena, direct=False):
     """Give the place back: ready 0 first, so that the broker's recovery of the
-    arena knows it has nothing to give back (a death in between leaves the count
-    one high, which only costs ring copies)."""
+    arena knows it has nothing to give back (a death in between leaves the
+    counts one high, which only costs ring copies), then the direct one."""
     arena.set_client_info(ready_count=0)
+    if direct:
+        ring.add_direct_subscribers(-1)
     ring.add_subscribers(-1)
     ring.nudge()  # the owners look again: maybe nobody needs the ring now

@@ -420,7 +420,57 @@ def test_fin_lines_marks_the_cursor(cursor_args):
     pos, n = fin_lines(buf, 0, inflight, 7, cursors)
     assert (pos, n) == (63, 3)
     assert cur.confirmed == 2 and cur.is_finished(3) and not cur.is_finished(2)
+    _assert_unlocked(name)  # (the batch held it across the FINs: let go at the end)
     cur.close()
+
+
+def _assert_unlocked(name):
+    """Another process can take the cursor's lock now (a batch of FINs held it)."""
+    code = ("import sys; from nsqshm._core.logcursor import Cursor; "
+            f"c = Cursor.attach({name!r}); c.lock(); c.unlock(); print('free')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=10)
+    assert out.stdout.strip() == "free", out.stderr
+
+
+def test_a_batch_of_fins_across_partitions_locks_one_cursor_at_a_time(tmp_path):
+    """finish_frames (a local consumer's batch): runs of FINs by partition, each
+    run under one lock of its cursor; every cursor free after the batch, also
+    when a FIN in it fails."""
+    from nsqshm._core.inflight import InFlight
+    from nsqshm._core.localbatch import finish_frames
+
+    names = [f"nsqshm-test-cursor-{os.getpid()}-{random.getrandbits(32):08x}" for _ in range(2)]
+    cursors = CursorSet(2)
+    try:
+        for i, name in enumerate(names):
+            cursors[i] = Cursor.open(name, str(tmp_path / f"c{i}.cursor"), 0)
+        inflight = InFlight()
+        records = bytearray()
+        order = [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (1, 2)]
+        for part, o in order:
+            msg = struct.pack(">QH", 1, 1) + log_message_id(part, o) + b"body"
+            records += struct.pack("=I", len(msg)) + msg
+        out = bytearray()
+        inflight.deliver(records, len(order), out, 7, time.monotonic_ns() + 10**10)
+        starts, pos = [], 0
+        while pos < len(out):  # frames: [u32 size][u32 type][message]
+            starts.append(pos + 8)
+            pos += 4 + struct.unpack_from(">I", out, pos)[0]
+        starts = struct.pack(f"={len(starts)}q", *starts)
+        assert finish_frames(inflight, out, starts, len(order), 7, cursors) == 6
+        assert [cursors[i].confirmed for i in range(2)] == [3, 3]
+        for name in names:
+            _assert_unlocked(name)
+        assert finish_frames(inflight, out, starts, len(order), 7, cursors) == 0  # not in flight
+        for name in names:
+            _assert_unlocked(name)
+    finally:
+        for i in range(2):
+            if cursors[i] is not None:
+                cursors[i].close()
+        for name in names:
+            os.unlink(f"/dev/shm/{name}")
 
 
 def test_finish_records_marks_each_packed_record(cursor_args):
