@@ -59,11 +59,11 @@ def _producer(target, topic, count, size, batch, go, out, idx):
         out.cpu[idx] = time.process_time() - t0
 
 
-def _consumer(target, topic, batch, ready, go, stop, out, idx):
+def _consumer(target, topic, batch, ready, go, stop, out, idx, direct=True):
     from nsqshm.local import Consumer
 
     with Consumer(topic, "ch", data_path=target.data, shm_prefix=target.prefix,
-                  max_in_flight=batch) as cons:
+                  max_in_flight=batch, direct=direct) as cons:
         ready.set()
         go.wait()
         t0 = time.process_time()
@@ -91,8 +91,9 @@ def _wait_appended(target, topic, total, timeout=60.0):
     raise RuntimeError(f"{topic}: the owners did not append {total} messages in {timeout:.0f}s")
 
 
-def run_local(target, messages, size, batch, procs, topic=None):
-    """topic: one made beforehand (a log topic), else a new classic topic."""
+def run_local(target, messages, size, batch, procs, topic=None, direct=True):
+    """topic: one made beforehand (a log topic), else a new classic topic.
+    direct: a log topic's consumers read the logs themselves (else the ring)."""
     log = topic is not None
     topic = topic or f"local{uuid.uuid4().hex[:8]}"
     per = messages // procs
@@ -100,7 +101,8 @@ def run_local(target, messages, size, batch, procs, topic=None):
     pout, cout = loadgen.Shared(procs), loadgen.Shared(procs)
     ready = [CTX.Event() for _ in range(procs)]
     pub_go, go, stop = CTX.Event(), CTX.Event(), CTX.Event()
-    cons = [CTX.Process(target=_consumer, args=(target, topic, batch, ready[i], go, stop, cout, i))
+    cons = [CTX.Process(target=_consumer,
+                        args=(target, topic, batch, ready[i], go, stop, cout, i, direct))
             for i in range(procs)]
     pubs = [CTX.Process(target=_producer, args=(target, topic, per, size, batch, pub_go, pout, i))
             for i in range(procs)]
@@ -147,7 +149,7 @@ def run(ctx):
     tcp_spec = spec_for(a, publishers=a.procs, consumers=a.procs, batch=200)
     rows = []
     kinds = ("classic", "log") if a.log_partitions > 0 else ("classic",)
-    with ctx.progress.task("local", 2 * len(kinds) * ctx.runs()) as advance:
+    with ctx.progress.task("local", (2 * len(kinds) + (len(kinds) > 1)) * ctx.runs()) as advance:
         for i in range(ctx.runs()):
             row = {}
             for kind in kinds:
@@ -170,6 +172,19 @@ def run(ctx):
                         f"{local['out_msgs_per_s'] / 1e6:6.2f} M msg/s; TCP in "
                         f"{tcp['in_msgs_per_s'] / 1e6:6.2f} M, out "
                         f"{tcp['out_msgs_per_s'] / 1e6:6.2f} M")
+            if "log_local" in row:  # the same consumers through the ring the owners fill
+                ctx.settle()
+                with server(a, backlog=(a.messages, a.size)) as target:
+                    wait_local(target)
+                    ring = run_local(target, a.messages, a.size, a.batch, a.procs,
+                                     create_log_topic(target, a.log_partitions), direct=False)
+                advance()
+                row["log_ring"] = ring
+                row["log_direct_ring_out"] = (row["log_local"]["out_msgs_per_s"]
+                                              / ring["out_msgs_per_s"])
+                ctx.say(f"run {i + 1}, log topic, consumers through the ring: out "
+                        f"{ring['out_msgs_per_s'] / 1e6:6.2f} M msg/s (by cursor: "
+                        f"{row['log_direct_ring_out']:.2f}x)")
             if "log_local" in row:  # the log topic's local figures against the classic's
                 row["log_classic_in"] = (row["log_local"]["in_msgs_per_s"]
                                          / row["local"]["in_msgs_per_s"])
@@ -211,7 +226,22 @@ def render(res):
         out.append(f"| {name} | {m['log_local'][f'{way}_msgs_per_s'] / 1e6:.2f} M | "
                    f"{m['log_tcp'][f'{way}_msgs_per_s'] / 1e6:.2f} M | "
                    f"{m[f'log_ratio_{way}']:.1f}x | {m[f'log_classic_{way}']:.2f} |")
-    return out + _cpu_rows(m["log_local"], m["log_tcp"], "| | |")
+    out += _cpu_rows(m["log_local"], m["log_tcp"], "| | |")
+    if "log_ring" in m:
+        out += ["", "The same consumers through the ring the owners fill from the logs "
+                "(`Consumer(direct=False)`, as before they read the logs themselves), a fresh "
+                "broker in the same run:", "",
+                "| log topic, consume | by cursor (above) | through the ring | by cursor / ring |",
+                "|---|---:|---:|---:|",
+                f"| msg/s | {m['log_local']['out_msgs_per_s'] / 1e6:.2f} M | "
+                f"{m['log_ring']['out_msgs_per_s'] / 1e6:.2f} M | "
+                f"{m['log_direct_ring_out']:.2f}x |"]
+        if "server_cpu_us_per_msg_out" in m["log_ring"] and \
+                "server_cpu_us_per_msg_out" in m["log_local"]:
+            out.append(f"| broker CPU per message | "
+                       f"{m['log_local']['server_cpu_us_per_msg_out']:.2f} us | "
+                       f"{m['log_ring']['server_cpu_us_per_msg_out']:.2f} us | |")
+    return out
 
 
 def _cpu_rows(local, tcp, tail):
