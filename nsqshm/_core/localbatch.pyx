@@ -916,6 +916,7 @@ def finish_frames(InFlight inflight not None, buf, starts, Py_ssize_t count,
     cdef const int64_t *s
     cdef Py_ssize_t i, done = 0
     cdef int status
+    cdef bint began = False
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
         PyObject_GetBuffer(starts, &sv, PyBUF_SIMPLE)
@@ -929,6 +930,7 @@ def finish_frames(InFlight inflight not None, buf, starts, Py_ssize_t count,
                     raise ValueError(f"message {i} at {s[i]} is outside the buffer")
             if cursors is not None:
                 cursors.batch_begin()  # (a run of one partition: one lock of its cursor)
+                began = True
             for i in range(count):
                 if cursors is not None:
                     # the cursor marked before the block is freed (InFlight.finish_logged);
@@ -944,7 +946,7 @@ def finish_frames(InFlight inflight not None, buf, starts, Py_ssize_t count,
                         trace.add(EV_FIN, p + s[i] + ID_OFFSET, trace.clock(),
                                   nsqshm_be16(p + s[i] + 8), stream, 0, NULL)
         finally:
-            if cursors is not None:
+            if began:
                 cursors.batch_end()
             PyBuffer_Release(&sv)
     finally:

@@ -76,8 +76,12 @@ cdef class CursorSet:
     cdef public object fault_path     # tests: see FAULT_DIE_IN_FIN_ENV
     cdef long long held               # a batch of FINs (batch_begin): the partition whose
                                       # cursor stays locked, -1 none; -2 not in a batch
+    cdef Cursor held_cur              # that cursor (the object: a slot may be replaced)
+    cdef int batch_depth              # batch_begin calls not ended yet (nested batches)
+    cdef int held_fins                # FINs since the held cursor was last locked
     cdef void batch_begin(self) noexcept
     cdef void batch_end(self) noexcept
+    cdef void _let_go(self) noexcept
     cdef long long find_id(self, const char *msg_id, uint64_t *offset) noexcept
     cdef int finish_at(self, long long partition, uint64_t offset) except -2
     cdef int has_id(self, const char *msg_id) noexcept

@@ -910,6 +910,7 @@ def _read_checkpoint(str path, unsigned long long window_bits):
 
 ID_OFFSET_BITS = 48
 FAULT_DIE_IN_FIN_ENV = "NSQSHM_FAULT_DIE_IN_FIN"  # tests: CursorSet._fault
+cdef int BATCH_HOLD_FINS = 256  # a batch of FINs lets a cursor go after this many
 
 
 
@@ -972,27 +973,39 @@ cdef class CursorSet:
         self.count = partitions
         self.fault_path = os.environ.get(FAULT_DIE_IN_FIN_ENV) or None
         self.held = -2
+        self.held_cur = None
+        self.batch_depth = 0
 
     cdef void batch_begin(self) noexcept:
         """A batch of FINs follows (a client's read of FIN lines, a local
         consumer's finish of a batch): a cursor locked for one stays locked
-        for the next of the same partition, until one of another partition
-        or batch_end.  A batch's messages come in runs by partition, so a
-        run costs one lock of the process-shared mutex, not one per message;
-        at most one cursor is held at a time (no order between two locks),
-        for no longer than the batch."""
+        for the next of the same partition, until one of another partition,
+        BATCH_HOLD_FINS of them (others get a turn), or batch_end.  A batch's
+        messages come in runs by partition, so a run costs one lock of the
+        process-shared mutex, not one per message; at most one cursor is held
+        at a time (no order between two locks), for no longer than the batch.
+        Nests: the outermost batch_end lets go."""
+        self.batch_depth += 1
         if self.held == -2:
             self.held = -1
 
     cdef void batch_end(self) noexcept:
-        cdef Cursor cur
-        if self.held >= 0:
-            obj = self.cursors[self.held]
-            if obj is not None:
-                cur = <Cursor>obj
-                if cur.h != NULL and cur.lock_depth > 0:
-                    cur._unlock()
+        if self.batch_depth > 1:
+            self.batch_depth -= 1
+            return
+        self.batch_depth = 0
+        self._let_go()
         self.held = -2
+
+    cdef void _let_go(self) noexcept:
+        """Unlock the cursor a batch holds (the object it locked, whatever
+        its slot holds now)."""
+        cdef Cursor cur = self.held_cur
+        self.held_cur = None
+        if self.held >= 0:
+            self.held = -1
+        if cur is not None and cur.h != NULL and cur.lock_depth > 0:
+            cur._unlock()
 
     def __len__(self):
         return self.count
@@ -1003,6 +1016,8 @@ cdef class CursorSet:
     def __setitem__(self, int partition, cursor):
         if cursor is not None and not isinstance(cursor, Cursor):
             raise TypeError("a Cursor or None")
+        if self.held == partition:
+            self._let_go()  # (a batch holds the one replaced)
         self.cursors[partition] = cursor
 
     @cython.boundscheck(False)
@@ -1027,6 +1042,8 @@ cdef class CursorSet:
         cdef Cursor cur
         cdef int r
         if self.fault_path is not None:
+            if self.held >= 0:
+                self._let_go()  # (the test's death finds no lock held for another FIN)
             self._fault()
         if partition < 0 or partition >= self.count:
             return -1
@@ -1041,11 +1058,16 @@ cdef class CursorSet:
             r = cur._finish(offset)
             cur._unlock()
             return r
-        if self.held != partition:  # (a batch: the last partition's lock goes first)
-            self.batch_end()
-            self.held = -1
+        if self.held != partition or self.held_cur is not cur or \
+                self.held_fins >= BATCH_HOLD_FINS:
+            # (a batch: the last partition's lock goes first; after BATCH_HOLD_FINS of one
+            # run it is let go and taken again, so that other processes get a turn)
+            self._let_go()
             cur._lock()
             self.held = partition
+            self.held_cur = cur
+            self.held_fins = 0
+        self.held_fins += 1
         return cur._finish(offset)
 
     cdef int has_id(self, const char *msg_id) noexcept:

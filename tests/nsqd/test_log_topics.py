@@ -871,7 +871,7 @@ def test_a_death_inside_a_fin_delivers_the_message_again(nsqd_factory, tmp_path,
     before = {proc.pid for proc in psutil.Process(server.proc.pid).children()}
     armed.touch()
     # its worker dies inside this FIN: a FIN read with the line before it
-    # goes to wire.fin_lines, one read alone to LogChannel.finish
+    # goes to the C command parser (CommandParser.parse), one read alone to LogChannel.finish
     c.send((p.nop() if path == "batch" else b"") + p.fin(got[0].id))
     assert wait_for(lambda: not armed.exists(), timeout=10)
     assert wait_for(lambda: len({proc.pid for proc in psutil.Process(server.proc.pid).children()}
