@@ -49,7 +49,7 @@ from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 from nsqshm._core.arena cimport Arena, block_alloc, block_free
 from nsqshm._core.codec cimport MSG_HEADER_SIZE, MSG_ID_SIZE
-from nsqshm._core.logcursor cimport decode_log_id
+from nsqshm._core.logcursor cimport decode_log_id, packed_record_size
 from nsqshm._core.ext cimport ACCEPT_LEAVE, ACCEPT_SKIP, EXT_OFFSET, ExtView, ext_prefix
 from nsqshm._core.tracelog cimport (
     DROP_EXPIRED,
@@ -1278,11 +1278,7 @@ cdef class DeferredQueue(MessageStore):
             dst = PyByteArray_AS_STRING(out)
             p = <char *>view.buf
             while pos < view.len:
-                if view.len - pos < 4:
-                    raise ValueError(f"a record cut short at byte {pos}")
-                memcpy(&size, p + pos, 4)
-                if size < MSG_HEADER_SIZE or view.len - pos - 4 < <Py_ssize_t>size:
-                    raise ValueError(f"a record of {size} bytes at byte {pos}")
+                size = packed_record_size(p, view.len, pos, MSG_HEADER_SIZE)
                 if cursors.retry_of(p + pos + 4 + MSG_ID_OFFSET, &attempts, &due_ms):
                     if attempts > 0x7FFF:
                         attempts = 0x7FFF

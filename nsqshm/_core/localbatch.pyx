@@ -458,6 +458,29 @@ cdef nsqshm_arena_block *_block_at(Arena arena, uint64_t off, uint64_t end) exce
     return b
 
 
+cdef nsqshm_arena_block *_next_block(Arena arena, uint64_t *off, uint64_t end) except? NULL:
+    """The block at *off, *off moved past it; NULL after the last (end: the bump)."""
+    cdef nsqshm_arena_block *b
+    if off[0] + BLOCK_HEADER > end:
+        return NULL
+    b = _block_at(arena, off[0], end)
+    off[0] += b.capacity
+    return b
+
+
+cdef uint32_t _live_size(Arena arena, nsqshm_arena_block *b) except? 0:
+    """The size of a LIVE block's message, checked against the block; 0 for
+    a block that is not LIVE."""
+    cdef uint32_t size
+    if nsqshm_load32_acquire(&b.state) != NSQSHM_BLOCK_LIVE:
+        return 0
+    size = b.entry.size
+    if size < MSG_HEADER_SIZE or size > b.capacity - BLOCK_HEADER:
+        raise ValueError(f"arena {arena.name!r}: block at {<char *>b - arena.base} holds "
+                         f"{size} bytes")
+    return size
+
+
 cdef class Columns:
     """Messages gathered column by column for one Arrow record batch:
     body values with int32 offsets, IDs (16 bytes each), timestamps in
@@ -814,23 +837,20 @@ cdef class Columns:
         cdef uint64_t off, end
         cdef nsqshm_arena_block *b
         cdef Py_ssize_t added = 0
-        cdef uint32_t cap, size
+        cdef uint32_t size
         arena._check()
         off = offset if offset else arena.hdr.data_offset
         end = nsqshm_load_acquire(&arena.hdr.bump)
-        while off + BLOCK_HEADER <= end:
-            if max_records >= 0 and added >= max_records:
+        while True:
+            if max_records >= 0 and added >= max_records and off + BLOCK_HEADER <= end:
                 return off
-            b = _block_at(arena, off, end)
-            cap = b.capacity
-            if nsqshm_load32_acquire(&b.state) == NSQSHM_BLOCK_LIVE:
-                size = b.entry.size
-                if size < MSG_HEADER_SIZE or size > cap - BLOCK_HEADER:
-                    raise ValueError(f"arena {arena.name!r}: block at {off} holds {size} bytes")
+            b = _next_block(arena, &off, end)
+            if b == NULL:
+                return 0
+            size = _live_size(arena, b)
+            if size:
                 self._add(<char *>b + BLOCK_HEADER, size, False)
                 added += 1
-            off += cap
-        return 0
 
     def export(self):
         """(rows, values, offsets, ids, timestamps, attempts, headers): buffers
@@ -979,22 +999,16 @@ def arena_finish_logged(Arena arena not None, CursorSet cursors not None):
     message of a partition whose cursor is not attached is skipped."""
     cdef uint64_t off, end
     cdef nsqshm_arena_block *b
-    cdef uint32_t cap, size
     cdef Py_ssize_t done = 0
     arena._check()
     off = arena.hdr.data_offset
     end = nsqshm_load_acquire(&arena.hdr.bump)
-    while off + BLOCK_HEADER <= end:
-        b = _block_at(arena, off, end)
-        cap = b.capacity
-        if nsqshm_load32_acquire(&b.state) == NSQSHM_BLOCK_LIVE:
-            size = b.entry.size
-            if size < MSG_HEADER_SIZE or size > cap - BLOCK_HEADER:
-                raise ValueError(f"arena {arena.name!r}: block at {off} holds {size} bytes")
-            if cursors.finish_id(<char *>b + BLOCK_HEADER + ID_OFFSET) == 0:
-                done += 1
-        off += cap
-    return done
+    while True:
+        b = _next_block(arena, &off, end)
+        if b == NULL:
+            return done
+        if _live_size(arena, b) and cursors.finish_id(<char *>b + BLOCK_HEADER + ID_OFFSET) == 0:
+            done += 1
 
 
 def arena_due(Arena arena not None):
@@ -1002,21 +1016,19 @@ def arena_due(Arena arena not None):
     long a dead Spark reader's batch is kept for a restarted query to adopt."""
     cdef uint64_t off, end
     cdef nsqshm_arena_block *b
-    cdef uint32_t cap
     cdef int64_t latest = 0
     cdef Py_ssize_t live = 0
     arena._check()
     off = arena.hdr.data_offset
     end = nsqshm_load_acquire(&arena.hdr.bump)
-    while off + BLOCK_HEADER <= end:
-        b = _block_at(arena, off, end)
-        cap = b.capacity
+    while True:
+        b = _next_block(arena, &off, end)
+        if b == NULL:
+            return live, latest
         if nsqshm_load32_acquire(&b.state) != 0:
             live += 1
             if b.due_ns > latest:
                 latest = b.due_ns
-        off += cap
-    return live, latest
 
 
 cdef int _take_log_message(object ctx, const char *msg, uint32_t size) except -1:

@@ -2,6 +2,7 @@
 # path finishes by message ID (wire.fin_lines).  Layout: includes/commitlog_layout.h.
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.string cimport memcpy
 
 from nsqshm._core.includes.system cimport pthread_mutex_t
 
@@ -106,3 +107,16 @@ cdef inline long long decode_log_id(const char *p, uint64_t *offset) noexcept no
             return -1
     offset[0] = v & ((<uint64_t>1 << 48) - 1)
     return <long long>(v >> 48)
+
+
+cdef inline uint32_t packed_record_size(const char *p, Py_ssize_t n, Py_ssize_t pos,
+                                        uint32_t min_size) except 0:
+    # the size of the packed [u32 native size][message] record at p + pos of a
+    # buffer of n bytes, checked to be whole and of at least min_size (> 0) bytes
+    cdef uint32_t size
+    if n - pos < 4:
+        raise ValueError(f"a record cut short at byte {pos}")
+    memcpy(&size, p + pos, 4)
+    if size < min_size or n - pos - 4 < <Py_ssize_t>size:
+        raise ValueError(f"a record of {size} bytes at byte {pos}")
+    return size

@@ -1143,11 +1143,7 @@ cdef class CursorSet:
         try:
             p = <const unsigned char *>view.buf
             while pos < view.len:
-                if view.len - pos < 4:
-                    raise ValueError(f"a record cut short at byte {pos}")
-                memcpy(&size, p + pos, 4)
-                if size < RECORD_ID_END or view.len - pos - 4 < <Py_ssize_t>size:
-                    raise ValueError(f"a record of {size} bytes at byte {pos}")
+                size = packed_record_size(<const char *>p, view.len, pos, RECORD_ID_END)
                 part = decode_log_id(<const char *>p + pos + 4 + RECORD_ID_OFFSET, &off)
                 # attempts: [8 BE timestamp][2 BE attempts] of nsqd's encoding, the
                 # top bit a message's time to live (includes/message_expiry.h)
@@ -1196,11 +1192,7 @@ cdef class CursorSet:
         try:
             p = <const char *>view.buf
             while pos < view.len:
-                if view.len - pos < 4:
-                    raise ValueError(f"a record cut short at byte {pos}")
-                memcpy(&size, p + pos, 4)
-                if size < RECORD_ID_END or view.len - pos - 4 < <Py_ssize_t>size:
-                    raise ValueError(f"a record of {size} bytes at byte {pos}")
+                size = packed_record_size(p, view.len, pos, RECORD_ID_END)
                 if self.finish_id(p + pos + 4 + RECORD_ID_OFFSET) == 0:
                     done += 1
                 pos += 4 + size

@@ -27,12 +27,10 @@ from nsqshm._core.arena import Arena
 from nsqshm._core.localbatch import Columns, arena_finish_logged, arena_reset
 from nsqshm.local import arenas
 from nsqshm.local.broker import Broker, LocalError, check_name
-from nsqshm.local.subscription import attach_cursors, subscribe, unsubscribe
-from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST, SUB_ORDER_IS_MUST_TEXT
+from nsqshm.local.subscription import attach_cursors, leave, open_channel, subscribe
 from nsqshm.nsqd.local_clients import BULK_LABEL
 
 USER_AGENT = f"nsqshm.local.bulk/{__version__}"
-ORDERED_ONLY = f"{E_SUB_ORDER_IS_MUST} {SUB_ORDER_IS_MUST_TEXT}"  # nsqd's refusal of a SUB
 
 
 class BulkConsumer:
@@ -48,14 +46,9 @@ class BulkConsumer:
         self.channel = check_name("channel", channel)
         self.queue = f"{topic}:{channel}"
         self.broker = broker or Broker(data_path, shm_prefix)
-        spec = self.broker.log_topic_spec(topic)
-        if spec is not None and spec.get("ordered"):
-            raise LocalError(ORDERED_ONLY)  # (as a Consumer: before a channel is made)
-        if create:
-            self.broker.create_channel(topic, channel)
         # a log topic's channel: its cursors, one per partition (None: classic)
-        self.cursors = attach_cursors(self.broker.channel_cursors(topic, channel), self.queue,
-                                      log=spec is not None)
+        self.cursors = attach_cursors(open_channel(self.broker, topic, channel, create),
+                                      self.queue)
         if self.cursors is not None:
             label = BULK_LABEL
         self.ring = self.broker.attach(self.broker.channel_ring_name(topic, channel))
@@ -181,18 +174,8 @@ class BulkConsumer:
         self.closed = True
         if os.getpid() != self._pid:
             return
-        left = 1  # (kept for the broker's recovery if the put back fails)
-        try:
-            _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
-                                      cursors=self.cursors)
-            self.arena.set_client_info(in_flight=left)
-        finally:
-            if self._subscribed:
-                unsubscribe(self.ring, self.arena)
-                self._subscribed = False
-            if self.cursors is not None:
-                for index in range(len(self.cursors)):
-                    self.cursors[index].close()
+        left = leave(self.arena, self.ring, self.queue, timeout, self.cursors, self._subscribed)
+        self._subscribed = False
         if not left:
             self.arena.unlink()
         self.arena.close()

@@ -55,8 +55,7 @@ from nsqshm._core.localbatch import finish_frames
 from nsqshm.local import arenas, tracing
 from nsqshm.local.batch import Batch
 from nsqshm.local.broker import Broker, LocalError, check_name
-from nsqshm.local.subscription import attach_cursors, subscribe, unsubscribe
-from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST, SUB_ORDER_IS_MUST_TEXT
+from nsqshm.local.subscription import attach_cursors, leave, open_channel, subscribe
 from nsqshm.nsqd.local_clients import DIRECT_LABEL, LOCAL_LABEL
 from nsqshm.nsqd.loglane import lane_suffix
 from nsqshm.ring import Ring
@@ -67,7 +66,6 @@ RETRY_NS = 100_000_000          # a full channel ring: retry a requeue after 0.1
 HELD_UNTIL_FINISHED = 2**63 - 1  # a deadline no timeout reaches (a log FIN's hold check)
 USER_AGENT = f"nsqshm.local/{__version__}"
 STATUS_TEXT = {NOT_IN_FLIGHT: "ID not in flight"}
-ORDERED_ONLY = f"{E_SUB_ORDER_IS_MUST} {SUB_ORDER_IS_MUST_TEXT}"  # nsqd's refusal of a SUB
 
 _live = weakref.WeakSet()
 
@@ -98,18 +96,8 @@ class Consumer:
         self.user_agent = user_agent
         self.arena_size = arena_size
         self.closed = False
-        spec = self.broker.log_topic_spec(topic)
-        if spec is not None and spec.get("ordered"):
-            # Youzan's orderedmulti topic takes SUB_ORDERED only, which a local consumer
-            # does not do: refused as nsqd refuses a plain SUB, before a channel is made
-            raise LocalError(ORDERED_ONLY)
-        if create:
-            self.broker.create_channel(topic, channel)
         # a log topic's channel: its cursors, one per partition (none: classic)
-        self._cursor_names = self.broker.channel_cursors(topic, channel)
-        if spec is not None and not self._cursor_names:
-            raise LocalError(f"{self.queue}: a log topic's channel without its cursors (is the "
-                             "channel created on the broker?)")
+        self._cursor_names = open_channel(self.broker, topic, channel, create)
         self.ext = self.broker.topic_kind(topic)[1]
         self.headers = bool(headers) and self.ext
         data_path = self.broker.info.get("data_path")
@@ -537,17 +525,11 @@ class Consumer:
         if self._timer is not None and self._timer is not threading.current_thread():
             self._timer.join(1.0)
         with self._lock:
-            left = 1  # (kept for the broker's recovery if the put back fails)
-            try:
-                # (noted in the retry tables with their attempts, as a broker client's when
-                # it goes: a deferred one goes back now too)
-                _, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
-                                          cursors=self._cursors)
-                self.arena.set_client_info(in_flight=left)
+            try:  # (a deferred one goes back now too)
+                left = leave(self.arena, self.ring, self.queue, timeout, self._cursors,
+                             self._subscribed, self.direct)
             finally:
-                if self._subscribed:
-                    unsubscribe(self.ring, self.arena, self.direct)
-                    self._subscribed = False
+                self._subscribed = False
                 for reader in self._readers:
                     if reader is not None:
                         reader.close()

@@ -7,18 +7,36 @@ broker's recovery of a dead consumer's arena gives the place back
 
 from nsqshm._core.logcursor import Cursor, CursorError, CursorSet
 from nsqshm._core.ring import SUBSCRIBERS_RETIRED
+from nsqshm.local import arenas
 from nsqshm.local.broker import LocalError
+from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST, SUB_ORDER_IS_MUST_TEXT
+
+ORDERED_ONLY = f"{E_SUB_ORDER_IS_MUST} {SUB_ORDER_IS_MUST_TEXT}"  # nsqd's refusal of a SUB
 
 
-def attach_cursors(names, queue, log=True):
+def open_channel(broker, topic, channel, create):
+    """The channel's cursor names, one per partition ([]: a classic topic's),
+    the channel made first with `create`.  Youzan's orderedmulti topic takes
+    SUB_ORDERED only, which a local consumer does not do: refused as nsqd
+    refuses a plain SUB, before a channel is made; and a log topic's channel
+    whose cursors are not there (not made yet, or deleted)."""
+    spec = broker.log_topic_spec(topic)
+    if spec is not None and spec.get("ordered"):
+        raise LocalError(ORDERED_ONLY)
+    if create:
+        broker.create_channel(topic, channel)
+    names = broker.channel_cursors(topic, channel)
+    if spec is not None and not names:
+        raise LocalError(f"{topic}:{channel}: a log topic's channel without its cursors (is "
+                         "the channel created on the broker?)")
+    return names
+
+
+def attach_cursors(names, queue):
     """A CursorSet of the channel's cursor segments `names` (by partition);
-    None for a classic channel (log False).  A log topic's channel whose
-    cursors are not there (not made yet, or deleted) is refused."""
-    if not log:
-        return None
+    None for a classic channel (no names)."""
     if not names:
-        raise LocalError(f"{queue}: a log topic's channel without its cursors (is the channel "
-                         "created on the broker?)")
+        return None
     cursors = CursorSet(len(names))
     try:
         for partition, name in enumerate(names):
@@ -59,3 +77,23 @@ def unsubscribe(ring, arena, direct=False):
         ring.add_direct_subscribers(-1)
     ring.add_subscribers(-1)
     ring.nudge()  # the owners look again: maybe nobody needs the ring now
+
+
+def leave(arena, ring, queue, timeout, cursors, subscribed, direct=False):
+    """A consumer's close: what it holds back into the ring (noted in the
+    retry tables with its attempts, as a broker client's when it goes), then,
+    whatever happened, its subscriber place given back and its cursors closed.
+    -> how many messages are left in the arena (kept for the broker's
+    recovery: 1 when the put back failed)."""
+    left = 1
+    try:
+        _, left = arenas.put_back(arena, ring, queue, timeout=timeout, cursors=cursors)
+        arena.set_client_info(in_flight=left)
+    finally:
+        if subscribed:
+            unsubscribe(ring, arena, direct)
+        if cursors is not None:
+            for index in range(len(cursors)):
+                if cursors[index] is not None:
+                    cursors[index].close()
+    return left
