@@ -33,6 +33,7 @@ cdef extern from "commitlog_layout.h" nogil:
         uint64_t read_pos
         uint64_t confirmed_total
         uint64_t finish_total
+        uint64_t direct_total
         uint64_t window[1]
 
     ctypedef struct nsqshm_retry_slot:

@@ -116,6 +116,7 @@ cdef extern from *:
     int __builtin_popcountll(unsigned long long v) nogil
     uint64_t __atomic_load_n(const uint64_t *p, int order) nogil
     void __atomic_store_n(uint64_t *p, uint64_t v, int order) nogil
+    uint64_t __atomic_fetch_add(uint64_t *p, uint64_t v, int order) nogil
 
 
 cdef uint64_t _popcount(const uint64_t *w, uint64_t words) noexcept nogil:
@@ -676,6 +677,17 @@ cdef class Cursor:
     @property
     def recoveries(self):
         return self.h.recoveries
+
+    @property
+    def direct_total(self):
+        """Messages local consumers took straight from the log (count_direct)."""
+        return __atomic_load_n(&self.h.direct_total, 2)
+
+    def count_direct(self, unsigned long long n):
+        """A local consumer took n messages from the log itself (no worker
+        pushed them into the channel, so none counted them): the channel's
+        message_count adds direct_total."""
+        __atomic_fetch_add(&self.h.direct_total, n, 3)
 
     def set(self, unsigned long long offset, bint hold=False):
         """Move the cursor to `offset` (seek, or a reset to the log start or

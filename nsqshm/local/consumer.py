@@ -349,6 +349,7 @@ class Consumer:
                 self._cursors.finish_records(expired)  # moves past them (counted by _deliver)
                 del expired[:]
             cursor.read_pos = first + got
+            cursor.count_direct(got)  # (the channel's message_count: no worker saw them)
             return got, put, False
         finally:
             cursor.unlock()

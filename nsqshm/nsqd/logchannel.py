@@ -903,6 +903,15 @@ class LogChannel(Channel):
     def depth(self):
         return self.shared_depth + self.backend_depth
 
+    @property
+    def direct_count(self):
+        """What local consumers (nsqshm.local) took straight from the logs of
+        the partitions this worker owns: no worker pushed those into the
+        channel, so message_count never saw them.  Each partition's count is
+        reported by its owner only (/stats sums the workers' parts)."""
+        return sum(self.cursors[p.index].direct_total for p in self.topic.partitions
+                   if p.owned)
+
     def partition_stats(self):
         out = []
         for partition in self.topic.partitions:

@@ -266,7 +266,8 @@ def channel_stats(channel, clients, percentiles=(), sketch=False):
         "backend_depth": channel.backend_depth,
         "in_flight_count": len(channel.inflight),
         "deferred_count": len(channel.deferred),
-        "message_count": channel.message_count,
+        # (a log channel's local consumers that read the logs themselves too)
+        "message_count": channel.message_count + getattr(channel, "direct_count", 0),
         "requeue_count": channel.requeue_count,
         "timeout_count": channel.timeout_count,
         "client_count": len(channel.clients),

@@ -45,6 +45,12 @@ def partitions(server, topic, channel):
             [p["confirmed_offset"] for p in chan["partitions"]])
 
 
+def message_count(server, topic, channel):
+    doc = json.loads(server.get(f"/stats?format=json&topic={topic}")[1])
+    entry = next(t for t in doc["topics"] if t["topic_name"] == topic)
+    return next(c for c in entry["channels"] if c["channel_name"] == channel)["message_count"]
+
+
 def caught_up(server, topic, channel):
     ends, confirmed = partitions(server, topic, channel)
     return ends == confirmed
@@ -90,6 +96,9 @@ def test_consumes_every_partition_and_moves_the_cursors(nsqd_factory, direct):
         nothing_more(c)
         ends, confirmed = partitions(server, "lt", "c")
         assert sum(ends) == 300 and confirmed == ends
+        # each message counted once in the channel's message_count, whether the
+        # consumer read it from the log itself (direct_total) or a worker pushed it
+        assert message_count(server, "lt", "c") == 300
 
 
 def test_a_second_channel_starts_at_the_end_and_copies_nothing_of_the_first(nsqd_factory):

@@ -105,6 +105,9 @@
  *                                pushed to the channel (0 / below confirmed:
  *                                read from confirmed, skipping finished ones)
  *      192     8  confirmed_total, finish_total: counters
+ *      208     8  direct_total   messages local consumers took straight from the log
+ *                                (nsqshm.local, no broker worker in between): the
+ *                                channel's message_count adds them (0 in old segments)
  *      256   w/8  window         bit (o % window_bits) = msg offset o in
  *                                [confirmed, confirmed + window_bits) finished
  *  256+w/8  24 x s  retry table  open addressing by msg offset, linear probing:
@@ -202,7 +205,8 @@ typedef struct {
     uint64_t _pad2[2];
     uint64_t confirmed_total;
     uint64_t finish_total;
-    uint64_t _pad3[6];
+    uint64_t direct_total;
+    uint64_t _pad3[5];
     uint64_t window[];
 } nsqshm_cursor_header;
 
@@ -219,6 +223,7 @@ _Static_assert(offsetof(nsqshm_cursor_header, lock) == 64, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, confirmed) == 128, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, read_pos) == 168, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, confirmed_total) == 192, "layout");
+_Static_assert(offsetof(nsqshm_cursor_header, direct_total) == 208, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, window) == NSQSHM_CURSOR_HEADER, "layout");
 
 /* Commit publication (see the state block above). */
