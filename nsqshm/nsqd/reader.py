@@ -3,9 +3,12 @@
 4-byte big-endian sizes, exact bodies, and an MPUB's messages as far as
 their count and sizes go (readMPUB)."""
 
+import errno
 import socket
 
 import gevent
+from gevent import getcurrent
+from gevent.exceptions import ConcurrentObjectUseError
 
 from nsqshm._core import wire
 from nsqshm.nsqd.compression import CorruptStream, decoding_recv
@@ -26,6 +29,41 @@ class LineTooLong(Disconnect):
     sent those already)."""
 
 
+def _wait_on(sock):
+    """gevent's wait for a socket to be readable, without its timeout (the
+    caller's Timeout bounds it): its checks, then the hub's wait."""
+    watcher = sock._read_event
+    if watcher is None:
+        raise OSError(errno.EBADF, "the socket was closed")
+    if watcher.callback is not None:
+        raise ConcurrentObjectUseError(f"This socket is already used by another greenlet: "
+                                       f"{watcher.callback!r}")
+    sock.hub.wait(watcher)
+
+
+class _TimeUp(Exception):
+    """A batched read's delay passed (_wait_batch)."""
+
+
+class _Timer:
+    """A timer a connection keeps for its waits, started again for each with
+    libev's ev_timer_again: a stop then a start would go on from the time that
+    was left, not start the whole time again."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.timer = gevent.get_hub().loop.timer(seconds, seconds)
+
+    def wait(self, sock, exc):
+        """Until sock is readable; `exc` raised in this greenlet if that takes
+        longer than `seconds`."""
+        self.timer.again(getcurrent().throw, exc)
+        try:
+            _wait_on(sock)
+        finally:
+            self.timer.stop()
+
+
 class Reader:
     """Buffered reads of lines and exact sizes from a gevent socket (or, once
     upgraded, a TLS socket and/or a decompressing codec: `recv`)."""
@@ -41,6 +79,8 @@ class Reader:
         self.buf = bytearray()
         self.pos = 0
         self.before_wait = before_wait  # called before each read from the socket
+        self._deadline = None  # _wait_readable's _Timer, kept for the connection
+        self._batch_timer = None  # _wait_batch's
 
     def fill(self):
         """Read more from the connection (Disconnect at its end)."""
@@ -57,10 +97,9 @@ class Reader:
             # spend a recv on EAGAIN (a consumer's FINs come a few per segment)
             if self.drained:
                 if self.lowat > 1:
-                    with gevent.Timeout(self.batch_delay, False):
-                        sock._wait(sock._read_event)
+                    self._wait_batch(sock)
                 else:
-                    sock._wait(sock._read_event)
+                    self._wait_readable(sock)
             while True:
                 n = wire.recv_append(sock.fileno(), self.buf, READ_SIZE)
                 if n > 0:
@@ -70,7 +109,7 @@ class Reader:
                     raise Disconnect("EOF")
                 if self.lowat > 1:  # nothing came in the delay: wake for any byte again
                     self._set_lowat(1)
-                sock._wait(sock._read_event)
+                self._wait_readable(sock)
         try:
             data = self.recv(READ_SIZE)
         except CorruptStream as err:
@@ -78,6 +117,33 @@ class Reader:
         if not data:
             raise Disconnect("EOF")
         self.buf += data
+
+    # gevent's own wait for a socket with a timeout (sock._wait) makes a Timeout
+    # each time: ~1.8 us, and a consumer's connection waits once for every few FINs
+    # it reads.  These keep a timer per connection and start it again for each
+    # wait (~0.2 us; bench/notes/logtopic.md).
+
+    def _wait_readable(self, sock):
+        """sock._wait(sock._read_event): until the socket is readable, at
+        most the socket's timeout (socket.timeout then, as gevent raises)."""
+        seconds = sock.timeout
+        if seconds is None:
+            sock._wait(sock._read_event)  # (no timeout: gevent makes none either)
+            return
+        if self._deadline is None or self._deadline.seconds != seconds:
+            self._deadline = _Timer(seconds)
+        self._deadline.wait(sock, socket.timeout)
+
+    def _wait_batch(self, sock):
+        """Until the socket is readable (past its low-water mark) or
+        batch_delay passed, whichever comes first (the delay is far below a
+        heartbeat timeout: the socket's timeout never ends this wait first)."""
+        if self._batch_timer is None or self._batch_timer.seconds != self.batch_delay:
+            self._batch_timer = _Timer(self.batch_delay)
+        try:
+            self._batch_timer.wait(sock, _TimeUp)
+        except _TimeUp:
+            pass
 
     def batch_reads(self, delay):
         """Batch the reads of the plain TCP socket from here on (delay > 0) or
