@@ -565,6 +565,21 @@ cdef class Cursor:
         finally:
             self._unlock()
 
+    def retry_count(self):
+        """How many live entries the table holds (what retries() would give,
+        counted without making it: /stats asks for every channel and
+        partition)."""
+        cdef uint32_t i, n = 0
+        cdef nsqshm_retry_slot *t
+        self._lock()
+        if self.h.retry_used:
+            t = self._retries()
+            for i in range(self.slots):
+                if t[i].key and not self._done(t[i].key - 1):
+                    n += 1
+        self._unlock()
+        return n
+
     def retries(self, unsigned long long end=0xFFFFFFFFFFFFFFFF):
         """The live entries below msg offset `end`, in offset order, as the wire
         has them (rpc CURSORS): RETRY_ENTRY bytes each, u64 BE msg offset, u16 BE

@@ -49,7 +49,6 @@ import gevent
 
 from nsqshm._core.commitlog import LogError, OffsetOutOfRange
 from nsqshm._core.logcursor import (
-    RETRY_ENTRY,
     Cursor,
     CursorSet,
     checkpoint_path,
@@ -923,7 +922,7 @@ class LogChannel(Channel):
                         "lag": max(0, end - cursor.confirmed),
                         # messages put back (REQ, timeout) still unfinished, as the retry
                         # table knows them (sent to the followers: take_up_retries)
-                        "put_back": len(cursor.retries()) // RETRY_ENTRY,
+                        "put_back": cursor.retry_count(),
                         # its own ring (loglane.py): "partition" (SUB T C p) or
                         # "ordered" (SUB_ORDERED), and what waits there
                         "lane": None if lane is None else ("ordered" if lane.ordered

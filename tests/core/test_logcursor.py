@@ -637,14 +637,14 @@ def test_retry_table_notes_attempts_and_due_and_forgets_finished(cursor_args):
     assert cur.retry(102) is None
     assert cur.retry_high() == 106
     wire = cur.retries()
-    assert len(wire) == 2 * RETRY_ENTRY
+    assert len(wire) == 2 * RETRY_ENTRY and cur.retry_count() == 2
     assert wire == (struct.pack(">QHq", 101, 1, 0) + struct.pack(">QHq", 105, 4, 0))
     assert cur.retries(end=105) == struct.pack(">QHq", 101, 1, 0)
     cur.finish(105)
-    assert cur.retry(105) is None and cur.retry_high() == 102
+    assert cur.retry(105) is None and cur.retry_high() == 102 and cur.retry_count() == 1
     cur.finish(100)
     cur.finish(101)                              # confirmed passes 101
-    assert cur.retries() == b"" and cur.retry_high() == 0
+    assert cur.retries() == b"" and cur.retry_high() == 0 and cur.retry_count() == 0
     cur.close()
 
 
