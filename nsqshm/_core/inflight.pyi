@@ -2,7 +2,7 @@ from collections.abc import Buffer
 
 from nsqshm._core.arena import Arena
 from nsqshm._core.commitlog import LogReader
-from nsqshm._core.logcursor import CursorSet
+from nsqshm._core.logcursor import Cursor, CursorSet
 from nsqshm._core.ring import Ring
 from nsqshm._core.tracelog import TraceWriter
 
@@ -10,6 +10,7 @@ OK: int
 NOT_IN_FLIGHT: int
 NOT_OWNER: int
 FRAME_TYPE_MESSAGE: int
+CLAIM_RETENTION: int
 
 class MessageStore:
     def use_arena(self, arena: Arena, queue: str) -> None: ...
@@ -38,6 +39,10 @@ class InFlight(MessageStore):
                           client_id: int, deadline_ns: int,
                           sample_rate: int = ..., ext: object = ..., detail: int = ...,
                           detail_log: bool = ...) -> tuple[int, int]: ...
+    def deliver_from_log(self, cursor: Cursor, reader: LogReader, end: int, before: Ring | None,
+                         room: int, scratch: bytearray, out: bytearray, client_id: int,
+                         deadline_ns: int, detail: int = ..., detail_log: bool = ...
+                         ) -> tuple[int, int, int]: ...
     def deliver(self, records: Buffer, count: int, out: bytearray, client_id: int,
                 deadline_ns: int, sample_rate: int = 0, ext: object = None,
                 detail: int = -1, detail_log: bool = False) -> int: ...

@@ -49,7 +49,8 @@ from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 from nsqshm._core.arena cimport Arena, block_alloc, block_free
 from nsqshm._core.codec cimport MSG_HEADER_SIZE, MSG_ID_SIZE
-from nsqshm._core.logcursor cimport decode_log_id, packed_record_size
+from nsqshm._core.commitlog cimport LogReader
+from nsqshm._core.logcursor cimport Cursor, decode_log_id, packed_record_size
 from nsqshm._core.ext cimport ACCEPT_LEAVE, ACCEPT_SKIP, EXT_OFFSET, ExtView, ext_prefix
 from nsqshm._core.tracelog cimport (
     DROP_EXPIRED,
@@ -72,6 +73,8 @@ from nsqshm._core.includes.system cimport (
     nsqshm_arena_block,
 )
 from nsqshm._core.ring cimport Ring
+
+from nsqshm._core.commitlog import OffsetOutOfRange
 
 OK = STATUS_OK
 NOT_IN_FLIGHT = STATUS_NOT_IN_FLIGHT
@@ -640,6 +643,10 @@ cdef class MessageStore:
 
 # -- InFlight ---------------------------------------------------------------------
 
+# deliver_from_log: retention removed what the cursor would read (LogChannel's RETENTION)
+CLAIM_RETENTION = -2
+
+
 cdef class InFlight(MessageStore):
     """Messages in flight on one channel: keyed by ID, ordered by deadline."""
 
@@ -940,6 +947,65 @@ cdef class InFlight(MessageStore):
             return 0
         v = (<LogReader>reader).virtual_of(offset)
         return <uint64_t>v if v >= 0 else 0
+
+    def deliver_from_log(self, Cursor cursor not None, LogReader reader not None,
+                         uint64_t end, Ring before, Py_ssize_t room, bytearray scratch not None,
+                         bytearray out not None, uint64_t client_id, int64_t deadline_ns,
+                         int detail=-1, bint detail_log=False):
+        """A log channel's delivery of one partition to one client straight
+        from the log (LogChannel._deliver_direct), as one claim under the
+        cursor's lock against every other reader of the partition: the next
+        run of unread, unfinished messages below `end` (at most `room`) read
+        into `scratch` (LogReader.read_into), framed and put in flight
+        (deliver), read_pos moved past them.  `before`: the ring the owner's
+        feeder fills with the partition; while it holds records (claimed
+        earlier), nothing is read past them.
+
+        Returns (n, added, at): n > 0 went out, from msg offset `at` (added:
+        put in flight); 0: nothing now (a seek holds the cursor, nothing
+        unread, `before` holds records, or the window is full: then at >=
+        window end); -1: read_pos moved past finished messages, none sent;
+        CLAIM_RETENTION: retention removed what it would read, `at` the
+        log's start (the caller moves the cursor there once the lock is let
+        go)."""
+        cdef uint64_t pos, start, run = 0, lim
+        cdef long long first
+        cdef Py_ssize_t got = 0, added = 0
+        cdef bint held
+        cursor._lock()
+        try:
+            pos = cursor._read_at(&held)
+            if held or pos >= end:
+                return 0, 0, pos
+            if before is not None and before.depth:
+                return 0, 0, pos
+            reader.refresh()
+            start = reader.commit.start_offset
+            if pos < start:
+                return CLAIM_RETENTION, 0, start
+            first = cursor._run(pos, end, room, &run)
+            if first < 0:  # all finished up to the window's end (or the log's)
+                lim = cursor.h.confirmed + cursor.bits
+                if lim > end:
+                    lim = end
+                if lim > pos:
+                    cursor._read_to(lim)
+                    return -1, 0, pos
+                return 0, 0, lim  # the window is full: wait for FINs
+            try:
+                got, _, _ = reader._read_into(<uint64_t>first, scratch, <Py_ssize_t>run, -1,
+                                              False)
+            except OffsetOutOfRange as err:
+                return CLAIM_RETENTION, 0, err.start_offset
+            if got == 0:
+                return 0, 0, pos
+            # (deliver reads the first `got` records; what follows them is not looked at)
+            added = self.deliver(scratch, got, out, client_id, deadline_ns, 0, None, detail,
+                                 detail_log)
+            cursor._read_to(<uint64_t>first + <uint64_t>got)
+            return got, added, first
+        finally:
+            cursor._unlock()
 
     def deliver(self, records, Py_ssize_t count, bytearray out not None,
                 uint64_t client_id, int64_t deadline_ns, int sample_rate=0,

@@ -61,6 +61,10 @@ cdef class Cursor:
     cdef void _repair(self) noexcept
     cdef int _finish(self, uint64_t o) noexcept nogil
     cdef long long _next(self, uint64_t start, uint64_t end) noexcept nogil
+    cdef long long _run(self, uint64_t start, uint64_t end, long long max_run,
+                        uint64_t *count) noexcept nogil
+    cdef uint64_t _read_at(self, bint *held) noexcept nogil
+    cdef void _read_to(self, uint64_t offset) noexcept nogil
     cdef nsqshm_retry_slot *_retries(self) noexcept nogil
     cdef bint _done(self, uint64_t o) noexcept nogil
     cdef nsqshm_retry_slot *_retry_find(self, uint64_t o) noexcept nogil

@@ -789,24 +789,45 @@ cdef class Cursor:
         keeps the scan to what it can take (a run is counted bit by bit:
         without it a reader taking 200 scanned up to the window's 64 Ki)."""
         cdef long long o
-        cdef uint64_t c, lim, e
+        cdef uint64_t n = 0
         self._lock()
-        o = self._next(start, end)
-        e = <uint64_t>o
-        if o >= 0:
-            c = self.h.confirmed
-            lim = c + self.bits
-            if end > lim:
-                end = lim
-            if max_run > 0 and end > <uint64_t>o + <uint64_t>max_run:
-                end = <uint64_t>o + <uint64_t>max_run
-            e = o + 1
-            while e < end and not _bit(self.h.window, e & self.mask):
-                e += 1
+        o = self._run(start, end, max_run, &n)
         self._unlock()
         if o < 0:
             return -1, 0
-        return o, e - <uint64_t>o
+        return o, n
+
+    cdef long long _run(self, uint64_t start, uint64_t end, long long max_run,
+                        uint64_t *count) noexcept nogil:
+        """unfinished_run's (o, n) with the lock held: o, and n in count."""
+        cdef long long o = self._next(start, end)
+        cdef uint64_t lim, e
+        if o < 0:
+            count[0] = 0
+            return o
+        lim = self.h.confirmed + self.bits
+        if end > lim:
+            end = lim
+        if max_run > 0 and end > <uint64_t>o + <uint64_t>max_run:
+            end = <uint64_t>o + <uint64_t>max_run
+        e = o + 1
+        while e < end and not _bit(self.h.window, e & self.mask):
+            e += 1
+        count[0] = e - <uint64_t>o
+        return o
+
+    cdef uint64_t _read_at(self, bint *held) noexcept nogil:
+        """read_pos as the property gives it (never below confirmed); held:
+        whether a seek holds it.  The lock held."""
+        cdef uint64_t r = self.h.read_pos, c = self.h.confirmed
+        held[0] = r == _READ_HELD
+        return r if r > c else c
+
+    cdef void _read_to(self, uint64_t offset) noexcept nogil:
+        """read_pos = offset unless a seek holds it (the setter's rule); the
+        lock held."""
+        if self.h.read_pos != _READ_HELD:
+            __atomic_store_n(&self.h.read_pos, offset, 3)
 
     def next_unfinished(self, unsigned long long start, unsigned long long end):
         """The first unfinished msg offset in [max(start, confirmed),

@@ -48,6 +48,7 @@ import time
 import gevent
 
 from nsqshm._core.commitlog import LogError, OffsetOutOfRange
+from nsqshm._core.inflight import CLAIM_RETENTION
 from nsqshm._core.logcursor import (
     Cursor,
     CursorSet,
@@ -65,7 +66,7 @@ FEED_BATCH = 4096       # messages read from the log and pushed in one go
 HELD_UNTIL_FINISHED = 2**63 - 1  # a deadline no timeout reaches
 SEEK_HOLD_LIMIT = 30.0  # seconds a seek may hold a cursor (_check_hold)
 WINDOW_RETRY = 0.5      # a cursor's window is full: look again after this (FINs move it)
-RETENTION = -2          # _read_run: retention removed what the cursor would read next
+RETENTION = CLAIM_RETENTION  # _read_run: retention removed what the cursor would read next
 RING_FULL = -4          # _feed_once: the ring took nothing (full by bytes before by records)
 
 
@@ -541,29 +542,35 @@ class LogChannel(Channel):
 
     def _deliver_direct(self, partition, client, room, scratch, deadline):
         """Deliver up to `room` unread, unfinished messages of a partition to
-        a client straight from the log, whichever worker owns it: read
-        (LogReader.read_into, from the mmap'd segment) and framed and put
-        in flight (InFlight.deliver) in two C calls, never copied into a
-        ring.  The read, the hand-off and the move of read_pos are one
-        claim under the cursor's lock, against the owner's feeder and the
-        other workers' dispatchers.  Returns how many went out (-1:
-        read_pos moved on without any)."""
+        a client straight from the log, whichever worker owns it, never
+        copied into a ring: one C call (InFlight.deliver_from_log) claims
+        the run under the cursor's lock, against the owner's feeder and the
+        other workers' dispatchers (as _claim does), reads it from the
+        mmap'd segments, frames it, puts it in flight and moves read_pos
+        past it.  Returns how many went out (-1: read_pos moved on without
+        any)."""
         cursor = self.cursors[partition.index]
-        if cursor.held:
-            return 0
         view = self._log_view(partition)
         if view is None:
             return 0
-        traced = self.traced
-        self._trace_drops(traced)
+        reader, end = view
         base = len(client.out)
-        n, added = self._claim(partition, view, room, scratch, lambda records, n: (
-            n, self.inflight.deliver(records, n, client.out, client.id, deadline, 0, None,
-                                     client.detail, client.detail_log)),
-                               before=self._feed_ring(partition))
+        n, added, at = self.inflight.deliver_from_log(
+            cursor, reader, end, self._feed_ring(partition), room, scratch, client.out,
+            client.id, deadline, client.detail, client.detail_log)
         if n <= 0:
+            if n == RETENTION:
+                self.move_to_start(partition, at)
+                return -1
+            if n == 0 and at >= cursor.window_end:
+                # the window is full: the owner's feeder watches it for the FINs that move
+                # it (_watch_window), wherever they come
+                if partition.owned:
+                    self._refill_wake.set()
+                else:
+                    self.ring.nudge()
             return n
-        if traced:
+        if self.traced:
             trace.delivered(self, client, client.out, base)
         self.message_count += n
         client.in_flight += added
