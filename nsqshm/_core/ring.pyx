@@ -1086,6 +1086,26 @@ cdef class Ring:
         self._check()
         return nsqshm_load_acquire(&self.hdr.local_expired)
 
+    def count_local_requeues(self, uint64_t n):
+        """A local consumer put n messages of this (channel) ring back (REQ)."""
+        self._check()
+        nsqshm_fetch_add(&self.hdr.local_requeues, n)
+
+    def count_local_timeouts(self, uint64_t n):
+        """n messages a local consumer of this (channel) ring held timed out."""
+        self._check()
+        nsqshm_fetch_add(&self.hdr.local_timeouts, n)
+
+    @property
+    def local_requeues(self):
+        self._check()
+        return nsqshm_load_acquire(&self.hdr.local_requeues)
+
+    @property
+    def local_timeouts(self):
+        self._check()
+        return nsqshm_load_acquire(&self.hdr.local_timeouts)
+
     def set_local_waker(self, waker):
         """waker(for_space) is called, instead of a write to this handle's
         FIFO, when a push (or, for_space, a pop) through this same handle

@@ -158,6 +158,8 @@ class BulkConsumer:
         done, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
                                      cursors=self.cursors)
         self.requeue_count += done
+        if done:  # (the channel's requeue_count in /stats: the topic's owner adds them)
+            self.ring.count_local_requeues(done)
         self.held = left
         if not left:
             arena_reset(self.arena)  # reuse the space

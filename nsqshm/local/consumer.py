@@ -420,6 +420,8 @@ class Consumer:
                 self._store(b"".join(packed), len(packed), now)
             self._inflight.release()  # the copies are stored: free the blocks
             self.requeue_count += done
+            if done:  # (the channel's requeue_count in /stats: the topic's owner adds them)
+                self.ring.count_local_requeues(done)
             self._publish_info()
         if delay > 0 and done:
             self._start_timer()
@@ -496,6 +498,7 @@ class Consumer:
                     total += n
                     if timed_out:
                         self.timeout_count += n
+                        self.ring.count_local_timeouts(n)  # (the channel's, in /stats)
             if total:
                 self._publish_info()
         return total

@@ -268,8 +268,8 @@ def channel_stats(channel, clients, percentiles=(), sketch=False):
         "deferred_count": len(channel.deferred),
         # (a log channel's local consumers that read the logs themselves too)
         "message_count": channel.message_count + getattr(channel, "direct_count", 0),
-        "requeue_count": channel.requeue_count,
-        "timeout_count": channel.timeout_count,
+        "requeue_count": channel.requeue_count + _local_count(channel, "local_requeues"),
+        "timeout_count": channel.timeout_count + _local_count(channel, "local_timeouts"),
         "client_count": len(channel.clients),
         "clients": clients,
         "paused": bool(channel.paused),
@@ -284,6 +284,16 @@ def channel_stats(channel, clients, percentiles=(), sketch=False):
         out["ring_depth"] = getattr(channel, "shared_depth", channel.ring.depth)
         out["ring_owner"] = bool(getattr(channel, "owned", False))
     return out
+
+
+def _local_count(channel, counter):
+    """What local consumers (nsqshm.local) of the channel put back or let time
+    out: counted in its ring's header, reported by the topic's owner alone
+    (/stats sums the workers' parts)."""
+    ring = getattr(channel, "ring", None)
+    if ring is None or not getattr(channel.topic, "owned", False):
+        return 0
+    return getattr(ring, counter)
 
 
 def _ext_channel_stats(channel):

@@ -104,3 +104,29 @@ def test_local_publishes_count_in_the_topics_message_count(nsqd_factory, workers
 
     assert wait_for(lambda: topic()["message_count"] == 105, timeout=10), topic()
     assert topic()["message_bytes"] == 100 * 10 + 3 + 2 + 3 * 5
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["classic", "log"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_local_requeues_and_timeouts_count_in_the_channels_counts(nsqd_factory, workers, log):
+    # what a local consumer puts back or lets time out counts in the channel's
+    # requeue_count and timeout_count in /stats, once, whichever worker owns it
+    broker = started(nsqd_factory(f"--workers={workers}", "--mem-queue-size=100000"))
+    create = "/topic/create?topic=rq" + ("&partition_num=2" if log else "")
+    assert broker.post(create)[0] == 200
+    with Consumer("rq", "c", shm_prefix=broker.prefix, msg_timeout=0.3) as c:
+        assert broker.post("/mpub?topic=rq", b"\n".join(b"m%d" % i for i in range(10)))[0] == 200
+        held = []
+        while len(held) < 10:
+            held += list(c.fetch(10 - len(held), timeout=2))
+        for m in held[:4]:
+            m.requeue()
+        # the other 6 are held past the 0.3 s timeout: they go back too
+        assert wait_for(lambda: c.timeout_count == 6, timeout=10), c.timeout_count
+
+        def channel():
+            _, body = broker.get("/stats?format=json&topic=rq")
+            return json.loads(body)["topics"][0]["channels"][0]
+
+        assert wait_for(lambda: (channel()["requeue_count"], channel()["timeout_count"])
+                        == (4, 6), timeout=10), channel()

@@ -53,6 +53,10 @@
  *                                channel's ring): while all are, the owners' feeders
  *                                push nothing into the ring; set with subscribers
  *      512   512  waiters[64]    u64 each: pid << 32 | token, 0 when free
+ *     1024     8  local_requeues  messages local consumers put back (REQ), added to
+ *     1032     8  local_timeouts  and timed out, atomically; the topic's owner adds
+ *                                them to the channel's requeue_count and timeout_count
+ *                                (0 in a segment made before them: the bytes were zero)
  *     4096   cap  data           records
  *
  * A record in the data area, at an 8-byte aligned offset:
@@ -143,6 +147,10 @@ typedef struct {
     uint64_t _pad7[1];
     /* 512: waiter slots */
     uint64_t waiters[NSQSHM_RING_WAITERS];
+    /* 1024: what local consumers of a channel ring put back and let time out
+       (nsqshm.local), which the topic's owner adds to the channel's counts */
+    uint64_t local_requeues;
+    uint64_t local_timeouts;
 } nsqshm_ring_header;
 
 _Static_assert(sizeof(pthread_mutex_t) <= 64, "pthread_mutex_t must fit a cache line");
@@ -156,6 +164,7 @@ _Static_assert(offsetof(nsqshm_ring_header, wait_space) == 384, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, subscribers) == 472, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, direct_subscribers) == 496, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, waiters) == 512, "layout");
+_Static_assert(offsetof(nsqshm_ring_header, local_requeues) == 1024, "layout");
 _Static_assert(sizeof(nsqshm_ring_header) <= NSQSHM_RING_HEADER_SIZE, "header fits");
 
 /* Atomics.  Release stores keep program order for the crash journal too: a
