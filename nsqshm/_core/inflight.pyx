@@ -962,9 +962,9 @@ cdef class InFlight(MessageStore):
         earlier), nothing is read past them.
 
         Returns (n, added, at): n > 0 went out, from msg offset `at` (added:
-        put in flight); 0: nothing now (a seek holds the cursor, nothing
-        unread, `before` holds records, or the window is full: then at >=
-        window end); -1: read_pos moved past finished messages, none sent;
+        put in flight); 0: nothing now (a seek holds the cursor: at 0;
+        nothing unread, `before` holds records, or the window is full: then
+        at >= window end); -1: read_pos moved past finished messages, none sent;
         CLAIM_RETENTION: retention removed what it would read, `at` the
         log's start (the caller moves the cursor there once the lock is let
         go)."""
@@ -975,7 +975,9 @@ cdef class InFlight(MessageStore):
         cursor._lock()
         try:
             pos = cursor._read_at(&held)
-            if held or pos >= end:
+            if held:  # (at 0: nothing for the caller to wake)
+                return 0, 0, 0
+            if pos >= end:
                 return 0, 0, pos
             if before is not None and before.depth:
                 return 0, 0, pos

@@ -577,6 +577,8 @@ cdef class Cursor:
             for i in range(self.slots):
                 if t[i].key and not self._done(t[i].key - 1):
                     n += 1
+            if n == 0:  # nothing live: emptied, as retries() does (the next look is one load)
+                self._retry_clear()
         self._unlock()
         return n
 

@@ -52,7 +52,9 @@ class _Timer:
 
     def __init__(self, seconds):
         self.seconds = seconds
-        self.timer = gevent.get_hub().loop.timer(seconds, seconds)
+        # (priority -1, as gevent's Timeout: input that came in the same loop turn as
+        # the expiry is read first, not dropped with the connection)
+        self.timer = gevent.get_hub().loop.timer(seconds, seconds, priority=-1)
 
     def wait(self, sock, exc):
         """Until sock is readable; `exc` raised in this greenlet if that takes

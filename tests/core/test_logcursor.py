@@ -645,6 +645,10 @@ def test_retry_table_notes_attempts_and_due_and_forgets_finished(cursor_args):
     cur.finish(100)
     cur.finish(101)                              # confirmed passes 101
     assert cur.retries() == b"" and cur.retry_high() == 0 and cur.retry_count() == 0
+    # a table of finished entries only is emptied by a count, as by retries()
+    assert cur.note_retry(160, 1) == 1
+    cur.finish(160)
+    assert cur.retry_stats[1] == 1 and cur.retry_count() == 0 and cur.retry_stats[1] == 0
     cur.close()
 
 
