@@ -12,9 +12,6 @@ gets a new one.  At most `keep` idle buffers are kept; the others are freed
 when given back, so a burst of borrowers costs memory only while it lasts.
 """
 
-from contextlib import contextmanager
-
-
 class ScratchPool:
     def __init__(self, size, keep=2):
         self.size = size
@@ -22,13 +19,32 @@ class ScratchPool:
         self._idle = []
         self.lent = 0  # buffers out now (for /debug and the tests)
 
-    @contextmanager
     def borrow(self):
-        buf = self._idle.pop() if self._idle else bytearray(self.size)
-        self.lent += 1
-        try:
-            yield buf
-        finally:
-            self.lent -= 1
-            if len(self._idle) < self.keep:
-                self._idle.append(buf)
+        """`with pool.borrow() as buf:` a buffer of `size` bytes, for the block."""
+        return _Loan(self)
+
+
+class _Loan:
+    """One borrow's context manager (a class, not @contextmanager: a
+    dispatcher borrows once a round, and a generator's context manager costs
+    about four times as much)."""
+
+    __slots__ = ("pool", "buf")
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.buf = None
+
+    def __enter__(self):
+        pool = self.pool
+        self.buf = pool._idle.pop() if pool._idle else bytearray(pool.size)
+        pool.lent += 1
+        return self.buf
+
+    def __exit__(self, *exc):
+        pool = self.pool
+        pool.lent -= 1
+        if len(pool._idle) < pool.keep:
+            pool._idle.append(self.buf)
+        self.buf = None
+        return False
