@@ -10,7 +10,6 @@ OK: int
 NOT_IN_FLIGHT: int
 NOT_OWNER: int
 FRAME_TYPE_MESSAGE: int
-CLAIM_RETENTION: int
 
 class MessageStore:
     def use_arena(self, arena: Arena, queue: str) -> None: ...

@@ -74,8 +74,6 @@ from nsqshm._core.includes.system cimport (
 )
 from nsqshm._core.ring cimport Ring
 
-from nsqshm._core.commitlog import OffsetOutOfRange
-
 OK = STATUS_OK
 NOT_IN_FLIGHT = STATUS_NOT_IN_FLIGHT
 NOT_OWNER = STATUS_NOT_OWNER
@@ -643,10 +641,6 @@ cdef class MessageStore:
 
 # -- InFlight ---------------------------------------------------------------------
 
-# deliver_from_log: retention removed what the cursor would read (LogChannel's RETENTION)
-CLAIM_RETENTION = -2
-
-
 cdef class InFlight(MessageStore):
     """Messages in flight on one channel: keyed by ID, ordered by deadline."""
 
@@ -962,45 +956,16 @@ cdef class InFlight(MessageStore):
         earlier), nothing is read past them.
 
         Returns (n, added, at): n > 0 went out, from msg offset `at` (added:
-        put in flight); 0: nothing now (a seek holds the cursor: at 0;
-        nothing unread, `before` holds records, or the window is full: then
-        at >= window end); -1: read_pos moved past finished messages, none sent;
-        CLAIM_RETENTION: retention removed what it would read, `at` the
-        log's start (the caller moves the cursor there once the lock is let
-        go)."""
-        cdef uint64_t pos, start, run = 0, lim
-        cdef long long first
-        cdef Py_ssize_t got = 0, added = 0
-        cdef bint held
+        put in flight); else as Cursor.claim_read's n and first (0 with at 0
+        too while `before` holds records)."""
+        cdef Py_ssize_t got, added
         cursor._lock()
         try:
-            pos = cursor._read_at(&held)
-            if held:  # (at 0: nothing for the caller to wake)
-                return 0, 0, 0
-            if pos >= end:
-                return 0, 0, pos
             if before is not None and before.depth:
-                return 0, 0, pos
-            reader.refresh()
-            start = reader.commit.start_offset
-            if pos < start:
-                return CLAIM_RETENTION, 0, start
-            first = cursor._run(pos, end, room, &run)
-            if first < 0:  # all finished up to the window's end (or the log's)
-                lim = cursor.h.confirmed + cursor.bits
-                if lim > end:
-                    lim = end
-                if lim > pos:
-                    cursor._read_to(lim)
-                    return -1, 0, pos
-                return 0, 0, lim  # the window is full: wait for FINs
-            try:
-                got, _, _ = reader._read_into(<uint64_t>first, scratch, <Py_ssize_t>run, -1,
-                                              False)
-            except OffsetOutOfRange as err:
-                return CLAIM_RETENTION, 0, err.start_offset
-            if got == 0:
-                return 0, 0, pos
+                return 0, 0, 0
+            first, got, nbytes = cursor._claim_read(reader, end, room, scratch)
+            if got <= 0:
+                return got, 0, first
             # (deliver reads the first `got` records; what follows them is not looked at)
             added = self.deliver(scratch, got, out, client_id, deadline_ns, 0, None, detail,
                                  detail_log)

@@ -4,6 +4,7 @@
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
+from nsqshm._core.commitlog cimport LogReader
 from nsqshm._core.includes.system cimport pthread_mutex_t
 
 
@@ -63,6 +64,8 @@ cdef class Cursor:
     cdef long long _next(self, uint64_t start, uint64_t end) noexcept nogil
     cdef long long _run(self, uint64_t start, uint64_t end, long long max_run,
                         uint64_t *count) noexcept nogil
+    cdef tuple _claim_read(self, LogReader reader, uint64_t end, Py_ssize_t room,
+                           object scratch)
     cdef uint64_t _read_at(self, bint *held) noexcept nogil
     cdef void _read_to(self, uint64_t offset) noexcept nogil
     cdef nsqshm_retry_slot *_retries(self) noexcept nogil

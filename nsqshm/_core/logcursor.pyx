@@ -34,6 +34,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, qsort
 
+from nsqshm._core.commitlog cimport LogReader
 from nsqshm._core.includes.system cimport (
     EBUSY, EOWNERDEAD, MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, PTHREAD_MUTEX_ROBUST,
     PTHREAD_PROCESS_SHARED, errno, memcpy, memset, mmap, munmap, pthread_mutex_consistent,
@@ -43,10 +44,13 @@ from nsqshm._core.includes.system cimport (
     pthread_mutexattr_setrobust, pthread_mutexattr_t,
 )
 
+from nsqshm._core.commitlog import OffsetOutOfRange
+
 FINISHED = 0          # finish(): newly finished
 ALREADY = 1           # finish(): it was finished before
 OUT_OF_WINDOW = -1    # finish(): beyond confirmed + window_bits: hold delivery
 DEFAULT_WINDOW_BITS = 1 << 16
+CLAIM_RETENTION = -2  # claim_read: retention removed what the cursor would read next
 RETRY_SLOTS = 4096    # a new cursor's retry table (24 bytes a slot; tmpfs pages only when used)
 MAX_RETRY_SLOTS = 1 << 20
 cdef enum:
@@ -817,6 +821,56 @@ cdef class Cursor:
             e += 1
         count[0] = e - <uint64_t>o
         return o
+
+    def claim_read(self, LogReader reader not None, unsigned long long end, Py_ssize_t room,
+                   scratch):
+        """Every reader's claim of a partition's next run (the owner's feeder
+        and each worker's dispatcher, LogChannel; a local consumer): the
+        unread, unfinished messages from read_pos below `end`, at most `room`,
+        read into `scratch` (LogReader.read_into).  -> (first, n, nbytes):
+        n > 0 records read from msg offset `first` (the caller hands them on,
+        then moves read_pos past what it took, before it lets the lock go:
+        it holds the lock across, as it nests); n 0: nothing now (first: 0
+        while a seek holds the cursor, else the window's end when it is full,
+        or read_pos); -1: read_pos moved past finished messages, none read;
+        CLAIM_RETENTION: retention removed what it would read, `first` the
+        log's start (the caller moves the cursor there once it lets go)."""
+        self._lock()
+        try:
+            return self._claim_read(reader, end, room, scratch)
+        finally:
+            self._unlock()
+
+    cdef tuple _claim_read(self, LogReader reader, uint64_t end, Py_ssize_t room, object scratch):
+        """claim_read with the lock held."""
+        cdef bint held
+        cdef uint64_t pos = self._read_at(&held), start, run = 0, lim
+        cdef long long first
+        cdef Py_ssize_t n
+        if held:
+            return 0, 0, 0
+        if pos >= end:
+            return pos, 0, 0
+        reader.refresh()
+        start = reader.commit.start_offset
+        if pos < start:
+            return start, CLAIM_RETENTION, 0
+        first = self._run(pos, end, room, &run)
+        if first < 0:  # all finished up to the window's end (or the log's)
+            lim = self.h.confirmed + self.bits
+            if lim > end:
+                lim = end
+            if lim > pos:
+                self._read_to(lim)
+                return pos, -1, 0
+            return lim, 0, 0  # the window is full: wait for FINs
+        try:
+            n, nbytes, _ = reader._read_into(<uint64_t>first, scratch, <Py_ssize_t>run, -1, False)
+        except OffsetOutOfRange as err:
+            return err.start_offset, CLAIM_RETENTION, 0
+        if n == 0:
+            return pos, 0, 0
+        return first, n, nbytes
 
     cdef uint64_t _read_at(self, bint *held) noexcept nogil:
         """read_pos as the property gives it (never below confirmed); held:

@@ -48,10 +48,11 @@ import weakref
 
 from nsqshm import __version__
 from nsqshm._core.arena import Arena
-from nsqshm._core.commitlog import LogError, LogReader, OffsetOutOfRange, partition_dir
+from nsqshm._core.commitlog import LogError, LogReader, partition_dir
 from nsqshm._core.ext import ExtView
 from nsqshm._core.inflight import NOT_IN_FLIGHT, DeferredQueue, InFlight
 from nsqshm._core.localbatch import finish_frames
+from nsqshm._core.logcursor import CLAIM_RETENTION
 from nsqshm.local import arenas, tracing
 from nsqshm.local.batch import Batch
 from nsqshm.local.broker import Broker, LocalError, check_name
@@ -318,29 +319,17 @@ class Consumer:
         try:
             if Ring.exists(names[0]) or Ring.exists(names[1]):
                 return 0, 0, False  # a TCP consumer took it into a lane: the owner feeds that
-            if cursor.held or self.ring.depth:
-                return 0, 0, False  # a seek holds it; or older records wait in the ring
-            pos, end = cursor.read_pos, reader.end_offset
-            if pos >= end:
-                return 0, 0, False
-            if pos < reader.start_offset:
+            if self.ring.depth:
+                return 0, 0, False  # older records wait in the ring
+            first, got, nbytes = cursor.claim_read(reader, reader.end_offset, room,
+                                                   self._scratch)
+            if got == CLAIM_RETENTION:
                 return 0, 0, True  # retention went past the cursor: the owner moves it
-            first, run = cursor.unfinished_run(pos, end, room)
-            if first < 0:  # all finished up to the window's end (or the log's)
-                to = min(end, cursor.window_end)
-                if to > pos:
-                    cursor.read_pos = to
-                else:
-                    # the window is full: the owner's feeder watches it for the FINs that
-                    # move it, wherever they come, and wakes the ring's sleepers then
-                    self.ring.nudge()
-                return 0, 0, False
-            try:
-                got, nbytes, _ = reader.read_into(first, self._scratch,
-                                                  max_records=min(run, room))
-            except OffsetOutOfRange:
-                return 0, 0, True
-            if not got:
+            if got == 0 and first >= cursor.window_end:
+                # the window is full: the owner's feeder watches it for the FINs that
+                # move it, wherever they come, and wakes the ring's sleepers then
+                self.ring.nudge()
+            if got <= 0:  # (nothing now, a seek holds it, or moved past finished ones)
                 return 0, 0, False
             put = self._inflight.deliver(memoryview(self._scratch)[:nbytes], got, out, CLIENT,
                                          deadline, 0, None)

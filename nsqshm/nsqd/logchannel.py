@@ -47,9 +47,9 @@ import time
 
 import gevent
 
-from nsqshm._core.commitlog import LogError, OffsetOutOfRange
-from nsqshm._core.inflight import CLAIM_RETENTION
+from nsqshm._core.commitlog import LogError
 from nsqshm._core.logcursor import (
+    CLAIM_RETENTION,
     Cursor,
     CursorSet,
     checkpoint_path,
@@ -66,7 +66,7 @@ FEED_BATCH = 4096       # messages read from the log and pushed in one go
 HELD_UNTIL_FINISHED = 2**63 - 1  # a deadline no timeout reaches
 SEEK_HOLD_LIMIT = 30.0  # seconds a seek may hold a cursor (_check_hold)
 WINDOW_RETRY = 0.5      # a cursor's window is full: look again after this (FINs move it)
-RETENTION = CLAIM_RETENTION  # _read_run: retention removed what the cursor would read next
+RETENTION = CLAIM_RETENTION  # Cursor.claim_read: retention removed what it would read next
 RING_FULL = -4          # _feed_once: the ring took nothing (full by bytes before by records)
 
 
@@ -559,17 +559,7 @@ class LogChannel(Channel):
             cursor, reader, end, self._feed_ring(partition), room, scratch, client.out,
             client.id, deadline, client.detail, client.detail_log)
         if n <= 0:
-            if n == RETENTION:
-                self.move_to_start(partition, at)
-                return -1
-            if n == 0 and at >= cursor.window_end:
-                # the window is full: the owner's feeder watches it for the FINs that move
-                # it (_watch_window), wherever they come
-                if partition.owned:
-                    self._refill_wake.set()
-                else:
-                    self.ring.nudge()
-            return n
+            return self._claimed_none(partition, n, at)
         if self.traced:
             trace.delivered(self, client, client.out, base)
         self.message_count += n
@@ -689,64 +679,45 @@ class LogChannel(Channel):
     def _claim(self, partition, view, room, scratch, hand_off, before=None):
         """Take a partition's next run of unread, unfinished messages, as one
         step against every other reader of it (the owner's feeder, each
-        worker's dispatcher), under the cursor's lock: read it (_read_run),
-        hand it on (hand_off(records, n) -> (how many it took, its result)),
-        move read_pos past what was taken.  Returns (taken, the hand-off's
-        result); taken 0: nothing now, -1: read_pos moved on without any.
-        before: a ring the owner's feeder fills with this partition; while it
-        holds records (claimed earlier, so older), nothing is read past them
-        (they go out first, at the next round: the partition's log order)."""
+        worker's dispatcher), under the cursor's lock: read it
+        (Cursor.claim_read), hand it on (hand_off(records, n) -> (how many it
+        took, its result)), move read_pos past what was taken.  Returns
+        (taken, the hand-off's result); taken 0: nothing now, -1: read_pos
+        moved on without any.  before: a ring the owner's feeder fills with
+        this partition; while it holds records (claimed earlier, so older),
+        nothing is read past them (they go out first, at the next round: the
+        partition's log order).  (A dispatcher's delivery does all of it in
+        C: InFlight.deliver_from_log.)"""
         cursor = self.cursors[partition.index]
+        reader, end = view
         cursor.lock()
         try:
             if before is not None and before.depth:
                 return 0, None
-            pos = cursor.read_pos
-            first, n, nbytes = self._read_run(view, cursor, room, scratch)
-            taken, result = hand_off(memoryview(scratch)[:nbytes], n) if n > 0 else (n, None)
-            if n > 0 and (taken or first > pos):
+            first, n, nbytes = cursor.claim_read(reader, end, room, scratch)
+            if n > 0:
+                taken, result = hand_off(memoryview(scratch)[:nbytes], n)
                 cursor.read_pos = first + taken
         finally:
             cursor.unlock()
+        if n <= 0:
+            return self._claimed_none(partition, n, first), None
+        return taken, result
+
+    def _claimed_none(self, partition, n, at):
+        """After a claim that took nothing (Cursor.claim_read's n and first):
+        the cursor moved to the log's start if retention passed it (then -1);
+        the owner's feeder woken if the window is full (it watches for the
+        FINs that move it, _watch_window, wherever they come).  -> n."""
         if n == RETENTION:
-            self.move_to_start(partition, first)
-            return -1, None
-        if n == 0 and cursor.read_pos >= cursor.window_end:
-            # the window is full: the owner's feeder watches it for the FINs that move
-            # it (_watch_window), wherever they come
+            self.move_to_start(partition, at)
+            return -1
+        if n == 0 and at >= self.cursors[partition.index].window_end:
             if partition.owned:
                 self._refill_wake.set()
             else:
                 self.ring.nudge()
-        return taken, result
-
-    def _read_run(self, view, cursor, room, scratch):
-        """The next unread, unfinished run of a partition's log (view:
-        _log_view's (reader, end); at most `room` records) read into
-        scratch (LogReader.read_into, one C call), the cursor locked by the
-        caller: (first offset, records, bytes); records 0: nothing to read
-        now, -1: read_pos moved on without reading (finished records
-        skipped), RETENTION: retention removed what it would read (first:
-        the log's start; the caller moves there once the lock is let go)."""
-        reader, end = view
-        pos = cursor.read_pos
-        if pos >= end:
-            return pos, 0, 0
-        start = reader.start_offset
-        if pos < start:
-            return start, RETENTION, 0
-        first, run = cursor.unfinished_run(pos, end, room)
-        if first < 0:  # all finished up to the window's end (or the log's)
-            to = min(end, cursor.window_end)
-            if to > pos:
-                cursor.read_pos = to
-                return pos, -1, 0
-            return pos, 0, 0  # the window is full: wait for FINs
-        try:
-            n, nbytes, _ = reader.read_into(first, scratch, max_records=min(run, room))
-        except OffsetOutOfRange as err:
-            return err.start_offset, RETENTION, 0
-        return first, n, nbytes
+        return n
 
     def _check_hold(self, partition, cursor):
         """A seek holds the cursor for the length of a broadcast; one held

@@ -9,8 +9,8 @@ import struct
 import pytest
 
 from nsqshm._core.commitlog import PartitionLog, partition_dir
-from nsqshm._core.inflight import CLAIM_RETENTION, InFlight
-from nsqshm._core.logcursor import Cursor
+from nsqshm._core.inflight import InFlight
+from nsqshm._core.logcursor import CLAIM_RETENTION, Cursor
 from nsqshm._core.ring import Ring
 
 T0 = 1_700_000_000_000_000_000
