@@ -20,6 +20,7 @@ import re
 import struct
 
 from nsqshm._core.arena import DEFERRED, LIVE, Arena
+from nsqshm._core.logcursor import decode_message_id
 
 LOCAL_TAG = "f.l"
 SPARK_TAG = "f.s"
@@ -69,15 +70,43 @@ def pack_blocks(blocks, queue=None):
     return b"".join(parts), offsets
 
 
-def put_back(arena, ring, queue, timeout=None, cursors=None):
+def put_back(arena, ring, queue, timeout=None, cursors=None, lanes=None):
     """Push the messages `arena` holds for `queue` back into `ring` and free
     their blocks (each only once it is in the ring: a death in between
     repeats it, never loses it).  Waits up to `timeout` seconds for room
     (None: no wait).  cursors: a log channel's, whose retry tables note what
-    goes back (with its attempts).  Returns (put back, left in the arena)."""
-    packed, offsets = pack_blocks(arena.blocks(), queue)
+    goes back (with its attempts).  lanes: {partition: Ring} of a log
+    channel's lanes: a message of such a partition goes back into its lane,
+    as the broker puts it back (LogChannel._put_back).  Returns (put back,
+    left in the arena)."""
+    blocks = list(arena.blocks())
+    packed, offsets = pack_blocks(blocks, queue)
     if cursors is not None and packed:
         cursors.note_retries(packed)
+    if not lanes:
+        done = _push(arena, ring, packed, offsets, timeout)
+    else:
+        done = 0
+        for dest, own in _by_ring(blocks, ring, lanes):
+            packed, own_offsets = pack_blocks(own, queue)
+            done += _push(arena, dest, packed, own_offsets, timeout)
+    return done, len(offsets) - done
+
+
+def _by_ring(blocks, ring, lanes):
+    """[(ring, blocks)]: each block with the lane of its message's partition,
+    or `ring` (not a log message, or no lane of it)."""
+    out = {}
+    for block in blocks:
+        where = decode_message_id(block[4][10:26])  # [8 timestamp][2 attempts][16 ID]
+        dest = lanes.get(where[0], ring) if where else ring
+        out.setdefault(id(dest), (dest, []))[1].append(block)
+    return list(out.values())
+
+
+def _push(arena, ring, packed, offsets, timeout):
+    """Push packed records into ring, freeing each one's block once it is
+    in; how many went (the rest stay in the arena)."""
     view = memoryview(packed)
     done = 0
     while done < len(offsets):
@@ -90,4 +119,4 @@ def put_back(arena, ring, queue, timeout=None, cursors=None):
             arena.release(offset)
         done += n
         view = view[used:]
-    return done, len(offsets) - done
+    return done

@@ -93,6 +93,18 @@ class Broker:
         self._post(f"/channel/create?topic={quote(check_name('topic', topic), safe='')}"
                    f"&channel={quote(check_name('channel', channel), safe='')}")
 
+    def use_lanes(self, topic, channel, partition=None, ordered=False):
+        """A log topic's channel delivers the partition (every one: ordered
+        without a partition) through its own lane, as a TCP `SUB T C p` or
+        `SUB_ORDERED` makes it (nsqd's POST /channel/lane)."""
+        query = (f"/channel/lane?topic={quote(check_name('topic', topic), safe='')}"
+                 f"&channel={quote(check_name('channel', channel), safe='')}")
+        if partition is not None:
+            query += f"&partition={int(partition)}"
+        if ordered:
+            query += "&ordered=true"
+        self._post(query)
+
     def topic_kind(self, topic):
         """(partitions, ext) of `topic` from its /stats entry: how many
         partitions it has if it is a log topic (0: a classic topic, or none

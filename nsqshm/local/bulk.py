@@ -15,7 +15,10 @@ Consumer); finish() marks every message held in its partition's cursor
 first (arena_finish_logged, one C pass), then forgets them, so the
 channel's cursors, lag and what a restart delivers again are those of a
 TCP consumer's FINs.  requeue() notes what goes back in the cursors'
-retry tables (with its attempts), as the broker's put-backs.
+retry tables (with its attempts), as the broker's put-backs.  It takes the
+channel's lanes too (lanes.py: partitions a `SUB T C p`, `SUB_ORDERED` or a
+local Consumer(partition=) moved out of the ring), as a plain SUB does, and
+puts back into them what is theirs.
 """
 
 import os
@@ -27,6 +30,7 @@ from nsqshm._core.arena import Arena
 from nsqshm._core.localbatch import Columns, arena_finish_logged, arena_reset
 from nsqshm.local import arenas
 from nsqshm.local.broker import Broker, LocalError, check_name
+from nsqshm.local.lanes import LANE_LOOK, Lanes, disarm, sleep_on
 from nsqshm.local.subscription import attach_cursors, leave, open_channel, subscribe
 from nsqshm.nsqd.local_clients import BULK_LABEL
 
@@ -52,6 +56,9 @@ class BulkConsumer:
         if self.cursors is not None:
             label = BULK_LABEL
         self.ring = self.broker.attach(self.broker.channel_ring_name(topic, channel))
+        # the channel's lanes, every one (a plain SUB's rings: the channel's and the lanes)
+        self.lanes = Lanes(self.broker.prefix, topic, channel,
+                           len(self.cursors) if self.cursors is not None else 0)
         self.arena = Arena.create(arenas.local_name(self.broker.prefix), size=arena_size,
                                   max_queues=4, label=label)
         self._pid = os.getpid()
@@ -87,8 +94,8 @@ class BulkConsumer:
 
     @property
     def depth(self):
-        """Messages in the channel ring now."""
-        return self.ring.depth
+        """Messages in the channel ring (and its lanes) now."""
+        return self.ring.depth + sum(lane.depth for lane in self.lanes.rings())
 
     def take(self, max_messages, max_bytes=1 << 62, timeout=0.0):
         """Take up to max_messages (about max_bytes of bodies) now, waiting up
@@ -97,9 +104,11 @@ class BulkConsumer:
         n = self._take(max_messages, max_bytes)
         if not n and timeout > 0:
             end = time.monotonic() + timeout
-            try:
-                while not n:
-                    self.ring.arm()
+            while not n:
+                rings = [self.ring, *self.lanes.rings()]
+                for ring in rings:
+                    ring.arm()
+                try:
                     n = self._take(max_messages, max_bytes)
                     remaining = end - time.monotonic()
                     if n or remaining <= 0:
@@ -109,10 +118,13 @@ class BulkConsumer:
                         if self.cursors is not None:  # a log channel: filled whatever
                             self.ring.ring_wanted = True  # the subscriber counts say
                         self.ring.nudge()  # the owner refills the ring from disk or its logs
-                    self.ring.sleep(min(remaining, 0.1) if self.ring.paused else remaining)
-                    self.ring.drain()
-            finally:
-                self.ring.disarm()
+                    # paused: an unpause does not push, so look again now and then; a
+                    # log channel: a lane made meanwhile is found at the next look
+                    cap = 0.1 if self.ring.paused else \
+                        LANE_LOOK if self.cursors is not None else remaining
+                    sleep_on(rings, min(remaining, cap))
+                finally:
+                    disarm(rings)
         return self.export()
 
     def _take(self, max_messages, max_bytes):
@@ -122,7 +134,15 @@ class BulkConsumer:
             self.ring.ring_wanted = True  # (the owners' feeders: a consumer here takes)
             self.ring.nudge()
         due = time.time_ns()  # no timeout: the due time only records when it was taken
-        n = self.columns.take(self.ring, self.arena, self._qidx, max_messages, max_bytes, due)
+        n = 0
+        if self.cursors is not None:
+            self.lanes.find()
+        start = self.columns.nbytes
+        for ring in (self.ring, *self.lanes.rings()):
+            if n >= max_messages or self.columns.nbytes - start >= max_bytes:
+                break
+            n += self.columns.take(ring, self.arena, self._qidx, max_messages - n,
+                                   max_bytes - (self.columns.nbytes - start), due)
         if n:
             self.held += n
             self.message_count += n
@@ -149,6 +169,7 @@ class BulkConsumer:
         self.finish_count += n
         self.held = 0
         self.arena.set_client_info(finish_count=self.finish_count, in_flight=0)
+        self.lanes.nudge_ordered()  # (an ordered lane's owner pushes the next one)
         return n
 
     def requeue(self, timeout=5.0):
@@ -156,7 +177,7 @@ class BulkConsumer:
         back (the rest stay held: LocalError if some could not)."""
         self._check()
         done, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
-                                     cursors=self.cursors)
+                                     cursors=self.cursors, lanes=self.lanes.by_partition())
         self.requeue_count += done
         if done:  # (the channel's requeue_count in /stats: the topic's owner adds them)
             self.ring.count_local_requeues(done)
@@ -176,11 +197,13 @@ class BulkConsumer:
         self.closed = True
         if os.getpid() != self._pid:
             return
-        left = leave(self.arena, self.ring, self.queue, timeout, self.cursors, self._subscribed)
+        left = leave(self.arena, self.ring, self.queue, timeout, self.cursors, self._subscribed,
+                     lanes=self.lanes.by_partition())
         self._subscribed = False
         if not left:
             self.arena.unlink()
         self.arena.close()
+        self.lanes.close()
         self.ring.close()
 
     def __del__(self):

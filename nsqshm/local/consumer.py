@@ -22,9 +22,12 @@ mmap'd segments straight into flight, read_pos moved past it), after what
 the channel ring holds (put back by a REQ or a timeout); it counts itself
 among the ring's subscribers and direct subscribers, so the owners do not
 copy the partitions into the ring for it.  A partition it cannot read so
-(another consumer took it into a lane, retention removed what the cursor
-would read, a seek holds it) it leaves to the owners, asking them to fill the
-ring (ring_wanted).  Otherwise (an ext topic, a broker in cluster mode,
+(in an ordered lane, retention removed what the cursor would read, a seek
+holds it) it leaves to the owners, asking them to fill the ring
+(ring_wanted).  It takes the channel's lanes too (lanes.py), as a plain SUB
+does; with partition= it takes one partition's lane alone (and that
+partition's log), with ordered= the ordered lanes alone, which the owners
+fill one message at a time.  Otherwise (an ext topic, a broker in cluster mode,
 direct=False) the owners of its partitions feed the channel ring from their
 logs while this consumer is subscribed (the ring's subscriber count, given
 back at close or, if it dies, by the broker's recovery of its arena).  A FIN marks the message's
@@ -56,10 +59,9 @@ from nsqshm._core.logcursor import CLAIM_RETENTION
 from nsqshm.local import arenas, tracing
 from nsqshm.local.batch import Batch
 from nsqshm.local.broker import Broker, LocalError, check_name
+from nsqshm.local.lanes import LANE_LOOK, Lanes, disarm, sleep_on
 from nsqshm.local.subscription import attach_cursors, leave, open_channel, subscribe
 from nsqshm.nsqd.local_clients import DIRECT_LABEL, LOCAL_LABEL
-from nsqshm.nsqd.loglane import lane_suffix
-from nsqshm.ring import Ring
 
 CLIENT = 1                      # the one client id of this consumer's table
 MAX_MSG_TIMEOUT = 15 * 60.0     # nsqd's default --max-msg-timeout caps TOUCH
@@ -75,8 +77,16 @@ class Consumer:
     def __init__(self, topic, channel, data_path=None, shm_prefix=None, *,
                  max_in_flight=10_000, msg_timeout=None, client_id=None, hostname=None,
                  user_agent=USER_AGENT, create=True, arena_size=1 << 30, broker=None,
-                 headers=False, direct=True):
-        """headers: on a topic made with ext=true, frames keep Youzan's ext
+                 headers=False, direct=True, partition=None, ordered=False):
+        """partition: of a log topic's channel, that partition only, through
+        its lane, as a TCP `SUB T C p` takes it (loglane.py; its messages go
+        to this consumer and to the channel's plain consumers, none to
+        another partition's).  ordered: one message of each partition (of
+        `partition` alone, if given) in flight at a time, the next only once
+        it is finished, in log order, as `SUB_ORDERED T C [p]` (a requeue or
+        a timeout delivers it again before anything later); the only way to
+        consume Youzan's orderedmulti topic.  Both ask the broker to make the
+        lanes (POST /channel/lane).  headers: on a topic made with ext=true, frames keep Youzan's ext
         part (what IDENTIFY extend_support asks of nsqd), so each message
         has its headers (Message.headers; bodies still without it); without
         it the bodies are plain, cut in C, as a TCP client that did not ask
@@ -98,25 +108,31 @@ class Consumer:
         self.arena_size = arena_size
         self.closed = False
         # a log topic's channel: its cursors, one per partition (none: classic)
-        self._cursor_names = open_channel(self.broker, topic, channel, create)
+        self._cursor_names = open_channel(self.broker, topic, channel, create, ordered)
+        self.partition, self.ordered = _check_lane(self._cursor_names, topic, partition, ordered)
+        if self.partition is not None or self.ordered:
+            self.broker.use_lanes(topic, channel, self.partition, self.ordered)
         self.ext = self.broker.topic_kind(topic)[1]
         self.headers = bool(headers) and self.ext
         data_path = self.broker.info.get("data_path")
         self.direct = bool(direct and self._cursor_names and data_path and not self.ext
-                           and self.broker.cluster is False)
+                           and self.broker.cluster is False and not self.ordered)
+        # whether the owners must fill the channel's ring for it: not when it
+        # reads the logs itself or takes its partitions' lanes alone (the owners
+        # fill a lane whatever the counts)
+        self._takes_ring = bool(self._cursor_names) and not self.direct \
+            and self.partition is None and not self.ordered
         self._partition_dirs = [partition_dir(data_path, topic, i)
                                 for i in range(len(self._cursor_names))] if self.direct else []
-        self._lane_names = [[f"{self.broker.prefix}.{lane_suffix(topic, channel, i, ordered)}"
-                             for ordered in (False, True)]
-                            for i in range(len(self._cursor_names))] if self.direct else []
         self._open()
 
     def _open(self):
         """This process's handles (again in a forked child)."""
         self._pid = os.getpid()
         self.ring = self.broker.attach(self.broker.channel_ring_name(self.topic, self.channel))
+        label = LOCAL_LABEL if self._takes_ring or not self._cursor_names else DIRECT_LABEL
         self.arena = Arena.create(arenas.local_name(self.broker.prefix), size=self.arena_size,
-                                  max_queues=4, label=DIRECT_LABEL if self.direct else LOCAL_LABEL)
+                                  max_queues=4, label=label)
         self._inflight = InFlight()
         self._inflight.use_arena(self.arena, self.queue)
         # an ext topic's frames: the ext part cut (plain bodies) or kept (headers)
@@ -131,6 +147,8 @@ class Consumer:
         self._cursors = None
         self._subscribed = False
         self._readers = [None] * len(self._partition_dirs)  # LogReader by partition, when made
+        self._lanes = Lanes(self.broker.prefix, self.topic, self.channel,
+                            len(self._cursor_names), self.partition)
         self._turn = 0  # the partition the next direct read starts at
         self.message_count = self.finish_count = self.requeue_count = self.timeout_count = 0
         self.connect_ts = int(time.time())
@@ -157,7 +175,7 @@ class Consumer:
         """Count this consumer among the channel's subscribers: the
         partitions' owners then feed the ring for it (subscription.py), unless
         it reads the logs itself (a direct subscriber too)."""
-        subscribe(self.ring, self.queue, self.direct)
+        subscribe(self.ring, self.queue, not self._takes_ring)
         self._subscribed = True
 
     def _tracing(self):
@@ -211,35 +229,51 @@ class Consumer:
         want = self.max_in_flight if max_messages is None else int(max_messages)
         batch = self._deliver(want)
         if batch or timeout <= 0:
-            if not batch and self._cursors is not None and not self.direct:
+            if not batch and self._takes_ring:
                 self.ring.ring_wanted = True  # (filled whatever the counts say)
                 self.ring.nudge()  # the owners' feeders: a consumer here waits
             return batch
         end = time.monotonic() + timeout
         ring = self.ring
-        try:
-            while True:
-                ring.arm()
+        while True:
+            rings = self._wait_rings()
+            for waiting in rings:
+                waiting.arm()
+            try:
                 batch = self._deliver(want)
                 remaining = end - time.monotonic()
                 if batch or remaining <= 0:
                     return batch
-                if self.direct:
-                    # a partition's owner wakes the ring's sleepers whenever it appends
-                    # (LogChannel.feed_wake: as for the workers that read the logs)
-                    paused = ring.paused or ring.topic_paused
-                    ring.sleep(min(remaining, 0.1) if paused else remaining)
-                    ring.drain()
-                    continue
-                if (ring.disk_backlog or self._cursors is not None) and not ring.paused:
-                    if self._cursors is not None:  # a log channel: filled whatever the
-                        ring.ring_wanted = True     # subscriber counts say
+                paused = ring.paused or ring.topic_paused
+                if not paused and (ring.disk_backlog or self._takes_ring):
+                    if self._takes_ring:       # a log channel: filled whatever the
+                        ring.ring_wanted = True  # subscriber counts say
                     ring.nudge()  # the owner refills the ring from disk, or from its logs
-                # paused: an unpause does not push, so look again now and then
-                ring.sleep(min(remaining, 0.1) if ring.paused else remaining)
-                ring.drain()
-        finally:
-            ring.disarm()
+                # paused: an unpause does not push, so look again now and then; a
+                # plain consumer of a log channel: a lane made meanwhile (by another
+                # consumer) is found at the next look
+                cap = 0.1 if paused else LANE_LOOK if self._cursors is not None \
+                    and self.partition is None and not self.ordered else remaining
+                sleep_on(rings, min(remaining, cap))
+            finally:
+                disarm(rings)
+
+    def _wait_rings(self):
+        """The rings a push into which (or, reading the logs, an owner's
+        append: LogChannel.feed_wake wakes the channel ring's sleepers)
+        wakes this consumer."""
+        rings = self._sources()
+        if self.direct and not any(r is self.ring for r in rings):
+            rings = [self.ring, *rings]
+        return rings or [self.ring]
+
+    def _sources(self):
+        """The rings this consumer takes from, in this order: its
+        partition's lane (partition=), every ordered lane (ordered=), or the
+        channel's ring and every lane (a plain consumer, as a plain SUB)."""
+        if self.partition is not None or self.ordered:
+            return self._lanes.rings()
+        return [self.ring, *self._lanes.rings()]
 
     def _deliver(self, want):
         out = bytearray()
@@ -247,19 +281,22 @@ class Consumer:
         if self.ring.paused:  # a paused channel delivers nothing, as to TCP clients
             return Batch(self, out, 0)
         with self._lock:
+            if self._cursors is not None:
+                self._lanes.find()
             n = min(want, self.max_in_flight - len(self._inflight))
             deadline = time.monotonic_ns() + int(self.msg_timeout * 1e9)
             self._inflight.ttl_ns = self.ring.ttl_ns  # the channel's time to live (policy.py)
             expired = self._inflight.expired
             taken = 0
-            while taken < n:
-                t, a = self._inflight.deliver_from_ring(self.ring, n - taken, self._scratch,
-                                                        out, CLIENT, deadline, 0, self._ext_view)
-                if not t:
-                    break
-                taken += t
-                added += a
-            if self.direct and taken < n and not self.ring.depth and not self.ring.topic_paused:
+            for ring in self._sources():
+                while taken < n:
+                    t, a = self._inflight.deliver_from_ring(ring, n - taken, self._scratch, out,
+                                                            CLIENT, deadline, 0, self._ext_view)
+                    if not t:
+                        break
+                    taken += t
+                    added += a
+            if self.direct and taken < n and not self.ring.topic_paused:
                 t, a = self._deliver_direct(n - taken, out, deadline)
                 taken += t
                 added += a
@@ -268,6 +305,7 @@ class Consumer:
                 if self._cursors is not None:  # consumed without a FIN: finished
                     self._cursors.finish_records(self._inflight.expired_out)
                     del self._inflight.expired_out[:]
+                    self._lanes.nudge_ordered()
             if added:
                 self.message_count += added
                 self._publish_info()
@@ -284,13 +322,14 @@ class Consumer:
         partition in turn, each claimed under its cursor's lock as the
         broker's readers claim theirs (LogChannel._claim: read it, put it in
         flight, move read_pos past it, as one step).  (taken, added)."""
-        n = len(self._cursors)
+        indices = range(len(self._cursors)) if self.partition is None else (self.partition,)
+        n = len(indices)
         taken = added = 0
         wanted = False
         for k in range(n):
             if taken >= room:
                 break
-            index = (self._turn + k) % n
+            index = indices[(self._turn + k) % n]
             got, put, want = self._claim_run(index, room - taken, out, deadline)
             taken += got
             added += put
@@ -305,8 +344,9 @@ class Consumer:
         """One partition's next run -> (taken, added, whether the owners must
         feed it into the ring: this consumer cannot read it now).  Everything
         is looked at under the cursor's lock, as the broker's readers do
-        (LogChannel._claim): a lane made (use_lanes) or records pushed into the
-        ring meanwhile are seen, not overtaken."""
+        (LogChannel._claim): an ordered lane made (use_lanes) or records
+        pushed into the partition's ring (its lane's, or the channel's)
+        meanwhile are seen, not overtaken."""
         reader = self._readers[index]
         if reader is None:
             try:
@@ -314,13 +354,13 @@ class Consumer:
             except (OSError, LogError):
                 return 0, 0, False  # (the owner has not made the log yet)
         cursor = self._cursors[index]
-        names = self._lane_names[index]
+        lane = self._lanes.ring(index)
         cursor.lock()
         try:
-            if Ring.exists(names[0]) or Ring.exists(names[1]):
-                return 0, 0, False  # a TCP consumer took it into a lane: the owner feeds that
-            if self.ring.depth:
-                return 0, 0, False  # older records wait in the ring
+            if self._lanes.ordered_exists(index):
+                return 0, 0, False  # an ordered lane: the owner pushes it, one at a time
+            if (lane if lane is not None else self.ring).depth:
+                return 0, 0, False  # older records wait in the partition's ring
             first, got, nbytes = cursor.claim_read(reader, reader.end_offset, room,
                                                    self._scratch)
             if got == CLAIM_RETENTION:
@@ -365,6 +405,7 @@ class Consumer:
             self._trace_event(tracing.FIN, msg_id)
             self.finish_count += 1
             self._publish_info()
+            self._lanes.nudge_ordered()
 
     def _finish_batch(self, batch):
         self._check()
@@ -375,6 +416,7 @@ class Consumer:
                                  self._cursors, writer, stream)
             self.finish_count += done
             self._publish_info()
+            self._lanes.nudge_ordered()
         return done
 
     def requeue(self, msg_id, delay=0.0):
@@ -446,22 +488,24 @@ class Consumer:
     # -- putting messages back -----------------------------------------------------------
 
     def _store(self, packed, count, now):
-        """Push packed records back into the channel ring; what does not fit
-        (a full ring) waits here as deferred and is retried shortly, so a
+        """Push packed records back into the channel ring, or into the lane
+        of their partition (split in C: split_by_partition); what does not
+        fit (a full ring) waits here as deferred and is retried shortly, so a
         requeue never blocks on a ring only this consumer would drain.  A log
         channel's are noted with their attempts in their cursors' retry tables,
         as the broker's put-backs are (LogChannel.put_records)."""
         if self._cursors is not None:
             self._cursors.note_retries(packed)
+        for ring, records in self._lanes.split(packed, self.ring):
+            self._push_back(ring, records, now)
+
+    def _push_back(self, ring, packed, now):
         view = memoryview(packed)
-        done, used = self.ring.push_packed(view)
-        if done < count:
-            rest = view[used:]
-            pos = 0
-            while pos < len(rest):
-                (size,) = struct.unpack_from("=I", rest, pos)
-                self._deferred.push(rest[pos + 4:pos + 4 + size], now + RETRY_NS)
-                pos += 4 + size
+        _, pos = ring.push_packed(view)
+        while pos < len(view):  # (a full ring: retried from the deferred queue)
+            (size,) = struct.unpack_from("=I", view, pos)
+            self._deferred.push(view[pos + 4:pos + 4 + size], now + RETRY_NS)
+            pos += 4 + size
 
     def process_timeouts(self, now=None):
         """Requeue expired in-flight messages and deferred ones now due;
@@ -520,12 +564,13 @@ class Consumer:
         with self._lock:
             try:  # (a deferred one goes back now too)
                 left = leave(self.arena, self.ring, self.queue, timeout, self._cursors,
-                             self._subscribed, self.direct)
+                             self._subscribed, not self._takes_ring, self._lanes.by_partition())
             finally:
                 self._subscribed = False
                 for reader in self._readers:
                     if reader is not None:
                         reader.close()
+                self._lanes.close()
             if not left:
                 self.arena.unlink()
             # the tables point into the arena: drop them before unmapping it
@@ -559,6 +604,19 @@ def _run_timer(ref):
         wait = None if due < 0 else max(0.0, (due - time.monotonic_ns()) / 1e9) + 0.001
         wake.wait(wait)
         wake.clear()
+
+
+def _check_lane(cursor_names, topic, partition, ordered):
+    """(partition, ordered) checked: for a log topic's channel (its cursor
+    names), a partition it has."""
+    if partition is None and not ordered:
+        return None, False
+    if not cursor_names:
+        raise LocalError(f"{topic}: partition= and ordered= are for a log topic's channel")
+    if partition is not None and (isinstance(partition, bool) or not isinstance(partition, int)
+                                  or not 0 <= partition < len(cursor_names)):
+        raise LocalError(f"{topic}: no partition {partition!r} (it has {len(cursor_names)})")
+    return partition, bool(ordered)
 
 
 def _text(msg_id):

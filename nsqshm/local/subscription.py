@@ -14,14 +14,14 @@ from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST, SUB_ORDER_IS_MUST_TEXT
 ORDERED_ONLY = f"{E_SUB_ORDER_IS_MUST} {SUB_ORDER_IS_MUST_TEXT}"  # nsqd's refusal of a SUB
 
 
-def open_channel(broker, topic, channel, create):
+def open_channel(broker, topic, channel, create, ordered=False):
     """The channel's cursor names, one per partition ([]: a classic topic's),
     the channel made first with `create`.  Youzan's orderedmulti topic takes
-    SUB_ORDERED only, which a local consumer does not do: refused as nsqd
-    refuses a plain SUB, before a channel is made; and a log topic's channel
-    whose cursors are not there (not made yet, or deleted)."""
+    SUB_ORDERED only: a consumer not `ordered` is refused as nsqd refuses a
+    plain SUB, before a channel is made; and a log topic's channel whose
+    cursors are not there (not made yet, or deleted)."""
     spec = broker.log_topic_spec(topic)
-    if spec is not None and spec.get("ordered"):
+    if spec is not None and spec.get("ordered") and not ordered:
         raise LocalError(ORDERED_ONLY)
     if create:
         broker.create_channel(topic, channel)
@@ -79,15 +79,17 @@ def unsubscribe(ring, arena, direct=False):
     ring.nudge()  # the owners look again: maybe nobody needs the ring now
 
 
-def leave(arena, ring, queue, timeout, cursors, subscribed, direct=False):
-    """A consumer's close: what it holds back into the ring (noted in the
-    retry tables with its attempts, as a broker client's when it goes), then,
+def leave(arena, ring, queue, timeout, cursors, subscribed, direct=False, lanes=None):
+    """A consumer's close: what it holds back into the ring, or into the lane
+    of its partition (`lanes`, {partition: Ring}), noted in the retry tables
+    with its attempts, as a broker client's when it goes; then,
     whatever happened, its subscriber place given back and its cursors closed.
     -> how many messages are left in the arena (kept for the broker's
     recovery: 1 when the put back failed)."""
     left = 1
     try:
-        _, left = arenas.put_back(arena, ring, queue, timeout=timeout, cursors=cursors)
+        _, left = arenas.put_back(arena, ring, queue, timeout=timeout, cursors=cursors,
+                                  lanes=lanes)
         arena.set_client_info(in_flight=left)
     finally:
         if subscribed:

@@ -38,6 +38,7 @@ from nsqshm._core.commitlog import LogError
 from nsqshm._core.logcursor import ID_OFFSET_BITS
 from nsqshm.httpserver import RAW_HEADERS, HTTPServer
 from nsqshm.nsqd import ext, fairshare, message_ttl, trace
+from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST
 from nsqshm.nsqd.listeners import listen
 from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
 from nsqshm.nsqd.names import go_quote, is_valid_name
@@ -324,6 +325,7 @@ class HTTPAPI:
             add(Route("POST", f"/topic/{action}", getattr(self, f"topic_{action}")))
             add(Route("POST", f"/channel/{action}", getattr(self, f"channel_{action}")))
         add(Route("POST", "/channel/setoffset", self.channel_setoffset))
+        add(Route("POST", "/channel/lane", self.channel_lane))
         add(Route("GET", "/message/get", self.message_get))
         for method, path, handler in PolicyRoutes(self, Err).routes():  # peek, policies
             add(Route(method, path, handler))
@@ -994,6 +996,42 @@ class HTTPAPI:
         except ValueError as e:
             raise Err(500, str(e)) from None
         channel.seek(offsets)
+        return None
+
+    def channel_lane(self, req):
+        """nsqshm's POST /channel/lane?topic=&channel=[&partition=][&ordered=true]:
+        what a `SUB T C p` (ordered=true: `SUB_ORDERED T C [p]`) does to a
+        log topic's channel, for a consumer that does not come by TCP
+        (nsqshm.local's Consumer(partition=, ordered=)): the partition, or
+        with ordered=true and none named every partition, is delivered
+        through its own lane (LogChannel.use_lanes), whichever worker
+        answers.  A plain lane on an ordered-only topic is refused as nsqd
+        refuses its plain SUB."""
+        values, err = parse_query(req.query_string)
+        if err is not None:
+            raise Err(400, "INVALID_REQUEST")
+        try:
+            topic_name, partition, channel_name = youzan_http.topic_partition_channel_args(values)
+        except youzan_http.HTTPError as e:
+            raise Err(e.status, e.text) from None
+        ordered = youzan_http.get(values, "ordered")
+        if ordered not in ("", "true", "false"):
+            raise Err(400, "INVALID_ARG_ORDERED")
+        ordered = ordered == "true"
+        if partition == NO_PARTITION and not ordered:
+            raise Err(400, "MISSING_ARG_PARTITION")
+        topic = self.nsqd.get_existing_topic(topic_name)
+        if topic is None or not topic.is_log:
+            raise Err(*youzan_http.TOPIC_NOT_FOUND)
+        if partition != NO_PARTITION and not 0 <= partition < len(topic.partitions):
+            raise Err(*youzan_http.PARTITION_NOT_FOUND)
+        if topic.ordered and not ordered:
+            raise Err(400, E_SUB_ORDER_IS_MUST)
+        channel = topic.get_existing_channel(channel_name)
+        if channel is None:
+            raise Err(*youzan_http.CHANNEL_NOT_FOUND)
+        indices = range(len(topic.partitions)) if partition == NO_PARTITION else [partition]
+        channel.use_lanes(list(indices), ordered)
         return None
 
     def message_get(self, req):

@@ -55,6 +55,7 @@ from nsqshm._core.logcursor import (
     checkpoint_path,
     decode_message_id,
     segment_name,
+    split_by_partition,
 )
 from nsqshm._core.ring import Ring
 from nsqshm.nsqd import fairshare, policy, trace
@@ -304,22 +305,18 @@ class LogChannel(Channel):
 
     def _put_back(self, packed, keep_rest=True):
         """Each record back into its partition's lane, the rest into the
-        channel's ring (Channel.put_records).  A lane with no room left:
-        deferred 0.1 s and tried again (in the arena: kept)."""
+        channel's ring (Channel.put_records), split in C
+        (split_by_partition).  A lane with no room left: deferred 0.1 s and
+        tried again (in the arena: kept)."""
         if not self.lanes:
             return super().put_records(packed, keep_rest)
-        view = memoryview(packed)
-        rest = bytearray()
-        per_lane = {}
-        pos = 0
-        while pos < len(view):  # (not a delivery path: a Python step per record)
-            size = int.from_bytes(view[pos:pos + 4], "little")
-            where = decode_message_id(view[pos + 14:pos + 30])
-            lane = self.lanes.get(where[0]) if where else None
-            (per_lane.setdefault(lane, bytearray()) if lane is not None else rest).extend(
-                view[pos:pos + 4 + size])
-            pos += 4 + size
-        for lane, records in per_lane.items():
+        parts = split_by_partition(packed, len(self.topic.partitions))
+        rest = parts.pop()
+        for index, records in enumerate(parts):
+            lane = self.lanes.get(index) if records else None
+            if lane is None:
+                rest += records
+                continue
             _, used = lane.ring.push_packed(records)
             if used < len(records):
                 self._defer_packed(memoryview(records)[used:], 0.1)

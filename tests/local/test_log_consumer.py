@@ -6,7 +6,6 @@ marking the cursors (the Producer's side: test_log_producer.py)."""
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,6 @@ import pytest
 
 from nsqshm._core.logcursor import decode_message_id
 from nsqshm.local import BulkConsumer, Consumer, LocalError
-from nsqshm.protocol import MAGIC_V2
 from nsqshm.ring import Ring
 
 from .conftest import started, wait_for
@@ -181,10 +179,10 @@ def test_a_direct_consumer_copies_nothing_into_the_ring(nsqd_factory):
         ring.close()
 
 
-def test_a_direct_consumer_honours_a_topic_pause_and_leaves_lanes_alone(nsqd_factory):
+def test_a_direct_consumer_honours_a_topic_pause(nsqd_factory):
     """Reading the logs itself, a consumer takes nothing of a paused topic (the ring's
-    header says so: Ring.topic_paused), and nothing of a partition a TCP consumer
-    took into a lane (SUB T C p): the owner feeds that lane."""
+    header says so: Ring.topic_paused).  (The lanes a TCP `SUB T C p` makes:
+    test_log_consumer_lanes.py.)"""
     server = started(nsqd_factory())
     create(server, "lt", 2)
     with Consumer("lt", "c", shm_prefix=server.prefix) as c:
@@ -195,18 +193,6 @@ def test_a_direct_consumer_honours_a_topic_pause_and_leaves_lanes_alone(nsqd_fac
         nothing_more(c, 0.5)
         assert server.post("/topic/unpause?topic=lt")[0] == 200
         assert sorted(b for b, _, _ in fetch_all(c, 10)) == [b"p%d" % i for i in range(10)]
-        with socket.create_connection(("127.0.0.1", server.tcp_port), timeout=5) as tcp:
-            tcp.sendall(MAGIC_V2 + b"SUB lt c 0\n")  # partition 0 into a lane; RDY 0
-            assert tcp.recv(64).endswith(b"OK")
-            mpub(server, "lt", [b"zero%d" % i for i in range(5)], partition=0)
-            mpub(server, "lt", [b"one%d" % i for i in range(5)], partition=1)
-            assert sorted(b for b, _, _ in fetch_all(c, 5)) == [b"one%d" % i for i in range(5)]
-            nothing_more(c, 0.5)
-            lane = Ring.attach(f"{server.prefix}.c.lt:c:p0")
-            try:
-                assert wait_for(lambda: lane.depth == 5, 5), lane.depth  # the owner's
-            finally:
-                lane.close()
 
 
 def test_requeues_are_noted_in_the_cursors_retry_table(nsqd_factory):

@@ -168,6 +168,50 @@ def test_sub_errors(nsqd_factory):
     assert classic.response() == (p.FRAME_TYPE_ERROR, b"E_TOPIC_NOT_EXIST ")
 
 
+def test_channel_lane_over_http_on_each_worker(nsqd_factory):
+    """nsqshm's POST /channel/lane does what `SUB T C p` and `SUB_ORDERED` do
+    to the channel (for nsqshm.local's partition= and ordered= consumers),
+    whichever worker answers; bad arguments get Youzan's answers."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    assert server.post("/channel/create?topic=lt&channel=ch")[0] == 200
+    lanes = [(0, ""), (1, "&ordered=true")]
+    for index in range(server.workers):
+        partition, flag = lanes[index]
+        conn = http_on_worker(server, index)
+        conn.request("POST", f"/channel/lane?topic=lt&channel=ch&partition={partition}{flag}")
+        resp = conn.getresponse()
+        assert (resp.status, resp.read()) == (200, b"")
+        conn.close()
+    expected = {1: [("partition", 0), (None, 0)], 2: [("partition", 0), ("ordered", 0)]}
+    got = [(x["lane"], x["lane_depth"]) for x in channel_stats(server, "lt", "ch")["partitions"]]
+    assert got == expected[server.workers]
+    # ordered=true without a partition: every partition
+    assert server.post("/channel/lane?topic=lt&channel=ch&ordered=true")[0] == 200
+    assert [x["lane"] for x in channel_stats(server, "lt", "ch")["partitions"]] == \
+        ["ordered", "ordered"]
+    _publish(server, "lt", 0, 3)
+    c = _sub(server, b"SUB lt ch\n")  # a plain SUB takes the lanes: one at a time of each
+    assert _where(take(c, 1, fin=False)) == [(0, 0)]
+    assert nothing_more(c)
+    assert server.post("/topic/create?topic=ot&partition_num=1&orderedmulti=true")[0] == 200
+    assert server.post("/channel/create?topic=ot&channel=ch")[0] == 200
+    for query, answer in [
+            ("topic=lt&channel=ch", (400, b'{"message":"MISSING_ARG_PARTITION"}')),
+            ("topic=lt&channel=ch&partition=0&ordered=yes",
+             (400, b'{"message":"INVALID_ARG_ORDERED"}')),
+            ("topic=lt&channel=ch&partition=2", (404, b'{"message":"Topic partition not exist"}')),
+            ("topic=lt&channel=nope&partition=0", (404, b'{"message":"CHANNEL_NOT_FOUND"}')),
+            ("topic=nope&channel=ch&partition=0", (404, b'{"message":"E_TOPIC_NOT_EXIST"}')),
+            ("topic=lt&partition=0", (400, b'{"message":"MISSING_ARG_CHANNEL"}')),
+            ("topic=ot&channel=ch&partition=0", (400, b'{"message":"E_SUB_ORDER_IS_MUST"}'))]:
+        assert server.post(f"/channel/lane?{query}") == answer, query
+    assert server.post("/topic/create?topic=classic")[0] == 200
+    assert server.post("/channel/create?topic=classic&channel=ch")[0] == 200
+    assert server.post("/channel/lane?topic=classic&channel=ch&partition=0") == \
+        (404, b'{"message":"E_TOPIC_NOT_EXIST"}')
+
+
 # -- SUB_ORDERED ---------------------------------------------------------------------------
 
 

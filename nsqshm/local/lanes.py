@@ -1,0 +1,125 @@
+"""The lanes of a log topic's channel that a local consumer takes from
+(nsqd/loglane.py): one ring per partition a consumer named (`SUB T C p`, a
+local Consumer(partition=)), or an ordered one (`SUB_ORDERED`,
+Consumer(ordered=True)), which the partition's owner fills instead of the
+channel's ring.  Found by name, as the broker's workers find them, whoever
+had them made; what a consumer puts back goes into its partition's lane, as
+the broker puts it back (LogChannel._put_back)."""
+
+import select
+
+from nsqshm._core.logcursor import split_by_partition
+from nsqshm._core.ring import RingError
+from nsqshm.nsqd.loglane import lane_suffix
+from nsqshm.ring import Ring
+
+LANE_LOOK = 1.0  # s: a consumer of every partition, waiting, looks for new lanes this often
+
+
+class Lanes:
+    def __init__(self, prefix, topic, channel, partitions, only=None):
+        """partitions: how many the topic has; only: the one partition whose
+        lane is wanted (None: every partition's)."""
+        self.partitions = partitions
+        # [plain, ordered] lane ring names by partition
+        self._names = [[f"{prefix}.{lane_suffix(topic, channel, index, ordered)}"
+                        for ordered in (False, True)] for index in range(partitions)]
+        self._scope = range(partitions) if only is None else (only,)
+        self._held = {}  # partition -> (ordered, Ring): the lanes attached
+
+    def __bool__(self):
+        return bool(self._held)
+
+    def find(self):
+        """Attach the lanes of the partitions in scope that exist now (an
+        ordered one first, as the broker looks: LogChannel._find_lanes), and
+        let go of those gone."""
+        for index in self._scope:
+            held = self._held.get(index)
+            for ordered in (True, False):
+                name = self._names[index][ordered]
+                if not Ring.exists(name):
+                    continue
+                if held is None or held[0] != ordered:
+                    try:
+                        ring = Ring.attach(name)
+                    except (OSError, RingError):
+                        continue  # (removed meanwhile)
+                    if held is not None:
+                        held[1].close()
+                    self._held[index] = (ordered, ring)
+                break
+            else:
+                if held is not None:
+                    held[1].close()
+                    del self._held[index]
+
+    def ordered_exists(self, index):
+        """Whether the partition has an ordered lane now (a look at
+        /dev/shm, not at what is attached: under the cursor's lock, a lane
+        made a moment ago is seen)."""
+        return Ring.exists(self._names[index][True])
+
+    def ring(self, index):
+        """The partition's lane ring, if attached, else None."""
+        held = self._held.get(index)
+        return None if held is None else held[1]
+
+    def rings(self):
+        return [ring for _, ring in self._held.values()]
+
+    def by_partition(self):
+        return {index: ring for index, (_, ring) in self._held.items()}
+
+    def nudge_ordered(self):
+        """A FIN may let an ordered lane's owner push the partition's next
+        message: a nudge wakes its feeder (as the broker's FIN does:
+        LogChannel._next_ordered)."""
+        for ordered, ring in self._held.values():
+            if ordered:
+                ring.nudge()
+
+    def split(self, packed, ring):
+        """[(ring, records)]: packed [u32 size][message] records by where
+        they go back, the lane of their partition or `ring` (split in C:
+        split_by_partition)."""
+        if not self._held:
+            return [(ring, packed)]
+        parts = split_by_partition(packed, self.partitions)
+        rest = parts.pop()
+        out = []
+        for index, records in enumerate(parts):
+            lane = self.ring(index) if records else None
+            if lane is None:
+                rest += records
+            else:
+                out.append((lane, records))
+        if rest:
+            out.append((ring, rest))
+        return out
+
+    def close(self):
+        for _, ring in self._held.values():
+            ring.close()
+        self._held = {}
+
+
+def sleep_on(rings, timeout):
+    """Wait (the GIL released) until a push wakes one of the armed rings, or
+    `timeout` seconds pass; then take their wake bytes."""
+    if len(rings) == 1:
+        rings[0].sleep(timeout)
+    else:
+        poller = select.poll()
+        for ring in rings:
+            poller.register(ring.fileno(), select.POLLIN)
+        poller.poll(max(0, int(timeout * 1000 + 0.999)))
+    for ring in rings:
+        ring.drain()
+
+
+def disarm(rings):
+    """Withdraw the wake requests of arm() (a ring closed meanwhile has none)."""
+    for ring in rings:
+        if not ring.closed:
+            ring.disarm()

@@ -1,0 +1,262 @@
+"""nsqshm.local's Consumer on one partition (partition=, as `SUB T C p`) and in
+order (ordered=, as `SUB_ORDERED`), through the channel's lanes
+(nsqd/loglane.py, docs/local.md); and a plain consumer taking the lanes
+others made, as a plain SUB does; on real servers of one and two workers."""
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from nsqshm._core.logcursor import decode_message_id
+from nsqshm.local import BulkConsumer, Consumer, LocalError
+from nsqshm.protocol import MAGIC_V2
+from nsqshm.ring import Ring
+
+from .conftest import started, wait_for
+from .test_log_consumer import caught_up, create, fetch_all, mpub, nothing_more, partitions
+
+WORKER_COUNTS = (1, 2)
+
+def fetch_some(consumer, n, timeout=10.0):
+    """Messages (unfinished) until n came."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        got += list(consumer.fetch(n - len(got), timeout=0.5))
+    return got
+
+
+@contextlib.contextmanager
+def tcp_lane_and_ten(server):
+    """A TCP consumer's `SUB lt c 0` (RDY 0) moves partition 0 into a lane;
+    then 5 messages to each partition: yields their bodies, sorted."""
+    with socket.create_connection(("127.0.0.1", server.tcp_port), timeout=5) as tcp:
+        tcp.sendall(MAGIC_V2 + b"SUB lt c 0\n")
+        assert tcp.recv(64).endswith(b"OK")
+        mpub(server, "lt", [b"zero%d" % i for i in range(5)], partition=0)
+        mpub(server, "lt", [b"one%d" % i for i in range(5)], partition=1)
+        yield sorted([b"zero%d" % i for i in range(5)] + [b"one%d" % i for i in range(5)])
+
+
+def take_bodies(bulk, n, timeout=10.0):
+    bodies = []
+    deadline = time.monotonic() + timeout
+    while len(bodies) < n and time.monotonic() < deadline:
+        batch = bulk.take(100, timeout=0.5)
+        bodies += [bytes(b) for b in batch.column("body").to_pylist()]
+    return bodies
+
+
+def where(msg):
+    return decode_message_id(msg.id)
+
+
+def test_a_partition_consumer_takes_that_partition_alone(nsqd_factory):
+    server = started(nsqd_factory())
+    create(server, "lt", 3)
+    Consumer("lt", "c", shm_prefix=server.prefix).close()  # (the channel)
+    with Consumer("lt", "c", shm_prefix=server.prefix, partition=1, msg_timeout=1.0) as c:
+        assert c.partition == 1 and not c.ordered
+        for p in range(3):
+            mpub(server, "lt", [b"p%d-%02d" % (p, i) for i in range(20)], partition=p)
+        msgs = fetch_some(c, 20)
+        assert sorted(bytes(m.body) for m in msgs) == [b"p1-%02d" % i for i in range(20)]
+        assert {where(m)[0] for m in msgs} == {1}
+        nothing_more(c, 0.3)  # nothing of partitions 0 and 2
+        msgs.sort(key=lambda m: bytes(m.body))
+        msgs[0].requeue()           # back into the partition's lane: to this consumer
+        msgs[1].requeue(delay=0.3)  # the same, once due
+        for m in msgs[3:]:
+            m.finish()
+        # msgs[2] times out (1 s) and comes back here too
+        again = sorted(fetch_all(c, 3, timeout=10))
+        assert [(b, a) for b, _, a in again] == [(b"p1-00", 2), (b"p1-01", 2), (b"p1-02", 2)]
+        nothing_more(c, 0.3)
+        assert wait_for(lambda: partitions(server, "lt", "c")[1][1] == 20, 5)
+    # the other partitions wait for the channel's plain consumers
+    assert partitions(server, "lt", "c")[1] == [0, 20, 0]
+    with Consumer("lt", "c", shm_prefix=server.prefix) as plain:
+        got = fetch_all(plain, 40)
+        assert sorted(b for b, _, _ in got) == sorted(
+            b"p%d-%02d" % (p, i) for p in (0, 2) for i in range(20))
+        assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+
+
+def test_a_partition_consumer_shares_its_partition_with_a_plain_one(nsqd_factory):
+    """A plain consumer takes every partition, the lanes too (as a plain SUB
+    does); the partition consumer only its own; each message once."""
+    server = started(nsqd_factory())
+    create(server, "lt", 2)
+    with Consumer("lt", "c", shm_prefix=server.prefix, partition=0, max_in_flight=40) as part, \
+            Consumer("lt", "c", shm_prefix=server.prefix, max_in_flight=1000) as plain:
+        for p in range(2):
+            mpub(server, "lt", [b"s%d-%03d" % (p, i) for i in range(100)], partition=p)
+        got_part = fetch_all(part, 40)
+        got_plain = fetch_all(plain, 160)
+        assert {decode_message_id(i)[0] for _, i, _ in got_part} == {0}
+        assert sorted(b for b, _, _ in got_part + got_plain) == sorted(
+            b"s%d-%03d" % (p, i) for p in range(2) for i in range(100))
+        assert wait_for(lambda: caught_up(server, "lt", "c"), 5), partitions(server, "lt", "c")
+
+
+def test_a_plain_consumer_takes_the_lane_a_tcp_consumer_made(nsqd_factory):
+    """`SUB T C 0` moves partition 0 into a lane: a local plain consumer takes
+    from it as a plain SUB does (it used to be left to the TCP consumer)."""
+    server = started(nsqd_factory())
+    create(server, "lt", 2)
+    with Consumer("lt", "c", shm_prefix=server.prefix) as c, tcp_lane_and_ten(server) as ten:
+        got = fetch_all(c, 10)
+        assert sorted(b for b, _, _ in got) == ten
+        assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+
+
+def test_a_bulk_consumer_takes_the_lanes_and_puts_back_into_them(nsqd_factory):
+    """A BulkConsumer takes every partition, the lanes too, as a plain SUB
+    does; its requeue puts a lane's messages back into that lane."""
+    server = started(nsqd_factory())
+    create(server, "lt", 2)
+    with BulkConsumer("lt", "c", shm_prefix=server.prefix) as bulk, \
+            tcp_lane_and_ten(server) as ten:
+        lane = Ring.attach(f"{server.prefix}.c.lt:c:p0")
+        try:
+            assert sorted(take_bodies(bulk, 10)) == ten
+            assert lane.depth == 0
+            assert bulk.requeue() == 10
+            assert lane.depth == 5  # partition 0's, back into its lane
+        finally:
+            lane.close()
+        assert sorted(take_bodies(bulk, 10)) == ten
+        assert bulk.finish() == 10
+        assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+
+
+def test_an_ordered_consumer_gets_each_partition_in_log_order(nsqd_factory):
+    """One message of each partition at a time, the next only after its FIN;
+    a REQ (with a delay too) and a timeout deliver the same message again
+    before anything later; every message once FIN'd, in log order."""
+    server = started(nsqd_factory())
+    create(server, "lt", 2)
+    Consumer("lt", "c", shm_prefix=server.prefix).close()  # (the channel)
+    with Consumer("lt", "c", shm_prefix=server.prefix, ordered=True, max_in_flight=10,
+                  msg_timeout=1.0) as c:
+        assert c.ordered and not c.direct
+        for p in range(2):
+            mpub(server, "lt", [b"o%d-%02d" % (p, i) for i in range(30)], partition=p)
+        first = fetch_some(c, 2)
+        assert sorted(bytes(m.body) for m in first) == [b"o0-00", b"o1-00"]
+        nothing_more(c, 0.3)  # nothing more until a FIN
+        by_part = {where(m)[0]: m for m in first}
+        by_part[0].requeue()            # the same message comes back first
+        by_part[1].requeue(delay=0.3)   # the same, once due
+        again = fetch_some(c, 2)
+        assert sorted((bytes(m.body), m.attempts) for m in again) == [
+            (b"o0-00", 2), (b"o1-00", 2)]
+        held = {where(m)[0]: m for m in again}
+        # partition 1's head times out (1 s) and comes back; partition 0 goes on
+        held[0].finish()
+        order = {0: [b"o0-00"], 1: []}
+        timed_out = []
+        deadline = time.monotonic() + 10
+        while not timed_out and time.monotonic() < deadline:
+            for m in c.fetch(10, timeout=0.5):
+                if where(m)[0] == 1:
+                    timed_out.append(m)
+                else:
+                    order[0].append(bytes(m.body))
+                    m.finish()
+        assert [(bytes(m.body), m.attempts) for m in timed_out] == [(b"o1-00", 3)], timed_out
+        assert len(order[0]) > 1  # (partition 0 went on while partition 1's head was out)
+        timed_out[0].finish()
+        order[1].append(b"o1-00")
+        deadline = time.monotonic() + 20
+        while sum(map(len, order.values())) < 60 and time.monotonic() < deadline:
+            batch = c.fetch(10, timeout=0.5)
+            parts = [where(m)[0] for m in batch]
+            assert len(parts) == len(set(parts)), parts  # one of a partition at a time
+            for m in batch:
+                order[where(m)[0]].append(bytes(m.body))
+            batch.finish()
+        for p in range(2):
+            assert order[p] == [b"o%d-%02d" % (p, i) for i in range(30)]
+        nothing_more(c, 0.3)
+        assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+
+
+def test_an_ordered_consumer_of_an_ordered_topic_and_one_partition(nsqd_factory):
+    """Youzan's orderedmulti topic, which refuses plain consumers, takes an
+    ordered one; ordered= with partition= takes that partition alone."""
+    server = started(nsqd_factory())
+    status, body = server.post("/topic/create?topic=ot&partition_num=2&orderedmulti=true")
+    assert status == 200, body
+    with Consumer("ot", "c", shm_prefix=server.prefix, ordered=True, partition=1) as c:
+        for p in range(2):
+            mpub(server, "ot", [b"t%d-%d" % (p, i) for i in range(5)], partition=p)
+        seen = []
+        deadline = time.monotonic() + 10
+        while len(seen) < 5 and time.monotonic() < deadline:
+            batch = c.fetch(10, timeout=0.5)
+            assert len(batch) <= 1
+            seen += [bytes(m.body) for m in batch]
+            batch.finish()
+        assert seen == [b"t1-%d" % i for i in range(5)]
+        nothing_more(c, 0.3)
+        assert partitions(server, "ot", "c")[1] == [0, 5]
+
+
+@pytest.mark.parametrize("sig", ["close", "kill"])
+def test_an_ordered_consumer_that_goes_leaves_its_head_first(nsqd_factory, sig):
+    """An ordered consumer closes, or is SIGKILLed, holding a partition's head:
+    the next ordered consumer gets that message first, then the rest in order."""
+    server = started(nsqd_factory())
+    create(server, "lt", 1)
+    Consumer("lt", "c", shm_prefix=server.prefix).close()  # (the channel)
+    mpub(server, "lt", [b"h%02d" % i for i in range(10)])
+    script = textwrap.dedent(f"""
+        import os
+        from nsqshm.local import Consumer
+        c = Consumer("lt", "c", shm_prefix={server.prefix!r}, ordered=True)
+        done = []
+        while len(done) < 4:
+            batch = c.fetch(10, timeout=5)
+            done += [bytes(m.body).decode() for m in batch]
+            if len(done) < 4:
+                batch.finish()
+        print(" ".join(done), flush=True)
+        if {sig!r} == "kill":
+            os.kill(os.getpid(), 9)
+        c.close()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == (-signal.SIGKILL if sig == "kill" else 0), out.stderr
+    assert out.stdout.split() == ["h00", "h01", "h02", "h03"]  # h03 held, unfinished
+    with Consumer("lt", "c", shm_prefix=server.prefix, ordered=True) as c:
+        seen = []
+        deadline = time.monotonic() + 15
+        while len(seen) < 7 and time.monotonic() < deadline:
+            batch = c.fetch(10, timeout=0.5)
+            seen += [(bytes(m.body), m.attempts) for m in batch]
+            batch.finish()
+        assert [b for b, _ in seen] == [b"h%02d" % i for i in range(3, 10)]
+        assert seen[0][1] == 2  # h03's second delivery
+        assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+
+
+def test_bad_lane_arguments_are_refused(nsqd_factory):
+    server = started(nsqd_factory())
+    create(server, "lt", 2)
+    with pytest.raises(LocalError, match=r"^lt: no partition 2 \(it has 2\)$"):
+        Consumer("lt", "c", shm_prefix=server.prefix, partition=2)
+    with pytest.raises(LocalError, match=r"^lt: no partition True"):
+        Consumer("lt", "c", shm_prefix=server.prefix, partition=True)
+    assert server.post("/topic/create?topic=classic")[0] == 200
+    for kwargs in ({"partition": 0}, {"ordered": True}):
+        with pytest.raises(LocalError, match=r"^classic: partition= and ordered= are for a "
+                                             r"log topic's channel$"):
+            Consumer("classic", "c", shm_prefix=server.prefix, **kwargs)
