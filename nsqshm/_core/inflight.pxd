@@ -81,6 +81,7 @@ cdef class MessageStore:
     cdef void _discard(self, MsgEntry *e) noexcept
     cdef int _hand_out(self, MsgEntry *e) except -1
     cdef void _unlink(self, MsgEntry *e) noexcept
+    cdef _drain(self, CursorSet cursors, long long partition, buffer)
     cdef int _take_out(self, MsgEntry *e, Py_buffer *view, Py_ssize_t *pos,
                        Py_ssize_t count) except -1
     cdef tuple _pop_into(self, int64_t limit, object buffer)

@@ -610,11 +610,26 @@ cdef class MessageStore:
         left stale (CursorSet.stale_id: below their cursor's confirmed offset,
         or of a partition a seek holds); the others stay where they are (in
         flight: their FINs still hold).  Call until it returns (0, 0)."""
+        return self._drain(cursors, -1, buffer)
+
+    def drain_partition(self, long long partition, buffer):
+        """Take out, into buffer as packed records, the messages of one log
+        partition (a local consumer's copies taken before the partition moved
+        into an ordered lane: the lane's feeder delivers them again, in order).
+        Call until it returns (0, 0)."""
+        if partition < 0:
+            raise ValueError(f"partition {partition}")
+        return self._drain(None, partition, buffer)
+
+    cdef _drain(self, CursorSet cursors, long long partition, buffer):
+        """drain_stale (cursors) or drain_partition (partition)."""
         cdef Py_buffer view
         cdef MsgEntry *e
         cdef MsgEntry **found
         cdef size_t i, n = 0
         cdef Py_ssize_t pos = 0, count = 0
+        cdef uint64_t off = 0
+        cdef bint stale
         if not self.heap.length:
             return 0, 0
         found = <MsgEntry **>malloc(self.heap.length * sizeof(MsgEntry *))
@@ -623,7 +638,11 @@ cdef class MessageStore:
         try:
             for i in range(self.heap.length):  # (collected first: unlinking reorders the heap)
                 e = self.heap.nodes[i].entry
-                if cursors.stale_id(_msg(e) + MSG_ID_OFFSET):
+                if cursors is not None:
+                    stale = cursors.stale_id(_msg(e) + MSG_ID_OFFSET)
+                else:
+                    stale = decode_log_id(_msg(e) + MSG_ID_OFFSET, &off) == partition
+                if stale:
                     found[n] = e
                     n += 1
             PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE)

@@ -44,7 +44,7 @@ from nsqshm._core.includes.system cimport (
     pthread_mutexattr_setrobust, pthread_mutexattr_t,
 )
 
-from nsqshm._core.commitlog import OffsetOutOfRange
+from nsqshm._core.commitlog import MAX_PARTITIONS, OffsetOutOfRange
 
 FINISHED = 0          # finish(): newly finished
 ALREADY = 1           # finish(): it was finished before
@@ -1048,20 +1048,20 @@ def split_by_partition(packed, Py_ssize_t partitions):
     cdef const char *p
     cdef char *dst
     cdef Py_ssize_t pos, total
-    cdef Py_ssize_t *sizes
+    cdef Py_ssize_t *sizes = NULL
     cdef Py_ssize_t *fill
     cdef uint32_t size
     cdef uint64_t off = 0
     cdef long long part
-    if partitions < 0:
+    if partitions < 0 or partitions > MAX_PARTITIONS:
         raise ValueError(f"{partitions} partitions")
-    sizes = <Py_ssize_t *>malloc(2 * (partitions + 1) * sizeof(Py_ssize_t))
-    if sizes == NULL:
-        raise MemoryError()
-    fill = sizes + partitions + 1
-    memset(sizes, 0, 2 * (partitions + 1) * sizeof(Py_ssize_t))
     PyObject_GetBuffer(packed, &view, 0)
     try:
+        sizes = <Py_ssize_t *>malloc(2 * (partitions + 1) * sizeof(Py_ssize_t))
+        if sizes == NULL:
+            raise MemoryError()
+        fill = sizes + partitions + 1
+        memset(sizes, 0, 2 * (partitions + 1) * sizeof(Py_ssize_t))
         p = <const char *>view.buf
         total = view.len
         pos = 0
@@ -1074,11 +1074,14 @@ def split_by_partition(packed, Py_ssize_t partitions):
             pos += 4 + size
         out = [bytearray(sizes[i]) for i in range(partitions + 1)]
         pos = 0
-        while pos < total:  # (checked whole by the first pass)
-            memcpy(&size, p + pos, 4)
+        while pos < total:
+            # checked again: a buffer another process writes to may have changed
+            size = packed_record_size(p, total, pos, RECORD_ID_END)
             part = decode_log_id(p + pos + 4 + RECORD_ID_OFFSET, &off)
             if part < 0 or part >= partitions:
                 part = partitions
+            if fill[part] + 4 + <Py_ssize_t>size > sizes[part]:
+                raise ValueError("the records changed while they were split")
             dst = PyByteArray_AS_STRING(out[part])
             memcpy(dst + fill[part], p + pos, 4 + size)
             fill[part] += 4 + size
@@ -1281,6 +1284,44 @@ cdef class CursorSet:
             due_ms[0] = e.due_ms
         cur._unlock()
         return e != NULL
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def heads_only(self, packed):
+        """The packed [u32 native size][message] records of packed whose msg
+        offset is their cursor's confirmed one, as a new bytearray: what may go
+        back into an ordered lane (its partition's head, the one unfinished
+        message below every other).  The others are finished (below it) or
+        are read from the log again by the lane's feeder, which reads on from
+        the confirmed offset one message at a time: pushed, they would be a
+        second message of the partition out at once (a copy a consumer took
+        before the partition's move into the lane).  One C loop."""
+        cdef Py_buffer view
+        cdef const char *p
+        cdef char *dst
+        cdef Py_ssize_t pos = 0, kept = 0
+        cdef uint32_t size
+        cdef uint64_t off = 0
+        cdef long long part
+        cdef Cursor cur
+        PyObject_GetBuffer(packed, &view, 0)
+        try:
+            p = <const char *>view.buf
+            out = bytearray(view.len)
+            dst = PyByteArray_AS_STRING(out)
+            while pos < view.len:
+                size = packed_record_size(p, view.len, pos, RECORD_ID_END)
+                part = decode_log_id(p + pos + 4 + RECORD_ID_OFFSET, &off)
+                if 0 <= part < self.count and self.cursors[part] is not None:
+                    cur = <Cursor>self.cursors[part]
+                    if cur.h != NULL and off == __atomic_load_n(&cur.h.confirmed, 2):
+                        memcpy(dst + kept, p + pos, 4 + size)
+                        kept += 4 + size
+                pos += 4 + size
+        finally:
+            PyBuffer_Release(&view)
+        del out[kept:]
+        return out
 
     def note_retries(self, packed, long long due_ms=0):
         """Note in their cursors' retry tables the messages of packed [u32 native

@@ -27,6 +27,7 @@ dies or is cut off from etcd longer than the TTL, which is what allows an electi
 
 import json
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from nsqshm.consistence.errors import InvalidName, NodeRemoving, TopicExists, TopicNotFound
@@ -412,13 +413,33 @@ class Topology:
         return [st.leader_session.leader if st.leader_session is not None else None
                 for st in self.partitions(topic)]
 
+    def load(self):
+        """{node ID: (partitions it leads, copies it holds: ISR and catch-up)} over
+        every topic's partitions, read at one revision (one range): what a new
+        topic's placement balances (placement.spread)."""
+        leads, holds = Counter(), Counter()
+        prefix = self.keys.topics()
+        for kv in self.session.get_prefix(prefix):
+            if not kv.key.endswith("/ReplicaInfo"):
+                continue
+            try:
+                info = ReplicaInfo.from_kv(kv)
+            except (ValueError, TypeError, AttributeError):
+                continue  # (not one of ours: left out, as an unknown key)
+            if info.leader:
+                leads[info.leader] += 1
+            for node in dict.fromkeys((*info.isr, *info.catchup)):
+                holds[node] += 1
+        return {node: (leads[node], holds[node]) for node in set(leads) | set(holds)}
+
     def create_topic_on_live_nodes(self, topic, meta, tries=3):
         """create_topic with its partitions spread over the nodes registered now, but
-        those being removed (placed again if one is marked meanwhile)."""
+        those being removed (placed again if one is marked meanwhile), balancing
+        what each already leads and holds (load)."""
         for attempt in range(tries):
             removing = self.removing_nodes()
             placement = spread([n.id for n in self.nodes() if n.id not in removing],
-                               meta.partition_num, meta.replica)
+                               meta.partition_num, meta.replica, self.load())
             try:
                 self.create_topic(topic, meta, placement)
                 return placement

@@ -75,10 +75,12 @@ def put_back(arena, ring, queue, timeout=None, cursors=None, lanes=None):
     their blocks (each only once it is in the ring: a death in between
     repeats it, never loses it).  Waits up to `timeout` seconds for room
     (None: no wait).  cursors: a log channel's, whose retry tables note what
-    goes back (with its attempts).  lanes: {partition: Ring} of a log
-    channel's lanes: a message of such a partition goes back into its lane,
-    as the broker puts it back (LogChannel._put_back).  Returns (put back,
-    left in the arena)."""
+    goes back (with its attempts).  lanes: {partition: (ordered, Ring)} of a
+    log channel's lanes: a message of such a partition goes back into its
+    lane, as the broker puts it back (LogChannel._put_back), and into an
+    ordered lane only the partition's head (its offset the confirmed one);
+    the others are freed (the lane's feeder reads them from the log again).
+    Returns (put back, left in the arena)."""
     blocks = list(arena.blocks())
     packed, offsets = pack_blocks(blocks, queue)
     if cursors is not None and packed:
@@ -87,19 +89,30 @@ def put_back(arena, ring, queue, timeout=None, cursors=None, lanes=None):
         done = _push(arena, ring, packed, offsets, timeout)
     else:
         done = 0
-        for dest, own in _by_ring(blocks, ring, lanes):
+        for dest, own in _by_ring(blocks, ring, lanes, cursors):
             packed, own_offsets = pack_blocks(own, queue)
-            done += _push(arena, dest, packed, own_offsets, timeout)
+            if dest is None:  # (not a head of an ordered lane: read again from the log)
+                for offset in own_offsets:
+                    arena.release(offset)
+                done += len(own_offsets)
+            else:
+                done += _push(arena, dest, packed, own_offsets, timeout)
     return done, len(offsets) - done
 
 
-def _by_ring(blocks, ring, lanes):
+def _by_ring(blocks, ring, lanes, cursors):
     """[(ring, blocks)]: each block with the lane of its message's partition,
-    or `ring` (not a log message, or no lane of it)."""
+    or `ring` (not a log message, or no lane of it); None: not to go back."""
     out = {}
     for block in blocks:
         where = decode_message_id(block[4][10:26])  # [8 timestamp][2 attempts][16 ID]
-        dest = lanes.get(where[0], ring) if where else ring
+        lane = lanes.get(where[0]) if where else None
+        if lane is None:
+            dest = ring
+        elif lane[0] and where[1] != cursors[where[0]].confirmed:
+            dest = None
+        else:
+            dest = lane[1]
         out.setdefault(id(dest), (dest, []))[1].append(block)
     return list(out.values())
 

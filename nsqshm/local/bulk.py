@@ -106,6 +106,7 @@ class BulkConsumer:
             end = time.monotonic() + timeout
             while not n:
                 rings = [self.ring, *self.lanes.rings()]
+                changes = self.lanes.changes
                 for ring in rings:
                     ring.arm()
                 try:
@@ -113,6 +114,8 @@ class BulkConsumer:
                     remaining = end - time.monotonic()
                     if n or remaining <= 0:
                         break
+                    if self.lanes.changes != changes:
+                        continue  # (lanes attached or let go: arm the ones there are now)
                     if (self.ring.disk_backlog or self.cursors is not None) \
                             and not self.ring.paused:
                         if self.cursors is not None:  # a log channel: filled whatever
@@ -176,6 +179,8 @@ class BulkConsumer:
         """Put every message held back into the channel; returns how many went
         back (the rest stay held: LocalError if some could not)."""
         self._check()
+        if self.cursors is not None:
+            self.lanes.find()  # (a lane made since the take takes its partition's)
         done, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
                                      cursors=self.cursors, lanes=self.lanes.by_partition())
         self.requeue_count += done
@@ -197,6 +202,8 @@ class BulkConsumer:
         self.closed = True
         if os.getpid() != self._pid:
             return
+        if self.cursors is not None:
+            self.lanes.find()
         left = leave(self.arena, self.ring, self.queue, timeout, self.cursors, self._subscribed,
                      lanes=self.lanes.by_partition())
         self._subscribed = False

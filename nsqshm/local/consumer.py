@@ -55,7 +55,7 @@ from nsqshm._core.commitlog import LogError, LogReader, partition_dir
 from nsqshm._core.ext import ExtView
 from nsqshm._core.inflight import NOT_IN_FLIGHT, DeferredQueue, InFlight
 from nsqshm._core.localbatch import finish_frames
-from nsqshm._core.logcursor import CLAIM_RETENTION
+from nsqshm._core.logcursor import CLAIM_RETENTION, split_by_partition
 from nsqshm.local import arenas, tracing
 from nsqshm.local.batch import Batch
 from nsqshm.local.broker import Broker, LocalError, check_name
@@ -108,8 +108,9 @@ class Consumer:
         self.arena_size = arena_size
         self.closed = False
         # a log topic's channel: its cursors, one per partition (none: classic)
-        self._cursor_names = open_channel(self.broker, topic, channel, create, ordered)
-        self.partition, self.ordered = _check_lane(self._cursor_names, topic, partition, ordered)
+        self._cursor_names = open_channel(self.broker, topic, channel, create, ordered,
+                                          partition)
+        self.partition, self.ordered = partition, bool(ordered)
         if self.partition is not None or self.ordered:
             self.broker.use_lanes(topic, channel, self.partition, self.ordered)
         self.ext = self.broker.topic_kind(topic)[1]
@@ -148,7 +149,7 @@ class Consumer:
         self._subscribed = False
         self._readers = [None] * len(self._partition_dirs)  # LogReader by partition, when made
         self._lanes = Lanes(self.broker.prefix, self.topic, self.channel,
-                            len(self._cursor_names), self.partition)
+                            len(self._cursor_names), self.partition, self.ordered)
         self._turn = 0  # the partition the next direct read starts at
         self.message_count = self.finish_count = self.requeue_count = self.timeout_count = 0
         self.connect_ts = int(time.time())
@@ -237,6 +238,7 @@ class Consumer:
         ring = self.ring
         while True:
             rings = self._wait_rings()
+            changes = self._lanes.changes
             for waiting in rings:
                 waiting.arm()
             try:
@@ -244,6 +246,8 @@ class Consumer:
                 remaining = end - time.monotonic()
                 if batch or remaining <= 0:
                     return batch
+                if self._lanes.changes != changes:
+                    continue  # (lanes attached or let go: arm the ones there are now)
                 paused = ring.paused or ring.topic_paused
                 if not paused and (ring.disk_backlog or self._takes_ring):
                     if self._takes_ring:       # a log channel: filled whatever the
@@ -267,6 +271,20 @@ class Consumer:
             rings = [self.ring, *rings]
         return rings or [self.ring]
 
+    def _find_lanes(self):
+        """Lanes.find (the lock held); what this consumer holds of a partition
+        that moved into an ordered lane since it last looked is dropped:
+        taken before the move, it is delivered again by the lane, in order
+        (as the broker's workers drop theirs: LogChannel._drop_moved; a FIN
+        of one then fails as of one not in flight).  -> those partitions."""
+        moved = self._lanes.find()
+        for partition in moved:
+            for store in (self._inflight, self._deferred):
+                while store.drain_partition(partition, self._scratch)[0]:
+                    pass
+                store.release()
+        return moved
+
     def _sources(self):
         """The rings this consumer takes from, in this order: its
         partition's lane (partition=), every ordered lane (ordered=), or the
@@ -282,7 +300,7 @@ class Consumer:
             return Batch(self, out, 0)
         with self._lock:
             if self._cursors is not None:
-                self._lanes.find()
+                self._find_lanes()
             n = min(want, self.max_in_flight - len(self._inflight))
             deadline = time.monotonic_ns() + int(self.msg_timeout * 1e9)
             self._inflight.ttl_ns = self.ring.ttl_ns  # the channel's time to live (policy.py)
@@ -357,8 +375,10 @@ class Consumer:
         lane = self._lanes.ring(index)
         cursor.lock()
         try:
-            if self._lanes.ordered_exists(index):
-                return 0, 0, False  # an ordered lane: the owner pushes it, one at a time
+            if self._lanes.ordered(index) or self._lanes.unseen(index):
+                # an ordered lane: the owner pushes it, one at a time; a lane made a
+                # moment ago: what comes back of it must go there (the next find)
+                return 0, 0, False
             if (lane if lane is not None else self.ring).depth:
                 return 0, 0, False  # older records wait in the partition's ring
             first, got, nbytes = cursor.claim_read(reader, reader.end_offset, room,
@@ -495,8 +515,15 @@ class Consumer:
         channel's are noted with their attempts in their cursors' retry tables,
         as the broker's put-backs are (LogChannel.put_records)."""
         if self._cursors is not None:
+            # a lane made since the delivery takes its partition's; what moved into
+            # an ordered lane meanwhile goes nowhere (the lane delivers it again)
+            moved = self._find_lanes()
+            if moved:
+                parts = split_by_partition(packed, len(self._cursor_names))
+                packed = b"".join(records for index, records in enumerate(parts)
+                                  if index not in moved)
             self._cursors.note_retries(packed)
-        for ring, records in self._lanes.split(packed, self.ring):
+        for ring, records in self._lanes.split(packed, self.ring, self._cursors):
             self._push_back(ring, records, now)
 
     def _push_back(self, ring, packed, now):
@@ -562,6 +589,8 @@ class Consumer:
         if self._timer is not None and self._timer is not threading.current_thread():
             self._timer.join(1.0)
         with self._lock:
+            if self._cursors is not None:
+                self._find_lanes()  # (a lane made since the delivery takes its partition's)
             try:  # (a deferred one goes back now too)
                 left = leave(self.arena, self.ring, self.queue, timeout, self._cursors,
                              self._subscribed, not self._takes_ring, self._lanes.by_partition())
@@ -604,19 +633,6 @@ def _run_timer(ref):
         wait = None if due < 0 else max(0.0, (due - time.monotonic_ns()) / 1e9) + 0.001
         wake.wait(wait)
         wake.clear()
-
-
-def _check_lane(cursor_names, topic, partition, ordered):
-    """(partition, ordered) checked: for a log topic's channel (its cursor
-    names), a partition it has."""
-    if partition is None and not ordered:
-        return None, False
-    if not cursor_names:
-        raise LocalError(f"{topic}: partition= and ordered= are for a log topic's channel")
-    if partition is not None and (isinstance(partition, bool) or not isinstance(partition, int)
-                                  or not 0 <= partition < len(cursor_names)):
-        raise LocalError(f"{topic}: no partition {partition!r} (it has {len(cursor_names)})")
-    return partition, bool(ordered)
 
 
 def _text(msg_id):

@@ -17,10 +17,13 @@ LANE_LOOK = 1.0  # s: a consumer of every partition, waiting, looks for new lane
 
 
 class Lanes:
-    def __init__(self, prefix, topic, channel, partitions, only=None):
+    def __init__(self, prefix, topic, channel, partitions, only=None, ordered=False):
         """partitions: how many the topic has; only: the one partition whose
-        lane is wanted (None: every partition's)."""
+        lane is wanted (None: every partition's); ordered: ordered lanes
+        alone (an ordered consumer never takes a plain lane)."""
         self.partitions = partitions
+        self._kinds = (True,) if ordered else (True, False)
+        self.changes = 0  # lanes attached or let go so far (a waiter looks again)
         # [plain, ordered] lane ring names by partition
         self._names = [[f"{prefix}.{lane_suffix(topic, channel, index, ordered)}"
                         for ordered in (False, True)] for index in range(partitions)]
@@ -33,10 +36,15 @@ class Lanes:
     def find(self):
         """Attach the lanes of the partitions in scope that exist now (an
         ordered one first, as the broker looks: LogChannel._find_lanes), and
-        let go of those gone."""
+        let go of those gone (closed: a caller that armed them counts
+        `changes` and looks again before it sleeps).  -> the partitions
+        whose ordered lane it attached now: what the caller holds of them was
+        taken before their move into it (LogChannel.use_lanes rewound them:
+        the lane delivers it all again, in order)."""
+        moved = []
         for index in self._scope:
             held = self._held.get(index)
-            for ordered in (True, False):
+            for ordered in self._kinds:
                 name = self._names[index][ordered]
                 if not Ring.exists(name):
                     continue
@@ -48,17 +56,30 @@ class Lanes:
                     if held is not None:
                         held[1].close()
                     self._held[index] = (ordered, ring)
+                    self.changes += 1
+                    if ordered:
+                        moved.append(index)
                 break
             else:
                 if held is not None:
                     held[1].close()
                     del self._held[index]
+                    self.changes += 1
+        return moved
 
-    def ordered_exists(self, index):
-        """Whether the partition has an ordered lane now (a look at
-        /dev/shm, not at what is attached: under the cursor's lock, a lane
-        made a moment ago is seen)."""
-        return Ring.exists(self._names[index][True])
+    def unseen(self, index):
+        """Whether the partition has a lane now that is not the one attached
+        (a look at /dev/shm: under the cursor's lock, a lane made a moment
+        ago is seen, and the partition left to it until the next find)."""
+        held = self._held.get(index)
+        for ordered in (True, False):
+            if Ring.exists(self._names[index][ordered]):
+                return held is None or held[0] != ordered
+        return False
+
+    def ordered(self, index):
+        held = self._held.get(index)
+        return held is not None and held[0]
 
     def ring(self, index):
         """The partition's lane ring, if attached, else None."""
@@ -69,31 +90,33 @@ class Lanes:
         return [ring for _, ring in self._held.values()]
 
     def by_partition(self):
-        return {index: ring for index, (_, ring) in self._held.items()}
+        """{partition: (ordered, ring)} of the lanes attached."""
+        return dict(self._held)
 
     def nudge_ordered(self):
         """A FIN may let an ordered lane's owner push the partition's next
         message: a nudge wakes its feeder (as the broker's FIN does:
-        LogChannel._next_ordered)."""
+        LogChannel.next_ordered)."""
         for ordered, ring in self._held.values():
             if ordered:
                 ring.nudge()
 
-    def split(self, packed, ring):
+    def split(self, packed, ring, cursors):
         """[(ring, records)]: packed [u32 size][message] records by where
         they go back, the lane of their partition or `ring` (split in C:
-        split_by_partition)."""
+        split_by_partition); into an ordered lane only its partition's head
+        (CursorSet.heads_only: the others are read from the log again)."""
         if not self._held:
             return [(ring, packed)]
         parts = split_by_partition(packed, self.partitions)
         rest = parts.pop()
         out = []
         for index, records in enumerate(parts):
-            lane = self.ring(index) if records else None
-            if lane is None:
+            held = self._held.get(index) if records else None
+            if held is None:
                 rest += records
             else:
-                out.append((lane, records))
+                out.append((held[1], cursors.heads_only(records) if held[0] else records))
         if rest:
             out.append((ring, rest))
         return out

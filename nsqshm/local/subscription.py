@@ -14,13 +14,24 @@ from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST, SUB_ORDER_IS_MUST_TEXT
 ORDERED_ONLY = f"{E_SUB_ORDER_IS_MUST} {SUB_ORDER_IS_MUST_TEXT}"  # nsqd's refusal of a SUB
 
 
-def open_channel(broker, topic, channel, create, ordered=False):
+def open_channel(broker, topic, channel, create, ordered=False, partition=None):
     """The channel's cursor names, one per partition ([]: a classic topic's),
-    the channel made first with `create`.  Youzan's orderedmulti topic takes
-    SUB_ORDERED only: a consumer not `ordered` is refused as nsqd refuses a
-    plain SUB, before a channel is made; and a log topic's channel whose
-    cursors are not there (not made yet, or deleted)."""
+    the channel made first with `create`.  Refused before a channel is made:
+    a consumer of one partition or `ordered` on a topic that is no log topic
+    (or not made yet), a partition the topic does not have, and a consumer
+    not `ordered` of Youzan's orderedmulti topic (which takes SUB_ORDERED
+    only), as nsqd refuses a plain SUB.  Refused after: a log topic's
+    channel whose cursors are not there (not made yet, or deleted)."""
     spec = broker.log_topic_spec(topic)
+    if partition is not None or ordered:
+        if spec is None:
+            raise LocalError(f"{topic}: partition= and ordered= are for a log topic's "
+                             "channel")
+        count = spec.get("partition_num", 0)
+        if partition is not None and (isinstance(partition, bool)
+                                      or not isinstance(partition, int)
+                                      or not 0 <= partition < count):
+            raise LocalError(f"{topic}: no partition {partition!r} (it has {count})")
     if spec is not None and spec.get("ordered") and not ordered:
         raise LocalError(ORDERED_ONLY)
     if create:
@@ -81,7 +92,7 @@ def unsubscribe(ring, arena, direct=False):
 
 def leave(arena, ring, queue, timeout, cursors, subscribed, direct=False, lanes=None):
     """A consumer's close: what it holds back into the ring, or into the lane
-    of its partition (`lanes`, {partition: Ring}), noted in the retry tables
+    of its partition (`lanes`, {partition: (ordered, Ring)}), noted in the retry tables
     with its attempts, as a broker client's when it goes; then,
     whatever happened, its subscriber place given back and its cursors closed.
     -> how many messages are left in the arena (kept for the broker's

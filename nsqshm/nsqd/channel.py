@@ -224,6 +224,10 @@ class Channel:
         max-attempts policy may dead-letter it, nor on a log topic."""
         return self.cursors is None and (self.policy is None or not self.policy.max_attempts)
 
+    def next_ordered(self):
+        """A FIN may let an ordered lane move on (a log channel's lanes:
+        logchannel.py); a classic channel has none."""
+
     def commands_applied(self, client, parser):
         """Account what a CommandParser.parse applied for client (FIN, REQ,
         TOUCH), once per call: REQs without a delay stored, then the in-flight

@@ -204,18 +204,20 @@ class LogChannel(Channel):
             raise self._failed(status, msg_id)
         self.cursors.finish(msg_id)
         super().finish(client, msg_id)
-        self._next_ordered()
+        self.next_ordered()
 
     def commands_applied(self, client, parser):
         """FINs the C command parser applied (protocol_v2, _core/commands.pyx):
         an ordered lane's owner may push the next message."""
         super().commands_applied(client, parser)
         if parser.finished:
-            self._next_ordered()
+            self.next_ordered()
 
-    def _next_ordered(self):
+    def next_ordered(self):
         """A FIN may let an ordered lane's owner push the next message: wake
-        it (here: the feeder; on another worker: a nudge, as a pop wakes it)."""
+        it (here: the feeder; on another worker: a nudge, as a pop wakes it).
+        Also after a dead local consumer's recovery (recovery.recover_arena:
+        it may have died between its FIN and its nudge)."""
         if not self.lanes:
             return
         for index, lane in self.lanes.items():
@@ -306,7 +308,8 @@ class LogChannel(Channel):
     def _put_back(self, packed, keep_rest=True):
         """Each record back into its partition's lane, the rest into the
         channel's ring (Channel.put_records), split in C
-        (split_by_partition).  A lane with no room left: deferred 0.1 s and
+        (split_by_partition); into an ordered lane only the partition's head
+        (CursorSet.heads_only).  A lane with no room left: deferred 0.1 s and
         tried again (in the arena: kept)."""
         if not self.lanes:
             return super().put_records(packed, keep_rest)
@@ -317,6 +320,8 @@ class LogChannel(Channel):
             if lane is None:
                 rest += records
                 continue
+            if lane.ordered:  # its head alone: the rest is read from the log again (a
+                records = self.cursors.heads_only(records)  # copy taken before the move)
             _, used = lane.ring.push_packed(records)
             if used < len(records):
                 self._defer_packed(memoryview(records)[used:], 0.1)

@@ -91,7 +91,8 @@ def recover_arena(nsqd, name):
         if arena.owner_alive():
             return 0
         label, pid = arena.label, arena.owner_pid
-        _unsubscribe(nsqd, arena)
+        own = _own_channel(nsqd, arena)
+        _unsubscribe(arena, own)
         moved = dropped = 0
         now_wall = time.time_ns()
         for offset, queue, state, due_wall, msg in arena.blocks():
@@ -112,29 +113,36 @@ def recover_arena(nsqd, name):
             arena.release(offset)
         nsqd.logf("info", f"RECOVERY: {moved} messages held by {label or name} (pid {pid}) put "
                           f"back" + (f", {dropped} of deleted channels dropped" if dropped else ""))
+        if own is not None:  # (a local consumer may have died between its FIN and its nudge)
+            own.next_ordered()
         arena.unlink()
         return moved
     finally:
         arena.close()
 
 
-def _unsubscribe(nsqd, arena):
-    """A dead local Consumer (or BulkConsumer) of a log channel counted itself among the
-    ring's subscribers (nsqshm/local/consumer.py): take it out.  Once: the
-    count goes to 0 with it, before its messages go back."""
+def _own_channel(nsqd, arena):
+    """The channel a local consumer's arena names as its own (client info), or None."""
     if arena.label not in local_clients.SUBSCRIBER_LABELS:
-        return
-    info = arena.client_info()
-    if info["ready_count"] <= 0:  # closed: it took itself out
-        return
-    topic_name, _, channel_name = info["queue"].partition(":")
+        return None
+    topic_name, _, channel_name = arena.client_info()["queue"].partition(":")
     topic = nsqd.topics.get(topic_name)
-    channel = topic.channels.get(channel_name) if topic is not None else None
-    if channel is not None and channel.local_subscribers:
-        arena.set_client_info(ready_count=0)
-        if arena.label == local_clients.DIRECT_LABEL:
-            channel.ring.add_direct_subscribers(-1)
-        channel.ring.add_subscribers(-1)
+    return topic.channels.get(channel_name) if topic is not None else None
+
+
+def _unsubscribe(arena, channel):
+    """A dead local Consumer (or BulkConsumer) of a log channel (`channel`, its
+    own: _own_channel) counted itself among the ring's subscribers
+    (nsqshm/local/consumer.py): take it out.  Once: the count goes to 0 with it,
+    before its messages go back."""
+    if channel is None or not channel.local_subscribers:
+        return
+    if arena.client_info()["ready_count"] <= 0:  # closed: it took itself out
+        return
+    arena.set_client_info(ready_count=0)
+    if arena.label == local_clients.DIRECT_LABEL:
+        channel.ring.add_direct_subscribers(-1)
+    channel.ring.add_subscribers(-1)
 
 
 def recover_overflows(nsqd):

@@ -29,7 +29,7 @@ def test_create_topic_once_with_its_partitions(sessions):
     s = sessions()
     t = Topology(s, "c1")
     placement = spread(["n1", "n2", "n3"], 3, 2)
-    assert placement == [["n1", "n2"], ["n2", "n3"], ["n3", "n1"]]
+    assert placement == [["n1", "n2"], ["n3", "n1"], ["n2", "n3"]]
     t.create_topic("orders", TopicMeta(partition_num=3, replica=2, sync_every=1), placement)
     with pytest.raises(TopicExists):
         t.create_topic("orders", TopicMeta(1, 1), [["n1"]])
@@ -37,7 +37,8 @@ def test_create_topic_once_with_its_partitions(sessions):
     assert json.loads(s.get("/NSQMetaData/c1/Topics/orders/TopicMeta").value)["PartitionNum"] == 3
     states = t.partitions("orders")
     assert [(st.replicas.leader, st.replicas.isr) for st in states] == [
-        ("n1", ("n1", "n2")), ("n2", ("n2", "n3")), ("n3", ("n3", "n1"))]
+        ("n1", ("n1", "n2")), ("n3", ("n3", "n1")), ("n2", ("n2", "n3"))]
+    assert t.load() == {"n1": (1, 2), "n2": (1, 2), "n3": (1, 2)}
     assert all(st.leader_session is None and st.epoch > 0 for st in states)
     assert t.topics() == ["orders"]
     assert t.delete_topic("orders") == 4
@@ -45,6 +46,28 @@ def test_create_topic_once_with_its_partitions(sessions):
         t.topic_meta("orders")
     with pytest.raises(TopicNotFound):
         t.partition("orders", 0)
+
+
+def test_placement_balances_what_the_nodes_already_lead_and_hold(sessions):
+    """Topics of one partition each: their leaderships and copies go round the
+    nodes (each placed on the layout etcd holds, Topology.load), where a
+    placement blind to it put every leader on the first node."""
+    nodes = {}
+    for node_id in ("n1", "n2", "n3"):
+        t = Topology(sessions(), "c1")
+        t.register_node(NodeInfo(node_id, "127.0.0.1"))
+        nodes[node_id] = t
+    t = nodes["n1"]
+    leaders = [t.create_topic_on_live_nodes(f"t{i}", TopicMeta(partition_num=1, replica=2))[0][0]
+               for i in range(6)]
+    assert sorted(leaders) == ["n1", "n1", "n2", "n2", "n3", "n3"], leaders
+    assert t.load() == {"n1": (2, 4), "n2": (2, 4), "n3": (2, 4)}
+    # a topic of 3 partitions on top: one more leadership and two more copies each
+    placement = t.create_topic_on_live_nodes("wide", TopicMeta(partition_num=3, replica=2))
+    assert sorted(p[0] for p in placement) == ["n1", "n2", "n3"]
+    assert t.load() == {"n1": (3, 6), "n2": (3, 6), "n3": (3, 6)}
+    # an uneven layout is evened out: the nodes leading least lead the next ones
+    assert spread(["n1", "n2", "n3"], 2, 1, {"n1": (4, 4), "n2": (1, 1)}) == [["n3"], ["n2"]]
 
 
 @pytest.mark.parametrize("topic", ["a/b", "../x", "", "t#ephemeral", "x" * 65, "a b"])
