@@ -29,6 +29,7 @@ SUITES = {
     "clients": "nsqshm.bench.clients",
     "headers": "nsqshm.bench.headers",
     "logtopic": "nsqshm.bench.logtopic",
+    "ordered": "nsqshm.bench.ordered",
     "commitlog": "nsqshm.bench.commitlog",
     "replication": "nsqshm.bench.replication",
 }

@@ -187,6 +187,11 @@ class Consumer:
         return None
 
     @property
+    def partition_count(self):
+        """The log topic's partitions (0: a classic topic's channel)."""
+        return len(self._cursor_names)
+
+    @property
     def is_log(self):
         """Whether this consumes a log topic's channel (cursors per partition)."""
         return self._cursors is not None
