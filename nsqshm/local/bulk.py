@@ -180,7 +180,7 @@ class BulkConsumer:
         back (the rest stay held: LocalError if some could not)."""
         self._check()
         if self.cursors is not None:
-            self.lanes.find()  # (a lane made since the take takes its partition's)
+            self.lanes.find(force=True)  # (a lane made since the take takes its own)
         done, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
                                      cursors=self.cursors, lanes=self.lanes.by_partition())
         self.requeue_count += done
@@ -203,7 +203,7 @@ class BulkConsumer:
         if os.getpid() != self._pid:
             return
         if self.cursors is not None:
-            self.lanes.find()
+            self.lanes.find(force=True)
         left = leave(self.arena, self.ring, self.queue, timeout, self.cursors, self._subscribed,
                      lanes=self.lanes.by_partition())
         self._subscribed = False

@@ -22,12 +22,15 @@ mmap'd segments straight into flight, read_pos moved past it), after what
 the channel ring holds (put back by a REQ or a timeout); it counts itself
 among the ring's subscribers and direct subscribers, so the owners do not
 copy the partitions into the ring for it.  A partition it cannot read so
-(in an ordered lane, retention removed what the cursor would read, a seek
-holds it) it leaves to the owners, asking them to fill the ring
-(ring_wanted).  It takes the channel's lanes too (lanes.py), as a plain SUB
-does; with partition= it takes one partition's lane alone (and that
-partition's log), with ordered= the ordered lanes alone, which the owners
-fill one message at a time.  Otherwise (an ext topic, a broker in cluster mode,
+(retention removed what the cursor would read, a seek holds it) it leaves
+to the owners, asking them to fill the ring (ring_wanted).  It takes the
+channel's lanes too (lanes.py), as a plain SUB does; with partition= it
+takes one partition's lane alone (and that partition's log), with ordered=
+the ordered lanes alone.  A partition in an ordered lane has one message
+out at a time: its head is claimed from the log here, under the cursor's
+lock, once the one before it is finished (read_pos at confirmed), as the
+owner's feeder would push it into the lane (a FIN needs no round trip
+through the broker).  Otherwise (an ext topic, a broker in cluster mode,
 direct=False) the owners of its partitions feed the channel ring from their
 logs while this consumer is subscribed (the ring's subscriber count, given
 back at close or, if it dies, by the broker's recovery of its arena).  A FIN marks the message's
@@ -67,6 +70,7 @@ CLIENT = 1                      # the one client id of this consumer's table
 MAX_MSG_TIMEOUT = 15 * 60.0     # nsqd's default --max-msg-timeout caps TOUCH
 RETRY_NS = 100_000_000          # a full channel ring: retry a requeue after 0.1 s
 HELD_UNTIL_FINISHED = 2**63 - 1  # a deadline no timeout reaches (a log FIN's hold check)
+NEVER = 2**63 - 1               # the timer thread's next wake when nothing is due
 USER_AGENT = f"nsqshm.local/{__version__}"
 STATUS_TEXT = {NOT_IN_FLIGHT: "ID not in flight"}
 
@@ -117,7 +121,7 @@ class Consumer:
         self.headers = bool(headers) and self.ext
         data_path = self.broker.info.get("data_path")
         self.direct = bool(direct and self._cursor_names and data_path and not self.ext
-                           and self.broker.cluster is False and not self.ordered)
+                           and self.broker.cluster is False)
         # whether the owners must fill the channel's ring for it: not when it
         # reads the logs itself or takes its partitions' lanes alone (the owners
         # fill a lane whatever the counts)
@@ -145,6 +149,7 @@ class Consumer:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._timer = None
+        self._timer_due = -1  # when the timer thread wakes next (-1: not known; _start_timer)
         self._cursors = None
         self._subscribed = False
         self._readers = [None] * len(self._partition_dirs)  # LogReader by partition, when made
@@ -276,13 +281,13 @@ class Consumer:
             rings = [self.ring, *rings]
         return rings or [self.ring]
 
-    def _find_lanes(self):
-        """Lanes.find (the lock held); what this consumer holds of a partition
+    def _find_lanes(self, force=False):
+        """Lanes.find (the lock held; force: now, before a put-back); what this consumer holds of a partition
         that moved into an ordered lane since it last looked is dropped:
         taken before the move, it is delivered again by the lane, in order
         (as the broker's workers drop theirs: LogChannel._drop_moved; a FIN
         of one then fails as of one not in flight).  -> those partitions."""
-        moved = self._lanes.find()
+        moved = self._lanes.find(force)
         for partition in moved:
             for store in (self._inflight, self._deferred):
                 while store.drain_partition(partition, self._scratch)[0]:
@@ -328,15 +333,14 @@ class Consumer:
                 if self._cursors is not None:  # consumed without a FIN: finished
                     self._cursors.finish_records(self._inflight.expired_out)
                     del self._inflight.expired_out[:]
-                    self._lanes.nudge_ordered()
+                    self._next_ordered()
             if added:
                 self.message_count += added
                 self._publish_info()
                 tracing_on = self._tracing()
                 if tracing_on is not None:
                     tracing_on[0].delivered(out, 0, tracing_on[1])
-        if added:
-            self._start_timer()
+                self._start_timer(deadline)
         return Batch(self, out, added)
 
     def _deliver_direct(self, room, out, deadline):
@@ -380,12 +384,18 @@ class Consumer:
         lane = self._lanes.ring(index)
         cursor.lock()
         try:
-            if self._lanes.ordered(index) or self._lanes.unseen(index):
-                # an ordered lane: the owner pushes it, one at a time; a lane made a
-                # moment ago: what comes back of it must go there (the next find)
-                return 0, 0, False
+            if self._lanes.unseen(index):
+                return 0, 0, False  # a lane made a moment ago: what comes back goes there
             if (lane if lane is not None else self.ring).depth:
                 return 0, 0, False  # older records wait in the partition's ring
+            if self._lanes.ordered(index):
+                # its head, once the one before it is finished, as the owner's feeder
+                # would push it (LogChannel._claim, one_out): one message out at a time
+                if cursor.read_pos > cursor.confirmed:
+                    return 0, 0, False
+                room = 1
+            elif self.ordered:
+                return 0, 0, False  # (its ordered lane is not there: nothing in order)
             first, got, nbytes = cursor.claim_read(reader, reader.end_offset, room,
                                                    self._scratch)
             if got == CLAIM_RETENTION:
@@ -410,6 +420,16 @@ class Consumer:
 
     # -- FIN / REQ / TOUCH -------------------------------------------------------------
 
+    def _next_ordered(self):
+        """After FINs: an ordered lane's owner may push a partition's next
+        message, for the channel's other consumers: a nudge wakes its feeder
+        (Lanes.nudge_ordered).  Not when this consumer is the channel's only
+        subscriber and reads the logs itself: it claims each head itself
+        (_claim_run), and a nudge would only wake a worker for nothing (a
+        consumer that comes later is fed at its SUB: LogChannel.add_client)."""
+        if not self.direct or self.ring.subscribers > 1:
+            self._lanes.nudge_ordered()
+
     def _own(self, batch):
         if batch._pid != os.getpid() or batch.consumer is not self:
             raise LocalError("this batch was fetched by another process or consumer")
@@ -430,7 +450,7 @@ class Consumer:
             self._trace_event(tracing.FIN, msg_id)
             self.finish_count += 1
             self._publish_info()
-            self._lanes.nudge_ordered()
+            self._next_ordered()
 
     def _finish_batch(self, batch):
         self._check()
@@ -441,7 +461,7 @@ class Consumer:
                                  self._cursors, writer, stream)
             self.finish_count += done
             self._publish_info()
-            self._lanes.nudge_ordered()
+            self._next_ordered()
         return done
 
     def requeue(self, msg_id, delay=0.0):
@@ -479,8 +499,8 @@ class Consumer:
             if done:  # (the channel's requeue_count in /stats: the topic's owner adds them)
                 self.ring.count_local_requeues(done)
             self._publish_info()
-        if delay > 0 and done:
-            self._start_timer()
+            if delay > 0 and done:
+                self._start_timer(now + int(delay * 1e9))
         return done
 
     def touch(self, msg_id):
@@ -522,7 +542,7 @@ class Consumer:
         if self._cursors is not None:
             # a lane made since the delivery takes its partition's; what moved into
             # an ordered lane meanwhile goes nowhere (the lane delivers it again)
-            moved = self._find_lanes()
+            moved = self._find_lanes(force=True)
             if moved:
                 parts = split_by_partition(packed, len(self._cursor_names))
                 packed = b"".join(records for index, records in enumerate(parts)
@@ -534,7 +554,9 @@ class Consumer:
     def _push_back(self, ring, packed, now):
         view = memoryview(packed)
         _, pos = ring.push_packed(view)
-        while pos < len(view):  # (a full ring: retried from the deferred queue)
+        if pos < len(view):  # (a full ring: retried from the deferred queue)
+            self._start_timer(now + RETRY_NS)
+        while pos < len(view):
             (size,) = struct.unpack_from("=I", view, pos)
             self._deferred.push(view[pos + 4:pos + 4 + size], now + RETRY_NS)
             pos += 4 + size
@@ -572,8 +594,15 @@ class Consumer:
         times = [t for t in (self._inflight.next_deadline(), self._deferred.next_due()) if t >= 0]
         return min(times) if times else -1
 
-    def _start_timer(self):
-        if self._timer is None or not self._timer.is_alive():
+    def _start_timer(self, due_ns):
+        """The timer thread is to look at a deadline or due time `due_ns`
+        (the lock held): started, or woken unless it wakes before then
+        anyway (_timer_due, which it sets under the lock before it sleeps:
+        a wake per delivery cost the delivery a thread switch)."""
+        if self._timer is not None and self._timer.is_alive():
+            if 0 <= self._timer_due <= due_ns:
+                return
+        else:
             self._timer = threading.Thread(target=_run_timer, args=(weakref.ref(self),),
                                            name=f"nsqshm-timeouts-{self.queue}", daemon=True)
             self._timer.start()
@@ -595,7 +624,7 @@ class Consumer:
             self._timer.join(1.0)
         with self._lock:
             if self._cursors is not None:
-                self._find_lanes()  # (a lane made since the delivery takes its partition's)
+                self._find_lanes(force=True)  # (a lane made since the delivery takes its own)
             try:  # (a deferred one goes back now too)
                 left = leave(self.arena, self.ring, self.queue, timeout, self._cursors,
                              self._subscribed, not self._takes_ring, self._lanes.by_partition())
@@ -633,6 +662,7 @@ def _run_timer(ref):
         consumer.process_timeouts()
         with consumer._lock:
             due = consumer._next_due()
+            consumer._timer_due = due if due >= 0 else NEVER
         wake = consumer._wake
         del consumer
         wait = None if due < 0 else max(0.0, (due - time.monotonic_ns()) / 1e9) + 0.001

@@ -7,6 +7,7 @@ had them made; what a consumer puts back goes into its partition's lane, as
 the broker puts it back (LogChannel._put_back)."""
 
 import select
+import time
 
 from nsqshm._core.logcursor import split_by_partition
 from nsqshm._core.ring import RingError
@@ -14,6 +15,7 @@ from nsqshm.nsqd.loglane import lane_suffix
 from nsqshm.ring import Ring
 
 LANE_LOOK = 1.0  # s: a consumer of every partition, waiting, looks for new lanes this often
+LOOK_EVERY = 0.02  # s: a delivery looks for lanes at most this often (Lanes.find)
 
 
 class Lanes:
@@ -24,6 +26,7 @@ class Lanes:
         self.partitions = partitions
         self._kinds = (True,) if ordered else (True, False)
         self.changes = 0  # lanes attached or let go so far (a waiter looks again)
+        self._looked = -LOOK_EVERY  # when find last looked (monotonic s)
         # [plain, ordered] lane ring names by partition
         self._names = [[f"{prefix}.{lane_suffix(topic, channel, index, ordered)}"
                         for ordered in (False, True)] for index in range(partitions)]
@@ -33,15 +36,21 @@ class Lanes:
     def __bool__(self):
         return bool(self._held)
 
-    def find(self):
+    def find(self, force=False):
         """Attach the lanes of the partitions in scope that exist now (an
         ordered one first, as the broker looks: LogChannel._find_lanes), and
         let go of those gone (closed: a caller that armed them counts
         `changes` and looks again before it sleeps).  -> the partitions
         whose ordered lane it attached now: what the caller holds of them was
         taken before their move into it (LogChannel.use_lanes rewound them:
-        the lane delivers it all again, in order)."""
+        the lane delivers it all again, in order).  Not force: a look at most
+        every LOOK_EVERY s (a delivery's; what it may not miss is looked at
+        under the cursor's lock: unseen)."""
         moved = []
+        now = time.monotonic()
+        if not force and now - self._looked < LOOK_EVERY:
+            return moved
+        self._looked = now
         for index in self._scope:
             held = self._held.get(index)
             for ordered in self._kinds:
@@ -72,6 +81,8 @@ class Lanes:
         (a look at /dev/shm: under the cursor's lock, a lane made a moment
         ago is seen, and the partition left to it until the next find)."""
         held = self._held.get(index)
+        if held is not None and held[0]:
+            return False  # (an ordered lane is never replaced: it stays for the channel's life)
         for ordered in (True, False):
             if Ring.exists(self._names[index][ordered]):
                 return held is None or held[0] != ordered

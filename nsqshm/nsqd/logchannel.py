@@ -352,6 +352,9 @@ class LogChannel(Channel):
         direct_subscribers, so that the owners' feeders, on any worker, fill
         the ring only while some subscriber needs it (_room)."""
         super().add_client(client)
+        # an ordered lane's head may wait for a consumer here: a local ordered consumer
+        # alone before claimed each head itself and woke no feeder (Consumer._next_ordered)
+        self.next_ordered()
         if client.id in self._direct_ids:
             return
         if self._needs_no_ring(client):
@@ -667,9 +670,11 @@ class LogChannel(Channel):
         RING_FULL: the ring took none, full by bytes)."""
         if partition.log is None:
             return 0
-        ring = self._feed_ring(partition)
+        lane = self.lanes.get(partition.index)
+        ring = lane.ring if lane is not None else self.ring
         pushed, consumed = self._claim(partition, self._log_view(partition), room, scratch,
-                                       lambda records, n: ring.push_packed(records))
+                                       lambda records, n: ring.push_packed(records),
+                                       one_out=lane is not None and lane.ordered)
         if pushed == 0 and consumed is not None:
             return RING_FULL  # records read, none taken: the ring is full by bytes
         if pushed > 0:
@@ -678,7 +683,7 @@ class LogChannel(Channel):
                 ring.ring_wanted = False  # (asked again by a client that empties it and waits)
         return pushed
 
-    def _claim(self, partition, view, room, scratch, hand_off, before=None):
+    def _claim(self, partition, view, room, scratch, hand_off, before=None, one_out=False):
         """Take a partition's next run of unread, unfinished messages, as one
         step against every other reader of it (the owner's feeder, each
         worker's dispatcher), under the cursor's lock: read it
@@ -688,13 +693,18 @@ class LogChannel(Channel):
         moved on without any.  before: a ring the owner's feeder fills with
         this partition; while it holds records (claimed earlier, so older),
         nothing is read past them (they go out first, at the next round: the
-        partition's log order).  (A dispatcher's delivery does all of it in
-        C: InFlight.deliver_from_log.)"""
+        partition's log order).  one_out: an ordered lane's, one message at a
+        time: nothing while one is out (read_pos past confirmed), looked at
+        under the lock (_room looked before it: a local ordered consumer may
+        have claimed the head itself meanwhile, Consumer._claim_run).  (A
+        dispatcher's delivery does all of it in C: InFlight.deliver_from_log.)"""
         cursor = self.cursors[partition.index]
         reader, end = view
         cursor.lock()
         try:
             if before is not None and before.depth:
+                return 0, None
+            if one_out and cursor.read_pos > cursor.confirmed:
                 return 0, None
             first, n, nbytes = cursor.claim_read(reader, end, room, scratch)
             if n > 0:

@@ -16,7 +16,7 @@ import pytest
 
 from nsqshm._core.logcursor import decode_message_id
 from nsqshm.local import BulkConsumer, Consumer, LocalError
-from nsqshm.protocol import MAGIC_V2
+from nsqshm.protocol import FRAME_TYPE_MESSAGE, MAGIC_V2, FrameDecoder, fin, rdy
 from nsqshm.ring import Ring
 
 from .conftest import started, wait_for
@@ -137,7 +137,8 @@ def test_a_bulk_consumer_takes_the_lanes_and_puts_back_into_them(nsqd_factory):
         assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
 
 
-def test_an_ordered_consumer_gets_each_partition_in_log_order(nsqd_factory):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "lane"])
+def test_an_ordered_consumer_gets_each_partition_in_log_order(nsqd_factory, direct):
     """One message of each partition at a time, the next only after its FIN;
     a REQ (with a delay too) and a timeout deliver the same message again
     before anything later; every message once FIN'd, in log order."""
@@ -145,8 +146,9 @@ def test_an_ordered_consumer_gets_each_partition_in_log_order(nsqd_factory):
     create(server, "lt", 2)
     Consumer("lt", "c", shm_prefix=server.prefix).close()  # (the channel)
     with Consumer("lt", "c", shm_prefix=server.prefix, ordered=True, max_in_flight=10,
-                  msg_timeout=3.0) as c:
-        assert c.ordered and not c.direct
+                  msg_timeout=3.0, direct=direct) as c:
+        # direct: each head claimed from the log here; lane: pushed by the owner's feeder
+        assert c.ordered and c.direct == direct
         for p in range(2):
             mpub(server, "lt", [b"o%d-%02d" % (p, i) for i in range(30)], partition=p)
         first = fetch_some(c, 2)
@@ -262,6 +264,93 @@ def test_a_waiting_consumer_follows_its_lane_turned_ordered(nsqd_factory):
             nothing_more(other, 0.3)
         finally:
             other.close()
+
+
+def test_a_local_and_a_tcp_ordered_consumer_share_a_partition_one_at_a_time(nsqd_factory):
+    """The local consumer claims each head from the log itself, the owner's
+    feeder pushes it into the lane for the TCP one (LogChannel._claim,
+    one_out): whoever takes it, one message is out at a time, each once, in
+    log order."""
+    server = started(nsqd_factory())
+    create(server, "lt", 1)
+    Consumer("lt", "c", shm_prefix=server.prefix).close()  # (the channel)
+    n = 600
+    mpub(server, "lt", [b"s%03d" % i for i in range(n)])
+    lock = threading.Lock()
+    state = {"out": None, "seen": [], "overlaps": []}
+
+    def took(who, body):
+        with lock:
+            if state["out"] is not None:
+                state["overlaps"].append((state["out"], (who, body)))
+            state["out"] = (who, body)
+            state["seen"].append((who, body))
+
+    def done():
+        with lock:
+            state["out"] = None
+
+    def tcp_consumer(stop):
+        sock = socket.create_connection(("127.0.0.1", server.tcp_port), timeout=5)
+        dec = FrameDecoder()
+        sock.sendall(MAGIC_V2 + b"SUB_ORDERED lt c\n" + rdy(10))
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                data = sock.recv(1 << 16)
+            except TimeoutError:
+                continue
+            dec.feed(data)
+            for kind, frame in dec.frames():
+                if kind == FRAME_TYPE_MESSAGE:
+                    took("tcp", frame[38:])  # (after the offset and raw size: 12 B)
+                    time.sleep(0.001)
+                    done()
+                    sock.sendall(fin(frame[10:26]))
+        sock.close()
+
+    stop = threading.Event()
+    thread = threading.Thread(target=tcp_consumer, args=(stop,))
+    thread.start()
+    try:
+        with Consumer("lt", "c", shm_prefix=server.prefix, ordered=True) as c:
+            assert c.direct
+            deadline = time.monotonic() + 30
+            while len(state["seen"]) < n and time.monotonic() < deadline:
+                for m in c.fetch(10, timeout=0.05):
+                    took("local", bytes(m.body))
+                    time.sleep(0.001)
+                    done()
+                    m.finish()
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not state["overlaps"], state["overlaps"][:5]
+    assert [body for _, body in state["seen"]] == [b"s%03d" % i for i in range(n)]
+    whom = {who for who, _ in state["seen"]}
+    assert whom == {"local", "tcp"}, whom  # (both took some: the race was run)
+    assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+
+
+def test_a_tcp_consumer_that_comes_later_gets_the_next_head(nsqd_factory):
+    """A local ordered consumer alone on the channel claims each head itself
+    and nudges no feeder; a TCP SUB_ORDERED consumer that comes later is fed
+    at its SUB: it gets the next message while the local one sits idle."""
+    server = started(nsqd_factory())
+    create(server, "lt", 1)
+    Consumer("lt", "c", shm_prefix=server.prefix).close()  # (the channel)
+    mpub(server, "lt", [b"h%02d" % i for i in range(10)])
+    with Consumer("lt", "c", shm_prefix=server.prefix, ordered=True) as c:
+        assert ordered_run(c, 5) == [b"h%02d" % i for i in range(5)]
+        with socket.create_connection(("127.0.0.1", server.tcp_port), timeout=5) as tcp:
+            tcp.sendall(MAGIC_V2 + b"SUB_ORDERED lt c\n" + rdy(10))
+            dec = FrameDecoder()
+            got = []
+            deadline = time.monotonic() + 5
+            while not got and time.monotonic() < deadline:
+                dec.feed(tcp.recv(1 << 16))
+                got += [frame[38:] for kind, frame in dec.frames() if kind == FRAME_TYPE_MESSAGE]
+            assert got == [b"h05"]
 
 
 def test_an_ordered_consumer_of_an_ordered_topic_and_one_partition(nsqd_factory):
