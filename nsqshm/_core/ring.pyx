@@ -1106,6 +1106,17 @@ cdef class Ring:
         self._check()
         return nsqshm_load_acquire(&self.hdr.local_timeouts)
 
+    def bump_lanes_version(self):
+        """A log channel's partition got a lane, or its lane turned ordered
+        (LogChannel.use_lanes, before the move)."""
+        self._check()
+        nsqshm_fetch_add(&self.hdr.lanes_version, 1)
+
+    @property
+    def lanes_version(self):
+        self._check()
+        return nsqshm_load_acquire(&self.hdr.lanes_version)
+
     def set_local_waker(self, waker):
         """waker(for_space) is called, instead of a write to this handle's
         FIFO, when a push (or, for_space, a pop) through this same handle

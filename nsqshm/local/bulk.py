@@ -57,7 +57,7 @@ class BulkConsumer:
             label = BULK_LABEL
         self.ring = self.broker.attach(self.broker.channel_ring_name(topic, channel))
         # the channel's lanes, every one (a plain SUB's rings: the channel's and the lanes)
-        self.lanes = Lanes(self.broker.prefix, topic, channel,
+        self.lanes = Lanes(self.ring, self.broker.prefix, topic, channel,
                            len(self.cursors) if self.cursors is not None else 0)
         self.arena = Arena.create(arenas.local_name(self.broker.prefix), size=arena_size,
                                   max_queues=4, label=label)
@@ -180,7 +180,7 @@ class BulkConsumer:
         back (the rest stay held: LocalError if some could not)."""
         self._check()
         if self.cursors is not None:
-            self.lanes.find(force=True)  # (a lane made since the take takes its own)
+            self.lanes.find()  # (a lane made since the take takes its own)
         done, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
                                      cursors=self.cursors, lanes=self.lanes.by_partition())
         self.requeue_count += done
@@ -203,7 +203,7 @@ class BulkConsumer:
         if os.getpid() != self._pid:
             return
         if self.cursors is not None:
-            self.lanes.find(force=True)
+            self.lanes.find()
         left = leave(self.arena, self.ring, self.queue, timeout, self.cursors, self._subscribed,
                      lanes=self.lanes.by_partition())
         self._subscribed = False

@@ -150,10 +150,11 @@ class Consumer:
         self._wake = threading.Event()
         self._timer = None
         self._timer_due = -1  # when the timer thread wakes next (-1: not known; _start_timer)
+        self._waiting = 0  # fetch calls asleep (threads): _next_ordered wakes them
         self._cursors = None
         self._subscribed = False
         self._readers = [None] * len(self._partition_dirs)  # LogReader by partition, when made
-        self._lanes = Lanes(self.broker.prefix, self.topic, self.channel,
+        self._lanes = Lanes(self.ring, self.broker.prefix, self.topic, self.channel,
                             len(self._cursor_names), self.partition, self.ordered)
         self._turn = 0  # the partition the next direct read starts at
         self.message_count = self.finish_count = self.requeue_count = self.timeout_count = 0
@@ -268,7 +269,11 @@ class Consumer:
                 # consumer) is found at the next look
                 cap = 0.1 if paused else LANE_LOOK if self._cursors is not None \
                     and self.partition is None and not self.ordered else remaining
-                sleep_on(rings, min(remaining, cap))
+                self._waiting += 1
+                try:
+                    sleep_on(rings, min(remaining, cap))
+                finally:
+                    self._waiting -= 1
             finally:
                 disarm(rings)
 
@@ -281,19 +286,28 @@ class Consumer:
             rings = [self.ring, *rings]
         return rings or [self.ring]
 
-    def _find_lanes(self, force=False):
-        """Lanes.find (the lock held; force: now, before a put-back); what this consumer holds of a partition
+    def _find_lanes(self):
+        """Lanes.find (the lock held); what this consumer holds of a partition
         that moved into an ordered lane since it last looked is dropped:
         taken before the move, it is delivered again by the lane, in order
         (as the broker's workers drop theirs: LogChannel._drop_moved; a FIN
         of one then fails as of one not in flight).  -> those partitions."""
-        moved = self._lanes.find(force)
+        moved = self._lanes.find()
         for partition in moved:
             for store in (self._inflight, self._deferred):
                 while store.drain_partition(partition, self._scratch)[0]:
                     pass
                 store.release()
         return moved
+
+    def _drop_moved(self):
+        """Before FINs: the copies this consumer holds of a partition that
+        moved into an ordered lane go first (_find_lanes), or their FINs
+        would mark finished the head the lane gave another consumer, and the
+        next would go out beside it.  (One load of the ring's lanes_version
+        when nothing changed.)"""
+        if self._lanes.stale():
+            self._find_lanes()
 
     def _sources(self):
         """The rings this consumer takes from, in this order: its
@@ -429,6 +443,8 @@ class Consumer:
         consumer that comes later is fed at its SUB: LogChannel.add_client)."""
         if not self.direct or self.ring.subscribers > 1:
             self._lanes.nudge_ordered()
+        elif self._waiting:  # (a fetch waiting in another thread: its next head is claimable)
+            self.ring.wake_consumers()
 
     def _own(self, batch):
         if batch._pid != os.getpid() or batch.consumer is not self:
@@ -438,6 +454,7 @@ class Consumer:
         self._check()
         with self._lock:
             if self._cursors is not None:
+                self._drop_moved()
                 # the cursor first, once the message is known to be held here
                 # (touch checks it): a death in between delivers it again
                 status = self._inflight.touch(msg_id, CLIENT, HELD_UNTIL_FINISHED)
@@ -456,6 +473,8 @@ class Consumer:
         self._check()
         self._own(batch)
         with self._lock:
+            if self._cursors is not None:
+                self._drop_moved()
             writer, stream = self._tracing() or (None, 0)
             done = finish_frames(self._inflight, batch._frames, batch._starts, len(batch), CLIENT,
                                  self._cursors, writer, stream)
@@ -519,8 +538,10 @@ class Consumer:
                 if first < 0:
                     continue
                 cap = first - timeout_ns + int(MAX_MSG_TIMEOUT * 1e9)
-                if self._inflight.touch(key, CLIENT, min(now + timeout_ns, cap)) == 0:
+                deadline = min(now + timeout_ns, cap)
+                if self._inflight.touch(key, CLIENT, deadline) == 0:
                     self._trace_event(tracing.TOUCH, key)
+                    self._start_timer(deadline)  # (the cap may bring it forward)
                     done += 1
         return done
 
@@ -542,7 +563,7 @@ class Consumer:
         if self._cursors is not None:
             # a lane made since the delivery takes its partition's; what moved into
             # an ordered lane meanwhile goes nowhere (the lane delivers it again)
-            moved = self._find_lanes(force=True)
+            moved = self._find_lanes()
             if moved:
                 parts = split_by_partition(packed, len(self._cursor_names))
                 packed = b"".join(records for index, records in enumerate(parts)
@@ -624,7 +645,7 @@ class Consumer:
             self._timer.join(1.0)
         with self._lock:
             if self._cursors is not None:
-                self._find_lanes(force=True)  # (a lane made since the delivery takes its own)
+                self._find_lanes()  # (a lane made since the delivery takes its own)
             try:  # (a deferred one goes back now too)
                 left = leave(self.arena, self.ring, self.queue, timeout, self._cursors,
                              self._subscribed, not self._takes_ring, self._lanes.by_partition())

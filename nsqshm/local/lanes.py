@@ -7,7 +7,6 @@ had them made; what a consumer puts back goes into its partition's lane, as
 the broker puts it back (LogChannel._put_back)."""
 
 import select
-import time
 
 from nsqshm._core.logcursor import split_by_partition
 from nsqshm._core.ring import RingError
@@ -15,18 +14,19 @@ from nsqshm.nsqd.loglane import lane_suffix
 from nsqshm.ring import Ring
 
 LANE_LOOK = 1.0  # s: a consumer of every partition, waiting, looks for new lanes this often
-LOOK_EVERY = 0.02  # s: a delivery looks for lanes at most this often (Lanes.find)
 
 
 class Lanes:
-    def __init__(self, prefix, topic, channel, partitions, only=None, ordered=False):
-        """partitions: how many the topic has; only: the one partition whose
-        lane is wanted (None: every partition's); ordered: ordered lanes
-        alone (an ordered consumer never takes a plain lane)."""
+    def __init__(self, ring, prefix, topic, channel, partitions, only=None, ordered=False):
+        """ring: the channel's (its header counts the changes to its lanes:
+        lanes_version); partitions: how many the topic has; only: the one
+        partition whose lane is wanted (None: every partition's); ordered:
+        ordered lanes alone (an ordered consumer never takes a plain lane)."""
+        self._ring = ring
         self.partitions = partitions
         self._kinds = (True,) if ordered else (True, False)
         self.changes = 0  # lanes attached or let go so far (a waiter looks again)
-        self._looked = -LOOK_EVERY  # when find last looked (monotonic s)
+        self._seen = -1  # the lanes_version find last looked at
         # [plain, ordered] lane ring names by partition
         self._names = [[f"{prefix}.{lane_suffix(topic, channel, index, ordered)}"
                         for ordered in (False, True)] for index in range(partitions)]
@@ -36,21 +36,25 @@ class Lanes:
     def __bool__(self):
         return bool(self._held)
 
-    def find(self, force=False):
+    def stale(self):
+        """Whether the channel's lanes changed since find last looked."""
+        return self._ring.lanes_version != self._seen
+
+    def find(self):
         """Attach the lanes of the partitions in scope that exist now (an
         ordered one first, as the broker looks: LogChannel._find_lanes), and
         let go of those gone (closed: a caller that armed them counts
         `changes` and looks again before it sleeps).  -> the partitions
         whose ordered lane it attached now: what the caller holds of them was
         taken before their move into it (LogChannel.use_lanes rewound them:
-        the lane delivers it all again, in order).  Not force: a look at most
-        every LOOK_EVERY s (a delivery's; what it may not miss is looked at
-        under the cursor's lock: unseen)."""
+        the lane delivers it all again, in order).  It looks in /dev/shm only
+        when the channel's lanes_version moved (LogChannel.use_lanes bumps it
+        after it made a lane, before the move)."""
         moved = []
-        now = time.monotonic()
-        if not force and now - self._looked < LOOK_EVERY:
+        version = self._ring.lanes_version
+        if version == self._seen:
             return moved
-        self._looked = now
+        self._seen = version  # (first: a change while it looks is looked at next time)
         for index in self._scope:
             held = self._held.get(index)
             for ordered in self._kinds:
@@ -77,16 +81,14 @@ class Lanes:
         return moved
 
     def unseen(self, index):
-        """Whether the partition has a lane now that is not the one attached
-        (a look at /dev/shm: under the cursor's lock, a lane made a moment
-        ago is seen, and the partition left to it until the next find)."""
+        """Whether the partition may have a lane that is not the one attached:
+        the channel's lanes changed since find looked (under the cursor's lock,
+        a lane whose move is under way is seen, and the partition left to it
+        until the next find)."""
         held = self._held.get(index)
         if held is not None and held[0]:
             return False  # (an ordered lane is never replaced: it stays for the channel's life)
-        for ordered in (True, False):
-            if Ring.exists(self._names[index][ordered]):
-                return held is None or held[0] != ordered
-        return False
+        return self.stale()
 
     def ordered(self, index):
         held = self._held.get(index)

@@ -179,6 +179,9 @@ class LogChannel(Channel):
             return
         for index in todo:
             self.nsqd.make_ring(lane_suffix(self.topic.name, self.name, index, ordered)).close()
+        # before the move: a local consumer that sees it looks again (nsqshm/local/lanes.py),
+        # and drops what it holds of a partition now ordered
+        self.ring.bump_lanes_version()
         self._move([(self.topic.partitions[i], None) for i in todo])
         if ordered:  # every worker now delivers from the ordered lane: the old one goes
             for index in todo:
@@ -513,8 +516,10 @@ class LogChannel(Channel):
     def records_gone(self, packed):
         """Packed records that left the channel without a FIN (expired, or
         moved to the dead-letter topic at max attempts: policy.dead_letter):
-        finished in their cursors, in one C loop."""
+        finished in their cursors, in one C loop; an ordered lane's head may
+        have gone so (its owner's feeder pushes the next)."""
         self.cursors.finish_records(packed)
+        self.next_ordered()
 
     def _direct(self, client):
         """The partitions this worker owns that the client takes straight
@@ -847,9 +852,13 @@ class LogChannel(Channel):
                                f"{partition.index}: messages {cursor.confirmed}..{start - 1} "
                                f"were removed by retention before they were finished; "
                                f"moving to {start}")
-        pushed = cursor.read_pos
-        cursor.set(start)
-        cursor.read_pos = max(pushed, start)  # what the ring holds is delivered, not pushed again
+        cursor.lock()  # (nests: one step, against a local consumer's claim between them)
+        try:
+            pushed = cursor.read_pos
+            cursor.set(start)
+            cursor.read_pos = max(pushed, start)  # what the ring holds is delivered, not again
+        finally:
+            cursor.unlock()
         self.retention_moves += 1
         self.feed_wake()
 

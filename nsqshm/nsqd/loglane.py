@@ -20,7 +20,10 @@ Its kind is in its ring's name, so every worker finds it by looking:
 
 (':' is in no topic or channel name, so a lane never meets a channel's
 ring.)  A lane stays for the channel's life: a consumer leaving does not
-move its partition back to the shared ring.
+move its partition back to the shared ring.  Each new lane, and a lane
+turned ordered, bumps the channel ring's lanes_version (in its header)
+before the move, so that local consumers (nsqshm/local/lanes.py) look for
+lanes again only then.
 """
 
 from nsqshm.nsqd.waiting import RingWaker

@@ -68,6 +68,10 @@ def test_placement_balances_what_the_nodes_already_lead_and_hold(sessions):
     assert t.load() == {"n1": (3, 6), "n2": (3, 6), "n3": (3, 6)}
     # an uneven layout is evened out: the nodes leading least lead the next ones
     assert spread(["n1", "n2", "n3"], 2, 1, {"n1": (4, 4), "n2": (1, 1)}) == [["n3"], ["n2"]]
+    # a topic's own partitions first: a node that joins empty takes its share of a new
+    # topic's leaderships, not all of them
+    placed = spread(["n1", "n2", "n3", "n4"], 8, 2, {n: (10, 20) for n in ("n1", "n2", "n3")})
+    assert sorted(p[0] for p in placed) == ["n1", "n1", "n2", "n2", "n3", "n3", "n4", "n4"]
 
 
 @pytest.mark.parametrize("topic", ["a/b", "../x", "", "t#ephemeral", "x" * 65, "a b"])

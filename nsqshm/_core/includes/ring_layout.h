@@ -57,6 +57,10 @@
  *     1032     8  local_timeouts  and timed out, atomically; the topic's owner adds
  *                                them to the channel's requeue_count and timeout_count
  *                                (0 in a segment made before them: the bytes were zero)
+ *     1040     8  lanes_version  a log channel's ring: bumped whenever a partition gets a
+ *                                lane or its lane turns ordered (LogChannel.use_lanes),
+ *                                before the move; local consumers look for lanes again
+ *                                only when it changed (nsqshm/local/lanes.py)
  *     4096   cap  data           records
  *
  * A record in the data area, at an 8-byte aligned offset:
@@ -151,6 +155,8 @@ typedef struct {
        (nsqshm.local), which the topic's owner adds to the channel's counts */
     uint64_t local_requeues;
     uint64_t local_timeouts;
+    /* 1040: a log channel's lanes changed (LogChannel.use_lanes) */
+    uint64_t lanes_version;
 } nsqshm_ring_header;
 
 _Static_assert(sizeof(pthread_mutex_t) <= 64, "pthread_mutex_t must fit a cache line");
@@ -165,6 +171,7 @@ _Static_assert(offsetof(nsqshm_ring_header, subscribers) == 472, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, direct_subscribers) == 496, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, waiters) == 512, "layout");
 _Static_assert(offsetof(nsqshm_ring_header, local_requeues) == 1024, "layout");
+_Static_assert(offsetof(nsqshm_ring_header, lanes_version) == 1040, "layout");
 _Static_assert(sizeof(nsqshm_ring_header) <= NSQSHM_RING_HEADER_SIZE, "header fits");
 
 /* Atomics.  Release stores keep program order for the crash journal too: a

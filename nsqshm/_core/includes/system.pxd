@@ -145,6 +145,7 @@ cdef extern from "ring_layout.h" nogil:
         uint64_t waiters[64]
         uint64_t local_requeues
         uint64_t local_timeouts
+        uint64_t lanes_version
 
     uint64_t nsqshm_load_acquire(const uint64_t *p)
     uint32_t nsqshm_flags_load(const uint32_t *p)
