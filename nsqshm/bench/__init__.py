@@ -10,6 +10,7 @@ One module per suite.  A suite module has
     render(result) -> list  markdown lines for bench/RESULTS.md
     targets(result) -> list optional: (issue, figure, target, measured, met) rows
     SERVER = False          optional: the suite starts no broker (RESULTS.md says so)
+    ONE_SERVER = True       optional: it starts one broker for all its runs
 
 so a later suite (the workers mode, local shared-memory clients, Spark) is
 filled in by editing its module only.

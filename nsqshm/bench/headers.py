@@ -30,6 +30,7 @@ from nsqshm import protocol as p
 from .common import medians
 from .server import mem_queue_size, start_nsqshm
 
+ONE_SERVER = True  # one broker for every run (the cases take turns on it)
 TITLE, ISSUE = "Message headers: 100 B of headers against none; a filter (issue 16)", "16"
 HELP = ("throughput with 100 B of Youzan ext headers, stripped, filtered, traced, against plain "
         "(issue 16)")

@@ -69,8 +69,12 @@ def build_parser():
     return ap, parsers
 
 
-def describe_server(args):
+def describe_server(args, module=None):
+    """The server line of a suite's results; ONE_SERVER: a suite that starts one
+    broker for all its runs."""
     if not args.nsqd_tcp_address:
+        if getattr(module, "ONE_SERVER", False):
+            return {"kind": "nsqshm start, one for all the runs (127.0.0.1, temp dir)"}
         return {"kind": "nsqshm start, a fresh one per run (127.0.0.1, temp dir)"}
     info = {"kind": "external", "tcp": args.nsqd_tcp_address}
     if args.nsqd_http_address:
@@ -100,7 +104,8 @@ def run_suite(name, args, progress, command, json_stdout):
         started["busy_before_runs"] = {"median": median(ctx.busy), "max": max(ctx.busy),
                                        "runs": len(ctx.busy)}
     res = {"suite": name, "command": command, "machine": started, "quick": ctx.quick,
-           "server": describe_server(args) if getattr(module, "SERVER", True) else NO_SERVER,
+           "server": describe_server(args, module) if getattr(module, "SERVER", True)
+           else NO_SERVER,
            **res, "seconds": round(time.monotonic() - t0, 1),
            "loadavg_after": os.getloadavg()[0]}
     if "skipped" in res:

@@ -27,6 +27,7 @@ from nsqshm import protocol as p
 from .common import median, medians
 from .server import mem_queue_size, start_nsqshm, wait_local
 
+ONE_SERVER = True  # one broker for every run (the cases take turns on it)
 TITLE, ISSUE = "Ordered consumption: local against SUB_ORDERED (issue 15)", "15"
 HELP = "ordered consumption of a log topic, nsqshm.local against TCP SUB_ORDERED (issue 15)"
 CASES = ("local", "tcp", "plain")
