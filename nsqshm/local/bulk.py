@@ -28,6 +28,7 @@ import time
 from nsqshm import __version__
 from nsqshm._core.arena import Arena
 from nsqshm._core.localbatch import Columns, arena_finish_logged, arena_reset
+from nsqshm._core.logcursor import decode_message_id
 from nsqshm.local import arenas
 from nsqshm.local.broker import Broker, LocalError, check_name
 from nsqshm.local.lanes import LANE_LOOK, Lanes, disarm, sleep_on
@@ -138,8 +139,7 @@ class BulkConsumer:
             self.ring.nudge()
         due = time.time_ns()  # no timeout: the due time only records when it was taken
         n = 0
-        if self.cursors is not None:
-            self.lanes.find()
+        self._drop_moved()
         start = self.columns.nbytes
         for ring in (self.ring, *self.lanes.rings()):
             if n >= max_messages or self.columns.nbytes - start >= max_bytes:
@@ -151,6 +151,26 @@ class BulkConsumer:
             self.message_count += n
             self.arena.set_client_info(message_count=self.message_count, in_flight=self.held)
         return n
+
+    def _drop_moved(self):
+        """What it holds of a partition that moved into an ordered lane since
+        it took it goes, unfinished (the lane delivers it again, in order),
+        before a finish would mark it (finished past the head the lane gave
+        another consumer) or a requeue put it back: as a Consumer drops its
+        copies (_find_lanes).  A Python step per message held, on that rare
+        path only (the ring's lanes_version moved).  -> how many."""
+        if self.cursors is None or not self.lanes.stale():
+            return 0
+        moved = set(self.lanes.find())
+        dropped = 0
+        if moved:
+            for offset, _queue, _state, _due, msg in self.arena.blocks():
+                where = decode_message_id(msg[10:26])  # [8 timestamp][2 attempts][16 ID]
+                if where is not None and where[0] in moved:
+                    self.arena.release(offset)
+                    dropped += 1
+            self.held -= dropped
+        return dropped
 
     def export(self):
         """The messages taken since the last export, as a RecordBatch."""
@@ -167,6 +187,7 @@ class BulkConsumer:
         """FIN every message held; returns how many."""
         self._check()
         if self.cursors is not None:  # the cursors first: a death before the reset repeats
+            self._drop_moved()
             arena_finish_logged(self.arena, self.cursors)
         n = arena_reset(self.arena)
         self.finish_count += n
@@ -179,8 +200,7 @@ class BulkConsumer:
         """Put every message held back into the channel; returns how many went
         back (the rest stay held: LocalError if some could not)."""
         self._check()
-        if self.cursors is not None:
-            self.lanes.find()  # (a lane made since the take takes its own)
+        self._drop_moved()  # (and a lane made since the take takes its own)
         done, left = arenas.put_back(self.arena, self.ring, self.queue, timeout=timeout,
                                      cursors=self.cursors, lanes=self.lanes.by_partition())
         self.requeue_count += done
@@ -202,8 +222,7 @@ class BulkConsumer:
         self.closed = True
         if os.getpid() != self._pid:
             return
-        if self.cursors is not None:
-            self.lanes.find()
+        self._drop_moved()
         left = leave(self.arena, self.ring, self.queue, timeout, self.cursors, self._subscribed,
                      lanes=self.lanes.by_partition())
         self._subscribed = False

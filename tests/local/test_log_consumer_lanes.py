@@ -237,6 +237,25 @@ def test_copies_taken_before_a_move_into_an_ordered_lane_are_dropped(nsqd_factor
         plain.close()
 
 
+def test_a_bulk_consumer_drops_its_copies_when_a_partition_turns_ordered(nsqd_factory):
+    """A BulkConsumer holds a lot of a partition when an ordered consumer moves it
+    into an ordered lane: its finish marks none of them (they are dropped: the
+    lane delivers them again), so the head stays the ordered consumer's alone."""
+    server = started(nsqd_factory())
+    create(server, "lt", 1)
+    with BulkConsumer("lt", "c", shm_prefix=server.prefix) as bulk:
+        mpub(server, "lt", [b"m%02d" % i for i in range(10)])
+        assert len(take_bodies(bulk, 10)) == 10
+        with Consumer("lt", "c", shm_prefix=server.prefix, ordered=True) as ordered:
+            first = fetch_some(ordered, 1)
+            assert [bytes(m.body) for m in first] == [b"m00"]
+            assert bulk.finish() == 0  # (all ten dropped, none marked finished)
+            nothing_more(ordered, 0.3)  # the head is still out
+            first[0].finish()
+            assert ordered_run(ordered, 9) == [b"m%02d" % i for i in range(1, 10)]
+            assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+
+
 def test_a_waiting_consumer_follows_its_lane_turned_ordered(nsqd_factory):
     """A partition consumer waits in fetch() while another consumer turns its
     partition's lane ordered: the wait goes on over the new lane (the lane it
