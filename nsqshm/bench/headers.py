@@ -28,7 +28,7 @@ import uuid
 from nsqshm import protocol as p
 
 from .common import medians
-from .server import mem_queue_size, start_nsqshm
+from .server import mem_queue_size, post, start_nsqshm
 
 ONE_SERVER = True  # one broker for every run (the cases take turns on it)
 TITLE, ISSUE = "Message headers: 100 B of headers against none; a filter (issue 16)", "16"
@@ -43,13 +43,6 @@ HEADERS = 100
 
 def add_arguments(ap):
     ap.add_argument("--messages", type=int, default=200_000)
-
-
-def _post(target, path):
-    host, port = target.http
-    req = urllib.request.Request(f"http://{host}:{port}{path}", data=b"", method="POST")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return resp.read()
 
 
 def _headers(i):
@@ -161,10 +154,10 @@ def _trace_of(target, topic, msg_id):
 def _round(target, case, n):
     topic = f"hb{uuid.uuid4().hex[:8]}"
     ext = "" if case in PLAIN else "&ext=true"
-    _post(target, f"/topic/create?topic={topic}{ext}")
-    _post(target, f"/channel/create?topic={topic}&channel=ch0")
+    post(target, f"/topic/create?topic={topic}{ext}")
+    post(target, f"/channel/create?topic={topic}&channel=ch0")
     if case == "traced":
-        _post(target, f"/message/trace/enable?topic={topic}")
+        post(target, f"/message/trace/enable?topic={topic}")
     try:
         s0 = target.cpu_seconds()
         res = {"in_msgs_per_s": _publish(target, topic, case, n)}
@@ -178,7 +171,7 @@ def _round(target, case, n):
             res["server_cpu_us_per_msg_out"] = (s2 - s1) / n * 1e6
         return res
     finally:
-        _post(target, f"/topic/delete?topic={topic}")
+        post(target, f"/topic/delete?topic={topic}")
 
 
 def run(ctx):

@@ -19,13 +19,12 @@ other way to consume in order) in the same run.
 
 import socket
 import time
-import urllib.request
 import uuid
 
 from nsqshm import protocol as p
 
 from .common import median, medians
-from .server import mem_queue_size, start_nsqshm, wait_local
+from .server import mem_queue_size, post, start_nsqshm, wait_local
 
 ONE_SERVER = True  # one broker for every run (the cases take turns on it)
 TITLE, ISSUE = "Ordered consumption: local against SUB_ORDERED (issue 15)", "15"
@@ -41,23 +40,16 @@ def add_arguments(ap):
     ap.add_argument("--workers", type=int, default=2, help="the broker's workers")
 
 
-def _post(target, path, data=b""):
-    host, port = target.http
-    req = urllib.request.Request(f"http://{host}:{port}{path}", data=data, method="POST")
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return resp.read()
-
-
 def _log(target, partitions, n):
     """A new log topic holding n messages, spread over its partitions (its
     first channel starts at the log start)."""
     topic = f"bo{uuid.uuid4().hex[:8]}"
-    _post(target, f"/topic/create?topic={topic}&partition_num={partitions}")
+    post(target, f"/topic/create?topic={topic}&partition_num={partitions}")
     per = n // partitions
     for part in range(partitions):
         for first in range(0, per, BATCH):
             bodies = [b"%0*d" % (BODY, first + k) for k in range(min(BATCH, per - first))]
-            _post(target, f"/mpub?topic={topic}&partition={part}", b"\n".join(bodies))
+            post(target, f"/mpub?topic={topic}&partition={part}", b"\n".join(bodies))
     return topic, per * partitions
 
 
@@ -123,7 +115,7 @@ def _round(target, case, partitions, n):
             res["server_cpu_us_per_msg"] = (s1 - s0) / n * 1e6
         return res
     finally:
-        _post(target, f"/topic/delete?topic={topic}")
+        post(target, f"/topic/delete?topic={topic}")
 
 
 def run(ctx):

@@ -19,12 +19,11 @@ costs deliver() one bit test per message.
 """
 
 import contextlib
-import urllib.request
 import uuid
 
 from . import loadgen
 from .common import medians
-from .server import mem_queue_size, start_nsqshm
+from .server import mem_queue_size, post, start_nsqshm
 from .tcp import spec_for
 
 TITLE, ISSUE = "Delivery policies configured, not triggered (issue 18)", "18"
@@ -39,22 +38,15 @@ def add_arguments(ap):
     loadgen.add_load_arguments(ap, messages=300_000)
 
 
-def _post(target, path):
-    host, port = target.http
-    req = urllib.request.Request(f"http://{host}:{port}{path}", data=b"", method="POST")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return resp.read()
-
-
 def prepare(target, case):
     """A fresh topic with channel ch0, with every policy set for "policies"."""
     topic = f"bench{uuid.uuid4().hex[:8]}"
-    _post(target, f"/topic/create?topic={topic}")
-    _post(target, f"/channel/create?topic={topic}&channel=ch0")
+    post(target, f"/topic/create?topic={topic}")
+    post(target, f"/channel/create?topic={topic}&channel=ch0")
     if case == "policies":
-        _post(target, f"/topic/policy?topic={topic}&ttl=3600000&max_depth={NEVER_FULL}"
+        post(target, f"/topic/policy?topic={topic}&ttl=3600000&max_depth={NEVER_FULL}"
                       f"&max_bytes={NEVER_FULL_BYTES}")
-        _post(target, f"/channel/policy?topic={topic}&channel=ch0&ttl=3600000&max_attempts=5"
+        post(target, f"/channel/policy?topic={topic}&channel=ch0&ttl=3600000&max_attempts=5"
                       f"&dead_letter_expired=true&max_depth={NEVER_FULL}"
                       f"&max_bytes={NEVER_FULL_BYTES}&overflow=drop-oldest")
     return topic
@@ -64,7 +56,7 @@ def drop(target, topic):
     """Free a round's rings (a started server keeps its topics otherwise)."""
     for name in (topic, f"{topic}.ch0.dead"):
         with contextlib.suppress(OSError):
-            _post(target, f"/topic/delete?topic={name}")
+            post(target, f"/topic/delete?topic={name}")
 
 
 def run(ctx):

@@ -225,6 +225,14 @@ def _start(extra, timeout, tree=None):
     return target
 
 
+def post(target, path, data=b"", timeout=30):
+    """POST to the target's HTTP API; the answer's body."""
+    host, port = target.http
+    req = urllib.request.Request(f"http://{host}:{port}{path}", data=data, method="POST")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.read()
+
+
 def wait_local(target, timeout=10):
     """Until the broker's instance file is in /dev/shm: how local clients
     (nsqshm.local) find it; it may come a moment after the listen lines."""

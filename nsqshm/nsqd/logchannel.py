@@ -677,9 +677,10 @@ class LogChannel(Channel):
             return 0
         lane = self.lanes.get(partition.index)
         ring = lane.ring if lane is not None else self.ring
+        ordered = lane is not None and lane.ordered  # (its head alone, into an empty lane)
         pushed, consumed = self._claim(partition, self._log_view(partition), room, scratch,
                                        lambda records, n: ring.push_packed(records),
-                                       one_out=lane is not None and lane.ordered)
+                                       before=ring if ordered else None, one_out=ordered)
         if pushed == 0 and consumed is not None:
             return RING_FULL  # records read, none taken: the ring is full by bytes
         if pushed > 0:
