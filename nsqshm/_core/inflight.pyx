@@ -964,7 +964,7 @@ cdef class InFlight(MessageStore):
     def deliver_from_log(self, Cursor cursor not None, LogReader reader not None,
                          uint64_t end, Ring before, Py_ssize_t room, bytearray scratch not None,
                          bytearray out not None, uint64_t client_id, int64_t deadline_ns,
-                         int detail=-1, bint detail_log=False):
+                         int detail=-1, bint detail_log=False, bint one_out=False):
         """A log channel's delivery of one partition to one client straight
         from the log (LogChannel._deliver_direct), as one claim under the
         cursor's lock against every other reader of the partition: the next
@@ -972,15 +972,20 @@ cdef class InFlight(MessageStore):
         into `scratch` (LogReader.read_into), framed and put in flight
         (deliver), read_pos moved past them.  `before`: the ring the owner's
         feeder fills with the partition; while it holds records (claimed
-        earlier), nothing is read past them.
+        earlier), nothing is read past them.  one_out: an ordered lane's
+        (SUB_ORDERED), one message out at a time: nothing while one is
+        (read_pos past confirmed), looked at under the lock.
 
         Returns (n, added, at): n > 0 went out, from msg offset `at` (added:
         put in flight); else as Cursor.claim_read's n and first (0 with at 0
         too while `before` holds records)."""
         cdef Py_ssize_t got, added
+        cdef bint held
         cursor._lock()
         try:
             if before is not None and before.depth:
+                return 0, 0, 0
+            if one_out and cursor._read_at(&held) > cursor.h.confirmed:
                 return 0, 0, 0
             first, got, nbytes = cursor._claim_read(reader, end, room, scratch)
             if got <= 0:

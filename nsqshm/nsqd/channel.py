@@ -245,7 +245,12 @@ class Channel:
         if parser.scan_by >= 0:
             self.nsqd.schedule_scan(parser.scan_by)
         if finished or requeued:
-            self.wake()
+            self.room_freed(client, requeued)
+
+    def room_freed(self, client, requeued):
+        """A client's FINs or REQs (C parser) left it room for more: a round
+        of the dispatcher."""
+        self.wake()
 
     def requeue(self, client, msg_id, delay):
         msg = self.inflight.requeue(msg_id, client.id)

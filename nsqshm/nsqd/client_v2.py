@@ -175,6 +175,14 @@ class ClientV2:
     def queue_response(self, data):
         self.queue_frame(FRAME_TYPE_RESPONSE, data)
 
+    def send_now(self):
+        """Send what is buffered from the calling greenlet, the client's own
+        reader (an ordered channel's next message, which its FIN let go:
+        LogChannel._deliver_ordered), without waking the writer, unless the
+        writer is sending (then it sends this too)."""
+        self._urgent = True
+        self.flush_pending()
+
     def flush_pending(self):
         """Send what is buffered from the reader if a response or error is
         among it (held messages wait for their timer), unless the writer is

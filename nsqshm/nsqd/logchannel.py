@@ -214,21 +214,79 @@ class LogChannel(Channel):
         an ordered lane's owner may push the next message."""
         super().commands_applied(client, parser)
         if parser.finished:
-            self.next_ordered()
+            self.next_ordered(client)
 
-    def next_ordered(self):
-        """A FIN may let an ordered lane's owner push the next message: wake
-        it (here: the feeder; on another worker: a nudge, as a pop wakes it).
-        Also after a dead local consumer's recovery (recovery.recover_arena:
-        it may have died between its FIN and its nudge)."""
+    def room_freed(self, client, requeued):
+        """As Channel's, but no round for a client that takes ordered lanes
+        alone, after FINs: their next messages go out from here
+        (next_ordered, after this), and a round would find nothing more."""
+        if requeued or not self._ordered_only(client):
+            self.wake()
+
+    def _ordered_only(self, client):
+        """Whether all a client takes (_sources) is ordered lanes, the
+        channel's ring empty."""
+        lanes = self.lanes
+        if not lanes:
+            return False
+        if client.partition is not None:
+            lane = lanes.get(client.partition)
+            return lane is not None and lane.ordered
+        return not self.ring.depth and len(lanes) == len(self.topic.partitions) \
+            and all(lane.ordered for lane in lanes.values())
+
+    def next_ordered(self, finisher=None):
+        """A FIN may let an ordered lane's next message go out: to a ready
+        client of this worker that takes the lane (the one that sent the FIN
+        first, `finisher`, in its own reader: commands_applied), straight
+        from the log and at once (_deliver_ordered: no other process wakes,
+        no round of the dispatcher); else its owner's feeder pushes it into the lane (here:
+        the feeder; on another worker: a nudge, as a pop wakes it), for a
+        consumer on any worker.  Also after a dead local consumer's recovery
+        (recovery.recover_arena: it may have died between its FIN and its
+        nudge)."""
         if not self.lanes:
             return
         for index, lane in self.lanes.items():
-            if lane.ordered:
-                if self.topic.partitions[index].owned:
-                    self._refill_wake.set()
-                else:
-                    lane.ring.nudge()
+            if not lane.ordered:
+                continue
+            cursor = self.cursors[index]
+            if lane.ring.depth or cursor.read_pos > cursor.confirmed:
+                continue  # its one is out, or waits in the lane: its FIN, REQ or timeout comes back here
+            if self._deliver_ordered(index, lane, finisher):
+                continue
+            if self.topic.partitions[index].owned:
+                self._refill_wake.set()
+            else:
+                lane.ring.nudge()
+
+    def _deliver_ordered(self, index, lane, finisher=None):
+        """An ordered lane's next message, claimed from the log under the
+        cursor's lock (one out: InFlight.deliver_from_log's one_out) by the
+        finisher or else the first ready client here that takes the lane,
+        and sent now (Youzan's messagePump flushes every message of an
+        ordered channel): by the finisher's reader itself, which runs this
+        (ClientV2.send_now), else by the client's writer.  False: no such
+        client here, or it took nothing (the feeder's path then)."""
+        if self.paused or self.policy is not None or self.topic.paused:
+            return False  # (a delivery policy's checks are on the ring's path)
+        partition = self.topic.partitions[index]
+        if partition not in self._readable or self._following(partition):
+            return False
+        for client in (finisher, *self.clients.values()):
+            if client is not None and client.is_ready() and client.partition in (None, index) \
+                    and not client.sample_rate and client.ext_view is None:
+                break
+        else:
+            return False
+        deadline = time.monotonic_ns() + client.msg_timeout_ns
+        with self.scratch.borrow() as scratch:
+            n = self._deliver_direct(partition, client, 1, scratch, deadline, lane.ring,
+                                     finisher)
+        if n <= 0:
+            return False
+        self.nsqd.schedule_scan(deadline)
+        return True
 
     def requeue(self, client, msg_id, delay):
         """As nsqd's; but on an ordered lane a REQ with a delay is ignored, as
@@ -550,7 +608,8 @@ class LogChannel(Channel):
         except (OSError, LogError, ValueError):
             return None
 
-    def _deliver_direct(self, partition, client, room, scratch, deadline):
+    def _deliver_direct(self, partition, client, room, scratch, deadline, ordered=None,
+                        finisher=None):
         """Deliver up to `room` unread, unfinished messages of a partition to
         a client straight from the log, whichever worker owns it, never
         copied into a ring: one C call (InFlight.deliver_from_log) claims
@@ -558,7 +617,9 @@ class LogChannel(Channel):
         other workers' dispatchers (as _claim does), reads it from the
         mmap'd segments, frames it, puts it in flight and moves read_pos
         past it.  Returns how many went out (-1: read_pos moved on without
-        any)."""
+        any).  ordered: the partition's ordered lane (_deliver_ordered): one
+        out at a time, sent at once (by this greenlet if it is the client's
+        reader: finisher)."""
         cursor = self.cursors[partition.index]
         view = self._log_view(partition)
         if view is None:
@@ -567,7 +628,7 @@ class LogChannel(Channel):
         base = len(client.out)
         n, added, at = self.inflight.deliver_from_log(
             cursor, reader, end, self._feed_ring(partition), room, scratch, client.out,
-            client.id, deadline, client.detail, client.detail_log)
+            client.id, deadline, client.detail, client.detail_log, ordered is not None)
         if n <= 0:
             return self._claimed_none(partition, n, at)
         if self.traced:
@@ -575,7 +636,12 @@ class LogChannel(Channel):
         self.message_count += n
         client.in_flight += added
         client.message_count += n
-        client.kick()
+        if ordered is None:
+            client.kick()
+        elif client is finisher:
+            client.send_now()
+        else:
+            client.flush()
         return n
 
     def _direct_unread(self, ready):
@@ -610,7 +676,10 @@ class LogChannel(Channel):
         self._ready.clear()
         for waker in wakers:
             waker.arm()
-        if id(self.ring) in rings and len(self._owned) < len(self.topic.partitions):
+        if id(self.ring) in rings and len(self._owned) < len(self.topic.partitions) \
+                and len(self.lanes) < len(self.topic.partitions):
+            # (a partition in a lane is pushed into its lane, never the ring: with every
+            # one in a lane, a nudge would only wake the owners for nothing)
             if len(self.clients) > len(self._direct_ids) and not self.ring.depth:
                 self.ring.ring_wanted = True  # a client here takes from the ring (_room)
             self.ring.nudge()  # the owners' feeders: a consumer here waits (see _room)

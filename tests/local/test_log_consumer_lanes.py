@@ -290,10 +290,12 @@ def test_a_waiting_consumer_follows_its_lane_turned_ordered(nsqd_factory):
 
 
 def test_a_local_and_a_tcp_ordered_consumer_share_a_partition_one_at_a_time(nsqd_factory):
-    """The local consumer claims each head from the log itself, the owner's
-    feeder pushes it into the lane for the TCP one (LogChannel._claim,
-    one_out): whoever takes it, one message is out at a time, each once, in
-    log order."""
+    """The local consumer claims each head from the log itself; the TCP
+    one's FIN has its worker claim the next for it (LogChannel.next_ordered)
+    unless it is not ready (here: RDY 0 before every 25th FIN), when the
+    owner's feeder pushes it into the lane (LogChannel._claim, one_out):
+    whoever takes it, one message is out at a time, each once, in log
+    order."""
     server = started(nsqd_factory())
     create(server, "lt", 1)
     Consumer("lt", "c", shm_prefix=server.prefix).close()  # (the channel)
@@ -329,7 +331,13 @@ def test_a_local_and_a_tcp_ordered_consumer_share_a_partition_one_at_a_time(nsqd
                     took("tcp", frame[38:])  # (after the offset and raw size: 12 B)
                     time.sleep(0.001)
                     done()
-                    sock.sendall(fin(frame[10:26]))
+                    state["tcp"] = state.get("tcp", 0) + 1
+                    if state["tcp"] % 25:
+                        sock.sendall(fin(frame[10:26]))
+                    else:  # a turn for the local consumer
+                        sock.sendall(rdy(0) + fin(frame[10:26]))
+                        time.sleep(0.02)
+                        sock.sendall(rdy(10))
         sock.close()
 
     stop = threading.Event()

@@ -26,7 +26,7 @@ from .test_log_topics import (
     stats,
     take,
 )
-from .test_workers import Client
+from .test_workers import Client, _stats_entries, worker_of_pid
 
 WORKER_COUNTS = (1, 2)
 
@@ -324,6 +324,47 @@ def test_sub_ordered_without_a_partition_orders_each_partition(nsqd_factory):
             break
     assert [o for part, o in got if part == 0] == list(range(5))
     assert [o for part, o in got if part == 1] == list(range(5))
+
+
+@pytest.mark.workers(2)
+def test_a_sub_ordered_consumer_is_fed_by_its_own_worker(nsqd_factory):
+    """After an ordered consumer's FIN, the worker it is connected to claims
+    the partition's next message from the log and sends it
+    (LogChannel.next_ordered), whichever worker owns the partition: with the
+    other worker stopped (SIGSTOP), both partitions go on, each in log
+    order.  (Before, the owner's feeder pushed each next message into the
+    lane: a wake of the other worker per message, and here a stall.)"""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    _publish(server, "lt", 0, 20)
+    _publish(server, "lt", 1, 20)
+    for _ in range(100):
+        c = _sub(server, b"SUB_ORDERED lt ch\n", rdy=0)
+        mine = _stats_entries(server, c.sock.getsockname()[1])
+        if mine and mine[0]["nsqshm_worker"] == 0:
+            break
+        c.close()
+    else:
+        raise AssertionError("no connection landed on worker 0")
+    c.send(p.rdy(10))
+    held = [c.message(), c.message()]  # each partition's first, before the stop
+    assert sorted(_where(held)) == [(0, 0), (1, 0)]
+    other = worker_of_pid(server, 1)
+    os.kill(other, signal.SIGSTOP)
+    try:
+        got = list(_where(held))
+        for m in held:
+            c.send(p.fin(m.id))
+        c.sock.settimeout(5)
+        while len(got) < 40:
+            m = c.message()
+            got.append(decode_message_id(m.id))
+            c.send(p.fin(m.id))
+    finally:
+        os.kill(other, signal.SIGCONT)
+    assert [o for part, o in got if part == 0] == list(range(20))
+    assert [o for part, o in got if part == 1] == list(range(20))
+    assert nothing_more(c)
 
 
 @pytest.mark.workers(2)
