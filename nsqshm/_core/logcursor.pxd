@@ -66,6 +66,7 @@ cdef class Cursor:
                         uint64_t *count) noexcept nogil
     cdef tuple _claim_read(self, LogReader reader, uint64_t end, Py_ssize_t room,
                            object scratch)
+    cdef void _head_attempts(self, uint64_t first, object scratch)
     cdef uint64_t _read_at(self, bint *held) noexcept nogil
     cdef void _read_to(self, uint64_t offset) noexcept nogil
     cdef nsqshm_retry_slot *_retries(self) noexcept nogil

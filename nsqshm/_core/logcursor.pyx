@@ -870,7 +870,46 @@ cdef class Cursor:
             return err.start_offset, CLAIM_RETENTION, 0
         if n == 0:
             return pos, 0, 0
+        if self.h.retry_used and <uint64_t>first == self.h.confirmed:
+            self._head_attempts(<uint64_t>first, scratch)
         return first, n, nbytes
+
+    cdef void _head_attempts(self, uint64_t first, object scratch):
+        """A partition's head (the record at the confirmed offset) just claimed
+        from the log that was put back before (its retry table entry: a REQ,
+        a timeout, here or on the partition's old leader, rpc CURSORS) gets
+        its attempts back, so that its delivery counts on from them: an
+        ordered lane's head is read from the log again rather than put back
+        whole (CursorSet.heads_only), whoever reads it next (the feeder, a
+        dispatcher, a local consumer), on this node, after a restart or after
+        a failover.  (The head alone: a plain channel's other put-back
+        messages go out of the ring or are taken up with theirs,
+        LogChannel.take_up_retries; one probe per claim at most.)  scratch
+        starts with the packed record, [u32 native size][message]; nsqd's
+        message starts [8 BE timestamp][2 BE attempts], the top bit of the
+        attempts a time to live's (includes/message_expiry.h), kept.  The
+        lock held."""
+        cdef Py_buffer view
+        cdef unsigned char *p
+        cdef uint32_t size, attempts, noted
+        cdef nsqshm_retry_slot *e = self._retry_find(first)
+        if e == NULL:
+            return
+        PyObject_GetBuffer(scratch, &view, PyBUF_WRITABLE)
+        try:
+            p = <unsigned char *>view.buf
+            if view.len < 14:
+                return
+            memcpy(&size, p, 4)
+            if size < 10 or size > view.len - 4:
+                return
+            attempts = ((<uint32_t>p[12] & 0x7F) << 8) | p[13]
+            noted = e.attempts if e.attempts < 0x7FFF else 0x7FFF
+            if noted > attempts:
+                p[12] = (p[12] & 0x80) | <unsigned char>(noted >> 8)
+                p[13] = <unsigned char>(noted & 0xFF)
+        finally:
+            PyBuffer_Release(&view)
 
     cdef uint64_t _read_at(self, bint *held) noexcept nogil:
         """read_pos as the property gives it (never below confirmed); held:

@@ -224,14 +224,24 @@ class Channel:
         max-attempts policy may dead-letter it, nor on a log topic."""
         return self.cursors is None and (self.policy is None or not self.policy.max_attempts)
 
-    def next_ordered(self):
+    def next_ordered(self, finisher=None):
         """A FIN may let an ordered lane move on (a log channel's lanes:
-        logchannel.py); a classic channel has none."""
+        logchannel.py); a classic channel has none.  How many went to the
+        finisher."""
+        return 0
 
     def commands_applied(self, client, parser):
-        """Account what a CommandParser.parse applied for client (FIN, REQ,
-        TOUCH), once per call: REQs without a delay stored, then the in-flight
-        blocks of every REQ released."""
+        """What a CommandParser.parse applied for client (FIN, REQ, TOUCH),
+        once per call: counted (count_applied), then a round of the
+        dispatcher if FINs or REQs left the client room for more."""
+        self.count_applied(client, parser)
+        if parser.finished or parser.requeued:
+            self.wake()
+
+    def count_applied(self, client, parser):
+        """Account what a CommandParser.parse applied for client: REQs
+        without a delay stored, then the in-flight blocks of every REQ
+        released."""
         finished, requeued = parser.finished, parser.requeued
         client.in_flight -= finished + requeued
         client.finish_count += finished
@@ -244,13 +254,6 @@ class Channel:
             self.inflight.release()  # stored again: the in-flight blocks can go
         if parser.scan_by >= 0:
             self.nsqd.schedule_scan(parser.scan_by)
-        if finished or requeued:
-            self.room_freed(client, requeued)
-
-    def room_freed(self, client, requeued):
-        """A client's FINs or REQs (C parser) left it room for more: a round
-        of the dispatcher."""
-        self.wake()
 
     def requeue(self, client, msg_id, delay):
         msg = self.inflight.requeue(msg_id, client.id)

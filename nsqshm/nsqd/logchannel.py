@@ -210,17 +210,20 @@ class LogChannel(Channel):
         self.next_ordered()
 
     def commands_applied(self, client, parser):
-        """FINs the C command parser applied (protocol_v2, _core/commands.pyx):
-        an ordered lane's owner may push the next message."""
-        super().commands_applied(client, parser)
-        if parser.finished:
-            self.next_ordered(client)
-
-    def room_freed(self, client, requeued):
-        """As Channel's, but no round for a client that takes ordered lanes
-        alone, after FINs: their next messages go out from here
-        (next_ordered, after this), and a round would find nothing more."""
-        if requeued or not self._ordered_only(client):
+        """What the C command parser applied (protocol_v2,
+        _core/commands.pyx), counted (Channel.count_applied); FINs may let
+        ordered lanes' next messages go out (next_ordered), to the finisher
+        first.  Then a round of the dispatcher, unless the finisher got back
+        as many messages as it finished and takes ordered lanes alone: its
+        in-flight count, so its readiness, is as before, and nothing else
+        changed that a round could act on (it would be a wake per message).
+        (Any other case needs the round: a dispatcher that had no ready
+        client waits unarmed, so a push into a lane would not wake it.)"""
+        self.count_applied(client, parser)
+        finished = parser.finished
+        sent = self.next_ordered(client) if finished else 0
+        if parser.requeued or (finished and (sent < finished
+                                             or not self._ordered_only(client))):
             self.wake()
 
     def _ordered_only(self, client):
@@ -240,53 +243,63 @@ class LogChannel(Channel):
         client of this worker that takes the lane (the one that sent the FIN
         first, `finisher`, in its own reader: commands_applied), straight
         from the log and at once (_deliver_ordered: no other process wakes,
-        no round of the dispatcher); else its owner's feeder pushes it into the lane (here:
-        the feeder; on another worker: a nudge, as a pop wakes it), for a
-        consumer on any worker.  Also after a dead local consumer's recovery
-        (recovery.recover_arena: it may have died between its FIN and its
-        nudge)."""
+        no round of the dispatcher); else its owner's feeder pushes it into
+        the lane (here: the feeder; on another worker: a nudge, as a pop
+        wakes it), for a consumer on any worker.  So a finisher that stays
+        ready keeps its partitions (Youzan's consumers take them as their
+        pumps come; here another consumer gets one when the finisher is not
+        ready: RDY 0, gone, at its RDY).  Also after a dead local consumer's
+        recovery (recovery.recover_arena: it may have died between its FIN
+        and its nudge).  Returns how many went to the finisher."""
         if not self.lanes:
-            return
-        for index, lane in self.lanes.items():
-            if not lane.ordered:
-                continue
+            return 0
+        to_finisher = 0
+        for index, lane in list(self.lanes.items()):
+            if self.lanes.get(index) is not lane or not lane.ordered:
+                continue  # (a send below may yield: a lane moved meanwhile is gone)
             cursor = self.cursors[index]
             if lane.ring.depth or cursor.read_pos > cursor.confirmed:
                 continue  # its one is out, or waits in the lane: its FIN, REQ or timeout comes back here
-            if self._deliver_ordered(index, lane, finisher):
-                continue
-            if self.topic.partitions[index].owned:
-                self._refill_wake.set()
+            client = self._deliver_ordered(index, lane, finisher)
+            if client is None:
+                if self.topic.partitions[index].owned:
+                    self._refill_wake.set()
+                else:
+                    lane.ring.nudge()
+            elif client is finisher:
+                to_finisher += 1
+                # (each at once: the client answers one partition while this claims the next)
+                client.send_now()  # (this is its reader: no wake of its writer)
             else:
-                lane.ring.nudge()
+                client.flush()
+        return to_finisher
 
     def _deliver_ordered(self, index, lane, finisher=None):
         """An ordered lane's next message, claimed from the log under the
-        cursor's lock (one out: InFlight.deliver_from_log's one_out) by the
+        cursor's lock (one out: InFlight.deliver_from_log's one_out) for the
         finisher or else the first ready client here that takes the lane,
-        and sent now (Youzan's messagePump flushes every message of an
-        ordered channel): by the finisher's reader itself, which runs this
-        (ClientV2.send_now), else by the client's writer.  False: no such
-        client here, or it took nothing (the feeder's path then)."""
+        framed into its output buffer, to be sent at once (Youzan's
+        messagePump flushes every message of an ordered channel:
+        next_ordered).  The client, or None: no such client here, or it took
+        nothing (the feeder's path then)."""
         if self.paused or self.policy is not None or self.topic.paused:
-            return False  # (a delivery policy's checks are on the ring's path)
+            return None  # (a delivery policy's checks are on the ring's path)
         partition = self.topic.partitions[index]
         if partition not in self._readable or self._following(partition):
-            return False
+            return None
         for client in (finisher, *self.clients.values()):
             if client is not None and client.is_ready() and client.partition in (None, index) \
                     and not client.sample_rate and client.ext_view is None:
                 break
         else:
-            return False
+            return None
         deadline = time.monotonic_ns() + client.msg_timeout_ns
         with self.scratch.borrow() as scratch:
-            n = self._deliver_direct(partition, client, 1, scratch, deadline, lane.ring,
-                                     finisher)
+            n = self._deliver_direct(partition, client, 1, scratch, deadline, ordered=True)
         if n <= 0:
-            return False
+            return None
         self.nsqd.schedule_scan(deadline)
-        return True
+        return client
 
     def requeue(self, client, msg_id, delay):
         """As nsqd's; but on an ordered lane a REQ with a delay is ignored, as
@@ -608,8 +621,7 @@ class LogChannel(Channel):
         except (OSError, LogError, ValueError):
             return None
 
-    def _deliver_direct(self, partition, client, room, scratch, deadline, ordered=None,
-                        finisher=None):
+    def _deliver_direct(self, partition, client, room, scratch, deadline, ordered=False):
         """Deliver up to `room` unread, unfinished messages of a partition to
         a client straight from the log, whichever worker owns it, never
         copied into a ring: one C call (InFlight.deliver_from_log) claims
@@ -617,9 +629,8 @@ class LogChannel(Channel):
         other workers' dispatchers (as _claim does), reads it from the
         mmap'd segments, frames it, puts it in flight and moves read_pos
         past it.  Returns how many went out (-1: read_pos moved on without
-        any).  ordered: the partition's ordered lane (_deliver_ordered): one
-        out at a time, sent at once (by this greenlet if it is the client's
-        reader: finisher)."""
+        any).  ordered: the partition's lane is ordered (_deliver_ordered):
+        one out at a time, and sent by the caller (next_ordered)."""
         cursor = self.cursors[partition.index]
         view = self._log_view(partition)
         if view is None:
@@ -628,7 +639,7 @@ class LogChannel(Channel):
         base = len(client.out)
         n, added, at = self.inflight.deliver_from_log(
             cursor, reader, end, self._feed_ring(partition), room, scratch, client.out,
-            client.id, deadline, client.detail, client.detail_log, ordered is not None)
+            client.id, deadline, client.detail, client.detail_log, ordered)
         if n <= 0:
             return self._claimed_none(partition, n, at)
         if self.traced:
@@ -636,12 +647,8 @@ class LogChannel(Channel):
         self.message_count += n
         client.in_flight += added
         client.message_count += n
-        if ordered is None:
+        if not ordered:
             client.kick()
-        elif client is finisher:
-            client.send_now()
-        else:
-            client.flush()
         return n
 
     def _direct_unread(self, ready):

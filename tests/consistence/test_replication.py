@@ -301,6 +301,48 @@ def test_a_new_leader_delivers_what_was_put_back_with_its_attempts_once_due(make
         survivor.close()
 
 
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_a_new_leader_gives_an_ordered_head_its_attempts(make_cluster, workers):
+    """An ordered lane's head is read from the log again on a new leader (the
+    lane's ring is the old leader's); the retry table the cursors carried
+    gives it its attempts back (Cursor._head_attempts): a head REQ'd
+    twice comes as its 3rd delivery, then the rest in order from 1."""
+    cluster = make_cluster(workers)
+    assert cluster.create_topic("seq", 1, 3)[0] == 200
+    leader = cluster.leader("seq")
+    followers = [n for n in cluster.nodes if n is not leader]
+    publish(leader, "seq", [b"s0", b"s1", b"s2"])
+    client = Client(leader)
+    client.send(b"SUB_ORDERED seq audit 0\n")
+    assert client.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    client.send(p.rdy(1))
+    m = client.message()
+    assert (m.body[12:], m.attempts) == (b"s0", 1)  # (after the offset and raw size: 12 B)
+    client.send(p.req(m.id, 0))
+    m = client.message()
+    assert (m.body[12:], m.attempts) == (b"s0", 2)
+    client.send(p.rdy(0))  # what is put back now stays in the lane
+    client.send(p.req(m.id, 0))
+    wait_until(lambda: all(put_back(f, "seq", "audit") == (0, 1) for f in followers),
+               10, "the followers know the head put back")
+    leader.kill()
+    client.close()
+    new = cluster.leader("seq", not_in=(leader.id,), timeout=20)
+    survivor = Client(new, timeout=15)
+    try:
+        survivor.send(b"SUB_ORDERED seq audit 0\n")
+        assert survivor.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+        survivor.send(p.rdy(1))
+        got = []
+        for _ in range(3):
+            m = survivor.message()
+            got.append((m.body[12:], m.attempts))
+            survivor.send(p.fin(m.id))
+        assert got == [(b"s0", 3), (b"s1", 1), (b"s2", 1)]
+    finally:
+        survivor.close()
+
+
 def test_a_channel_deleted_on_the_leader_goes_on_the_followers(make_cluster):
     """The deletion rides with the cursors (a CURSORS entry with confirmed DELETED):
     a new leader does not bring back a channel its consumers had deleted, and a

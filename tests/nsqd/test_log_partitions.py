@@ -367,6 +367,114 @@ def test_a_sub_ordered_consumer_is_fed_by_its_own_worker(nsqd_factory):
     assert nothing_more(c)
 
 
+def _fin_each(c, n, wait=3.0):
+    """(partition, offset) of up to n messages, each FIN'd as it comes."""
+    got = []
+    c.sock.settimeout(wait)
+    try:
+        for _ in range(n):
+            m = c.message()
+            got.append(decode_message_id(m.id))
+            c.send(p.fin(m.id))
+    except TimeoutError:
+        pass
+    c.sock.settimeout(5)
+    return got
+
+
+def test_an_ordered_consumer_at_rdy_1_gets_every_partition(nsqd_factory):
+    """At RDY 1, each FIN's next message goes to the finisher from its
+    reader, and the other partition's head waits in its lane: the
+    dispatcher, asleep with no client ready, must still get its round after
+    the FIN that leaves the consumer ready (found in review: without it the
+    second partition never came)."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    c = _sub(server, b"SUB_ORDERED lt ch\n", rdy=0)
+    _publish(server, "lt", 0, 5)
+    _publish(server, "lt", 1, 5)
+    time.sleep(0.3)  # (the feeders push each head into its lane)
+    c.send(p.rdy(1))
+    assert sorted(_fin_each(c, 10)) == [(part, o) for part in (0, 1) for o in range(5)]
+
+
+@pytest.mark.workers(2)
+def test_an_ordered_consumer_at_rdy_1_gets_what_comes_after_the_log_end(nsqd_factory):
+    """A consumer at RDY 1 that read the partition to its end: the next
+    message published is pushed into the lane by the owner's feeder, on
+    either worker, and must wake the consumer's dispatcher (found in
+    review)."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    for worker in (0, 1):
+        channel = b"ch%d" % worker
+        for _ in range(100):
+            c = _sub(server, b"SUB_ORDERED lt %s 0\n" % channel, rdy=0)
+            mine = _stats_entries(server, c.sock.getsockname()[1])
+            if mine and mine[0]["nsqshm_worker"] == worker:
+                break
+            c.close()
+        else:
+            raise AssertionError(f"no connection landed on worker {worker}")
+        c.send(p.rdy(1))
+        start = sum(x["end_offset"] for x in stats(server, "lt")["partitions"][:1])
+        _publish(server, "lt", 0, 3)
+        assert _fin_each(c, 3) == [(0, start + o) for o in range(3)]
+        time.sleep(0.3)
+        _publish(server, "lt", 0, 2, tag=b"late")
+        assert _fin_each(c, 2) == [(0, start + 3), (0, start + 4)]
+        c.close()
+
+
+@pytest.mark.parametrize("rdy", [1, 10])
+def test_an_ordered_consumer_of_an_ext_topic_goes_on(nsqd_factory, rdy):
+    """An ext topic's consumers take the ring's path (their filters and
+    tags), never the finisher's: every FIN falls back to the owner's feeder
+    and the dispatcher's round (found in review: it stalled after the first
+    message)."""
+    server = nsqd_factory()
+    create(server, "lt", 1, "&ext=true")
+    c = _sub(server, b"SUB_ORDERED lt ch 0\n", rdy=0)
+    _publish(server, "lt", 0, 3)
+    time.sleep(0.3)
+    c.send(p.rdy(rdy))
+    assert _fin_each(c, 3) == [(0, o) for o in range(3)]
+
+
+def test_an_ordered_head_put_back_keeps_its_attempts_across_a_graceful_restart(
+        nsqd_factory, tmp_path):
+    """An ordered lane's head that was put back (REQ) is read from the log
+    again after a graceful stop (which drops the lane); the cursor's retry
+    table, kept in its checkpoint, gives it its attempts back
+    (Cursor._head_attempts), as for a plain channel.  (After
+    SUB_ORDERED a body comes after its offset and raw size: 12 B.)"""
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    create(server, "lt", 1)
+    _publish(server, "lt", 0, 3)
+    c = _sub(server, b"SUB_ORDERED lt ch 0\n", rdy=1)
+    m = c.message()
+    assert (m.body[12:], m.attempts) == (b"m0-0", 1)
+    c.send(p.req(m.id, 0))
+    m = c.message()
+    assert (m.body[12:], m.attempts) == (b"m0-0", 2)
+    c.send(p.rdy(0))  # what is put back now stays in the lane
+    c.send(p.req(m.id, 0))
+    assert wait_for(lambda: channel_stats(server, "lt", "ch")["partitions"][0]["put_back"] == 1)
+    c.close()
+    assert server.stop() == 0
+    restarted = nsqd_factory(data_path=data, prefix=server.prefix)
+    c = _sub(restarted, b"SUB_ORDERED lt ch 0\n", rdy=1)
+    got = []
+    for _ in range(3):
+        m = c.message()
+        got.append((m.body[12:], m.attempts))
+        c.send(p.fin(m.id))
+    assert got == [(b"m0-0", 3), (b"m0-1", 1), (b"m0-2", 1)]
+    assert nothing_more(c)
+
+
 @pytest.mark.workers(2)
 def test_sub_ordered_resumes_in_order_after_the_owner_is_killed(nsqd_factory):
     """SIGKILL of partition 0's owner with a message in flight to an ordered
