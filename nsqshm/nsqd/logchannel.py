@@ -42,6 +42,7 @@ out was finished; a REQ or a timeout puts it back into the lane, so it is
 delivered again before anything later.
 """
 
+import itertools
 import os
 import time
 
@@ -245,8 +246,10 @@ class LogChannel(Channel):
         from the log and at once (_deliver_ordered: no other process wakes,
         no round of the dispatcher); else its owner's feeder pushes it into
         the lane (here: the feeder; on another worker: a nudge, as a pop
-        wakes it), for a consumer on any worker.  So a finisher that stays
-        ready keeps its partitions (Youzan's consumers take them as their
+        wakes it), for a consumer on any worker.  Heads already waiting in
+        their lanes go to the finisher first (_deliver_waiting), so that the
+        partitions it just finished do not take its room from the others.
+        So a finisher that stays ready keeps its partitions (Youzan's consumers take them as their
         pumps come; here another consumer gets one when the finisher is not
         ready: RDY 0, gone, at its RDY).  Also after a dead local consumer's
         recovery (recovery.recover_arena: it may have died between its FIN
@@ -254,9 +257,19 @@ class LogChannel(Channel):
         if not self.lanes:
             return 0
         to_finisher = 0
-        for index, lane in list(self.lanes.items()):
+        lanes = list(self.lanes.items())  # (a send below may yield: lanes may move meanwhile)
+        if finisher is not None:
+            # heads waiting in their lanes first (pushed by the owners' feeders while the
+            # finisher was at its RDY): claimed from the logs first, the partitions the
+            # finisher just finished would take its room for as long as they have more
+            for index, lane in lanes:
+                if self.lanes.get(index) is lane and lane.ordered and lane.ring.depth \
+                        and self._deliver_waiting(index, lane, finisher):
+                    to_finisher += 1
+                    finisher.send_now()
+        for index, lane in lanes:
             if self.lanes.get(index) is not lane or not lane.ordered:
-                continue  # (a send below may yield: a lane moved meanwhile is gone)
+                continue  # (moved while a send yielded: gone)
             cursor = self.cursors[index]
             if lane.ring.depth or cursor.read_pos > cursor.confirmed:
                 continue  # its one is out, or waits in the lane: its FIN, REQ or timeout comes back here
@@ -274,6 +287,37 @@ class LogChannel(Channel):
                 client.flush()
         return to_finisher
 
+    def _takes_ordered(self, client, index):
+        """Whether a client may be given partition `index`'s ordered lane's
+        next message here, outside the dispatcher (next_ordered): ready, of
+        that partition or all, and on the plain path (no sample rate, no ext
+        view, no delivery policy: theirs is the dispatcher's ring path)."""
+        return client is not None and client.is_ready() and client.partition in (None, index) \
+            and not client.sample_rate and client.ext_view is None
+
+    def _deliver_waiting(self, index, lane, client):
+        """The head waiting in an ordered lane, to a client (the finisher,
+        in its reader: next_ordered) that takes it: one pop of the lane's
+        ring, framed into its output buffer, as the dispatcher delivers from
+        a ring.  Whether one went out."""
+        if self.paused or self.policy is not None or self.topic.paused \
+                or not self._takes_ordered(client, index):
+            return False
+        deadline = time.monotonic_ns() + client.msg_timeout_ns
+        base = len(client.out)
+        with self.scratch.borrow() as scratch:
+            _, n = self.inflight.deliver_from_ring(
+                lane.ring, 1, scratch, client.out, client.id, deadline, 0, None,
+                client.detail, client.detail_log)
+        if n <= 0:
+            return False
+        if self.traced:
+            trace.delivered(self, client, client.out, base)
+        client.in_flight += n
+        client.message_count += n
+        self.nsqd.schedule_scan(deadline)
+        return True
+
     def _deliver_ordered(self, index, lane, finisher=None):
         """An ordered lane's next message, claimed from the log under the
         cursor's lock (one out: InFlight.deliver_from_log's one_out) for the
@@ -287,9 +331,8 @@ class LogChannel(Channel):
         partition = self.topic.partitions[index]
         if partition not in self._readable or self._following(partition):
             return None
-        for client in (finisher, *self.clients.values()):
-            if client is not None and client.is_ready() and client.partition in (None, index) \
-                    and not client.sample_rate and client.ext_view is None:
+        for client in itertools.chain((finisher,), self.clients.values()):  # (lazily)
+            if self._takes_ordered(client, index):
                 break
         else:
             return None

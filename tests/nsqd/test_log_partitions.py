@@ -6,6 +6,7 @@ wire)."""
 import json
 import os
 import signal
+import threading
 import time
 
 import psutil
@@ -396,6 +397,62 @@ def test_an_ordered_consumer_at_rdy_1_gets_every_partition(nsqd_factory):
     time.sleep(0.3)  # (the feeders push each head into its lane)
     c.send(p.rdy(1))
     assert sorted(_fin_each(c, 10)) == [(part, o) for part in (0, 1) for o in range(5)]
+
+
+def test_a_head_waiting_in_its_lane_goes_before_the_next_of_a_busy_partition(nsqd_factory):
+    """At RDY 1 on every partition, partition 1's head waits in its lane
+    while partition 0 has 60 more: a FIN of partition 0 must give the
+    waiting head first, not claim partition 0's next from the log (found in
+    review: it came 61st of 61)."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    c = _sub(server, b"SUB_ORDERED lt ch\n", rdy=0)
+    _publish(server, "lt", 1, 1)
+    _publish(server, "lt", 0, 60)
+    time.sleep(0.3)  # (the feeders push each head into its lane)
+    c.send(p.rdy(1))
+    got = _fin_each(c, 61)
+    assert sorted(got) == [(0, o) for o in range(60)] + [(1, 0)]
+    assert got.index((1, 0)) <= 2, got.index((1, 0))
+
+
+@pytest.mark.workers(1)
+def test_a_waiting_head_is_not_starved_by_a_partition_that_keeps_coming(nsqd_factory):
+    """As above, with partition 0 published to all along (found in review: in
+    4 s and 751 deliveries partition 1's message never came)."""
+    server = nsqd_factory()
+    create(server, "lt", 2)
+    c = _sub(server, b"SUB_ORDERED lt ch\n", rdy=0)
+    _publish(server, "lt", 1, 1)
+    _publish(server, "lt", 0, 5)
+    time.sleep(0.3)
+    stop = threading.Event()
+
+    def keep_publishing():
+        pc = Client(server)
+        i = 0
+        while not stop.is_set():
+            pub(pc, "lt", b"k%d" % i, partition=0)
+            i += 1
+            time.sleep(0.002)
+        pc.close()
+
+    publisher = threading.Thread(target=keep_publishing)
+    publisher.start()
+    try:
+        c.send(p.rdy(1))
+        got = []
+        c.sock.settimeout(5)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and (1, 0) not in got:
+            m = c.message()
+            got.append(decode_message_id(m.id))
+            time.sleep(0.005)
+            c.send(p.fin(m.id))
+    finally:
+        stop.set()
+        publisher.join(10)
+    assert (1, 0) in got and got.index((1, 0)) <= 2, got[:10]
 
 
 @pytest.mark.workers(2)
