@@ -24,6 +24,10 @@ answered the same way in the same run:
   broker that has run for a while.
 - fair: consumers drain a backlog alone, then while publishers send flat
   out into the same topic: the consumers' rate with publishers over alone.
+- rdy1: fin with consumers at RDY 1 (go-nsq's and pynsq's default
+  max_in_flight), against the raw socket at RDY 1: each message waits for
+  the FIN of the one before, so the broker's work per FIN (and its
+  wake-ups) is what is measured.
 
 --before TREE runs the server of another source tree too (e.g. main's, the
 previous build), each run right after the current one: before/after
@@ -43,7 +47,8 @@ TITLE = "Delivery with the clients' patterns: FIN per write, large messages, fai
 ISSUE = "20"
 HELP = "consume with FIN per write, REQ/TOUCH mixes, 4-64 KiB messages, fairness (issue 20)"
 TARGET_CPU_US, TARGET_RATIO, TARGET_GBPS, TARGET_FAIR = 1.0, 0.6, 1.0, 0.5
-PARTS = ("fin", "mix", "sizes", "fair")
+PARTS = ("fin", "mix", "sizes", "fair", "rdy1")
+RDY1_MESSAGES = 200_000  # rdy1's backlog: at RDY 1 a consumer takes some 10 k msg/s
 
 
 def add_arguments(ap):
@@ -96,10 +101,11 @@ def fpw(a, **more):
     return loadgen.Pattern(fin_per_write=True, gap_us=a.gap_us, **more)
 
 
-def run_fin(ctx, a, label="fin"):
+def run_fin(ctx, a, label="fin", spec=None):
     """Per run: the raw socket, then each server, consuming a backlog at
-    steady state (loadgen.run_consume_window); medians and ratios."""
-    spec = spec_for(a)
+    steady state (loadgen.run_consume_window); medians and ratios.  spec:
+    the load (spec_for(a) when None)."""
+    spec = spec or spec_for(a)
     pattern = fpw(a)
     rows = {name: [] for name, _ in servers(a)}
     raws = []
@@ -116,7 +122,7 @@ def run_fin(ctx, a, label="fin"):
                     f"server CPU {r.get('server_cpu_us_per_msg_out', 0):.2f} us/msg; of raw "
                     f"socket {r['ratio_out']:.2f}")
     return {"pattern": pattern.name, "size": spec.size, "messages": spec.messages,
-            "seconds": a.window_seconds, "raw": medians(raws),
+            "rdy": spec.rdy, "seconds": a.window_seconds, "raw": medians(raws),
             **{name: medians(rs) for name, rs in rows.items()},
             "runs": rows, "raw_runs": raws}
 
@@ -304,6 +310,10 @@ def run(ctx):
         if "fair" in parts:
             res["fair"] = run_fair(ctx, a)
             advance()
+        if "rdy1" in parts:
+            spec = spec_for(a, rdy=1, messages=min(a.messages, RDY1_MESSAGES))
+            res["fin_variants"] = [{"label": "RDY 1", **run_fin(ctx, a, "rdy1", spec)}]
+            advance()
     return res
 
 
@@ -324,8 +334,9 @@ def render(res):
            f"({p.get('before') or 'not run'}), run right after each \"after\" run."]
     for f in [res[k] for k in ("fin",) if k in res] + res.get("fin_variants", []):
         out += ["", (f"{f['label']}: " if f.get("label") else "")
-                + f"{f['pattern']}, {f['size']} B, a backlog of {f['messages']:,} consumed at "
-                f"steady state ({f['seconds']:g} s measured per run):", "",
+                + f"{f['pattern']}, {f['size']} B, RDY {f.get('rdy', p['rdy'])}, a backlog of "
+                f"{f['messages']:,} consumed at steady state ({f['seconds']:g} s measured per "
+                "run):", "",
                 "| server | consume msg/s | raw socket | ratio | server CPU us/msg |",
                 "|---|---:|---:|---:|---:|"]
         for name in names:

@@ -232,11 +232,51 @@ class Channel:
 
     def commands_applied(self, client, parser):
         """What a CommandParser.parse applied for client (FIN, REQ, TOUCH),
-        once per call: counted (count_applied), then a round of the
-        dispatcher if FINs or REQs left the client room for more."""
+        once per call: counted (count_applied); then the client, in its own
+        reader, takes its next messages (refill_finisher) if the FINs and
+        REQs left room in a client that had none, as nsqd's messagePump
+        takes the next once its client is ready again (RDY 1, go-nsq's and
+        pynsq's default, and any consumer at its RDY: no wake of the
+        dispatcher nor of the writer, no round, a message a send).  A round
+        of the dispatcher unless refill_finisher says none is needed: the
+        client got back as many as were freed, so its in-flight count, and
+        its readiness, are as before (a dispatcher with no ready client
+        waits unarmed, so one must run when it is not)."""
+        full = client.in_flight >= client.ready_count
         self.count_applied(client, parser)
-        if parser.finished or parser.requeued:
+        freed = parser.finished + parser.requeued
+        if freed and not self.refill_finisher(client, parser.finished, freed, full):
             self.wake()
+
+    def refill_finisher(self, client, finished, freed, full):
+        """The client's next messages from the ring, delivered from its
+        reader (commands_applied), if it was full before its FINs and REQs:
+        what a dispatcher round would give it, and sent at once if that
+        fills it again (else held as kick() holds them).  Whether it got
+        back as many as were freed (no round needed)."""
+        if not full or self.paused or client.ext_view is not None or not client.is_ready():
+            return False  # (an ext client may leave a head for another's tag: the dispatcher's)
+        ring = self.ring
+        if not ring.depth:
+            return False
+        deadline = time.monotonic_ns() + client.msg_timeout_ns
+        base = len(client.out)
+        with self.scratch.borrow() as scratch:
+            _, n = self.inflight.deliver_from_ring(
+                ring, min(client.ready_count - client.in_flight, DELIVER_BATCH), scratch,
+                client.out, client.id, deadline, client.sample_rate, None, client.detail,
+                client.detail_log)
+        if self.policy is not None and self.policy.dead_letter_expired:
+            policy.flush_expired(self)  # what expired in the C call
+        if n <= 0:
+            return False
+        if self.traced:
+            trace.delivered(self, client, client.out, base)
+        client.in_flight += n
+        client.message_count += n
+        self.nsqd.schedule_scan(deadline)
+        client.send_or_hold()
+        return n >= freed
 
     def count_applied(self, client, parser):
         """Account what a CommandParser.parse applied for client: REQs

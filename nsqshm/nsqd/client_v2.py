@@ -183,6 +183,16 @@ class ClientV2:
         self._urgent = True
         self.flush_pending()
 
+    def send_or_hold(self):
+        """From the client's own reader, after it took messages there
+        (Channel.refill_finisher): sent now if they fill it to its RDY (as
+        kick() would have the writer send them), else held as kick() holds
+        them."""
+        if self.in_flight >= self.ready_count:
+            self.send_now()
+        else:
+            self.kick()
+
     def flush_pending(self):
         """Send what is buffered from the reader if a response or error is
         among it (held messages wait for their timer), unless the writer is

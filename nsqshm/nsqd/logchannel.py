@@ -89,6 +89,9 @@ class LogChannel(Channel):
         self._checkpointed = {}     # partition -> confirmed at the last checkpoint
         self._held_since = {}       # partition -> when the feeder first found it held
         self._full_windows = set()  # partitions whose cursor window the feeder saw full
+        # the dispatcher sleeps while a ready client's partition waits at its cursor's full
+        # window: a FIN here that moves it needs a round (refill_finisher)
+        self._window_blocked = False
         self.feed_target = max(1, min(self.mem_limit, FEED_AHEAD))
         self.feed_low = max(1, self.feed_target // 2)
         restored = []  # partitions whose cursor was made from its checkpoint here
@@ -210,22 +213,60 @@ class LogChannel(Channel):
         super().finish(client, msg_id)
         self.next_ordered()
 
-    def commands_applied(self, client, parser):
-        """What the C command parser applied (protocol_v2,
-        _core/commands.pyx), counted (Channel.count_applied); FINs may let
-        ordered lanes' next messages go out (next_ordered), to the finisher
-        first.  Then a round of the dispatcher, unless the finisher got back
-        as many messages as it finished and takes ordered lanes alone: its
-        in-flight count, so its readiness, is as before, and nothing else
-        changed that a round could act on (it would be a wake per message).
-        (Any other case needs the round: a dispatcher that had no ready
-        client waits unarmed, so a push into a lane would not wake it.)"""
-        self.count_applied(client, parser)
-        finished = parser.finished
+    def refill_finisher(self, client, finished, freed, full):
+        """Channel.refill_finisher for a log channel: after FINs, ordered
+        lanes' next messages (next_ordered, the finisher's first); then, if
+        the client was full before, what a dispatcher round would give it of
+        the rest, from its rings and straight from the logs
+        (_serve_finisher).  No round is needed if it got back as many as
+        were freed, unless this worker's dispatcher sleeps at a cursor's
+        full window, which the FINs may have moved (_window_blocked)."""
         sent = self.next_ordered(client) if finished else 0
-        if parser.requeued or (finished and (sent < finished
-                                             or not self._ordered_only(client))):
-            self.wake()
+        if full and not self._ordered_only(client):
+            sent += self._serve_finisher(client)
+        return sent >= freed and not self._window_blocked
+
+    def _serve_finisher(self, client):
+        """A dispatcher round's work for one client, from its reader
+        (refill_finisher): its rings (_sources, but ordered lanes': theirs
+        is next_ordered's), then its partitions straight from the logs
+        (_direct), up to its RDY; sent at once if that fills it.  How many
+        went out."""
+        if self.paused or client.ext_view is not None or not client.is_ready():
+            return 0  # (an ext client may leave a head for another's tag: the dispatcher's)
+        ordered = {id(lane.ring) for lane in self.lanes.values() if lane.ordered}
+        deadline = time.monotonic_ns() + client.msg_timeout_ns
+        sent = 0
+        with self.scratch.borrow() as scratch:
+            for ring in self._sources(client):
+                room = client.ready_count - client.in_flight
+                if room <= 0:
+                    break
+                if not ring.depth or id(ring) in ordered:
+                    continue
+                base = len(client.out)
+                _, n = self.inflight.deliver_from_ring(
+                    ring, min(room, DELIVER_BATCH), scratch, client.out, client.id, deadline,
+                    client.sample_rate, None, client.detail, client.detail_log)
+                if n > 0:
+                    if self.traced:
+                        trace.delivered(self, client, client.out, base)
+                    client.in_flight += n
+                    client.message_count += n
+                    sent += n
+            for partition in self._direct(client):
+                room = client.ready_count - client.in_flight
+                if room <= 0:
+                    break
+                n = self._deliver_direct(partition, client, room, scratch, deadline, kick=False)
+                if n > 0:
+                    sent += n
+        if self.inflight.expired_out:
+            self.wake()  # (the dispatcher finishes them: _expired)
+        if sent:
+            self.nsqd.schedule_scan(deadline)
+            client.send_or_hold()
+        return sent
 
     def _ordered_only(self, client):
         """Whether all a client takes (_sources) is ordered lanes, the
@@ -338,7 +379,8 @@ class LogChannel(Channel):
             return None
         deadline = time.monotonic_ns() + client.msg_timeout_ns
         with self.scratch.borrow() as scratch:
-            n = self._deliver_direct(partition, client, 1, scratch, deadline, ordered=True)
+            n = self._deliver_direct(partition, client, 1, scratch, deadline, one_out=True,
+                                     kick=False)
         if n <= 0:
             return None
         self.nsqd.schedule_scan(deadline)
@@ -664,7 +706,8 @@ class LogChannel(Channel):
         except (OSError, LogError, ValueError):
             return None
 
-    def _deliver_direct(self, partition, client, room, scratch, deadline, ordered=False):
+    def _deliver_direct(self, partition, client, room, scratch, deadline, one_out=False,
+                        kick=True):
         """Deliver up to `room` unread, unfinished messages of a partition to
         a client straight from the log, whichever worker owns it, never
         copied into a ring: one C call (InFlight.deliver_from_log) claims
@@ -672,8 +715,9 @@ class LogChannel(Channel):
         other workers' dispatchers (as _claim does), reads it from the
         mmap'd segments, frames it, puts it in flight and moves read_pos
         past it.  Returns how many went out (-1: read_pos moved on without
-        any).  ordered: the partition's lane is ordered (_deliver_ordered):
-        one out at a time, and sent by the caller (next_ordered)."""
+        any).  one_out: the partition's lane is ordered (_deliver_ordered):
+        one out at a time.  kick: hold or send what went out (ClientV2.kick);
+        else the caller sends it (next_ordered, _serve_finisher)."""
         cursor = self.cursors[partition.index]
         view = self._log_view(partition)
         if view is None:
@@ -682,7 +726,7 @@ class LogChannel(Channel):
         base = len(client.out)
         n, added, at = self.inflight.deliver_from_log(
             cursor, reader, end, self._feed_ring(partition), room, scratch, client.out,
-            client.id, deadline, client.detail, client.detail_log, ordered)
+            client.id, deadline, client.detail, client.detail_log, one_out)
         if n <= 0:
             return self._claimed_none(partition, n, at)
         if self.traced:
@@ -690,7 +734,7 @@ class LogChannel(Channel):
         self.message_count += n
         client.in_flight += added
         client.message_count += n
-        if not ordered:
+        if kick:
             client.kick()
         return n
 
@@ -735,10 +779,23 @@ class LogChannel(Channel):
             self.ring.nudge()  # the owners' feeders: a consumer here waits (see _room)
         try:
             if not any(ring.depth for ring in rings.values()) and not self._direct_unread(ready):
+                self._window_blocked = self._blocked_by_window(ready)
                 self._ready.wait()
         finally:
+            self._window_blocked = False
             for waker in wakers:
                 _disarm(waker.ring)
+
+    def _blocked_by_window(self, ready):
+        """Whether a ready client could take something straight from a log
+        but for its cursor's full window (_direct_unread's other half)."""
+        for client in ready:
+            for partition in self._direct(client):
+                cursor = self.cursors[partition.index]
+                view = None if cursor.held else self._log_view(partition)
+                if view is not None and cursor.window_end <= cursor.read_pos < view[1]:
+                    return True
+        return False
 
     # -- the feeder -----------------------------------------------------------------------
 
