@@ -260,23 +260,33 @@ class Channel:
         if not ring.depth:
             return False
         deadline = time.monotonic_ns() + client.msg_timeout_ns
-        base = len(client.out)
         with self.scratch.borrow() as scratch:
-            _, n = self.inflight.deliver_from_ring(
-                ring, min(client.ready_count - client.in_flight, DELIVER_BATCH), scratch,
-                client.out, client.id, deadline, client.sample_rate, None, client.detail,
-                client.detail_log)
+            n = self.ring_to_client(ring, client, client.ready_count - client.in_flight,
+                                    scratch, deadline)
         if self.policy is not None and self.policy.dead_letter_expired:
             policy.flush_expired(self)  # what expired in the C call
         if n <= 0:
             return False
-        if self.traced:
-            trace.delivered(self, client, client.out, base)
-        client.in_flight += n
-        client.message_count += n
         self.nsqd.schedule_scan(deadline)
         client.send_or_hold()
         return n >= freed
+
+    def ring_to_client(self, ring, client, room, scratch, deadline):
+        """Up to `room` of a ring's messages to one client, outside the
+        dispatcher (refill_finisher; a log channel's lanes): one C call
+        (InFlight.deliver_from_ring) frames them into its output buffer and
+        puts them in flight; counted and traced.  How many; the caller sends
+        them and schedules the timeout scan."""
+        base = len(client.out)
+        _, n = self.inflight.deliver_from_ring(
+            ring, min(room, DELIVER_BATCH), scratch, client.out, client.id, deadline,
+            client.sample_rate, None, client.detail, client.detail_log)
+        if n > 0:
+            if self.traced:
+                trace.delivered(self, client, client.out, base)
+            client.in_flight += n
+            client.message_count += n
+        return n
 
     def count_applied(self, client, parser):
         """Account what a CommandParser.parse applied for client: REQs

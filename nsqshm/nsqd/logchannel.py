@@ -244,16 +244,7 @@ class LogChannel(Channel):
                     break
                 if not ring.depth or id(ring) in ordered:
                     continue
-                base = len(client.out)
-                _, n = self.inflight.deliver_from_ring(
-                    ring, min(room, DELIVER_BATCH), scratch, client.out, client.id, deadline,
-                    client.sample_rate, None, client.detail, client.detail_log)
-                if n > 0:
-                    if self.traced:
-                        trace.delivered(self, client, client.out, base)
-                    client.in_flight += n
-                    client.message_count += n
-                    sent += n
+                sent += max(self.ring_to_client(ring, client, room, scratch, deadline), 0)
             for partition in self._direct(client):
                 room = client.ready_count - client.in_flight
                 if room <= 0:
@@ -345,17 +336,10 @@ class LogChannel(Channel):
                 or not self._takes_ordered(client, index):
             return False
         deadline = time.monotonic_ns() + client.msg_timeout_ns
-        base = len(client.out)
         with self.scratch.borrow() as scratch:
-            _, n = self.inflight.deliver_from_ring(
-                lane.ring, 1, scratch, client.out, client.id, deadline, 0, None,
-                client.detail, client.detail_log)
+            n = self.ring_to_client(lane.ring, client, 1, scratch, deadline)
         if n <= 0:
             return False
-        if self.traced:
-            trace.delivered(self, client, client.out, base)
-        client.in_flight += n
-        client.message_count += n
         self.nsqd.schedule_scan(deadline)
         return True
 
