@@ -250,11 +250,14 @@ class Channel:
 
     def refill_finisher(self, client, finished, freed, full):
         """The client's next messages from the ring, delivered from its
-        reader (commands_applied), if it was full before its FINs and REQs:
-        what a dispatcher round would give it, and sent at once if that
-        fills it again (else held as kick() holds them).  Whether it got
-        back as many as were freed (no round needed)."""
-        if not full or self.paused or client.ext_view is not None or not client.is_ready():
+        reader (commands_applied), if it was full before its FINs: what a
+        dispatcher round would give it, and sent at once if that fills it
+        again (else held as kick() holds them).  Whether it got back as many
+        as were freed (no round needed).  Not after a REQ (freed past
+        finished): the message put back would come straight back to it,
+        where nsqd gives it to whichever consumer is ready (the round's)."""
+        if not full or freed > finished or self.paused or client.ext_view is not None \
+                or not client.is_ready():
             return False  # (an ext client may leave a head for another's tag: the dispatcher's)
         ring = self.ring
         if not ring.depth:
@@ -268,6 +271,8 @@ class Channel:
         if n <= 0:
             return False
         self.nsqd.schedule_scan(deadline)
+        if ring.depth:
+            fairshare.delivered(self.nsqd)  # (publishers yield to it, as to a round)
         client.send_or_hold()
         return n >= freed
 
@@ -277,6 +282,7 @@ class Channel:
         (InFlight.deliver_from_ring) frames them into its output buffer and
         puts them in flight; counted and traced.  How many; the caller sends
         them and schedules the timeout scan."""
+        self._trace_drops(self.traced)  # (as a round begins: the C call's drops are events)
         base = len(client.out)
         _, n = self.inflight.deliver_from_ring(
             ring, min(room, DELIVER_BATCH), scratch, client.out, client.id, deadline,

@@ -218,11 +218,15 @@ class LogChannel(Channel):
         lanes' next messages (next_ordered, the finisher's first); then, if
         the client was full before, what a dispatcher round would give it of
         the rest, from its rings and straight from the logs
-        (_serve_finisher).  No round is needed if it got back as many as
-        were freed, unless this worker's dispatcher sleeps at a cursor's
-        full window, which the FINs may have moved (_window_blocked)."""
+        (_serve_finisher), but not after a REQ (Channel.refill_finisher).
+        No round is needed if it got back as many as were freed, unless
+        this worker's dispatcher sleeps at a cursor's full window, which the
+        FINs may have moved (_window_blocked).  (An ordered lane's head
+        REQ'd goes back to the finisher first: its partition's next.)"""
         sent = self.next_ordered(client) if finished else 0
-        if full and not self._ordered_only(client):
+        if not self._ordered_only(client):
+            if not full or freed > finished:
+                return False
             sent += self._serve_finisher(client)
         return sent >= freed and not self._window_blocked
 
@@ -237,6 +241,7 @@ class LogChannel(Channel):
         ordered = {id(lane.ring) for lane in self.lanes.values() if lane.ordered}
         deadline = time.monotonic_ns() + client.msg_timeout_ns
         sent = 0
+        self._trace_drops(self.traced)  # (as a round begins: the C calls' drops are events)
         with self.scratch.borrow() as scratch:
             for ring in self._sources(client):
                 room = client.ready_count - client.in_flight
@@ -256,6 +261,7 @@ class LogChannel(Channel):
             self.wake()  # (the dispatcher finishes them: _expired)
         if sent:
             self.nsqd.schedule_scan(deadline)
+            fairshare.delivered(self.nsqd)  # (publishers yield to it, as to a round)
             client.send_or_hold()
         return sent
 

@@ -7,10 +7,12 @@ import signal
 import socket
 import time
 
+import pytest
+
 from nsqshm import protocol as p
 
 from .conftest import wait_for
-from .test_workers import client_on_worker, worker_of_pid
+from .test_workers import Client, client_on_worker, worker_of_pid
 
 LIMIT_TEXT = b"E_SUB_FAILED SUB failed consumers for limited:c exceeds limit of 2"
 
@@ -116,3 +118,45 @@ def test_the_last_ephemeral_channels_of_an_ephemeral_topic_leaving_at_once(nsqd_
     assert "Traceback" not in log, log[log.index("Traceback") - 300:][:3000]
     assert wait_for(lambda: not [e for e in os.listdir("/dev/shm")
                                  if e.startswith(f"{server.prefix}.") and ".gone" in e])
+
+
+def _consumer(server, topic, rdy):
+    c = Client(server)
+    c.send(p.sub(topic, "c"))
+    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    c.send(p.rdy(rdy))
+    return c
+
+
+def _message_within(client, wait):
+    client.sock.settimeout(wait)
+    try:
+        return client.message()
+    except TimeoutError:
+        return None
+    finally:
+        client.sock.settimeout(5)
+
+
+@pytest.mark.workers(1)
+def test_a_req_goes_to_the_ready_consumer_not_back_to_its_sender(nsqd_factory):
+    """A consumer at its RDY takes its next messages in its own reader after
+    its FINs (Channel.refill_finisher), but not after a REQ: the message put
+    back goes to whichever consumer is ready, as nsqd's channel gives it to
+    the pump that waits (found in review: it came straight back to the
+    sender, with another consumer idle)."""
+    server = nsqd_factory()
+    assert server.post("/topic/create?topic=rq")[0] == 200
+    assert server.post("/channel/create?topic=rq&channel=c")[0] == 200
+    idle = _consumer(server, "rq", 0)  # (first in the dispatcher's order)
+    sender = _consumer(server, "rq", 1)
+    pc = Client(server)
+    pc.send(p.pub("rq", b"m"))
+    assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    m = sender.message()
+    idle.send(p.rdy(1))
+    time.sleep(0.2)
+    sender.send(p.req(m.id, 0))
+    again = _message_within(idle, 2.0)
+    assert again is not None and again.body == b"m"
+    assert _message_within(sender, 0.2) is None

@@ -378,3 +378,30 @@ def test_switches_made_on_both_workers_at_once_all_survive_a_restart(nsqd_factor
         assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
     for topic in topics:
         assert [e["event"] for e in history(server, f"topic={topic}&trace_id=0")] == ["PUB"], topic
+
+
+@pytest.mark.workers(1)
+def test_drops_after_trace_enable_are_recorded_by_a_consumer_s_own_refill(nsqd_factory):
+    """A consumer at its RDY takes its next messages in its own reader after
+    a FIN (Channel.refill_finisher); what that C call drops (here expired by
+    the channel's TTL) is recorded once tracing is on, as in a round of the
+    dispatcher (found in review: the first was not)."""
+    server = nsqd_factory()
+    assert server.post("/topic/create?topic=tl")[0] == 200
+    assert server.post("/channel/create?topic=tl&channel=c")[0] == 200
+    assert server.post("/channel/policy?topic=tl&channel=c&ttl=100")[0] == 200
+    c = Client(server)
+    c.send(p.sub("tl", "c"))
+    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    c.send(p.rdy(1))
+    pc = Client(server)
+    pc.send(p.pub("tl", b"first"))
+    assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    m = c.message()  # (a round of the dispatcher, tracing off; the consumer at its RDY now)
+    assert server.post("/message/trace/enable?topic=tl")[0] == 200
+    pc.send(mpub_trace("tl", [(1, b"x"), (2, b"y"), (3, b"z")]))
+    assert pc.response()[0] == p.FRAME_TYPE_RESPONSE
+    time.sleep(0.3)  # all three expire in the ring
+    c.send(p.fin(m.id))  # the refill drops the first, the dispatcher the rest
+    assert {t: bool(_dropped(server, "tl", t, tries=20)) for t in (1, 2, 3)} == \
+        {1: True, 2: True, 3: True}
