@@ -287,9 +287,9 @@ class LogChannel(Channel):
         wakes it), for a consumer on any worker.  Heads already waiting in
         their lanes go to the finisher first (_deliver_waiting), so that the
         partitions it just finished do not take its room from the others.
-        So a finisher that stays ready keeps its partitions (Youzan's consumers take them as their
-        pumps come; here another consumer gets one when the finisher is not
-        ready: RDY 0, gone, at its RDY).  Also after a dead local consumer's
+        So a finisher that stays ready keeps its partitions (Youzan's
+        consumers take them as their pumps come; here another consumer gets
+        one when the finisher is not ready: RDY 0, gone, at its RDY).  Also after a dead local consumer's
         recovery (recovery.recover_arena: it may have died between its FIN
         and its nudge).  Returns how many went to the finisher."""
         if not self.lanes:
@@ -327,19 +327,21 @@ class LogChannel(Channel):
 
     def _takes_ordered(self, client, index):
         """Whether a client may be given partition `index`'s ordered lane's
-        next message here, outside the dispatcher (next_ordered): ready, of
-        that partition or all, and on the plain path (no sample rate, no ext
-        view, no delivery policy: theirs is the dispatcher's ring path)."""
-        return client is not None and client.is_ready() and client.partition in (None, index) \
-            and not client.sample_rate and client.ext_view is None
+        next message here, outside the dispatcher (next_ordered): the channel
+        and topic not paused, ready, of that partition or all, and on the
+        plain path (no sample rate, no ext view, no delivery policy: theirs
+        is the dispatcher's ring path)."""
+        return client is not None and not (self.paused or self.topic.paused) \
+            and self.policy is None and client.is_ready() \
+            and client.partition in (None, index) and not client.sample_rate \
+            and client.ext_view is None
 
     def _deliver_waiting(self, index, lane, client):
         """The head waiting in an ordered lane, to a client (the finisher,
         in its reader: next_ordered) that takes it: one pop of the lane's
         ring, framed into its output buffer, as the dispatcher delivers from
         a ring.  Whether one went out."""
-        if self.paused or self.policy is not None or self.topic.paused \
-                or not self._takes_ordered(client, index):
+        if not self._takes_ordered(client, index):
             return False
         deadline = time.monotonic_ns() + client.msg_timeout_ns
         with self.scratch.borrow() as scratch:
@@ -357,8 +359,6 @@ class LogChannel(Channel):
         messagePump flushes every message of an ordered channel:
         next_ordered).  The client, or None: no such client here, or it took
         nothing (the feeder's path then)."""
-        if self.paused or self.policy is not None or self.topic.paused:
-            return None  # (a delivery policy's checks are on the ring's path)
         partition = self.topic.partitions[index]
         if partition not in self._readable or self._following(partition):
             return None
@@ -728,8 +728,10 @@ class LogChannel(Channel):
             client.kick()
         return n
 
-    def _direct_unread(self, ready):
-        """Whether a ready client could take something straight from a log."""
+    def _direct_unread(self, ready, at_window=False):
+        """Whether a ready client could take something straight from a log;
+        at_window: could, but for its cursor's full window (a FIN here that
+        moves it needs a round: _window_blocked)."""
         for client in ready:
             for partition in self._direct(client):
                 cursor = self.cursors[partition.index]
@@ -737,7 +739,7 @@ class LogChannel(Channel):
                 if view is None:
                     continue
                 pos = cursor.read_pos
-                if pos < view[1] and pos < cursor.window_end:
+                if pos < view[1] and (pos >= cursor.window_end) == at_window:
                     return True
         return False
 
@@ -769,23 +771,12 @@ class LogChannel(Channel):
             self.ring.nudge()  # the owners' feeders: a consumer here waits (see _room)
         try:
             if not any(ring.depth for ring in rings.values()) and not self._direct_unread(ready):
-                self._window_blocked = self._blocked_by_window(ready)
+                self._window_blocked = self._direct_unread(ready, at_window=True)
                 self._ready.wait()
         finally:
             self._window_blocked = False
             for waker in wakers:
                 _disarm(waker.ring)
-
-    def _blocked_by_window(self, ready):
-        """Whether a ready client could take something straight from a log
-        but for its cursor's full window (_direct_unread's other half)."""
-        for client in ready:
-            for partition in self._direct(client):
-                cursor = self.cursors[partition.index]
-                view = None if cursor.held else self._log_view(partition)
-                if view is not None and cursor.window_end <= cursor.read_pos < view[1]:
-                    return True
-        return False
 
     # -- the feeder -----------------------------------------------------------------------
 
