@@ -309,6 +309,11 @@ def test_consumers_on_any_worker_read_the_log_and_the_ring_is_filled_only_when_n
                     == len(consumers) + 1)
     for c in consumers:
         c.send(p.rdy(0))
+    # the RDY 0s applied before the publish: a consumer whose RDY 0 is still
+    # unread in its worker's socket takes the batch straight from the log
+    # (2 x RDY 100 is all 200), and the sampled one gets nothing
+    assert wait_for(lambda: [c["ready_count"] for c in channel_stats(server, "direct", "ch")
+                             ["clients"]] == [0] * (len(consumers) + 1))
     sampled.send(p.rdy(100))
     pc.send(p.mpub("direct", [b"s%d" % i for i in range(200)]))
     assert pc.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
