@@ -488,6 +488,15 @@ def split_host_port(hostport: str) -> tuple[str, str]:
     return host, hostport[i + 1:]
 
 
+def format_address(address: Any) -> str:
+    """An address as Go prints a net.Addr: host:port ([host]:port for IPv6) from a
+    socket's (host, port, ...); a unix socket's path as it is, its unnamed peer "@"."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        host = address[0]
+        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+    return str(address) if address else "@"
+
+
 def listen_address_kind(addr: str) -> str:
     """nsqd's util.TypeOfAddr: "tcp" for host:port, otherwise "unix" (a socket path)."""
     try:

@@ -34,6 +34,7 @@ from email.utils import formatdate
 import gevent
 from gevent.server import StreamServer
 
+from nsqshm.flags import format_address
 from nsqshm.httpbody import RECV_SIZE, Body
 from nsqshm.httprequest import (
     READ_LIMIT,
@@ -381,13 +382,6 @@ def http_date():
         _date_cache[0] = now
         _date_cache[1] = formatdate(now, usegmt=True).encode()
     return _date_cache[1]
-
-
-def format_address(address):
-    if isinstance(address, tuple) and len(address) >= 2:
-        host = address[0]
-        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
-    return str(address or "@")
 
 
 class HTTPServer(StreamServer):

@@ -46,8 +46,9 @@ from nsqshm.flags import LOG_LEVELS, split_host_port
 from nsqshm.nsqadmin import graphite
 from nsqshm.nsqadmin.cluster_view import ClusterView, maybe_warn
 from nsqshm.nsqadmin.options import parse_cidr
+from nsqshm.nsqadmin.pages import Pages
 from nsqshm.nsqadmin.policies import PolicyRoutes
-from nsqshm.nsqadmin.router import PatternRoute, join_base
+from nsqshm.nsqadmin.router import PatternRoute, check_channel, check_topic, join_base
 from nsqshm.nsqd.http_api import (
     HTTPAPI,
     TEXT_TYPE,
@@ -60,7 +61,6 @@ from nsqshm.nsqd.http_api import (
     parse_query,
 )
 from nsqshm.nsqd.log import LEVELS
-from nsqshm.nsqd.names import is_valid_name
 from nsqshm.nsqd.stats import go_json
 from nsqshm.youzan.offset import SPECIAL, SPECIAL_EARLIEST, SPECIAL_END, TIMESTAMP, ConsumeOffset
 
@@ -71,16 +71,6 @@ GO_MIME = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", "
            ".woff2": "application/font-woff2"}
 NODE = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}\Z")
 CONFIG_READ_MAX = 1024 * 1024 + 1
-
-
-def check_topic(name):
-    if not is_valid_name(name):
-        raise Err(400, "INVALID_TOPIC")
-
-
-def check_channel(name):
-    if not is_valid_name(name):
-        raise Err(400, "INVALID_CHANNEL")
 
 
 def _json_kind(value):
@@ -127,8 +117,6 @@ def decode_body(req, fields):
 
 class AdminHTTPAPI(HTTPAPI):
     def __init__(self, admin):
-        from nsqshm.nsqadmin.pages import Pages
-
         self.nsqd = admin  # HTTPAPI logs through .nsqd.log
         self.admin = admin
         self.view = ClusterView(admin)

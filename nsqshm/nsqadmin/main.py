@@ -10,8 +10,7 @@ EXIT_USAGE = 2
 
 
 def main(argv):
-    from nsqshm.nsqadmin.nsqadmin import VERSION_STRING
-    from nsqshm.nsqadmin.options import FlagError, OptionsError, parse_args, usage
+    from nsqshm.nsqadmin.options import VERSION_STRING, FlagError, OptionsError, parse_args, usage
 
     try:
         opts = parse_args(list(argv))
@@ -33,9 +32,9 @@ def main(argv):
     import gevent
     import gevent.event
 
+    from nsqshm.flags import format_address
     from nsqshm.nsqadmin.nsqadmin import NSQAdmin, StartError
     from nsqshm.nsqd.log import Logger
-    from nsqshm.nsqd.main import format_address
 
     log = Logger(prefix=opts.log_prefix, level=opts.log_level)
     for line in opts.warnings:

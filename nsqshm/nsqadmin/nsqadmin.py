@@ -8,16 +8,14 @@ raises ``StartError`` with nsqadmin's text when that fails.
 import socket
 import ssl
 
-from nsqshm import NSQD_COMPAT_VERSION, __version__
 from nsqshm.flags import split_host_port
 from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqadmin.client import V1Client
 from nsqshm.nsqadmin.clusterinfo import ClusterInfo
+from nsqshm.nsqadmin.http_api import create_app
 from nsqshm.nsqadmin.notify import Notifier
 from nsqshm.nsqd.log import Logger
 from nsqshm.nsqlookupd.nsqlookupd import listen_address
-
-VERSION_STRING = f"nsqadmin v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version__})"
 
 
 class StartError(Exception):
@@ -88,8 +86,6 @@ class NSQAdmin:
         self.client = V1Client(opts.http_client_connect_timeout, opts.http_client_request_timeout,
                                client_tls_context(opts))
         self.ci = ClusterInfo(self.client, self.log)
-        from nsqshm.nsqadmin.http_api import create_app
-
         try:
             server = HTTPServer(listen_address(opts.http_address), create_app(self),
                                 log_error=self.log.warn)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 
-from nsqshm import flags
+from nsqshm import NSQD_COMPAT_VERSION, __version__, flags
 from nsqshm.flags import (
     BOOL,
     DURATION,
@@ -28,8 +28,10 @@ from nsqshm.flags import (
     listen_address_kind,
 )
 
-__all__ = ["FLAGS", "FLAGSET", "FlagError", "Options", "OptionsError", "normalize_base_path",
-           "parse_args", "parse_cidr", "usage"]
+__all__ = ["FLAGS", "FLAGSET", "VERSION_STRING", "FlagError", "Options", "OptionsError",
+           "normalize_base_path", "parse_args", "parse_cidr", "usage"]
+
+VERSION_STRING = f"nsqadmin v{NSQD_COMPAT_VERSION} (built w/nsqshm-{__version__})"
 
 # the no_effect reasons (said at start when such a flag is given)
 _DEPRECATED = "deprecated in nsqadmin, where it has no effect either"

@@ -21,9 +21,9 @@ from werkzeug.wrappers import Response
 
 from nsqshm.flags import format_duration
 from nsqshm.nsqadmin.cluster_view import maybe_warn
-from nsqshm.nsqadmin.http_api import check_channel, check_topic
-from nsqshm.nsqadmin.nsqadmin import VERSION_STRING
+from nsqshm.nsqadmin.options import VERSION_STRING
 from nsqshm.nsqadmin.policies import body_text, ns_time
+from nsqshm.nsqadmin.router import check_channel, check_topic
 from nsqshm.nsqadmin.stats import TopicStats
 from nsqshm.nsqd.http_api import Err
 from nsqshm.nsqd.stats import nanoseconds_to_human

@@ -8,7 +8,8 @@ HTML pages, static assets, the graphite proxy) instead of a V1 body.
 
 import posixpath
 
-from nsqshm.nsqd.http_api import Route
+from nsqshm.nsqd.http_api import Err, Route
+from nsqshm.nsqd.names import is_valid_name
 
 
 def join_base(base, path):
@@ -47,3 +48,13 @@ class PatternRoute(Route):
     def match_fold(self, path):
         found = self._match(path, fold=True)
         return None if found is None else found[1]
+
+
+def check_topic(name):
+    if not is_valid_name(name):
+        raise Err(400, "INVALID_TOPIC")
+
+
+def check_channel(name):
+    if not is_valid_name(name):
+        raise Err(400, "INVALID_CHANNEL")

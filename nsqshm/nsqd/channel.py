@@ -42,6 +42,7 @@ from nsqshm.nsqd import bounds, fairshare, policy, trace
 from nsqshm.nsqd.backend import (
     RingOnly,
     count_records,
+    flush_ring,
     memory_first,
     new_backend,
     skip_records,
@@ -631,8 +632,6 @@ class Channel:
         """Stop the dispatcher.  delete: drop everything and close the clients.
         Otherwise (shutdown): the ring's and the in-flight messages go to the
         disk queue, deferred ones to the deferred file with their due times."""
-        from nsqshm.nsqd.topic import flush_ring
-
         self.exiting = True
         self._stop_greenlets()
         if delete:

@@ -37,7 +37,7 @@ from nsqshm._core import wire
 from nsqshm._core.commitlog import LogError
 from nsqshm._core.logcursor import ID_OFFSET_BITS
 from nsqshm.httpserver import RAW_HEADERS, HTTPServer
-from nsqshm.nsqd import ext, fairshare, message_ttl, trace
+from nsqshm.nsqd import ext, fairshare, message_ttl, metrics, trace
 from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST
 from nsqshm.nsqd.listeners import listen
 from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
@@ -265,6 +265,10 @@ class Router:
 
     def add(self, route):
         self.routes.setdefault(route.method, []).append(route)
+
+    def add_route(self, method, path, handler, **options):
+        """add(Route(...)): for a module that adds a route and is imported here."""
+        self.add(Route(method, path, handler, **options))
 
     def find(self, method, path):
         for route in self.routes.get(method, ()):
@@ -1216,8 +1220,6 @@ def create_app(nsqd):
     app = _App("nsqshm.nsqd")
     app.nsq_api = HTTPAPI(nsqd)
     install_gc_hook()
-    from nsqshm.nsqd import metrics
-
     metrics.register(app)  # GET /metrics (Prometheus)
     return app
 

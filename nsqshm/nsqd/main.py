@@ -12,13 +12,6 @@ EXIT_FATAL = 1
 EXIT_USAGE = 2
 
 
-def format_address(address):
-    if isinstance(address, str):  # a unix socket path, or host:port already
-        return address
-    host, port = address[0], address[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def check_writable(path):
     probe = os.path.join(path, f".nsqshm-check.{os.getpid()}")
     with open(probe, "w"):

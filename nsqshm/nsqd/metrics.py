@@ -208,8 +208,6 @@ def process_metrics(processes):
 
 def register(app):
     """Add GET /metrics to the nsqd app made by http_api.create_app."""
-    from nsqshm.nsqd.http_api import Route
-
     api = app.nsq_api
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NSQDCollector(api.nsqd))  # process_* too, every process's
@@ -218,7 +216,7 @@ def register(app):
         req.environ[ENVIRON_KEY] = True
         return generate_latest(registry)
 
-    api.router.add(Route("GET", "/metrics", metrics, plain=True))
+    api.router.add_route("GET", "/metrics", metrics, plain=True)
 
     @app.after_request
     def content_type(req, response):

@@ -36,6 +36,7 @@ from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm._core.arena import Arena
 from nsqshm._core.codec import LEASE_FILE as ID_LEASE_FILE
 from nsqshm._core.codec import IdGenerator
+from nsqshm.flags import format_address
 from nsqshm.nsqd import ext, instance, listeners, peek, policy, trace
 from nsqshm.nsqd.log import LEVELS, Logger
 from nsqshm.nsqd.logspecs import load_specs, write_specs
@@ -725,8 +726,6 @@ class NSQD:
 
     def write_instance(self):
         """Let local clients find this broker (nsqshm.nsqd.instance)."""
-        from nsqshm.nsqd.main import format_address
-
         http = self.http_server and self.http_server.address
         instance.write(self.shm_prefix, instance.record(
             self.shm_prefix, self.data_path, format_address(self.tcp_server.address),

@@ -31,7 +31,14 @@ from nsqshm._core.ext import ExtRecords, plain_to_ext
 from nsqshm._core.inflight import DeferredQueue
 from nsqshm._core.wire import pack_message
 from nsqshm.nsqd import bounds, message_ttl, policy, trace
-from nsqshm.nsqd.backend import RingOnly, memory_first, new_backend, skip_records, write_to_disk
+from nsqshm.nsqd.backend import (
+    RingOnly,
+    flush_ring,
+    memory_first,
+    new_backend,
+    skip_records,
+    write_to_disk,
+)
 from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.overflow import Overflow
@@ -456,28 +463,6 @@ class Topic:
         for overflow in [self.overflow, *self.adopted]:
             overflow.close()
         self._release()
-
-
-def flush_ring(ring, backend, scratch, nsqd):
-    """Move a ring's messages to its disk queue (shutdown).  On a failed
-    write the batch goes back into the ring, which is then left in /dev/shm
-    for the next start: False."""
-    while True:
-        n, nbytes = ring.pop_many_into(scratch)
-        if not n:
-            return True
-        try:
-            done, _ = backend.put_packed(memoryview(scratch)[:nbytes])
-        except OSError as err:
-            done = getattr(err, "written", 0)
-            nsqd.logf("error", f"failed to write to disk at shutdown, messages stay in "
-                               f"shared memory ({ring.name}) - {err}")
-            rest = memoryview(scratch)[:nbytes]
-            for _ in range(done):  # the part written stays on disk
-                rest = rest[4 + int.from_bytes(rest[:4], "little"):]
-            ring.unretire()  # (kept for the next start: local producers may push again)
-            ring.push_packed(rest)
-            return False
 
 
 __all__ = ["FULL", "Topic", "TopicError", "TopicFull"]

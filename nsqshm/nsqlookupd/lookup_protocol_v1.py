@@ -32,7 +32,7 @@ import struct
 import time
 
 from nsqshm import NSQD_COMPAT_VERSION
-from nsqshm.flags import format_duration
+from nsqshm.flags import format_address, format_duration
 from nsqshm.nsqd.errors import ClientErr
 from nsqshm.nsqd.names import is_valid_name
 from nsqshm.nsqd.stats import go_json
@@ -76,11 +76,6 @@ def go_trim_space(line):
                            or text[end - 1] in " \t\n\v\f\r"):
         end -= 1
     return text[start:end].encode("utf-8", "surrogateescape")
-
-
-def format_address(address):
-    host, port = address[0], address[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def send_response(sock, data):

@@ -5,7 +5,7 @@ nsqshm.nsqlookupd.nsqlookupd.NSQLookupd."""
 import sys
 
 from nsqshm import NSQD_COMPAT_VERSION, __version__
-from nsqshm.nsqd.main import format_address
+from nsqshm.flags import format_address
 
 EXIT_OK = 0
 EXIT_FATAL = 1

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from nsqshm.nsqadmin import options
-from nsqshm.nsqadmin.nsqadmin import VERSION_STRING
+from nsqshm.nsqadmin.options import VERSION_STRING
 
 
 def run_admin(*args, timeout=20):
