@@ -31,8 +31,9 @@ def test_architecture_maps_the_processes_memory_and_files():
         assert heading in text
     # every module of the broker is on the map
     linked = set(LINK.findall(text))
-    for module in ("arbiter.py", "worker.py", "nsqd.py", "topic.py", "channel.py",
-                   "protocol_v2.py", "client_v2.py", "backend.py", "cluster.py", "recovery.py"):
+    for module in ("workers/arbiter.py", "workers/worker.py", "nsqd.py", "topic.py", "channel.py",
+                   "tcp/protocol_v2.py", "tcp/client_v2.py", "backend.py", "workers/cluster.py",
+                   "workers/recovery.py", "logtopics/partition.py"):
         assert f"../nsqshm/nsqd/{module}" in linked, module
     for module in ("ring.pyx", "arena.pyx", "inflight.pyx", "wire.pyx", "diskqueue.pyx"):
         assert f"../nsqshm/_core/{module}" in linked, module

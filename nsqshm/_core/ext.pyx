@@ -61,7 +61,7 @@ cdef extern from "<fnmatch.h>" nogil:
 FILTER_EQUAL, FILTER_REGEXP, FILTER_GLOB, FILTER_MULTI = 1, 2, 3, 4
 SKIP, DELIVER, LEAVE = ACCEPT_SKIP, ACCEPT_DELIVER, ACCEPT_LEAVE  # accept()'s verdicts
 TAG_KEY = b"##client_dispatch_tag"     # internal/ext/ext.go CLIENT_DISPATCH_TAG_KEY
-cdef uint64_t TTL_MS_MAX = 1ULL << 40  # nsqd/message_ttl.py's (about 34 years)
+cdef uint64_t TTL_MS_MAX = 1ULL << 40  # nsqd/policies/message_ttl.py's (about 34 years)
 MAX_HEADER_LENGTH = 0xFFFF             # the 2-byte n
 cdef Py_ssize_t SCRATCH = MAX_HEADER_LENGTH + 1
 cdef Py_ssize_t KEY_MAX = 256
@@ -752,7 +752,7 @@ cdef inline int _trace_id(const unsigned char *json, Py_ssize_t n, char *scratch
 
 cdef inline int _ttl_ms(const unsigned char *json, Py_ssize_t n, char *scratch,
                         uint64_t *ttl_ms) noexcept nogil:
-    """The ##ttl_ms header (nsqd/message_ttl.py): at most 15 digits, at most TTL_MS_MAX."""
+    """The ##ttl_ms header (nsqd/policies/message_ttl.py): at most 15 digits, at most TTL_MS_MAX."""
     return _decimal_header(json, n, "##ttl_ms", 8, 15, TTL_MS_MAX, scratch, ttl_ms)
 
 
@@ -779,7 +779,7 @@ def pack_pub_ext(body, IdGenerator ids, uint64_t timestamp, bint mpub, long long
     exact error.  Headers are checked as one JSON object, ##trace_id as Go's
     ParseUint of a string, in C: no Python object per message.
 
-    A ##ttl_ms header (nsqd/message_ttl.py) gives the message a deadline of
+    A ##ttl_ms header (nsqd/policies/message_ttl.py) gives the message a deadline of
     timestamp + ttl: 8 bytes after the body and the attempts field's top bit
     (includes/message_expiry.h); ttl_allowed False (a log topic) or a bad
     value makes the body invalid here (the caller answers the error)."""

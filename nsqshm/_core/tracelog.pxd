@@ -14,7 +14,7 @@ cdef enum:
     EV_TIMEOUT = 6
     EV_DISK = 7
     EV_DROPPED = 8
-    # DROPPED's value: why (nsqshm.nsqd.trace.DROP_REASONS has the texts)
+    # DROPPED's value: why (nsqshm.nsqd.tracing.trace.DROP_REASONS has the texts)
     DROP_EPHEMERAL = 1        # an ephemeral channel past --mem-queue-size
     DROP_EXPIRED = 2          # its time to live passed before delivery
     DROP_SAMPLED = 3          # sampled out for a consumer with a sample_rate

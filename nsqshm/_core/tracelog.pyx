@@ -1,7 +1,7 @@
 # cython: freethreading_compatible=False
 """A worker's trace log: message events written in C, a batch per write(2).
 
-While tracing is on for a topic or channel (nsqd/trace.py), every state
+While tracing is on for a topic or channel (nsqd/tracing/trace.py), every state
 change of its messages is an event; the delivery paths (publish, the
 dispatcher, the C command parser, the timeout scan) hand this writer whole
 batches (packed records, output frames, command lines) and it appends one

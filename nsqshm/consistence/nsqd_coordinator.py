@@ -1,7 +1,7 @@
 """An nsqd worker in cluster mode (Youzan's NsqdCoordinator, nsqd_coordinator.go):
 the etcd session, the node's registration, the partitions this worker holds and its
 role in each, the replication RPC.  It drives the broker only through ReplicaHost
-(nsqd/replica.py); the broker knows nothing of etcd.
+(nsqd/logtopics/replica.py); the broker knows nothing of etcd.
 
 Per worker (each has its own session and lease):
 
@@ -39,9 +39,9 @@ from nsqshm.consistence.options import endpoints
 from nsqshm.consistence.replicator import HAND_OFF_TIMEOUT, PartitionLeader
 from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import NodeInfo, Topology
-from nsqshm.nsqd.logtopic import LogTopicError
-from nsqshm.nsqd.partition import partition_owner
-from nsqshm.nsqd.replica import NotLeader, NotLeaderGate, OffsetMismatch
+from nsqshm.nsqd.logtopics.logtopic import LogTopicError
+from nsqshm.nsqd.logtopics.partition import partition_owner
+from nsqshm.nsqd.logtopics.replica import NotLeader, NotLeaderGate, OffsetMismatch
 from nsqshm.nsqd.topic import TopicError
 
 LAG_TIMEOUT = 2.0  # an ISR follower behind this long leaves the ISR (PUBs wait at most ~this)

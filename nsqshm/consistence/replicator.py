@@ -1,5 +1,5 @@
 """The leader side of a replicated partition: the gate a leading partition holds
-(nsqd/replica.py) and one sender greenlet per other replica.
+(nsqd/logtopics/replica.py) and one sender greenlet per other replica.
 
     PUB -> Partition.append: gate.check_writable (fenced? lease alive?)
                              log.append_packed (local log, the records get offsets)
@@ -50,8 +50,8 @@ import gevent.event
 from nsqshm._core.commitlog import LogError
 from nsqshm.consistence import rpc
 from nsqshm.consistence.errors import CoordinationError, Fenced
-from nsqshm.nsqd.partition import MAX_RECORD
-from nsqshm.nsqd.replica import NotLeader
+from nsqshm.nsqd.logtopics.partition import MAX_RECORD
+from nsqshm.nsqd.logtopics.replica import NotLeader
 
 BATCH_BYTES = MAX_RECORD + 4 + (2 << 20)  # the largest record fits, with room for more
 MONITOR_INTERVAL = 0.2
@@ -121,7 +121,7 @@ class PartitionLeader:
         return f"<PartitionLeader {self.partition.topic.name}-{self.partition.index} " \
                f"epoch {self.epoch}>"
 
-    # -- the gate (nsqd/replica.py) ------------------------------------------------------
+    # -- the gate (nsqd/logtopics/replica.py) ------------------------------------------------------
 
     def check_writable(self, partition):
         if self.fenced is not None:

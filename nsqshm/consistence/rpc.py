@@ -1,6 +1,6 @@
 """The replication RPC between the nsqd of a cluster: a small length-prefixed binary
 protocol on --rpc-port (worker k of a node listens on rpc-port + k: the worker that
-owns a partition's log takes its replication, see nsqd/partition.py's owner rule).
+owns a partition's log takes its replication, see nsqd/logtopics/partition.py's owner rule).
 
 Every frame:
 

@@ -10,7 +10,7 @@ A local consumer keeps every message it holds in an arena of its own
 
 The broker lists these for /stats and, when an arena's owner is gone, puts
 its messages back into their channels and unlinks it
-(nsqshm.nsqd.local_clients).  A client unlinks only its own arena, and only
+(nsqshm.nsqd.local.clients).  A client unlinks only its own arena, and only
 after every message in it went back or was finished.
 """
 

@@ -1,5 +1,5 @@
 """The broker a local client talks to: found through its instance file in
-/dev/shm (nsqshm.nsqd.instance), asked over its HTTP API to create topics and
+/dev/shm (nsqshm.nsqd.local.instance), asked over its HTTP API to create topics and
 channels (it only pumps those it knows), and the names of its segments."""
 
 import json
@@ -12,9 +12,9 @@ from urllib.parse import quote
 import posix_ipc
 
 from nsqshm._core.logcursor import segment_name
-from nsqshm.nsqd import instance
-from nsqshm.nsqd.instance import NoBroker
-from nsqshm.nsqd.logspecs import find_spec
+from nsqshm.nsqd.local import instance
+from nsqshm.nsqd.local.instance import NoBroker
+from nsqshm.nsqd.logtopics.logspecs import find_spec
 from nsqshm.nsqd.names import inbound_ring_suffix, is_valid_name
 from nsqshm.ring import Ring, RingError
 
@@ -55,7 +55,7 @@ class Broker:
         return f"{self.prefix}.t.{check_name('topic', topic)}"
 
     def partition_ring_name(self, topic, partition):
-        """A log topic partition's inbound ring (nsqd/partition.py)."""
+        """A log topic partition's inbound ring (nsqd/logtopics/partition.py)."""
         return f"{self.prefix}.{inbound_ring_suffix(check_name('topic', topic), partition)}"
 
     def channel_ring_name(self, topic, channel):
@@ -133,13 +133,13 @@ class Broker:
             names.append(name)
 
     def log_topic_spec(self, topic):
-        """The log topic's spec (nsqd/logspecs.py) from the broker's data path, or
+        """The log topic's spec (nsqd/logtopics/logspecs.py) from the broker's data path, or
         None: a classic topic, or one not made yet."""
         data_path = self.info.get("data_path")
         return find_spec(data_path, check_name("topic", topic)) if data_path else None
 
     def cursor_name(self, topic, channel, partition):
-        """A log topic's channel cursor in one partition (nsqd/logchannel.py)."""
+        """A log topic's channel cursor in one partition (nsqd/logtopics/logchannel.py)."""
         return segment_name(self.prefix, check_name("topic", topic),
                             check_name("channel", channel), int(partition))
 

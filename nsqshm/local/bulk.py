@@ -33,7 +33,7 @@ from nsqshm.local import arenas
 from nsqshm.local.broker import Broker, LocalError, check_name
 from nsqshm.local.lanes import LANE_LOOK, Lanes, disarm, sleep_on
 from nsqshm.local.subscription import attach_cursors, leave, open_channel, subscribe
-from nsqshm.nsqd.local_clients import BULK_LABEL
+from nsqshm.nsqd.local.clients import BULK_LABEL
 
 USER_AGENT = f"nsqshm.local.bulk/{__version__}"
 

@@ -64,7 +64,7 @@ from nsqshm.local.batch import Batch
 from nsqshm.local.broker import Broker, LocalError, check_name
 from nsqshm.local.lanes import LANE_LOOK, Lanes, disarm, sleep_on
 from nsqshm.local.subscription import attach_cursors, leave, open_channel, subscribe
-from nsqshm.nsqd.local_clients import DIRECT_LABEL, LOCAL_LABEL
+from nsqshm.nsqd.local.clients import DIRECT_LABEL, LOCAL_LABEL
 
 CLIENT = 1                      # the one client id of this consumer's table
 MAX_MSG_TIMEOUT = 15 * 60.0     # nsqd's default --max-msg-timeout caps TOUCH

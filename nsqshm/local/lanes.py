@@ -1,5 +1,5 @@
 """The lanes of a log topic's channel that a local consumer takes from
-(nsqd/loglane.py): one ring per partition a consumer named (`SUB T C p`, a
+(nsqd/logtopics/loglane.py): one ring per partition a consumer named (`SUB T C p`, a
 local Consumer(partition=)), or an ordered one (`SUB_ORDERED`,
 Consumer(ordered=True)), which the partition's owner fills instead of the
 channel's ring.  Found by name, as the broker's workers find them, whoever
@@ -10,7 +10,7 @@ import select
 
 from nsqshm._core.logcursor import split_by_partition
 from nsqshm._core.ring import RingError
-from nsqshm.nsqd.loglane import lane_suffix
+from nsqshm.nsqd.logtopics.loglane import lane_suffix
 from nsqshm.ring import Ring
 
 LANE_LOOK = 1.0  # s: a consumer of every partition, waiting, looks for new lanes this often

@@ -1,9 +1,9 @@
 """A local consumer's hold on a log topic's channel (Consumer, BulkConsumer):
 the channel's cursors, one per partition, attached so that its FINs mark them;
 and its place among the channel ring's subscribers, which makes the partitions'
-owners feed the ring for it (nsqd/logchannel.py, LogChannel._room).  The
+owners feed the ring for it (nsqd/logtopics/logchannel.py, LogChannel._room).  The
 broker's recovery of a dead consumer's arena gives the place back
-(nsqd/recovery.py, _unsubscribe: the arena's ready_count says it holds one)."""
+(nsqd/workers/recovery.py, _unsubscribe: the arena's ready_count says it holds one)."""
 
 from nsqshm._core.logcursor import Cursor, CursorError, CursorSet
 from nsqshm._core.ring import SUBSCRIBERS_RETIRED

@@ -4,7 +4,7 @@ A local Consumer delivers, finishes, requeues and times out messages in its
 own process, so it records those events itself while tracing is on for its
 topic or channel (POST /message/trace/enable): in a log of its process
 beside the workers' (<data-path>/nsqshm.trace/l<pid>.events and .streams,
-nsqshm/nsqd/tracefiles.py), written in C by the same TraceWriter, which the
+nsqshm/nsqd/tracing/tracefiles.py), written in C by the same TraceWriter, which the
 broker's GET /message/trace reads with the workers' logs (the client is
 "shm:<pid>", as in /stats).  The switches are the broker's switches.json,
 looked at again at most every SWITCH_CHECK seconds.  The files are made
@@ -19,7 +19,7 @@ import threading
 import time
 
 from nsqshm._core.tracelog import EVENT_CODES, TraceWriter
-from nsqshm.nsqd.tracefiles import (
+from nsqshm.nsqd.tracing.tracefiles import (
     LOCAL,
     LOCAL_MAX_LOG_BYTES,
     append_stream,

@@ -61,7 +61,7 @@ from nsqshm.nsqd.http_api import (
     parse_query,
 )
 from nsqshm.nsqd.log import LEVELS
-from nsqshm.nsqd.stats import go_json
+from nsqshm.nsqd.monitoring.stats import go_json
 from nsqshm.youzan.offset import SPECIAL, SPECIAL_EARLIEST, SPECIAL_END, TIMESTAMP, ConsumeOffset
 
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")

@@ -23,7 +23,7 @@ import gevent.queue
 from nsqshm.nsqadmin.client import ClientError
 from nsqshm.nsqadmin.stats import local_hostname
 from nsqshm.nsqd.http_api import _escaped_path, request_path
-from nsqshm.nsqd.stats import go_json
+from nsqshm.nsqd.monitoring.stats import go_json
 
 
 def basic_auth_user(req):

@@ -26,7 +26,7 @@ from nsqshm.nsqadmin.policies import body_text, ns_time
 from nsqshm.nsqadmin.router import check_channel, check_topic
 from nsqshm.nsqadmin.stats import TopicStats
 from nsqshm.nsqd.http_api import Err
-from nsqshm.nsqd.stats import nanoseconds_to_human
+from nsqshm.nsqd.monitoring.stats import nanoseconds_to_human
 
 TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
 DEFAULT_REFRESH_S = 2

@@ -34,7 +34,7 @@ from nsqshm.nsqadmin.cluster_view import maybe_warn
 from nsqshm.nsqadmin.clusterinfo import UpstreamError
 from nsqshm.nsqd.http_api import Err
 from nsqshm.nsqd.names import is_valid_name
-from nsqshm.nsqd.policy import is_message_id
+from nsqshm.nsqd.policies.policy import is_message_id
 
 # body field -> the node's query parameter, per scope (policy_api's names)
 TOPIC_FIELDS = ("ttl", "max_depth", "max_bytes", "overflow")

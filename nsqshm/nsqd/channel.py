@@ -38,7 +38,6 @@ from nsqshm._core.inflight import (
 )
 from nsqshm._core.inflight import count_records as count_packed
 from nsqshm._core.ring import SUBSCRIBERS_RETIRED
-from nsqshm.nsqd import bounds, fairshare, policy, trace
 from nsqshm.nsqd.backend import (
     RingOnly,
     count_records,
@@ -49,7 +48,10 @@ from nsqshm.nsqd.backend import (
     write_to_disk,
 )
 from nsqshm.nsqd.names import is_ephemeral
-from nsqshm.nsqd.waiting import RingWaker
+from nsqshm.nsqd.policies import bounds, policy
+from nsqshm.nsqd.tcp import fairshare
+from nsqshm.nsqd.tracing import trace
+from nsqshm.nsqd.workers.waiting import RingWaker
 
 DELIVER_BATCH = 1024
 RETIRED = SUBSCRIBERS_RETIRED  # (see _delete_if_unused)

@@ -41,11 +41,12 @@ from nsqshm._core.ext import (
     split_ext,
 )
 from nsqshm._core.wire import pack_message
-from nsqshm.nsqd import message_ttl, trace
 from nsqshm.nsqd.errors import BAD_PARTITION, ClientErr, FatalClientErr
-from nsqshm.nsqd.logtopic import PartitionError
-from nsqshm.nsqd.reader import Disconnect
+from nsqshm.nsqd.logtopics.logtopic import PartitionError
+from nsqshm.nsqd.policies import message_ttl
+from nsqshm.nsqd.tcp.reader import Disconnect
 from nsqshm.nsqd.topic import TopicError
+from nsqshm.nsqd.tracing import trace
 from nsqshm.youzan import bodies, commands, identify
 from nsqshm.youzan import http as youzan_http
 

@@ -37,17 +37,21 @@ from nsqshm._core import wire
 from nsqshm._core.commitlog import LogError
 from nsqshm._core.logcursor import ID_OFFSET_BITS
 from nsqshm.httpserver import RAW_HEADERS, HTTPServer
-from nsqshm.nsqd import ext, fairshare, message_ttl, metrics, trace
+from nsqshm.nsqd import ext
 from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST
-from nsqshm.nsqd.listeners import listen
-from nsqshm.nsqd.logtopic import LogTopicError, PartitionError
+from nsqshm.nsqd.logtopics.logtopic import LogTopicError, PartitionError
+from nsqshm.nsqd.logtopics.partition import MAX_SECONDS
+from nsqshm.nsqd.logtopics.replica import NotLeader
+from nsqshm.nsqd.monitoring import metrics
+from nsqshm.nsqd.monitoring.stats import go_json, install_gc_hook, stats_json, stats_text
 from nsqshm.nsqd.names import go_quote, is_valid_name
 from nsqshm.nsqd.options import FLAGS, LOG_LEVELS, format_duration, listen_address_kind
-from nsqshm.nsqd.partition import MAX_SECONDS
-from nsqshm.nsqd.policy_api import PolicyRoutes
-from nsqshm.nsqd.replica import NotLeader
-from nsqshm.nsqd.stats import go_json, install_gc_hook, stats_json, stats_text
+from nsqshm.nsqd.policies import message_ttl
+from nsqshm.nsqd.policies.policy_api import PolicyRoutes
+from nsqshm.nsqd.tcp import fairshare
 from nsqshm.nsqd.topic import TopicError, TopicFull
+from nsqshm.nsqd.tracing import trace
+from nsqshm.nsqd.workers.listeners import listen
 from nsqshm.youzan import http as youzan_http
 from nsqshm.youzan.commands import NO_PARTITION
 from nsqshm.youzan.offset import check_supported
@@ -59,7 +63,7 @@ def put_error(err):
     QUEUE_FULL when a bounded queue refused it (bounds.py)."""
     if isinstance(err, TopicFull):
         return Err(503, "QUEUE_FULL")
-    if isinstance(err, NotLeader):  # cluster mode (nsqd/replica.py)
+    if isinstance(err, NotLeader):  # cluster mode (nsqd/logtopics/replica.py)
         return Err(400, "E_FAILED_ON_NOT_LEADER")
     return Err(503, "EXITING") if str(err) == "exiting" else Err(500, "INTERNAL_ERROR")
 

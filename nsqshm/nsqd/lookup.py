@@ -41,8 +41,8 @@ from gevent import socket as gsocket
 
 from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm.flags import split_host_port
+from nsqshm.nsqd.monitoring.stats import go_json
 from nsqshm.nsqd.names import is_ephemeral
-from nsqshm.nsqd.stats import go_json
 from nsqshm.youzan.lookup import OLD_VERSION_PID  # a registration without a partition
 
 MAGIC_V1 = b"  V1"
@@ -439,7 +439,7 @@ def resolve_broadcast_ports(nsqd):
     """nsqd.New: a --broadcast-tcp-port / --broadcast-http-port of 0 becomes
     the port actually listened on (TCP/IP listeners only), and the statsd
     prefix is expanded with them; /config shows the results, as nsqd's."""
-    from nsqshm.nsqd.statsd import expand_prefix
+    from nsqshm.nsqd.monitoring.statsd import expand_prefix
 
     opts = nsqd.opts
     for attr, server in (("broadcast_http_port", nsqd.http_server),

@@ -41,10 +41,10 @@ def main(argv):
         return EXIT_OK
     opts.argv = list(argv)  # SIGHUP re-reads them
 
-    from nsqshm.nsqd import instance
-    from nsqshm.nsqd.arbiter import Arbiter, set_proctitle
+    from nsqshm.nsqd.local import instance
     from nsqshm.nsqd.log import Logger
-    from nsqshm.nsqd.worker import main as worker_main
+    from nsqshm.nsqd.workers.arbiter import Arbiter, set_proctitle
+    from nsqshm.nsqd.workers.worker import main as worker_main
 
     log = Logger(prefix=opts.log_prefix, level=opts.log_level)
     for line in getattr(opts, "warnings", []):

@@ -83,6 +83,6 @@ def go_quote(value):
 
 def inbound_ring_suffix(topic, partition):
     """A log topic partition's inbound ring, after the broker's shm prefix: the
-    other workers' and the local producers' publishes (nsqd/partition.py,
+    other workers' and the local producers' publishes (nsqd/logtopics/partition.py,
     nsqshm.local).  ':' is in no topic name, so it never meets a topic's ring."""
     return f"t.{topic}:p{int(partition)}"

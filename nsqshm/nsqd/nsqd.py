@@ -37,13 +37,17 @@ from nsqshm._core.arena import Arena
 from nsqshm._core.codec import LEASE_FILE as ID_LEASE_FILE
 from nsqshm._core.codec import IdGenerator
 from nsqshm.flags import format_address
-from nsqshm.nsqd import ext, instance, listeners, peek, policy, trace
+from nsqshm.nsqd import ext
+from nsqshm.nsqd.local import instance
 from nsqshm.nsqd.log import LEVELS, Logger
-from nsqshm.nsqd.logspecs import load_specs, write_specs
-from nsqshm.nsqd.logtopic import LogTopic, LogTopicError, append_for_peer, make_spec
+from nsqshm.nsqd.logtopics.logspecs import load_specs, write_specs
+from nsqshm.nsqd.logtopics.logtopic import LogTopic, LogTopicError, append_for_peer, make_spec
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
-from nsqshm.nsqd.scratch import ScratchPool
+from nsqshm.nsqd.policies import peek, policy
 from nsqshm.nsqd.topic import Topic
+from nsqshm.nsqd.tracing import trace
+from nsqshm.nsqd.workers import listeners
+from nsqshm.nsqd.workers.scratch import ScratchPool
 from nsqshm.ring import Ring, use_gevent
 
 MESSAGE_OVERHEAD = 26 + 8  # message header, ring record header
@@ -109,7 +113,7 @@ class NSQD:
         self.tcp_server = None
         self.http_server = None
         self.https_server = None
-        self.tls_context = None  # --tls-cert/--tls-key (nsqshm.nsqd.tls)
+        self.tls_context = None  # --tls-cert/--tls-key (nsqshm.nsqd.tcp.tls)
         self.exiting = False
         self.loading = False
         # set once start() loaded the topology: before that a peer asking for it
@@ -120,7 +124,7 @@ class NSQD:
         self._syncer = None
         self.publish_instance = True  # the supervisor writes it when there are workers
         self.lookup = None  # nsqlookupd registration (nsqshm.nsqd.lookup), from start()
-        self.statsd = None  # statsd pushes (nsqshm.nsqd.statsd), with --statsd-address
+        self.statsd = None  # statsd pushes (nsqshm.nsqd.monitoring.statsd), with --statsd-address
         self.local_watch = None  # worker 0: local clients' arenas (local_watch.py)
 
     # -- shared memory ----------------------------------------------------------------
@@ -335,7 +339,7 @@ class NSQD:
             self.apply_options(msg.get("values") or {})
             return {"ok": True}
         if op == "stats":  # this worker's part of the broker's /stats, /metrics, statsd
-            from nsqshm.nsqd.stats import worker_stats
+            from nsqshm.nsqd.monitoring.stats import worker_stats
 
             return worker_stats(self, msg.get("topic", ""), msg.get("channel", ""),
                                 msg.get("clients", True), msg.get("mem", False),
@@ -653,7 +657,7 @@ class NSQD:
         """Bind and start the TCP and HTTP listeners; returns their addresses
         (http None when --http-address is empty)."""
         from nsqshm.nsqd.http_api import make_http_server
-        from nsqshm.nsqd.protocol_v2 import ProtocolV2
+        from nsqshm.nsqd.tcp.protocol_v2 import ProtocolV2
 
         use_gevent()
         # the random tail: a dead worker's arena may carry a pid now reused
@@ -665,7 +669,7 @@ class NSQD:
             max_queues=1 << 16)
         peers_topology = None
         if self.nworkers > 1:
-            from nsqshm.nsqd.cluster import Cluster
+            from nsqshm.nsqd.workers.cluster import Cluster
 
             self.cluster = Cluster(self)
             self.cluster.start()
@@ -683,7 +687,7 @@ class NSQD:
         self.persist_metadata()  # fails at start-up, as nsqd, when the data path is unwritable
         if not os.access(self.data_path, os.W_OK):
             raise RuntimeError(f"data path {self.data_path} is not writable")
-        from nsqshm.nsqd import recovery
+        from nsqshm.nsqd.workers import recovery
 
         recovery.remove_stale_fifos(self)
         recovery.recover_orphans(self)
@@ -696,7 +700,7 @@ class NSQD:
         self.tcp_server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.opts.http_address:  # empty: no HTTP listener, as nsqd
             self.http_server = make_http_server(self)
-        from nsqshm.nsqd import tls
+        from nsqshm.nsqd.tcp import tls
 
         self.tls_context = tls.build_server_context(self.opts)
         self.https_server = tls.install_https(self)
@@ -705,14 +709,15 @@ class NSQD:
             if server is not None:
                 server.start()
         self._scanner = gevent.spawn(self._scan_loop)
-        from nsqshm.nsqd import lookup, statsd
+        from nsqshm.nsqd import lookup
+        from nsqshm.nsqd.monitoring import statsd
 
         lookup.resolve_broadcast_ports(self)
         if self.index == 0:  # one registration and one statsd feed for the whole broker
             self.lookup = lookup.Lookup(self)
             self.lookup.start()
             self.statsd = statsd.start(self)
-            from nsqshm.nsqd.local_watch import LocalWatch
+            from nsqshm.nsqd.local.watch import LocalWatch
 
             self.local_watch = LocalWatch(self)  # local clients that die
             self.local_watch.start()
@@ -725,7 +730,7 @@ class NSQD:
         return getattr(self.opts, "bound", {}).get(key) or getattr(self.opts, key)
 
     def write_instance(self):
-        """Let local clients find this broker (nsqshm.nsqd.instance)."""
+        """Let local clients find this broker (nsqshm.nsqd.local.instance)."""
         http = self.http_server and self.http_server.address
         instance.write(self.shm_prefix, instance.record(
             self.shm_prefix, self.data_path, format_address(self.tcp_server.address),

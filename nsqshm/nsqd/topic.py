@@ -30,7 +30,6 @@ import gevent.event
 from nsqshm._core.ext import ExtRecords, plain_to_ext
 from nsqshm._core.inflight import DeferredQueue
 from nsqshm._core.wire import pack_message
-from nsqshm.nsqd import bounds, message_ttl, policy, trace
 from nsqshm.nsqd.backend import (
     RingOnly,
     flush_ring,
@@ -42,7 +41,9 @@ from nsqshm.nsqd.backend import (
 from nsqshm.nsqd.channel import Channel, LatencyStream
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqd.overflow import Overflow
-from nsqshm.nsqd.waiting import RingWaker
+from nsqshm.nsqd.policies import bounds, message_ttl, policy
+from nsqshm.nsqd.tracing import trace
+from nsqshm.nsqd.workers.waiting import RingWaker
 from nsqshm.ring import FULL, Ring, RingRetired
 
 

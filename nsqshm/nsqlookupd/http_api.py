@@ -32,7 +32,7 @@ from nsqshm.consistence.topology import MAX_PARTITIONS, NODE_ID
 from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.ext import wants_ext
 from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
-from nsqshm.nsqd.logtopic import MAX_RETENTION_BYTES, MAX_RETENTION_DAYS
+from nsqshm.nsqd.logtopics.logtopic import MAX_RETENTION_BYTES, MAX_RETENTION_DAYS
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqlookupd.registration_db import filter_by_active, filter_registrations, keys, subkeys
 from nsqshm.nsqlookupd.topic_meta import TopicMeta

@@ -34,8 +34,8 @@ import time
 from nsqshm import NSQD_COMPAT_VERSION
 from nsqshm.flags import format_address, format_duration
 from nsqshm.nsqd.errors import ClientErr
+from nsqshm.nsqd.monitoring.stats import go_json
 from nsqshm.nsqd.names import is_valid_name
-from nsqshm.nsqd.stats import go_json
 from nsqshm.nsqlookupd.registration_db import PeerInfo, Producer
 from nsqshm.youzan.lookup import OLD_VERSION_PID as NO_PARTITION
 from nsqshm.youzan.lookup import parse_registration

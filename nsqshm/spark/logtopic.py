@@ -12,7 +12,7 @@ else through its HTTP API.
 
 from urllib.parse import quote
 
-from nsqshm.nsqd.logspecs import find_spec, load_specs
+from nsqshm.nsqd.logtopics.logspecs import find_spec, load_specs
 from nsqshm.spark.connect import http_json, local_broker, topic_is_ext
 from nsqshm.spark.options import OptionError
 

@@ -27,7 +27,7 @@ in the same application takes them up: a replayed batch reads the same
 arenas, a batch Spark had committed is finished by the first latestOffset,
 so a restart repeats nothing.  When the driver dies the broker puts the
 messages back into their channels.  Each batch's messages carry a due time
-(msgTimeout after they were taken): nsqshm.nsqd.local_clients.dead_arenas
+(msgTimeout after they were taken): nsqshm.nsqd.local.clients.dead_arenas
 waits for it, so that an application restarted meanwhile adopts its
 predecessor's batches too.  Not for asyncProgressTrackingEnabled, whose
 commit log lags the offsets.

@@ -13,8 +13,8 @@ import json
 from typing import NamedTuple
 
 from nsqshm.nsqd.errors import E_EXT_NOT_SUPPORT, E_INVALID_JSON_HEADER, INVALID_TRACE_ID
+from nsqshm.nsqd.monitoring.stats import go_json
 from nsqshm.nsqd.names import is_valid_name
-from nsqshm.nsqd.stats import go_json
 from nsqshm.youzan.bodies import RESERVED_PREFIX, TRACE_ID_KEY
 from nsqshm.youzan.frames import PARTITION_LIMIT, partition_of
 from nsqshm.youzan.go_strconv import atoi, parse_int, parse_uint

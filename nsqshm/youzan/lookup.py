@@ -11,8 +11,8 @@ registers a topic's partition with "REGISTER <topic> <partition> [<channel>]".
 from typing import NamedTuple
 
 from nsqshm.nsqd.errors import FatalClientErr
+from nsqshm.nsqd.monitoring.stats import go_json
 from nsqshm.nsqd.names import is_valid_name
-from nsqshm.nsqd.stats import go_json
 from nsqshm.youzan.go_strconv import atoi
 from nsqshm.youzan.http import HTTPError, get
 

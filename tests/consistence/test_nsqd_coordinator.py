@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from nsqshm.consistence import rpc
-from nsqshm.nsqd.partition import partition_owner
+from nsqshm.nsqd.logtopics.partition import partition_owner
 from tests.consistence.cluster import RPC_PORT, Cluster
 from tests.consistence.etcd_server import ETCD
 from tests.consistence.netns import available

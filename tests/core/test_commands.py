@@ -3,7 +3,7 @@ command stream of the table cut at every byte gives what the whole stream
 gives, and what it applies and what it hands to the Python path are what
 protocol_v2.py's own parsing (its line reading, message_id, base10,
 duration_ms) says.  The bytes a server answers are compared with the
-Python path's in tests/nsqd/test_command_parser.py."""
+Python path's in tests/nsqd/tcp/test_command_parser.py."""
 
 import struct
 import time
@@ -14,7 +14,7 @@ from nsqshm._core import codec
 from nsqshm._core.commands import HANDOFF, NEED_MORE, CommandParser
 from nsqshm._core.inflight import DeferredQueue, InFlight
 from nsqshm.nsqd.errors import ClientErr
-from nsqshm.nsqd.protocol_v2 import base10, duration_ms, message_id
+from nsqshm.nsqd.tcp.protocol_v2 import base10, duration_ms, message_id
 
 CLIENT = 7
 MSG_TIMEOUT = 60 * 10**9

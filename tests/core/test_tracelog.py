@@ -12,7 +12,7 @@ from nsqshm._core import codec, tracelog
 from nsqshm._core.commands import CommandParser
 from nsqshm._core.inflight import DeferredQueue, InFlight
 from nsqshm._core.tracelog import RECORD_SIZE, TRACE_MAGIC, TraceWriter
-from nsqshm.nsqd import trace
+from nsqshm.nsqd.tracing import trace
 
 # [trace record]: ts, event, (0), attempt, stream, id, value, address, port, (0), magic
 LAYOUT = struct.Struct("=qBBHI16sQ16s2sHI")

@@ -98,7 +98,7 @@ def test_fuzz_bounded():
     # (15,000 inputs, about a quarter of a minute: the default run's share, which is
     # near its 20 minutes; make soak runs a million.  The 10,000-input prefix of this
     # seed ends on a topic delete racing a SUB on the other worker, which once left a
-    # channel without its ring: fixed, and tests/nsqd/test_segment_race.py races it on
+    # channel without its ring: fixed, and tests/nsqd/workers/test_segment_race.py races it on
     # purpose)
     summary, findings = fuzz(SEED, 15_000)
     assert not findings, report(summary, findings)

@@ -246,7 +246,7 @@ def test_names_and_missing_broker(broker, tmp_path):
 
 
 def test_found_by_data_path(nsqd_factory, tmp_path):
-    from nsqshm.nsqd.instance import prefix_for
+    from nsqshm.nsqd.local.instance import prefix_for
 
     data = tmp_path / "data"
     data.mkdir()

@@ -9,7 +9,7 @@ import json
 from nsqshm import protocol as p
 from nsqshm.local import Consumer, Producer
 from tests.nsqd.test_ext import OK, consumer, create_ext, pub_ext
-from tests.nsqd.test_workers import Client
+from tests.nsqd.workers.test_workers import Client
 
 from .conftest import started, wait_for
 

@@ -1,6 +1,6 @@
 """nsqshm.local's Consumer on one partition (partition=, as `SUB T C p`) and in
 order (ordered=, as `SUB_ORDERED`), through the channel's lanes
-(nsqd/loglane.py, docs/local.md); and a plain consumer taking the lanes
+(nsqd/logtopics/loglane.py, docs/local.md); and a plain consumer taking the lanes
 others made, as a plain SUB does; on real servers of one and two workers."""
 
 import contextlib

@@ -12,7 +12,7 @@ from nsqshm._core import codec
 from nsqshm._core.arena import Arena
 from nsqshm.local import BulkConsumer, Consumer, LocalError, Producer
 from nsqshm.local.consumer import _close_all
-from nsqshm.nsqd.local_clients import dead_arenas
+from nsqshm.nsqd.local.clients import dead_arenas
 from nsqshm.ring import Ring
 
 from .conftest import shm_entries, wait_for

@@ -1,4 +1,4 @@
-"""nsqshm.nsqd.local_clients: local clients as /stats shows them, and the
+"""nsqshm.nsqd.local.clients: local clients as /stats shows them, and the
 arenas the broker must recover."""
 
 import json
@@ -13,8 +13,8 @@ import pytest
 from nsqshm._core.arena import Arena
 from nsqshm._core.codec import encode_message, int_to_id
 from nsqshm.local import Consumer, Producer
-from nsqshm.nsqd import stats
-from nsqshm.nsqd.local_clients import dead_arenas, local_client_stats
+from nsqshm.nsqd.local.clients import dead_arenas, local_client_stats
+from nsqshm.nsqd.monitoring import stats
 
 from .conftest import started, wait_for
 

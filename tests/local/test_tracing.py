@@ -7,7 +7,7 @@ import os
 import time
 
 from nsqshm.local import Consumer
-from nsqshm.nsqd.tracefiles import TRACE_DIR
+from nsqshm.nsqd.tracing.tracefiles import TRACE_DIR
 from tests.nsqd.test_ext import history
 
 from .conftest import started, wait_for

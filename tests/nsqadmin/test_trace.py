@@ -14,7 +14,7 @@ import pytest
 from nsqshm import protocol as p
 from tests.nsqadmin.conftest import ARTIFACTS, Admin
 from tests.nsqd.test_ext import consumer
-from tests.nsqd.test_workers import Client
+from tests.nsqd.workers.test_workers import Client
 
 CHROMIUM = "/usr/bin/chromium"
 

@@ -10,9 +10,8 @@ import time
 import pytest
 
 from nsqshm import protocol as p
-
-from .conftest import wait_for
-from .test_workers import Client, client_on_worker, worker_of_pid
+from tests.nsqd.conftest import wait_for
+from tests.nsqd.workers.test_workers import Client, client_on_worker, worker_of_pid
 
 LIMIT_TEXT = b"E_SUB_FAILED SUB failed consumers for limited:c exceeds limit of 2"
 

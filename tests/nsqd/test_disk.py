@@ -14,9 +14,8 @@ import time
 import pytest
 
 from nsqshm import protocol as p
-
-from .conftest import wait_for
-from .test_protocol_v2 import Conn, publish
+from tests.nsqd.conftest import wait_for
+from tests.nsqd.tcp.test_protocol_v2 import Conn, publish
 
 WORKER_COUNTS = (1, 2)  # every test on one worker and on two (conftest.py)
 

@@ -12,10 +12,9 @@ import psutil
 import pytest
 
 from nsqshm import protocol as p
-
-from .conftest import http_call, http_on_each_worker, wait_for
-from .test_log_topics import confirmed, nothing_more, take
-from .test_workers import Client
+from tests.nsqd.conftest import http_call, http_on_each_worker, wait_for
+from tests.nsqd.logtopics.test_log_topics import confirmed, nothing_more, take
+from tests.nsqd.workers.test_workers import Client
 
 WORKER_COUNTS = (1, 2)
 OK = (p.FRAME_TYPE_RESPONSE, b"OK")
@@ -200,7 +199,7 @@ def test_errors_are_youzans(nsqd_factory):
 
 
 def history(server, query):
-    """GET /message/trace's events (nsqd/trace.py)."""
+    """GET /message/trace's events (nsqd/tracing/trace.py)."""
     status, body = server.get(f"/message/trace?{query}")
     assert status == 200
     return json.loads(body)["events"]

@@ -19,9 +19,8 @@ import urllib.error
 import pytest
 
 from nsqshm import protocol as p
-
-from .conftest import wait_for
-from .test_workers import Client
+from tests.nsqd.conftest import wait_for
+from tests.nsqd.workers.test_workers import Client
 
 BODY = b"z" * 1000
 

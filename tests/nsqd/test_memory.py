@@ -11,9 +11,8 @@ import psutil
 import pytest
 
 from nsqshm import protocol as p
-
-from .conftest import wait_for
-from .test_workers import Client
+from tests.nsqd.conftest import wait_for
+from tests.nsqd.workers.test_workers import Client
 
 
 def server_memory(server, kinds=("RssAnon:", "RssFile:")):
@@ -55,7 +54,7 @@ def free_garbage(server):
     """POST /debug/freememory on every worker (gc, malloc_trim): what is measured
     is what the queues keep, not garbage a collection has not reached yet (its
     timing moved this test's figure between 73 and 105 KB)."""
-    from .conftest import http_call, http_on_each_worker
+    from tests.nsqd.conftest import http_call, http_on_each_worker
 
     for conn in http_on_each_worker(server).values():
         assert http_call(conn, "POST", "/debug/freememory")[0] == 500  # (nsqd's answer)

@@ -9,8 +9,7 @@ import zlib
 import pytest
 
 from nsqshm import protocol as p
-
-from .test_workers import Client, client_on_worker
+from tests.nsqd.workers.test_workers import Client, client_on_worker
 
 pytestmark = pytest.mark.timeout(120)
 

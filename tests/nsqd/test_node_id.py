@@ -9,9 +9,8 @@ import pytest
 
 from nsqshm import protocol as p
 from nsqshm._core.codec import LEASE_FILE, NSQD_EPOCH_MS, id_to_int
-
-from .conftest import wait_for
-from .test_workers import Client
+from tests.nsqd.conftest import wait_for
+from tests.nsqd.workers.test_workers import Client
 
 pytestmark = pytest.mark.timeout(120)
 

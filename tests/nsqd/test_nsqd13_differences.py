@@ -15,8 +15,7 @@ import struct
 import pytest
 
 from tests.fuzz.conversation import converse
-
-from .conftest import Server
+from tests.nsqd.conftest import Server
 
 HERE = os.path.dirname(__file__)
 COPY = os.path.join(HERE, "vectors", "nsqd13_tcp.json")

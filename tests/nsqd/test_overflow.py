@@ -11,9 +11,8 @@ import time
 import zlib
 
 from nsqshm import protocol as p
-
-from .conftest import wait_for
-from .test_workers import Client, client_on_worker, worker_of_pid
+from tests.nsqd.conftest import wait_for
+from tests.nsqd.workers.test_workers import Client, client_on_worker, worker_of_pid
 
 
 def topic_owned_by(index, prefix, workers=2):

@@ -20,8 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import snappy  # python-snappy, as pynsq and gnsq use it
 
 from nsqshm import protocol as p
-
-from .conftest import wait_for
+from tests.nsqd.conftest import wait_for
 
 HERE = os.path.dirname(__file__)
 HTTPS_LISTEN = re.compile(r"HTTPS: listening on (\S+):(\d+)")

@@ -3,8 +3,8 @@ pytest_plugins = ["tests.nsqd.transport_fixtures"]."""
 
 import pytest
 
-from .certs import make_certs
-from .transport import AuthServer
+from tests.nsqd.certs import make_certs
+from tests.nsqd.transport import AuthServer
 
 
 @pytest.fixture(scope="session")

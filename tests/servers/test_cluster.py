@@ -20,7 +20,7 @@ import urllib.request
 import psutil
 import pytest
 
-from nsqshm.nsqd import instance
+from nsqshm.nsqd.local import instance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLUSTER = os.path.join(ROOT, "servers", "cluster")

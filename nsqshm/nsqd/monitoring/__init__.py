@@ -1,0 +1,1 @@
+"""What nsqd tells about itself: /stats, /metrics, statsd."""

@@ -1,0 +1,1 @@
+"""Message tracing: the trace logs and their files."""

@@ -1,0 +1,1 @@
+"""The process model: the supervisor, its workers, their shared listeners and messages, recovery."""

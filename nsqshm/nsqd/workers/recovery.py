@@ -1,0 +1,217 @@
+"""Putting back the messages a dead process held.
+
+A worker's in-flight and deferred messages live in its arena
+(`<prefix>.f.w<index>.<pid>.<random>`, nsqshm._core.arena).  When the worker dies,
+its replacement (the same index) finds the arena, sees the owner gone, and
+puts every message back: in-flight ones into their channel (attempts as
+delivered), deferred ones into its own deferred queue with their due time.
+Each block is released only after its message is stored again, so a death
+during recovery repeats messages and loses none.  Worker 0 also takes the
+arenas of indexes no longer running (fewer --workers than before) and of
+local clients (nsqshm.local) that died.
+
+When the channel a message belonged to was deleted meanwhile, the message
+goes with it, as in nsqd.
+
+A channel ring counts the clients of every worker subscribed to it
+(--max-channel-consumers); a dead worker's clients are gone, so a starting
+worker sets every channel's count to what the running peers report.
+
+A worker's overflow disk queues (overflow.py: publishes for topics it does
+not own that the topic's ring had no room for) are drained by the worker
+of the same index, or worker 0 for indexes that no longer run; when this
+worker now owns the topic, they go into the topic at once.
+"""
+
+import os
+import time
+
+from nsqshm._core.arena import DEFERRED, Arena, ArenaError
+from nsqshm._core.ring import Ring
+from nsqshm.nsqd import overflow
+from nsqshm.nsqd.local import clients as local_clients
+from nsqshm.nsqd.topic import TopicError
+
+
+def _worker_index(name, prefix):
+    # <prefix>.f.w<index>.<pid>.<6 hex digits>
+    index, _, rest = name[len(prefix) + 4:].partition(".")
+    return int(index) if index.isdigit() and rest else None
+
+
+def orphan_arenas(nsqd):
+    """Names of dead processes' arenas this worker should recover."""
+    prefix = nsqd.shm_prefix
+    own = nsqd.arena.name if nsqd.arena is not None else None
+    names = []
+    for name in Arena.list(f"{prefix}.f."):
+        if name == own:
+            continue
+        kind = name[len(prefix) + 3:len(prefix) + 4]
+        if kind == "w":
+            index = _worker_index(name, prefix)
+            if index is None:
+                continue
+            mine = index == nsqd.index or (index >= nsqd.nworkers and nsqd.index == 0)
+        else:  # local clients and Spark readers: worker 0
+            mine = nsqd.index == 0
+        if mine:
+            names.append(name)
+    return names
+
+
+def remove_stale_fifos(nsqd):
+    """Worker 0 at start: waiter FIFOs of rings that are gone (Ring.remove_stale_fifos)."""
+    if nsqd.index == 0:
+        gone = Ring.remove_stale_fifos(nsqd.shm_prefix)
+        if gone:
+            nsqd.logf("info", f"RECOVERY: removed {gone} waiter FIFOs of rings that are gone")
+
+
+def recover_orphans(nsqd):
+    from nsqshm.nsqd.local.clients import dead_arenas
+
+    clients = f"{nsqd.shm_prefix}.f.w"
+    # a Spark batch not yet due waits (local_watch.py takes it when it is)
+    ready = set(dead_arenas(nsqd.shm_prefix)) if nsqd.index == 0 else set()
+    total = 0
+    for name in orphan_arenas(nsqd):
+        if name.startswith(clients) or name in ready:
+            total += recover_arena(nsqd, name)
+    return total
+
+
+def recover_arena(nsqd, name):
+    """Put back the messages of arena `name` if its owner is dead; returns how many."""
+    try:
+        arena = Arena.attach(name)
+    except (ArenaError, OSError, ValueError) as err:
+        nsqd.logf("error", f"RECOVERY: cannot read {name} - {err}")
+        return 0
+    try:
+        if arena.owner_alive():
+            return 0
+        label, pid = arena.label, arena.owner_pid
+        own = _own_channel(nsqd, arena)
+        _unsubscribe(arena, own)
+        moved = dropped = 0
+        now_wall = time.time_ns()
+        for offset, queue, state, due_wall, msg in arena.blocks():
+            topic_name, _, channel_name = queue.partition(":")
+            topic = nsqd.topics.get(topic_name)
+            channel = topic.channels.get(channel_name) if topic is not None else None
+            if topic is not None and channel_name == "":  # a DPUB before any channel
+                topic.defer_waiting(msg, time.monotonic_ns() + max(0, due_wall - now_wall))
+                moved += 1
+            elif channel is None:
+                dropped += 1
+            elif state == DEFERRED and due_wall > now_wall:
+                channel.defer(msg, (due_wall - now_wall) / 1e9)
+                moved += 1
+            else:
+                channel.put_records(len(msg).to_bytes(4, "little") + msg)
+                moved += 1
+            arena.release(offset)
+        nsqd.logf("info", f"RECOVERY: {moved} messages held by {label or name} (pid {pid}) put "
+                          f"back" + (f", {dropped} of deleted channels dropped" if dropped else ""))
+        if own is not None:  # (a local consumer may have died between its FIN and its nudge)
+            own.next_ordered()
+        arena.unlink()
+        return moved
+    finally:
+        arena.close()
+
+
+def _own_channel(nsqd, arena):
+    """The channel a local consumer's arena names as its own (client info), or None."""
+    if arena.label not in local_clients.SUBSCRIBER_LABELS:
+        return None
+    topic_name, _, channel_name = arena.client_info()["queue"].partition(":")
+    topic = nsqd.topics.get(topic_name)
+    return topic.channels.get(channel_name) if topic is not None else None
+
+
+def _unsubscribe(arena, channel):
+    """A dead local Consumer (or BulkConsumer) of a log channel (`channel`, its
+    own: _own_channel) counted itself among the ring's subscribers
+    (nsqshm/local/consumer.py): take it out.  Once: the count goes to 0 with it,
+    before its messages go back."""
+    if channel is None or not channel.local_subscribers:
+        return
+    if arena.client_info()["ready_count"] <= 0:  # closed: it took itself out
+        return
+    arena.set_client_info(ready_count=0)
+    if arena.label == local_clients.DIRECT_LABEL:
+        channel.ring.add_direct_subscribers(-1)
+    channel.ring.add_subscribers(-1)
+
+
+def recover_overflows(nsqd):
+    """Take the overflow queues left by this index's previous process (or
+    by indexes that no longer run); returns how many messages they hold."""
+    total = 0
+    for topic_name, index in overflow.found_on_disk(nsqd):
+        topic = nsqd.topics.get(topic_name)
+        if topic is None:  # deleted while its worker was gone: dropped with it
+            for name in os.listdir(nsqd.data_path):
+                if name.startswith(overflow.queue_name(topic_name, index) + ".diskqueue."):
+                    os.unlink(os.path.join(nsqd.data_path, name))
+            continue
+        spill = topic.overflow if index == nsqd.index else overflow.Overflow(topic, index)
+        spill.open()
+        total += spill.depth
+        if topic.owned:
+            _store_all(nsqd, topic, spill)
+        else:
+            if spill is not topic.overflow:
+                topic.adopted.append(spill)
+            spill.start()
+    if total:
+        nsqd.logf("info", f"RECOVERY: {total} messages in overflow queues taken back")
+    return total
+
+
+def _store_all(nsqd, topic, spill):
+    """This worker owns the topic now: the overflow goes into it as a PUB does."""
+    queue = spill.queue
+    while queue.depth:
+        with nsqd.scratch.borrow() as scratch:
+            n, nbytes = queue.peek_into(scratch, 1024)
+            if not n:
+                break
+            try:
+                topic.store(memoryview(scratch)[:nbytes])
+            except TopicError as err:  # a full disk: the rest waits for the next start
+                nsqd.logf("error", f"RECOVERY: overflow of {topic.name} kept - {err}")
+                break
+            queue.advance(n)
+    if not queue.depth:
+        spill.delete()
+    else:
+        spill.close()
+
+
+def recount_subscribers(nsqd):
+    """Every channel's subscriber count: the running peers' clients (this
+    worker has none yet), and of them those a log channel's feeders need
+    not fill its ring for (logchannel.py, direct_subscribers).  A peer that
+    does not answer counts none.  A client that subscribes on a peer between
+    its answer and the stores below is missed; one that needs a log channel's
+    ring asks for it when it waits (ring_wanted, logchannel.py)."""
+    counts = {}  # queue -> [clients, of them reading a log channel straight from the logs]
+    if nsqd.cluster is not None:
+        for reply in nsqd.cluster.gather({"op": "subscribers"}, timeout=2):
+            for queue, pair in (reply or {}).items():
+                if isinstance(pair, list) and len(pair) == 2 and all(
+                        isinstance(n, int) for n in pair):
+                    total = counts.setdefault(queue, [0, 0])
+                    total[0] += pair[0]
+                    total[1] += pair[1]
+    local = local_clients.local_subscribers(nsqd.shm_prefix)
+    for topic in nsqd.topics.values():
+        for channel in topic.channels.values():
+            queue = f"{topic.name}:{channel.name}"
+            clients, direct = counts.get(queue, (0, 0))
+            here, here_direct = local.get(queue, (0, 0)) if channel.local_subscribers else (0, 0)
+            channel.ring.subscribers = clients + here
+            channel.ring.direct_subscribers = direct + here_direct

@@ -1,0 +1,79 @@
+"""Recovery of messages held by dead processes: a local client's arena
+(nsqshm/nsqd/local/watch.py) and the arena of a worker that is gone."""
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+from nsqshm import protocol as p
+from tests.nsqd.conftest import wait_for
+from tests.nsqd.workers.test_workers import Client
+
+# A stand-in for a local consumer: it takes messages from the channel ring
+# into its own arena under the broker's prefix, reports, and waits to be killed.
+TAKER = textwrap.dedent("""
+    import os, sys, time
+    from nsqshm._core.arena import Arena
+    from nsqshm._core.inflight import InFlight
+    from nsqshm.ring import Ring
+    prefix, queue = sys.argv[1], sys.argv[2]
+    ring = Ring.attach(f"{prefix}.c.{queue}")
+    arena = Arena.create(f"{prefix}.f.l{os.getpid()}.0", size=1 << 24, label="local")
+    inflight = InFlight()
+    inflight.use_arena(arena, queue)
+    taken, _ = inflight.deliver_from_ring(ring, 100, bytearray(ring.max_record + 4),
+                                          bytearray(), 1, time.monotonic_ns() + 10**12)
+    print(taken, flush=True)
+    time.sleep(600)
+""")
+
+
+def stats(server):
+    return json.loads(server.get("/stats?format=json&include_mem=false")[1])
+
+
+def test_messages_of_a_killed_local_client_are_put_back(nsqd_factory):
+    server = nsqd_factory()
+    assert server.post("/topic/create?topic=lt")[0] == 200
+    assert server.post("/channel/create?topic=lt&channel=ch")[0] == 200
+    for i in range(10):
+        assert server.post("/pub?topic=lt", f"l{i}".encode())[0] == 200
+    wait_for(lambda: stats(server)["topics"][0]["channels"][0]["depth"] == 10)
+    taker = subprocess.Popen([sys.executable, "-c", TAKER, server.prefix, "lt:ch"],
+                             stdout=subprocess.PIPE)
+    assert taker.stdout.readline() == b"10\n"
+    assert stats(server)["topics"][0]["channels"][0]["depth"] == 0  # all held by the taker
+    taker.send_signal(signal.SIGKILL)
+    taker.wait()
+    wait_for(lambda: any("RECOVERY: 10 messages" in line for line in server.lines), timeout=10)
+    c = Client(server)
+    c.send(p.sub("lt", "ch"))
+    c.response()
+    c.send(p.rdy(20))
+    got = sorted(c.message().body for _ in range(10))
+    assert got == sorted(f"l{i}".encode() for i in range(10))
+
+
+def test_dpub_before_any_channel_survives_a_kill(tmp_path, nsqd_factory):
+    data = tmp_path / "data"
+    data.mkdir()
+    server = nsqd_factory(data_path=data)
+    c = Client(server)
+    c.send(p.dpub("early", 1500, b"waiting"))  # no channel yet: the topic keeps it
+    assert c.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    pids = [server.proc.pid]
+    import psutil
+
+    pids += [ch.pid for ch in psutil.Process(server.proc.pid).children()]
+    for pid in pids:
+        psutil.Process(pid).kill()
+    server.proc.wait(10)
+    again = nsqd_factory(data_path=data, prefix=server.prefix)
+    wait_for(lambda: any("RECOVERY: 1 messages" in line for line in again.lines), timeout=10)
+    consumer = Client(again)
+    consumer.send(p.sub("early", "ch"))
+    consumer.response()
+    consumer.send(p.rdy(1))
+    assert consumer.message().body == b"waiting"
