@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 
-from nsqshm.consistence.session import EtcdSession
+from nsqshm.consistence.etcd.session import EtcdSession
 from nsqshm.consistence.topology import Topology
 
 from .common import medians

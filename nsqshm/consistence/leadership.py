@@ -39,8 +39,8 @@ from nsqshm.consistence.errors import (
     NotInISR,
     TopicNotFound,
 )
+from nsqshm.consistence.etcd.txn import Compare, Op
 from nsqshm.consistence.topology import LeaderSession, ReplicaInfo, check_node_id
-from nsqshm.consistence.txn import Compare, Op
 
 log = logging.getLogger("nsqshm.consistence")
 

@@ -18,10 +18,10 @@ import time
 import gevent
 
 from nsqshm.consistence.errors import CoordinationError, NodeNotFound, TopicNotFound
+from nsqshm.consistence.etcd.session import EtcdSession
 from nsqshm.consistence.master import Master
 from nsqshm.consistence.migrator import Migrator
 from nsqshm.consistence.options import endpoints
-from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import MoveRequest, NodeInfo, TopicMeta, Topology
 
 RETRY = 0.5

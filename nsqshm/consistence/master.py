@@ -16,8 +16,8 @@ import logging
 import gevent
 
 from nsqshm.consistence.errors import CoordinationError
+from nsqshm.consistence.etcd.txn import Compare, Op
 from nsqshm.consistence.topology import NodeInfo
-from nsqshm.consistence.txn import Compare, Op
 
 log = logging.getLogger("nsqshm.consistence")
 

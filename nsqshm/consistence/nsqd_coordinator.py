@@ -34,10 +34,10 @@ from nsqshm.consistence.errors import (
     NotInISR,
     TopicNotFound,
 )
+from nsqshm.consistence.etcd.session import EtcdSession
 from nsqshm.consistence.leadership import CANDIDATE, LEADER, Leadership
 from nsqshm.consistence.options import endpoints
 from nsqshm.consistence.replicator import HAND_OFF_TIMEOUT, PartitionLeader
-from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import NodeInfo, Topology
 from nsqshm.nsqd.logtopics.logtopic import LogTopicError
 from nsqshm.nsqd.logtopics.partition import partition_owner

@@ -31,8 +31,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from nsqshm.consistence.errors import InvalidName, NodeRemoving, TopicExists, TopicNotFound
+from nsqshm.consistence.etcd.txn import Compare, Op
 from nsqshm.consistence.placement import spread
-from nsqshm.consistence.txn import Compare, Op
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 
 ROOT = "/NSQMetaData"

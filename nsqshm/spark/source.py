@@ -20,7 +20,7 @@ Options: nsqshm.spark.options.
 
 from pyspark.sql.datasource import DataSource
 
-from nsqshm.spark.logtopic import LogTopic
+from nsqshm.spark.logtopics.logtopic import LogTopic
 from nsqshm.spark.options import OptionError, parse
 from nsqshm.spark.schema import schema_of
 
@@ -74,7 +74,7 @@ class NsqshmDataSource(DataSource):
         o = parse(self.options)
         logs = log_topics(o)
         if logs:
-            from nsqshm.spark.logbatch import LogBatchReader
+            from nsqshm.spark.logtopics.logbatch import LogBatchReader
 
             return LogBatchReader(o, logs)
         from nsqshm.spark.batch_read import BatchReader
@@ -85,7 +85,7 @@ class NsqshmDataSource(DataSource):
         o = parse(self.options)
         logs = log_topics(o)
         if logs:
-            from nsqshm.spark.logstream import LogStreamReader
+            from nsqshm.spark.logtopics.logstream import LogStreamReader
 
             return LogStreamReader(o, logs)
         from nsqshm.spark.stream import StreamReader

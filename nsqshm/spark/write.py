@@ -103,7 +103,7 @@ class _Sink:
 
     def _log_topic(self, topic):
         if topic not in self.log_topics:
-            from nsqshm.spark.logtopic import LogTopic
+            from nsqshm.spark.logtopics.logtopic import LogTopic
 
             self.log_topics[topic] = LogTopic.find(self.o, topic)
         return self.log_topics[topic]

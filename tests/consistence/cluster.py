@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 
 from nsqshm import protocol as p
-from nsqshm.consistence.session import EtcdSession
+from nsqshm.consistence.etcd.session import EtcdSession
 from nsqshm.consistence.topology import Topology
 from tests.consistence.etcd_server import EtcdServer
 from tests.consistence.netns import Hosts

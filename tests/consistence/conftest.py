@@ -1,6 +1,6 @@
 import pytest
 
-from nsqshm.consistence.session import EtcdSession
+from nsqshm.consistence.etcd.session import EtcdSession
 from tests.consistence.etcd_server import ETCD, EtcdServer
 
 # the tests' lease TTL: etcd's minimum with the server's short election timeout is

@@ -12,8 +12,8 @@ import time
 
 import gevent
 
+from nsqshm.consistence.etcd.session import EtcdSession
 from nsqshm.consistence.leadership import Leadership
-from nsqshm.consistence.session import EtcdSession
 from nsqshm.consistence.topology import NodeInfo, Topology
 
 

@@ -86,8 +86,8 @@ def test_a_leader_cut_off_from_etcd_gives_up_before_a_follower_is_elected(hosts,
     import os
     import time
 
+    from nsqshm.consistence.etcd.session import EtcdSession
     from nsqshm.consistence.leadership import CANDIDATE, Leadership
-    from nsqshm.consistence.session import EtcdSession
     from nsqshm.consistence.topology import NodeInfo, TopicMeta, Topology
     from tests.consistence.conftest import TTL
     from tests.consistence.etcd_server import ETCD, EtcdServer

@@ -13,7 +13,7 @@ import pytest
 
 from nsqshm import protocol as p
 from nsqshm._core.commitlog import segment_name
-from nsqshm.consistence.session import EtcdSession
+from nsqshm.consistence.etcd.session import EtcdSession
 from nsqshm.consistence.topology import Topology
 from nsqshm.youzan import client as youzan
 from nsqshm.youzan.frames import decode_message

@@ -6,8 +6,7 @@ import urllib.request
 import pytest
 
 from nsqshm.local import Consumer, Producer
-
-from .conftest import wait_for
+from tests.spark.conftest import wait_for
 
 
 def depth(broker, topic, channel):

@@ -12,8 +12,7 @@ from nsqshm._core.ext import split_ext
 
 from nsqshm import protocol as proto
 from tests.local.conftest import started
-
-from .test_logtopic import load, make, stats
+from tests.spark.logtopics.test_logtopic import load, make, stats
 
 HEADERS = "array<struct<key:string,value:binary>>"
 

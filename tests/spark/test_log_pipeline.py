@@ -12,8 +12,7 @@ import time
 import pytest
 
 from tests.local.conftest import started
-
-from .conftest import wait_for
+from tests.spark.conftest import wait_for
 
 SPARK_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "spark")
 sys.path.insert(0, SPARK_DIR)

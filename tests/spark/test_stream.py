@@ -11,8 +11,7 @@ import pyarrow.parquet as pq
 
 from nsqshm._core.arena import Arena
 from nsqshm.local import Producer
-
-from .conftest import wait_for
+from tests.spark.conftest import wait_for
 
 
 def stream(spark, broker, topic, **options):

@@ -24,7 +24,7 @@ import gevent.event
 import gevent.socket
 
 from nsqshm.consistence.errors import CoordinationError
-from nsqshm.consistence.kv import KeyValue, b64, prefix_end
+from nsqshm.consistence.etcd.kv import KeyValue, b64, prefix_end
 
 log = logging.getLogger("nsqshm.consistence")
 

@@ -35,10 +35,10 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from nsqshm.spark import logrange
-from nsqshm.spark.logbatch import positions
-from nsqshm.spark.logoffsets import decode, encode, rate_limit
-from nsqshm.spark.logtopic import LogTopic
+from nsqshm.spark.logtopics import logrange
+from nsqshm.spark.logtopics.logbatch import positions
+from nsqshm.spark.logtopics.logoffsets import decode, encode, rate_limit
+from nsqshm.spark.logtopics.logtopic import LogTopic
 
 log = logging.getLogger("nsqshm.spark")
 
@@ -143,7 +143,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         again (or lost its unsynced tail with its host): data loss, as
         Kafka's source treats an offset that went back.  Without
         failOnDataLoss the query goes on from the new end."""
-        from nsqshm.spark.logrange import DataLossError
+        from nsqshm.spark.logtopics.logrange import DataLossError
 
         for (t, p), end in latest.items():
             at = begin[(t, p)]

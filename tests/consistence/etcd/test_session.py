@@ -7,7 +7,7 @@ import gevent
 import pytest
 
 from nsqshm.consistence.errors import CompareFailed
-from nsqshm.consistence.txn import Compare, Op
+from nsqshm.consistence.etcd.txn import Compare, Op
 from tests.consistence.conftest import TTL
 from tests.consistence.etcd_server import free_port
 from tests.consistence.wait import wait_for
@@ -128,7 +128,7 @@ def test_unreachable_endpoint_is_skipped(etcd, sessions):
 MONKEY_PATCHED = """
 from gevent import monkey; monkey.patch_all()
 import sys, gevent
-from nsqshm.consistence.session import EtcdSession
+from nsqshm.consistence.etcd.session import EtcdSession
 s = EtcdSession(sys.argv[1], ttl=2).start()
 events = []
 w = s.watch("/mp/", events.extend, prefix=True)

@@ -11,7 +11,7 @@ revision, exactly one succeeds.
 
 from dataclasses import dataclass
 
-from nsqshm.consistence.kv import KeyValue, b64, prefix_end
+from nsqshm.consistence.etcd.kv import KeyValue, b64, prefix_end
 
 _RESULTS = {"=": "EQUAL", "!=": "NOT_EQUAL", "<": "LESS", ">": "GREATER"}
 

@@ -4,7 +4,7 @@ etcd's gRPC errors as typed exceptions."""
 import pytest
 
 from nsqshm.consistence.errors import EtcdRequestError, EtcdUnavailable, LeaseNotFound
-from nsqshm.consistence.gateway import Gateway, api_path_for, split_endpoint
+from nsqshm.consistence.etcd.gateway import Gateway, api_path_for, split_endpoint
 from tests.consistence.etcd_server import free_ports
 
 

@@ -6,8 +6,8 @@ keeps them)."""
 
 from pyspark.sql.datasource import DataSourceReader
 
-from nsqshm.spark import logrange
-from nsqshm.spark.logoffsets import (
+from nsqshm.spark.logtopics import logrange
+from nsqshm.spark.logtopics.logoffsets import (
     parse_offsets,
     parse_timestamps,
     resolve,

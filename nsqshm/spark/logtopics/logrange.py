@@ -57,7 +57,7 @@ def plan(log_topics, start, end, o):
     minPartitions.  A partition that `start` lacks (a topic subscribePattern
     found after the query began) is read from its earliest offset, as
     Kafka's source reads a new partition."""
-    from nsqshm.spark.logoffsets import split_ranges
+    from nsqshm.spark.logtopics.logoffsets import split_ranges
 
     spans = []
     for topic, parts in sorted(end.items()):
@@ -173,7 +173,7 @@ def _read_tcp(rng):
     (and whatever the channel gets of other partitions, dropped).  Rows are
     kept by the position in their IDs, each offset of the range once, so a
     redelivery changes nothing; all is FINed as it arrives."""
-    from nsqshm.spark.logtcp import RangeSubscription
+    from nsqshm.spark.logtopics.logtcp import RangeSubscription
 
     lt = rng.log_topic
     if not lt.tcp_address:

@@ -22,11 +22,11 @@ import time
 import gevent
 
 from nsqshm.consistence.errors import CompareFailed, CoordinationError
-from nsqshm.consistence.gateway import Gateway
-from nsqshm.consistence.kv import KeyValue, b64, prefix_end
-from nsqshm.consistence.lease import Lease
-from nsqshm.consistence.txn import Compare, Op, TxnResult
-from nsqshm.consistence.watch import Watch
+from nsqshm.consistence.etcd.gateway import Gateway
+from nsqshm.consistence.etcd.kv import KeyValue, b64, prefix_end
+from nsqshm.consistence.etcd.lease import Lease
+from nsqshm.consistence.etcd.txn import Compare, Op, TxnResult
+from nsqshm.consistence.etcd.watch import Watch
 
 log = logging.getLogger("nsqshm.consistence")
 

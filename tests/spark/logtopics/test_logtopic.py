@@ -9,8 +9,7 @@ import pytest
 
 from nsqshm.ring import Ring
 from tests.local.conftest import started
-
-from .conftest import wait_for
+from tests.spark.conftest import wait_for
 
 
 @pytest.fixture

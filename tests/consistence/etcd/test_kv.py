@@ -1,6 +1,6 @@
 """The gateway's byte helpers: prefix ranges and base64 round trips."""
 
-from nsqshm.consistence.kv import KeyValue, b64, prefix_end, unb64
+from nsqshm.consistence.etcd.kv import KeyValue, b64, prefix_end, unb64
 
 
 def test_prefix_end_is_the_first_key_past_the_prefix():

@@ -1,9 +1,9 @@
-"""nsqshm.spark.logoffsets: Kafka's offset JSON, the rate limit and the
+"""nsqshm.spark.logtopics.logoffsets: Kafka's offset JSON, the rate limit and the
 range split (pure functions, no Spark)."""
 
 import pytest
 
-from nsqshm.spark.logoffsets import (
+from nsqshm.spark.logtopics.logoffsets import (
     decode,
     encode,
     parse_offsets,
