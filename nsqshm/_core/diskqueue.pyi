@@ -1,0 +1,43 @@
+"""Type stubs for diskqueue.pyx: go-diskqueue's files and semantics, through mmap and pwrite."""
+
+from collections.abc import Buffer, Callable
+
+FAULT_ENV: str
+
+def validate_name(name: str) -> None: ...
+
+class DiskQueueError(OSError):
+    written: int
+    def __init__(self, err: int, msg: str, written: int = 0) -> None: ...
+
+class DiskQueue:
+    # attributes read-only
+    name: str
+    data_path: str
+    max_bytes_per_file: int
+    min_msg_size: int
+    max_msg_size: int
+    sync_every: int
+    depth: int
+    read_file_num: int
+    read_pos: int
+    write_file_num: int
+    write_pos: int
+    writes_since_sync: int
+    dirty: bool
+    def __init__(self, name: str, data_path: str, max_bytes_per_file: int, min_msg_size: int,
+                 max_msg_size: int, sync_every: int = 2500,
+                 logf: Callable[[str, str], object] | None = None,
+                 remove: Callable[[str], object] | None = None) -> None: ...
+    def file_name(self, num: int) -> str: ...
+    def metadata_file_name(self) -> str: ...
+    def put_packed(self, packed: Buffer, max_records: int = -1) -> tuple[int, int]: ...
+    def sync(self) -> None: ...
+    @property
+    def needs_sync(self) -> bool: ...
+    def peek_into(self, buffer: Buffer, max_records: int = -1,
+                  big_endian: bool = False) -> tuple[int, int]: ...
+    def advance(self, records: int) -> int: ...
+    def empty(self) -> None: ...
+    def delete(self) -> None: ...
+    def close(self) -> None: ...

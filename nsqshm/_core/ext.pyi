@@ -1,0 +1,59 @@
+"""Type stubs for ext.pyx: Youzan's extended message headers on the delivery path."""
+
+from collections.abc import Buffer, Iterable, Mapping, Sequence
+from typing import Any
+
+from nsqshm._core.codec import IdGenerator
+from nsqshm._core.logcursor import CursorSet
+
+FILTER_EQUAL: int
+FILTER_REGEXP: int
+FILTER_GLOB: int
+FILTER_MULTI: int
+SKIP: int
+DELIVER: int
+LEAVE: int
+TAG_KEY: bytes
+MAX_HEADER_LENGTH: int
+
+def json_members(json: Buffer) -> list[tuple[bytes, bytes]]: ...
+def header_string(json: Buffer, key: Buffer) -> bytes | None: ...
+
+class TagSet:
+    def __init__(self, tags: Iterable[bytes] = ()) -> None: ...
+    def set(self, tags: Iterable[bytes]) -> None: ...
+    def __contains__(self, tag: Buffer) -> bool: ...
+
+class FilterError(ValueError): ...
+
+class ExtFilter:
+    def __init__(self, kind: int, inverse: bool = False, key: str = "", data: str = "",
+                 data_list: Sequence[Mapping[str, Any]] = ()) -> None: ...
+    @classmethod
+    def from_identify(cls, spec: Mapping[str, Any] | None) -> ExtFilter | None: ...
+    def match(self, json: Buffer) -> bool: ...
+
+class ExtView:
+    strip: bool  # read-only
+    filter: ExtFilter | None  # read-only
+    tag: bytes | None  # read-only: IDENTIFY desired_tag
+    tags: TagSet | None
+    cursors: CursorSet | None
+    filtered: int  # read-only: messages the filter confirmed without sending
+    def __init__(self, strip: bool = False, filter: ExtFilter | None = None,
+                 tag: str | bytes | None = None, tags: TagSet | None = None,
+                 cursors: CursorSet | None = None) -> None: ...
+    def accept_record(self, msg: Buffer) -> int: ...
+
+def strip_frames_ext(data: Buffer) -> bytes: ...
+
+class ExtRecords(bytearray): ...
+
+def plain_to_ext(packed: Buffer, count: int, max_msg_size: int,
+                 prefix: bytes = b"\0") -> ExtRecords: ...
+def ext_body(headers: Buffer | None, body: Buffer) -> bytes: ...
+def split_ext(msg: Buffer) -> tuple[bytes | None, bytes]: ...
+def header_ttl_ms(json: Buffer) -> int | None: ...
+def pack_pub_ext(body: Buffer, ids: IdGenerator, timestamp: int, mpub: bool, max_msg_size: int,
+                 max_body_size: int, max_header: int, out: bytearray,
+                 ttl_allowed: bool = True) -> tuple[int, list[int] | None, bool] | None: ...
