@@ -72,25 +72,6 @@ cdef class CommandParser:
     `requeued`, `touched` count what was applied; `scan_by` is the earliest
     deadline or due time set (monotonic ns, -1 for none) for the scan loop.
     """
-    cdef InFlight inflight
-    cdef DeferredQueue deferred
-    cdef CursorSet cursors
-    cdef readonly uint64_t client_id
-    cdef int64_t msg_timeout_ns
-    cdef int64_t max_msg_timeout_ns
-    cdef int64_t max_req_timeout_ns
-    cdef readonly Py_ssize_t pos
-    cdef readonly Py_ssize_t finished
-    cdef readonly Py_ssize_t requeued
-    cdef readonly Py_ssize_t touched
-    cdef readonly Py_ssize_t nops
-    cdef readonly int64_t scan_by
-    cdef readonly bytearray requeued_records
-    cdef TraceWriter trace
-    cdef uint32_t trace_stream
-    cdef bytes trace_address
-    cdef uint64_t req_ms
-
     def __init__(self, InFlight inflight not None, DeferredQueue deferred, CursorSet cursors,
                  uint64_t client_id, int64_t msg_timeout_ns, int64_t max_msg_timeout_ns,
                  int64_t max_req_timeout_ns):

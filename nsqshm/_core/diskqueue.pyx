@@ -165,11 +165,6 @@ cdef inline bint min_max_ok(uint32_t size, int lo, int hi) noexcept:
 
 cdef class _Segment:
     """A segment file mapped read-only, whole (remapped as the file grows)."""
-    cdef int fd
-    cdef char *base
-    cdef long long mapped
-    cdef readonly str path
-
     def __cinit__(self):
         self.fd = -1
         self.base = NULL
@@ -215,33 +210,6 @@ cdef class _Segment:
 
 
 cdef class DiskQueue:
-    cdef readonly str name
-    cdef readonly str data_path
-    cdef readonly long long max_bytes_per_file
-    cdef readonly int min_msg_size
-    cdef readonly int max_msg_size
-    cdef readonly long long sync_every
-    cdef readonly long long depth
-    cdef readonly long long read_file_num
-    cdef readonly long long read_pos
-    cdef readonly long long write_file_num
-    cdef readonly long long write_pos
-    cdef readonly long long writes_since_sync
-    cdef readonly bint dirty
-    cdef int wfd                # the current segment, open for writing, or -1
-    cdef char *staging          # records laid out for one pwrite (during put_packed)
-    cdef _Segment reader
-    cdef long long reader_num
-    cdef object logf
-    cdef object remove          # deletes a fully read segment (the broker: off its loop)
-    # where the last peek_into ended, so that advance() of exactly what was
-    # peeked is O(1): (records, start file, start pos, end file, end pos)
-    cdef Py_ssize_t peek_count
-    cdef long long peek_from_num, peek_from_pos, peek_num, peek_pos
-    cdef list read_files        # segments read to their end, for _remove_read_files
-    # the write position the metadata on disk was last fsynced with
-    cdef long long synced_write_num, synced_write_pos
-
     def __cinit__(self):
         # before anything can raise: Cython zeroes the struct, and a 0 here
         # made __dealloc__ close descriptor 0 of the process (whatever it was

@@ -359,10 +359,6 @@ def mpub_ext_body(data, offsets, Py_ssize_t start, Py_ssize_t count, int width,
 
 cdef class CBuffer:
     """malloc'd bytes handed to pyarrow (pa.py_buffer keeps this alive)."""
-    cdef char *data
-    cdef Py_ssize_t size
-    cdef Py_ssize_t shape[1]
-
     def __cinit__(self):
         self.data = NULL
         self.size = 0
@@ -396,12 +392,6 @@ cdef CBuffer _wrap(char *data, Py_ssize_t size):
     b.data = data
     b.size = size
     return b
-
-
-cdef struct GrowBuf:
-    char *data
-    int64_t len
-    int64_t cap
 
 
 cdef int _grow_bytes(char **data, int64_t *cap, int64_t need, int64_t first,
@@ -494,24 +484,6 @@ cdef class Columns:
     list<struct<key: string, value: binary>>, a row's list null when the
     message has no headers (as Kafka's source); string values unescaped,
     other JSON values as their text.  All of it in the one C pass."""
-    cdef char *values
-    cdef int64_t vlen, vcap
-    cdef int32_t *offsets
-    cdef char *ids
-    cdef int64_t *ts
-    cdef int32_t *attempts
-    cdef Py_ssize_t n, cap
-    cdef public int64_t since_ns
-    cdef public int64_t skipped
-    cdef readonly bint ext
-    cdef readonly bint headers
-    # the headers column: row validity bits, row -> pair offsets, keys, values
-    cdef GrowBuf hvalid, hrows, koffs, kdata, voffs, vdata
-    cdef int32_t npairs
-    cdef bint log_bump                # add_log's bump, for its sink (_take_log_message)
-    cdef int64_t log_budget           # add_log's bytes left; its first message always fits
-    cdef Py_ssize_t log_taken         # messages add_log's sink took in this call
-
     def __cinit__(self, bint ext=False, bint headers=False):
         self._forget()
         self.since_ns = 0

@@ -44,15 +44,6 @@ snappy_crc_init()
 STREAM_IDENTIFIER = b"\xff\x06\x00\x00sNaPpY"
 MAX_BLOCK = SNAPPY_MAX_BLOCK
 
-cdef enum:
-    CHUNK_COMPRESSED = 0x00
-    CHUNK_UNCOMPRESSED = 0x01
-    CHUNK_PADDING = 0xfe
-    CHUNK_STREAM_ID = 0xff
-    CHUNK_HEADER = 4
-    CHECKSUM_SIZE = 4
-
-
 # compressed blocks go here first (the GIL is held throughout: one user at a time)
 cdef uint8_t _scratch[SNAPPY_MAX_ENCODED_BLOCK]
 
@@ -131,8 +122,6 @@ def decompress_block(data):
 cdef class FrameEncoder:
     """golang/snappy's (unbuffered) Writer."""
 
-    cdef bint _wrote_header
-
     def __cinit__(self):
         self._wrote_header = False
 
@@ -191,10 +180,6 @@ cdef class FrameEncoder:
 
 cdef class FrameDecoder:
     """golang/snappy's Reader, fed incrementally."""
-
-    cdef bytearray _in
-    cdef Py_ssize_t _pos
-    cdef bint _read_header
 
     def __cinit__(self):
         self._in = bytearray()

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+
 from nsqshm._core.diskqueue import FAULT_ENV, DiskQueue, DiskQueueError
 
 

@@ -8,10 +8,10 @@ import uuid
 import numpy as np
 import pyarrow as pa
 import pytest
-from nsqshm._core.ext import ext_body
 
 from nsqshm._core import codec
 from nsqshm._core.arena import LIVE, Arena
+from nsqshm._core.ext import ext_body
 from nsqshm._core.inflight import InFlight
 from nsqshm._core.localbatch import (
     Columns,

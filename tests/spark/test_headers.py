@@ -8,9 +8,9 @@ import socket
 import struct
 
 import pytest
-from nsqshm._core.ext import split_ext
 
 from nsqshm import protocol as proto
+from nsqshm._core.ext import split_ext
 from tests.local.conftest import started
 from tests.spark.logtopics.test_logtopic import load, make, stats
 

@@ -43,7 +43,7 @@
  *                                atomically; a new worker sets it from its peers'
  *                                counts (a dead worker's clients are gone)
  *      480     8  ttl_ns         the channel's time to live (the smaller of its topic's
- *                                and its own, 0 for none; nsqd/policy.py), written by
+ *                                and its own, 0 for none; nsqd/policies/policy.py), written by
  *                                the broker for local consumers (a channel ring)
  *      488     8  local_expired  messages local consumers dropped as expired (their own
  *                                deadline or ttl_ns), added to atomically; the topic's
