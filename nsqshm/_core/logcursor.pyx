@@ -185,9 +185,18 @@ cdef inline uint64_t _get_be(const unsigned char *p, int n) noexcept nogil:
 
 
 # read_pos while a seek holds the cursor: past any log's end, so a feeder
-# finds nothing to read there
+# finds nothing to read there.  Held by set(hold=True) (a seek to a new
+# offset) it is _READ_SEEK: the window was reset for the new offset, and a
+# FIN meanwhile is of a message delivered from the old position, which a
+# worker has not taken out of flight yet (LogChannel._drop_moved): it marks
+# nothing, else that message would be skipped after the seek
 cdef uint64_t _READ_HELD = (<uint64_t>1) << 62
+cdef uint64_t _READ_SEEK = _READ_HELD | 1
 READ_HELD = _READ_HELD
+
+
+cdef inline bint _is_held(uint64_t r) noexcept nogil:
+    return r >= _READ_HELD
 
 
 cdef class Cursor:
@@ -399,7 +408,7 @@ cdef class Cursor:
     cdef int _finish(self, uint64_t o) noexcept nogil:
         cdef nsqshm_cursor_header *h = self.h
         cdef uint64_t c = h.confirmed, n
-        if o < c:
+        if o < c or h.read_pos == _READ_SEEK:
             return 1
         if o - c >= self.bits:
             return -1
@@ -714,13 +723,15 @@ cdef class Cursor:
         """Move the cursor to `offset` (seek, or a reset to the log start or
         end): nothing above it is finished.  hold: read_pos is HELD, so the
         feeder pushes nothing of this partition until release(): a seek
-        first clears the rings and arenas of what was pushed before it."""
+        first clears the rings and arenas of what was pushed before it; a
+        finish meanwhile marks nothing (it is of a message delivered from the
+        old position)."""
         cdef nsqshm_cursor_header *h
         self._lock()
         h = self.h
         h.j_reset = 1
         __atomic_store_n(&h.confirmed, offset, 3)
-        __atomic_store_n(&h.read_pos, _READ_HELD if hold else offset, 3)
+        __atomic_store_n(&h.read_pos, _READ_SEEK if hold else offset, 3)
         memset(<void *>h.window, 0, self.bits // 8)
         h.finished = 0
         h.j_reset = 0
@@ -761,14 +772,14 @@ cdef class Cursor:
         # owner) that read before another worker's seek held the cursor
         # must not undo the hold when its batch ends
         self._lock()
-        if self.h.read_pos != _READ_HELD:
+        if not _is_held(self.h.read_pos):
             __atomic_store_n(&self.h.read_pos, offset, 3)
         self._unlock()
 
     @property
     def held(self):
         """A seek holds the cursor (set(hold=True)) until release()."""
-        return __atomic_load_n(&self.h.read_pos, 2) == _READ_HELD
+        return _is_held(__atomic_load_n(&self.h.read_pos, 2))
 
     def hold(self):
         """Hold read_pos (as set(hold=True)) but keep confirmed and the
@@ -776,7 +787,8 @@ cdef class Cursor:
         delivery moving to another ring) then pushes again only what is
         unfinished, once release(confirmed) ends the hold."""
         self._lock()
-        __atomic_store_n(&self.h.read_pos, _READ_HELD, 3)
+        if self.h.read_pos != _READ_SEEK:  # (a seek's hold stays one)
+            __atomic_store_n(&self.h.read_pos, _READ_HELD, 3)
         self._unlock()
 
     def release(self, unsigned long long offset):
@@ -915,13 +927,13 @@ cdef class Cursor:
         """read_pos as the property gives it (never below confirmed); held:
         whether a seek holds it.  The lock held."""
         cdef uint64_t r = self.h.read_pos, c = self.h.confirmed
-        held[0] = r == _READ_HELD
+        held[0] = _is_held(r)
         return r if r > c else c
 
     cdef void _read_to(self, uint64_t offset) noexcept nogil:
         """read_pos = offset unless a seek holds it (the setter's rule); the
         lock held."""
-        if self.h.read_pos != _READ_HELD:
+        if not _is_held(self.h.read_pos):
             __atomic_store_n(&self.h.read_pos, offset, 3)
 
     def next_unfinished(self, unsigned long long start, unsigned long long end):
@@ -1300,7 +1312,7 @@ cdef class CursorSet:
         cur = self.cursors[p]
         if cur is None or cur.h == NULL:
             return 0
-        if __atomic_load_n(&cur.h.read_pos, 2) == _READ_HELD:
+        if _is_held(__atomic_load_n(&cur.h.read_pos, 2)):
             return 1
         return off < __atomic_load_n(&cur.h.confirmed, 2)
 

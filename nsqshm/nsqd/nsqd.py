@@ -40,6 +40,7 @@ from nsqshm.flags import format_address
 from nsqshm.nsqd import ext
 from nsqshm.nsqd.local import instance
 from nsqshm.nsqd.log import LEVELS, Logger
+from nsqshm.nsqd.logtopics.logchannel import clients_taking
 from nsqshm.nsqd.logtopics.logspecs import load_specs, write_specs
 from nsqshm.nsqd.logtopics.logtopic import LogTopic, LogTopicError, append_for_peer, make_spec
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -361,7 +362,8 @@ class NSQD:
         if op == "clients":
             topic = self.topics.get(msg["topic"])
             channel = topic and topic.channels.get(msg["channel"])
-            return {"count": len(channel.clients) if channel is not None else 0}
+            return {"count": 0 if channel is None
+                    else clients_taking(channel, msg.get("partition", -1))}
         if op == "in_flight":  # a FIN/REQ/TOUCH on another worker found no such message
             topic = self.topics.get(msg["topic"])
             channel = topic and topic.channels.get(msg["channel"])

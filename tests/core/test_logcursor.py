@@ -579,6 +579,29 @@ def test_hold_keeps_confirmed_and_what_was_finished_above(cursor_args):
     assert c.unfinished_run(5, 20) == (7, 13)
 
 
+
+def test_a_finish_while_a_seek_holds_the_cursor_marks_nothing(cursor_args):
+    """set(hold=True) resets the window for the new offset; until release(), a
+    finish is of a message delivered from the old position (a worker has not
+    taken it out of flight yet): it marks nothing, else that message would be
+    skipped after the seek.  A rewind's hold (hold()) keeps marking: the
+    messages are the same either side of it."""
+    c = Cursor.open(*cursor_args, start_offset=0, window_bits=256)
+    c.read_pos = 40
+    c.set(10, hold=True)
+    assert c.held and c.finish(12) == ALREADY and c.finish(10) == ALREADY
+    c.hold()  # (a rewind meeting the seek: still the seek's hold)
+    assert c.finish(11) == ALREADY
+    c.release(10)
+    assert (c.confirmed, c.finished_above, c.read_pos) == (10, 0, 10)
+    assert c.unfinished_run(10, 20) == (10, 10)
+    assert c.finish(12) == FINISHED
+    c.hold()
+    assert c.finish(10) == FINISHED and c.confirmed == 11
+    c.release(c.confirmed)
+    assert (c.confirmed, c.finished_above) == (11, 1)
+
+
 FINISH_ONE = textwrap.dedent("""
     import sys, time
     from nsqshm._core.logcursor import Cursor

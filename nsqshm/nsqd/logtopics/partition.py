@@ -157,7 +157,8 @@ class Partition:
         try:
             if where.kind == TIMESTAMP:
                 if where.value < 0 or where.value > MAX_SECONDS:
-                    raise ValueError(f"timestamp {where.value} out of range")
+                    # Youzan's SearchLogByMsgTimestamp text (for a value whose ns are < 0)
+                    raise ValueError(f"Invalid timestamp {where.value}")
                 return max(start, self.reader.find_offset_by_time(where.value * 1_000_000_000))
             if where.kind == VIRTUAL_QUEUE:
                 if where.value < 0:

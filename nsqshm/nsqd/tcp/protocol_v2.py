@@ -33,6 +33,7 @@ from nsqshm.nsqd.errors import (
     ClientErr,
     FatalClientErr,
 )
+from nsqshm.nsqd.logtopics.logchannel import clients_taking
 from nsqshm.nsqd.logtopics.logtopic import PartitionError
 from nsqshm.nsqd.logtopics.replica import NotLeader
 from nsqshm.nsqd.monitoring.stats import go_json
@@ -527,15 +528,20 @@ class ProtocolV2:
                 raise FatalClientErr(E_TOPIC_NOT_EXIST, "") from None
         if is_log and topic.ordered and not ordered:
             raise FatalClientErr(E_SUB_ORDER_IS_MUST, SUB_ORDER_IS_MUST_TEXT)
+        # (Youzan's order: the client is checked against the topic before its channel is
+        # looked at, so a SUB refused here leaves the channel as it was)
+        ext.check_sub(client, topic)
         if ordered and client.sample_rate:
             raise FatalClientErr("E_INVALID", ORDERED_WITH_SAMPLE_RATE)
-        if is_log and (partition != NO_PARTITION or ordered):
-            self._use_lanes(topic, channel_name, partition, ordered)
-        ext.check_sub(client, topic)
+        seek = None
         if start is not None:
             if not is_log:
                 raise FatalClientErr("E_INVALID", NOT_SUPPORTED)
-            self._seek(topic, channel_name, partition, start)
+            seek = self._positions(topic, channel_name, partition, start)
+        if is_log and (partition != NO_PARTITION or ordered):
+            self._use_lanes(topic, channel_name, partition, ordered)
+        if seek is not None:
+            self._seek(topic, channel_name, partition, *seek)
         client.partition = partition if is_log and partition != NO_PARTITION else None
         if detail:  # the raw size: a log record's, or a disk queue's [4 size][message]
             client.detail = (topic if topic is not None else Topic).stored_overhead
@@ -548,13 +554,15 @@ class ProtocolV2:
         ext.subscribed(self.nsqd, client, channel)
         return OK
 
-    def _subscribers(self, topic, channel):
-        """The channel's clients on every worker (the op "clients" of the others)."""
-        count = len(channel.clients)
+    def _subscribers(self, topic, channel, partition=NO_PARTITION):
+        """The channel's clients on every worker (the op "clients" of the others)
+        that take `partition` (NO_PARTITION: any partition)."""
+        count = clients_taking(channel, partition)
         cluster = self.nsqd.cluster
         if cluster is not None and not count:
             replies = cluster.gather({"op": "clients", "topic": topic.name,
-                                      "channel": channel.name}, timeout=2)
+                                      "channel": channel.name, "partition": partition},
+                                     timeout=2)
             count = sum((r or {}).get("count", 0) for r in replies)
         return count
 
@@ -568,20 +576,35 @@ class ProtocolV2:
         indices = [partition] if partition != NO_PARTITION else range(len(topic.partitions))
         channel.use_lanes(list(indices), ordered)
 
-    def _seek(self, topic, channel_name, partition, start):
-        """SUB_ADVANCED's position: every partition when none is named."""
+    def _positions(self, topic, channel_name, partition, start):
+        """SUB_ADVANCED's position: (the channel if it exists, [(partition, msg
+        offset)]) for every partition when none is named; None when it is not
+        this client's to set.  Only a first client moves them: Youzan's nsqd
+        has a channel per topic partition and sets the position when the
+        client is its channel's only one (internalSUB), so a client of
+        partition 0 leaves partition 1 to its own first client (go-nsq
+        connects once per partition), and a later client's position is not
+        looked up at all (no E_INVALID for one out of the log).  Looked up
+        before the channel is touched: a position refused leaves no channel
+        made, or moved to a lane, by a client that never subscribes (Youzan's
+        fatal error removes its client, and an ephemeral channel with it)."""
+        existing = topic.channels.get(channel_name)
+        if existing is not None and self._subscribers(topic, existing, partition):
+            return None
         try:
             check_supported(start)
             parts = topic.partitions if partition == NO_PARTITION else [topic.partition(partition)]
-            offsets = [(p, p.position(start)) for p in parts]
+            return existing, [(p, p.position(start)) for p in parts]
         except ValueError as err:
             raise FatalClientErr("E_INVALID", str(err)) from None
+
+    def _seek(self, topic, channel_name, partition, existing, offsets):
         try:
             channel = topic.get_channel(channel_name)
         except (ChannelError, TopicError) as err:
             raise FatalClientErr("E_SUB_FAILED", f"SUB failed {err}") from None
-        if self._subscribers(topic, channel):  # Youzan: only the channel's first client moves it
-            return
+        if channel is not existing and self._subscribers(topic, channel, partition):
+            return  # (made meanwhile, on another worker, and subscribed to)
         channel.seek(offsets)
 
     def RDY(self, client, params, reader):

@@ -691,3 +691,35 @@ def test_an_ordered_topic_takes_sub_ordered_and_pubs_to_a_partition_only(nsqd_fa
                             b"E_SUB_ORDER_IS_MUST this topic is configured only allow ordered sub")
     c.close()
     assert {t["topic_name"]: t["ordered"] for t in stats(again)["topics"]}["ot"] is True
+
+
+def test_a_refused_sub_leaves_the_channel_as_it_was(nsqd_factory):
+    """Youzan's internalSUB checks the client against the topic (ext,
+    E_SUB_EXTEND_FORBIDDON) before it gets the channel or makes it ordered:
+    a SUB_ORDERED refused so changes nothing.  (Found in review: the
+    channel's partitions were moved to ordered lanes first, so its plain
+    consumers got one message of a partition at a time from then on, and a
+    refused `SUB T C#ephemeral p` left an ephemeral channel no client ever
+    leaves.)"""
+    server = nsqd_factory()
+    create(server, "rf", 2)
+    plain = _sub(server, p.sub("rf", "ch"), rdy=0)
+    for line in (b"SUB_ORDERED rf ch\n", b"SUB_ORDERED rf ch 1\n", b"SUB rf ch 0\n",
+                 b"SUB rf eph#ephemeral 0\n"):
+        c = Client(server)
+        c.send(p.identify({"extend_support": True}))
+        assert c.response()[0] == p.FRAME_TYPE_RESPONSE
+        c.send(line)
+        assert c.response() == (p.FRAME_TYPE_ERROR, b"E_SUB_EXTEND_FORBIDDON this topic is "
+                                                    b"not extended and should not identify "
+                                                    b"as extend support."), line
+        c.close()
+    assert [pp["lane"] for pp in channel_stats(server, "rf", "ch")["partitions"]] == \
+        [None, None]
+    assert [c["channel_name"] for c in stats(server, "rf")["channels"]] == ["ch"]
+    pc = Client(server)
+    for i in range(4):
+        assert pub(pc, "rf", b"m%d" % i, partition=0) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    plain.send(p.rdy(10))
+    got = [plain.message() for _ in range(4)]  # all at once: not one at a time
+    assert sorted(decode_message_id(m.id) for m in got) == [(0, o) for o in range(4)]

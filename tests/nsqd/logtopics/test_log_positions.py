@@ -7,19 +7,23 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
+
 from nsqshm import protocol as p
 from nsqshm._core.logcursor import decode_message_id
+from nsqshm.nsqd.logtopics.partition import partition_owner
 from tests.nsqd.conftest import http_call, http_on_worker, wait_for
 from tests.nsqd.logtopics.test_log_topics import (
     channel_stats,
     create,
     detail,
+    mpub_numbered,
     nothing_more,
     pub,
     stats,
     take,
 )
-from tests.nsqd.workers.test_workers import Client
+from tests.nsqd.workers.test_workers import Client, client_on_worker
 
 WORKER_COUNTS = (1, 2)
 N = 30       # messages published to partition 0
@@ -131,6 +135,8 @@ def test_sub_advanced_and_sub_errors(nsqd_factory):
            (b"SUB_ADVANCED lt c 0 msgcount:99\n",
             b"E_INVALID msgcount 99 out of range: the log holds 0..30"),
            (b"SUB_ADVANCED lt c 0 virtual_queue:1\n", None),
+           # Youzan's SearchLogByMsgTimestamp: "Invalid timestamp %v" below 0
+           (b"SUB_ADVANCED lt c 0 timestamp:-1\n", b"E_INVALID Invalid timestamp -1"),
            (b"SUB_ADVANCED lt c x special:-1\n",
             b'E_BAD_PARTITION topic partition is not valid: strconv.Atoi: parsing "x": '
             b'invalid syntax'),
@@ -194,6 +200,7 @@ def test_setoffset_on_each_worker(nsqd_factory):
     assert server.post(url, b"count:1") == (400, b'{"message":"invalid consume offset:count:1"}')
     assert server.post(url, b"special:-3") == (500, b'{"message":"not supported offset type"}')
     assert server.post(url, b"msgcount:31")[0] == 500
+    assert server.post(url, b"timestamp:-5") == (500, b'{"message":"Invalid timestamp -5"}')
     assert server.post("/channel/setoffset?topic=lt&channel=nope&partition=0", b"special:-1") \
         == (404, b'{"message":"CHANNEL_NOT_FOUND"}')
     assert server.post("/channel/setoffset?topic=lt&channel=ch&partition=2", b"special:-1") \
@@ -263,3 +270,123 @@ def test_setoffset_keeps_what_the_channel_holds_of_other_partitions(nsqd_factory
     assert sorted(decode_message_id(m.id) for m in got) == \
         [(0, o) for o in range(N - 4, N)] + [(1, o) for o in range(8)]
     assert nothing_more(c)
+
+
+def test_sub_advanced_moves_each_partition_for_that_partitions_first_client(nsqd_factory):
+    """go-nsq opens a connection per partition, each `SUB_ADVANCED t c <p>
+    <position>` (consumer.go ConnectToNSQD).  Youzan's nsqd has a channel per
+    topic partition, so each partition's first client sets that partition's
+    position (internalSUB: channel.GetClientsCount() of that partition's
+    channel): a client of partition 0 does not keep partition 1 from moving
+    (found in review: the second connection's position was ignored)."""
+    server = nsqd_factory()
+    _publish(server)
+    pc = Client(server)
+    for i in range(8):
+        assert pub(pc, "lt", b"q%d" % i, partition=1) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert wait_for(lambda: stats(server, "lt")["partitions"][1]["end_offset"] == 8)
+    first, answer = _sub_advanced(server, "ch", b"msgcount:25", partition=b"0")
+    assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
+    second, answer = _sub_advanced(server, "ch", b"msgcount:5", partition=b"1")
+    assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert [pp["confirmed_offset"] for pp in channel_stats(server, "lt", "ch")["partitions"]] \
+        == [25, 5]
+    # partition 1 has its first client now: a third one's position is ignored
+    third, answer = _sub_advanced(server, "ch", b"special:-2", partition=b"1")
+    assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert channel_stats(server, "lt", "ch")["partitions"][1]["confirmed_offset"] == 5
+    second.send(p.rdy(100))
+    assert [decode_message_id(m.id) for m in take(second, 3)] == [(1, 5), (1, 6), (1, 7)]
+    first.send(p.rdy(100))
+    assert [decode_message_id(m.id) for m in take(first, N - 25)] == \
+        [(0, o) for o in range(25, N)]
+    assert nothing_more(first) and nothing_more(second) and nothing_more(third)
+
+
+def test_sub_advanced_ignores_the_position_of_a_client_that_is_not_the_first(nsqd_factory):
+    """Youzan looks a position up only for the partition's first client
+    (internalSUB: `if cnt > 1` it only logs; SetChannelOffset's errors answer
+    E_INVALID otherwise): a later client's position that is out of the log,
+    or a special value it does not know, is ignored, and the SUB is OK."""
+    server = nsqd_factory()
+    _publish(server)
+    first, answer = _sub_advanced(server, "ch", b"msgcount:25")
+    assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
+    for position in (b"msgcount:99", b"special:-3", b"virtual_queue:1",
+                     b"timestamp:-1"):
+        c, answer = _sub_advanced(server, "ch", position)
+        assert answer == (p.FRAME_TYPE_RESPONSE, b"OK"), (position, answer)
+        c.close()
+    assert channel_stats(server, "lt", "ch")["partitions"][0]["confirmed_offset"] == 25
+    # a parse error is answered whatever the channel holds (SUBADVANCED: FromBytes first)
+    c, answer = _sub_advanced(server, "ch", b"msgcount:x")
+    assert answer == (p.FRAME_TYPE_ERROR, b'E_INVALID strconv.ParseInt: parsing "x": '
+                                          b'invalid syntax')
+
+
+def _drain(client, idle=1.0):
+    """The msg offsets of everything the client gets until it is idle, each FINed."""
+    got = []
+    client.sock.settimeout(idle)
+    try:
+        while True:
+            try:
+                m = client.message()
+            except (TimeoutError, OSError):
+                return got
+            got.append(decode_message_id(m.id)[1])
+            client.send(p.fin(m.id))
+    finally:
+        client.sock.settimeout(5)
+
+
+@pytest.mark.workers(2)
+def test_fins_taken_on_another_worker_during_a_seek_do_not_skip_messages_after_it(
+        nsqd_factory):
+    """A seek back (/channel/setoffset on the worker that does not own the
+    partition) while the consumer, on the owner, FINs what it holds: every
+    message from the new position comes again.  The seek resets the cursor
+    first and drops what is in flight on the other worker only when that
+    worker applies its broadcast; a FIN taken there in between marked its
+    offset in the cursor's new window, so that message was never delivered
+    again after the seek (found in review)."""
+    server = nsqd_factory()
+    create(server, "fr", 1)
+    total, held_n = 4000, 2500
+    mpub_numbered(Client(server), "fr", total, 1000)
+    owner = partition_owner("fr", 0, 2)
+    c = client_on_worker(server, owner, "fr", "ch")  # the topic's first channel: from 0
+    conn = http_on_worker(server, 1 - owner)
+    url = "/channel/setoffset?topic=fr&channel=ch&partition=0"
+    c.send(p.rdy(held_n))
+    missing = {}
+    for rnd in range(6):
+        held = [c.message() for _ in range(held_n)]
+        fins = [p.fin(m.id) for m in held]
+        conn.request("POST", url, body=b"msgcount:0")
+        for fin in fins:  # FINs on the owner while the other worker seeks
+            c.send(fin)
+        resp = conn.getresponse()
+        assert (resp.status, resp.read()) == (200, b"")
+        got = set(_drain(c))
+        if set(range(total)) - got:
+            missing[rnd] = sorted(set(range(total)) - got)
+        # the next round: from 0 again (nothing in flight now, no race)
+        assert http_call(conn, "POST", url, b"msgcount:0") == (200, b"")
+    assert not missing, {rnd: (len(m), m[:10]) for rnd, m in missing.items()}
+
+
+def test_a_position_refused_leaves_no_channel_behind(nsqd_factory):
+    """A SUB_ADVANCED naming a partition whose position is out of the log is
+    refused (E_INVALID, fatal) before the channel is touched: Youzan's client
+    is removed again by the fatal error and an ephemeral channel goes with it
+    (found in review: the partition's lane was made first, so an ephemeral
+    channel that no client ever joins or leaves stayed)."""
+    server = nsqd_factory()
+    _publish(server)
+    c, answer = _sub_advanced(server, "eph#ephemeral", b"msgcount:99")
+    assert answer == (p.FRAME_TYPE_ERROR,
+                      b"E_INVALID msgcount 99 out of range: the log holds 0..30")
+    c.close()
+    time.sleep(0.3)
+    assert stats(server, "lt")["channels"] == []
