@@ -156,6 +156,14 @@ class Channel:
             self._dispatcher = gevent.spawn(self._dispatch)
         self.wake()
 
+    def clients_taking(self, partition):
+        """How many of the channel's clients on this worker take `partition`:
+        those that named it and those that named none (they take every
+        partition); any client when `partition` is negative (none named)."""
+        if partition < 0:
+            return len(self.clients)
+        return sum(1 for c in self.clients.values() if c.partition in (None, partition))
+
     def remove_client(self, client):
         if self.clients.pop(client.id, None) is None:
             return

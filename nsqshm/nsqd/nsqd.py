@@ -40,7 +40,6 @@ from nsqshm.flags import format_address
 from nsqshm.nsqd import ext
 from nsqshm.nsqd.local import instance
 from nsqshm.nsqd.log import LEVELS, Logger
-from nsqshm.nsqd.logtopics.logchannel import clients_taking
 from nsqshm.nsqd.logtopics.logspecs import load_specs, write_specs
 from nsqshm.nsqd.logtopics.logtopic import LogTopic, LogTopicError, append_for_peer, make_spec
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
@@ -363,7 +362,7 @@ class NSQD:
             topic = self.topics.get(msg["topic"])
             channel = topic and topic.channels.get(msg["channel"])
             return {"count": 0 if channel is None
-                    else clients_taking(channel, msg.get("partition", -1))}
+                    else channel.clients_taking(msg.get("partition", -1))}
         if op == "in_flight":  # a FIN/REQ/TOUCH on another worker found no such message
             topic = self.topics.get(msg["topic"])
             channel = topic and topic.channels.get(msg["channel"])

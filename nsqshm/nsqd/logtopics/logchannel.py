@@ -1257,16 +1257,6 @@ class LogChannel(Channel):
         self._close_cursors()
 
 
-def clients_taking(channel, partition):
-    """How many of the channel's clients on this worker take `partition`: those
-    that named it and those that named none (they take every partition); any
-    client when `partition` is negative (none named)."""
-    if partition < 0:
-        return len(channel.clients)
-    return sum(1 for c in channel.clients.values()
-               if getattr(c, "partition", None) in (None, partition))
-
-
 def _disarm(ring, for_space=False):
     if not ring.closed:  # (a lane replaced meanwhile: _find_lanes closed it)
         ring.disarm(for_space)

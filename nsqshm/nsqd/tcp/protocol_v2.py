@@ -33,7 +33,6 @@ from nsqshm.nsqd.errors import (
     ClientErr,
     FatalClientErr,
 )
-from nsqshm.nsqd.logtopics.logchannel import clients_taking
 from nsqshm.nsqd.logtopics.logtopic import PartitionError
 from nsqshm.nsqd.logtopics.replica import NotLeader
 from nsqshm.nsqd.monitoring.stats import go_json
@@ -557,7 +556,7 @@ class ProtocolV2:
     def _subscribers(self, topic, channel, partition=NO_PARTITION):
         """The channel's clients on every worker (the op "clients" of the others)
         that take `partition` (NO_PARTITION: any partition)."""
-        count = clients_taking(channel, partition)
+        count = channel.clients_taking(partition)
         cluster = self.nsqd.cluster
         if cluster is not None and not count:
             replies = cluster.gather({"op": "clients", "topic": topic.name,
