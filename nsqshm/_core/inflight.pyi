@@ -38,7 +38,8 @@ class InFlight(MessageStore):
     def deliver_from_ring(self, ring: Ring, max_records: int, scratch: Buffer, out: bytearray,
                           client_id: int, deadline_ns: int,
                           sample_rate: int = ..., ext: object = ..., detail: int = ...,
-                          detail_log: bool = ...) -> tuple[int, int]: ...
+                          detail_log: bool = ...,
+                          seeks: CursorSet | None = ...) -> tuple[int, int]: ...
     def deliver_from_log(self, cursor: Cursor, reader: LogReader, end: int, before: Ring | None,
                          room: int, scratch: bytearray, out: bytearray, client_id: int,
                          deadline_ns: int, detail: int = ..., detail_log: bool = ...,

@@ -1188,15 +1188,20 @@ cdef class InFlight(MessageStore):
     def deliver_from_ring(self, Ring ring not None, Py_ssize_t max_records, scratch,
                           bytearray out not None, uint64_t client_id, int64_t deadline_ns,
                           int sample_rate=0, ExtView ext=None, int detail=-1,
-                          bint detail_log=False):
+                          bint detail_log=False, CursorSet seeks=None):
         """Take up to max_records messages from `ring` and deliver() them, as one
         step under the ring's consumer lock: they leave the ring only once
         they are in this table (its arena), so a death at any instant repeats
         messages and never loses one.  `scratch` is a writable buffer that can
-        hold a record of the ring's max_record.  Returns (taken, added)."""
+        hold a record of the ring's max_record.  Returns (taken, added).
+        seeks: a local consumer's guarded cursors (CursorSet.guard_seeks),
+        looked at under the ring's lock before anything is taken: a seek
+        under way or made since the copies held were taken returns
+        (-SEEK_HOLDS or -SEEKS_MOVED, 0) and takes nothing."""
         cdef Py_buffer view
         cdef uint64_t head = 0, nbytes = 0
         cdef Py_ssize_t pos = 0, count = 0
+        cdef int state
         added = 0
         PyObject_GetBuffer(scratch, &view, PyBUF_WRITABLE)
         try:
@@ -1204,6 +1209,10 @@ cdef class InFlight(MessageStore):
             ring._check_room(view.len)
             ring._lock_cons()
             try:
+                if seeks is not None:
+                    state = seeks.seek_state()
+                    if state:
+                        return -state, 0
                 count = ring._gather(<char *>view.buf, view.len, max_records, &pos, &head,
                                      &nbytes)
                 if count:

@@ -739,13 +739,16 @@ cdef class Columns:
 
     def take(self, Ring ring not None, Arena arena not None, uint32_t queue,
              Py_ssize_t max_records, int64_t max_bytes, int64_t due_wall_ns,
-             bint collect=True):
+             bint collect=True, CursorSet seeks=None):
         """Move up to max_records messages (and about max_bytes of bodies) from
         `ring` into `arena`, as one step under the ring's consumer lock: each
         leaves the ring only once its block is LIVE in the arena (attempts
         counted, recorded for `queue`), so a death at any instant repeats
         messages and never loses one.  With collect, the messages are added
-        here too.  Stops early when the arena is full.  Returns the count."""
+        here too.  Stops early when the arena is full.  Returns the count.
+        seeks: a local consumer's guarded cursors, looked at under the ring's
+        lock first (InFlight.deliver_from_ring): -SEEK_HOLDS or -SEEKS_MOVED,
+        nothing taken, when a seek is under way or was made since."""
         cdef uint64_t head, tail, nbytes = 0, popped_head
         cdef char *rec
         cdef uint32_t n
@@ -762,6 +765,10 @@ cdef class Columns:
             self._grow_rows(max_records if max_records < 65536 else 65536)
         ring._lock_cons()
         try:
+            if seeks is not None:
+                count = seeks.seek_state()
+                if count:
+                    return -count
             head = ring.hdr.head
             popped_head = head
             tail = nsqshm_load_acquire(&ring.hdr.tail)

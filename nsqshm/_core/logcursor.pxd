@@ -32,6 +32,7 @@ cdef extern from "commitlog_layout.h" nogil:
         uint64_t j_to
         uint64_t j_reset
         uint64_t read_pos
+        uint64_t seeks
         uint64_t confirmed_total
         uint64_t finish_total
         uint64_t direct_total
@@ -89,11 +90,14 @@ cdef class CursorSet:
     cdef Cursor held_cur              # that cursor (the object: a slot may be replaced)
     cdef int batch_depth              # batch_begin calls not ended yet (nested batches)
     cdef int held_fins                # FINs since the held cursor was last locked
+    cdef bint guarded                 # guard_seeks(): a local consumer's set
+    cdef uint64_t *seen               # guarded: by partition, the seek count its copies are of
     cdef void batch_begin(self) noexcept
     cdef void batch_end(self) noexcept
     cdef void _let_go(self) noexcept
     cdef long long find_id(self, const char *msg_id, uint64_t *offset) noexcept
     cdef int finish_at(self, long long partition, uint64_t offset) except -2
+    cdef int seek_state(self) noexcept
     cdef int has_id(self, const char *msg_id) noexcept
     cdef int finish_id(self, const char *msg_id) except -2
     cdef int stale_id(self, const char *msg_id) noexcept

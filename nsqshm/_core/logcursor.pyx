@@ -32,7 +32,7 @@ from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, qsort
+from libc.stdlib cimport calloc, free, malloc, qsort
 
 from nsqshm._core.commitlog cimport LogReader
 from nsqshm._core.includes.system cimport (
@@ -48,7 +48,10 @@ from nsqshm._core.commitlog import MAX_PARTITIONS, OffsetOutOfRange
 
 FINISHED = 0          # finish(): newly finished
 ALREADY = 1           # finish(): it was finished before
+STALE = 2             # CursorSet, guarded: taken before a seek, so marks nothing
 OUT_OF_WINDOW = -1    # finish(): beyond confirmed + window_bits: hold delivery
+SEEKS_MOVED = 1       # CursorSet.seek_state: a seek since the copies held were taken
+SEEK_HOLDS = 2        # CursorSet.seek_state: a seek is under way
 DEFAULT_WINDOW_BITS = 1 << 16
 CLAIM_RETENTION = -2  # claim_read: retention removed what the cursor would read next
 RETRY_SLOTS = 4096    # a new cursor's retry table (24 bytes a slot; tmpfs pages only when used)
@@ -729,6 +732,7 @@ cdef class Cursor:
         cdef nsqshm_cursor_header *h
         self._lock()
         h = self.h
+        h.seeks += 1  # (a local consumer's copies from before are stale: CursorSet.seeks_moved)
         h.j_reset = 1
         __atomic_store_n(&h.confirmed, offset, 3)
         __atomic_store_n(&h.read_pos, _READ_SEEK if hold else offset, 3)
@@ -775,6 +779,11 @@ cdef class Cursor:
         if not _is_held(self.h.read_pos):
             __atomic_store_n(&self.h.read_pos, offset, 3)
         self._unlock()
+
+    @property
+    def seeks(self):
+        """How many times set() moved the cursor (0 in an old segment)."""
+        return __atomic_load_n(&self.h.seeks, 2)
 
     @property
     def held(self):
@@ -1188,6 +1197,87 @@ cdef class CursorSet:
         self.held_cur = None
         self.batch_depth = 0
 
+    def __dealloc__(self):
+        free(self.seen)
+
+    def guard_seeks(self):
+        """Take part in seeks as a local consumer (nsqshm.local) must: the
+        broker's workers take their clients' copies of a seeked partition out
+        of flight while the seek holds its cursor (LogChannel.seek), but not
+        a local consumer's, which only the consumer's own process touches.
+        So a guarded set remembers, per partition, the cursor's seek count
+        its copies were taken at (every cursor attached first); a FIN of a
+        partition whose cursor was seeked since marks nothing (STALE: the
+        copy is of the old position, and the seek delivers that offset
+        again), and the consumer drops such copies (seeks_moved) before it
+        finishes, requeues or takes more (seek_state, under a ring's lock)."""
+        cdef Py_ssize_t p
+        if self.seen == NULL:
+            self.seen = <uint64_t *>calloc(max(self.count, 1), sizeof(uint64_t))
+            if self.seen == NULL:
+                raise MemoryError()
+        for p in range(self.count):
+            cur = self.cursors[p]
+            if cur is None or (<Cursor>cur).h == NULL:
+                raise CursorError(f"partition {p}: no cursor attached to guard")
+            self.seen[p] = __atomic_load_n(&(<Cursor>cur).h.seeks, 2)
+        self.guarded = True
+
+    def seeks_moved(self, long long partition=-1):
+        """The partitions (or the one given) whose cursor was seeked since
+        their copies here were taken, each now counted as seen: the caller
+        drops what it holds of them (under its cursor's lock, for a claim
+        from the log to follow at the new position).  [] when not guarded."""
+        cdef Py_ssize_t p, lo = 0, hi = self.count
+        cdef uint64_t n
+        out = []
+        if not self.guarded:
+            return out
+        if partition >= 0:
+            if partition >= self.count:
+                raise IndexError(f"partition {partition}")
+            lo, hi = partition, partition + 1
+        for p in range(lo, hi):
+            cur = self.cursors[p]
+            if cur is None or (<Cursor>cur).h == NULL:
+                continue
+            n = __atomic_load_n(&(<Cursor>cur).h.seeks, 2)
+            if n != self.seen[p]:
+                self.seen[p] = n
+                out.append(p)
+        return out
+
+    cdef int seek_state(self) noexcept:
+        """For a take from a ring (under the ring's consumer lock, which a
+        seek's drain of the ring takes too): 0 when the take may go on, its
+        records counted at the seen seek counts; SEEKS_MOVED when a seek was
+        made since (its drain is done: the caller drops its stale copies,
+        seeks_moved, and takes again); SEEK_HOLDS while a seek holds a cursor
+        (the ring may still hold records from the old position: take nothing
+        now).  Atomic loads, no cursor lock (a worker's sampled delivery
+        takes a cursor's lock under a ring's).  0 when not guarded."""
+        cdef Py_ssize_t p
+        cdef Cursor cur
+        cdef int state = 0
+        if not self.guarded:
+            return 0
+        for p in range(self.count):
+            obj = self.cursors[p]
+            if obj is None:
+                continue
+            cur = <Cursor>obj
+            if cur.h == NULL:
+                continue
+            if __atomic_load_n(&cur.h.read_pos, 2) == _READ_SEEK:
+                return SEEK_HOLDS
+            if __atomic_load_n(&cur.h.seeks, 2) != self.seen[p]:
+                state = SEEKS_MOVED
+        return state
+
+    def seek_state_now(self):
+        """seek_state (tests)."""
+        return self.seek_state()
+
     cdef void batch_begin(self) noexcept:
         """A batch of FINs follows (a client's read of FIN lines, a local
         consumer's finish of a batch): a cursor locked for one stays locked
@@ -1267,7 +1357,8 @@ cdef class CursorSet:
             return -1
         if self.held == -2:
             cur._lock()
-            r = cur._finish(offset)
+            r = STALE if self.guarded and cur.h.seeks != self.seen[partition] else \
+                cur._finish(offset)
             cur._unlock()
             return r
         if self.held != partition or self.held_cur is not cur or \
@@ -1280,6 +1371,8 @@ cdef class CursorSet:
             self.held_cur = cur
             self.held_fins = 0
         self.held_fins += 1
+        if self.guarded and cur.h.seeks != self.seen[partition]:
+            return STALE  # (under the lock: the seek's count cannot move meanwhile)
         return cur._finish(offset)
 
     cdef int has_id(self, const char *msg_id) noexcept:

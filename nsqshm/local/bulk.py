@@ -28,7 +28,7 @@ import time
 from nsqshm import __version__
 from nsqshm._core.arena import Arena
 from nsqshm._core.localbatch import Columns, arena_finish_logged, arena_reset
-from nsqshm._core.logcursor import decode_message_id
+from nsqshm._core.logcursor import SEEK_HOLDS, SEEKS_MOVED, decode_message_id
 from nsqshm.local import arenas
 from nsqshm.local.broker import Broker, LocalError, check_name
 from nsqshm.local.lanes import LANE_LOOK, Lanes, disarm, sleep_on
@@ -141,11 +141,18 @@ class BulkConsumer:
         n = 0
         self._drop_moved()
         start = self.columns.nbytes
-        for ring in (self.ring, *self.lanes.rings()):
-            if n >= max_messages or self.columns.nbytes - start >= max_bytes:
+        rings = [self.ring, *self.lanes.rings()]
+        while rings and n < max_messages and self.columns.nbytes - start < max_bytes:
+            got = self.columns.take(rings[0], self.arena, self._qidx, max_messages - n,
+                                    max_bytes - (self.columns.nbytes - start), due,
+                                    seeks=self.cursors)
+            if got == -SEEKS_MOVED:  # (a seek since the last look: drop, take again)
+                self._drop_moved()
+                continue
+            if got == -SEEK_HOLDS:  # (a seek under way: the next take looks again)
                 break
-            n += self.columns.take(ring, self.arena, self._qidx, max_messages - n,
-                                   max_bytes - (self.columns.nbytes - start), due)
+            n += got
+            del rings[0]
         if n:
             self.held += n
             self.message_count += n
@@ -157,11 +164,16 @@ class BulkConsumer:
         it took it goes, unfinished (the lane delivers it again, in order),
         before a finish would mark it (finished past the head the lane gave
         another consumer) or a requeue put it back: as a Consumer drops its
-        copies (_find_lanes).  A Python step per message held, on that rare
-        path only (the ring's lanes_version moved).  -> how many."""
-        if self.cursors is None or not self.lanes.stale():
+        copies (_find_lanes).  So does what it holds of a partition whose
+        cursor a seek moved since (the seek delivers from its new offset
+        again: Consumer._check_seeks).  A Python step per message held, on
+        those rare paths only (the ring's lanes_version or a cursor's seek
+        count moved).  -> how many."""
+        if self.cursors is None:
             return 0
-        moved = set(self.lanes.find())
+        moved = set(self.cursors.seeks_moved())
+        if self.lanes.stale():
+            moved.update(self.lanes.find())
         dropped = 0
         if moved:
             for offset, _queue, _state, _due, msg in self.arena.blocks():

@@ -58,7 +58,12 @@ from nsqshm._core.commitlog import LogError, LogReader, partition_dir
 from nsqshm._core.ext import ExtView
 from nsqshm._core.inflight import NOT_IN_FLIGHT, DeferredQueue, InFlight
 from nsqshm._core.localbatch import finish_frames
-from nsqshm._core.logcursor import CLAIM_RETENTION, split_by_partition
+from nsqshm._core.logcursor import (
+    CLAIM_RETENTION,
+    SEEK_HOLDS,
+    SEEKS_MOVED,
+    split_by_partition,
+)
 from nsqshm.local import arenas, tracing
 from nsqshm.local.batch import Batch
 from nsqshm.local.broker import Broker, LocalError, check_name
@@ -293,12 +298,32 @@ class Consumer:
         (as the broker's workers drop theirs: LogChannel._drop_moved; a FIN
         of one then fails as of one not in flight).  -> those partitions."""
         moved = self._lanes.find()
-        for partition in moved:
+        self._drop_partitions(moved)
+        return moved
+
+    def _drop_partitions(self, partitions):
+        """Forget, unfinished, what this consumer holds (in flight and
+        deferred) of these partitions: the broker delivers them again."""
+        for partition in partitions:
             for store in (self._inflight, self._deferred):
                 while store.drain_partition(partition, self._scratch)[0]:
                     pass
                 store.release()
-        return moved
+
+    def _check_seeks(self):
+        """What this consumer holds of a partition whose cursor was moved
+        since it took it (/channel/setoffset, SUB_ADVANCED's position, a
+        reset) goes, unfinished: a seek delivers from its new offset again,
+        and the workers take their own clients' copies out of flight as it
+        holds the cursor, but cannot reach this process's table.  A FIN or
+        REQ of such a copy then fails as of one not in flight, as a TCP
+        client's does; one that crosses the seek marks nothing
+        (CursorSet.guard_seeks).  (The lock held; a few atomic loads when
+        nothing moved.)"""
+        if self._cursors is not None:
+            moved = self._cursors.seeks_moved()
+            if moved:
+                self._drop_partitions(moved)
 
     def _drop_moved(self):
         """Before FINs: the copies this consumer holds of a partition that
@@ -325,19 +350,30 @@ class Consumer:
         with self._lock:
             if self._cursors is not None:
                 self._find_lanes()
+                self._check_seeks()
             n = min(want, self.max_in_flight - len(self._inflight))
             deadline = time.monotonic_ns() + int(self.msg_timeout * 1e9)
             self._inflight.ttl_ns = self.ring.ttl_ns  # the channel's time to live (policy.py)
             expired = self._inflight.expired
             taken = 0
+            seek_held = False
             for ring in self._sources():
                 while taken < n:
                     t, a = self._inflight.deliver_from_ring(ring, n - taken, self._scratch, out,
-                                                            CLIENT, deadline, 0, self._ext_view)
+                                                            CLIENT, deadline, 0, self._ext_view,
+                                                            seeks=self._cursors)
+                    if t == -SEEKS_MOVED:  # (a seek since the last look: drop, take again)
+                        self._check_seeks()
+                        continue
+                    if t == -SEEK_HOLDS:  # (a seek under way: the rings may hold stale
+                        seek_held = True  # records until its drain; the next fetch looks)
+                        break
                     if not t:
                         break
                     taken += t
                     added += a
+                if seek_held:
+                    break
             if self.direct and taken < n and not self.ring.topic_paused:
                 t, a = self._deliver_direct(n - taken, out, deadline)
                 taken += t
@@ -398,6 +434,9 @@ class Consumer:
         lane = self._lanes.ring(index)
         cursor.lock()
         try:
+            # a seek since this consumer's copies were taken: they go, and the claim
+            # reads from the new position (exact: a seek counts itself under this lock)
+            self._drop_partitions(self._cursors.seeks_moved(index))
             if self._lanes.unseen(index):
                 return 0, 0, False  # a lane made a moment ago: what comes back goes there
             if (lane if lane is not None else self.ring).depth:
@@ -455,6 +494,7 @@ class Consumer:
         with self._lock:
             if self._cursors is not None:
                 self._drop_moved()
+                self._check_seeks()
                 # the cursor first, once the message is known to be held here
                 # (touch checks it): a death in between delivers it again
                 status = self._inflight.touch(msg_id, CLIENT, HELD_UNTIL_FINISHED)
@@ -475,6 +515,7 @@ class Consumer:
         with self._lock:
             if self._cursors is not None:
                 self._drop_moved()
+                self._check_seeks()
             writer, stream = self._tracing() or (None, 0)
             done = finish_frames(self._inflight, batch._frames, batch._starts, len(batch), CLIENT,
                                  self._cursors, writer, stream)
@@ -496,6 +537,7 @@ class Consumer:
         deferred = []
         done = 0
         with self._lock:
+            self._check_seeks()  # (a copy from before a seek does not go back)
             for msg_id in ids:
                 msg = self._inflight.requeue(bytes(msg_id), CLIENT)
                 if isinstance(msg, int):
@@ -590,6 +632,7 @@ class Consumer:
         now = time.monotonic_ns() if now is None else now
         total = 0
         with self._lock:
+            self._check_seeks()  # (a copy from before a seek does not go back)
             for store, timed_out in ((self._inflight, True), (self._deferred, False)):
                 while True:
                     n, nbytes = store.pop_expired(now, self._scratch) if timed_out else \
@@ -646,6 +689,7 @@ class Consumer:
         with self._lock:
             if self._cursors is not None:
                 self._find_lanes()  # (a lane made since the delivery takes its own)
+                self._check_seeks()
             try:  # (a deferred one goes back now too)
                 left = leave(self.arena, self.ring, self.queue, timeout, self._cursors,
                              self._subscribed, not self._takes_ring, self._lanes.by_partition())

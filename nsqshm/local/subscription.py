@@ -44,7 +44,9 @@ def open_channel(broker, topic, channel, create, ordered=False, partition=None):
 
 
 def attach_cursors(names, queue):
-    """A CursorSet of the channel's cursor segments `names` (by partition);
+    """A CursorSet of the channel's cursor segments `names` (by partition),
+    guarded against seeks (CursorSet.guard_seeks: what a local consumer took
+    before a seek is its own to drop, as the workers drop their clients');
     None for a classic channel (no names)."""
     if not names:
         return None
@@ -54,6 +56,7 @@ def attach_cursors(names, queue):
             cursors[partition] = Cursor.attach(name)
     except CursorError as err:
         raise LocalError(f"{queue}: {err} (was the channel deleted?)") from None
+    cursors.guard_seeks()
     return cursors
 
 

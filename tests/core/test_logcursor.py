@@ -21,6 +21,9 @@ from nsqshm._core.logcursor import (
     OUT_OF_WINDOW,
     RETRY_ENTRY,
     RETRY_SLOTS,
+    SEEK_HOLDS,
+    SEEKS_MOVED,
+    STALE,
     Cursor,
     CursorError,
     CursorSet,
@@ -600,6 +603,39 @@ def test_a_finish_while_a_seek_holds_the_cursor_marks_nothing(cursor_args):
     assert c.finish(10) == FINISHED and c.confirmed == 11
     c.release(c.confirmed)
     assert (c.confirmed, c.finished_above) == (11, 1)
+
+
+def test_a_guarded_set_marks_nothing_of_copies_taken_before_a_seek(cursor_args):
+    """A local consumer's CursorSet (guard_seeks) remembers each cursor's
+    seek count: after a seek -- any set(), held or not -- a FIN of its
+    partition marks nothing (STALE) until seeks_moved() says which partitions
+    moved (the consumer drops its copies of them); seek_state says, for a
+    take from a ring, whether a seek holds a cursor or was made since.  An
+    unguarded set (a worker's) marks as before."""
+    c = Cursor.open(*cursor_args, start_offset=0, window_bits=256)
+    other = Cursor.attach(cursor_args[0])  # (another process's view of the same segment)
+    guarded, plain = CursorSet(1), CursorSet(1)
+    guarded[0] = c
+    plain[0] = other
+    with pytest.raises(CursorError, match="partition 0: no cursor attached"):
+        CursorSet(1).guard_seeks()
+    guarded.guard_seeks()
+    assert (c.seeks, guarded.seek_state_now(), guarded.seeks_moved()) == (0, 0, [])
+    assert guarded.finish(log_message_id(0, 0)) == FINISHED and c.confirmed == 1
+    other.set(0, hold=True)  # a seek back to 0 begins
+    assert (c.seeks, guarded.seek_state_now()) == (1, SEEK_HOLDS)
+    other.release(0)  # and ends
+    assert guarded.seek_state_now() == SEEKS_MOVED
+    assert guarded.finish(log_message_id(0, 0)) == STALE and c.confirmed == 0
+    assert plain.finish(log_message_id(0, 1)) == FINISHED  # (a worker's: not guarded)
+    assert guarded.seeks_moved() == [0] and guarded.seeks_moved() == []
+    assert guarded.seek_state_now() == 0
+    assert guarded.finish(log_message_id(0, 0)) == FINISHED and c.confirmed == 2
+    other.set(5)  # a reset without a hold counts too (read_pos goes back: copies repeat)
+    assert guarded.seek_state_now() == SEEKS_MOVED and guarded.seeks_moved(0) == [0]
+    with pytest.raises(IndexError):
+        guarded.seeks_moved(1)
+    assert plain.seeks_moved() == [] and plain.seek_state_now() == 0
 
 
 FINISH_ONE = textwrap.dedent("""

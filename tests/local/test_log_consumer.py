@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -421,9 +422,6 @@ def test_an_ordered_topic_is_refused_as_nsqd_refuses_a_plain_sub(nsqd_factory):
         assert c.is_log
 
 
-@pytest.mark.xfail(strict=True, reason="found in review, not fixed: a seek does not take "
-                   "back what a local consumer holds; its FINs after the seek mark the "
-                   "new position's window")
 def test_a_seek_back_delivers_again_what_a_consumer_held(nsqd_factory):
     """/channel/setoffset back to 0 while a local consumer holds messages:
     every message from 0 comes again (as for a TCP consumer, whose held
@@ -443,3 +441,70 @@ def test_a_seek_back_delivers_again_what_a_consumer_held(nsqd_factory):
         held.finish()
         got = fetch_all(c, 20, timeout=5)
         assert sorted(decode_message_id(i)[1] for _, i, _ in got) == list(range(20))
+
+
+def test_a_seek_back_gives_a_bulk_consumer_again_what_it_held(nsqd_factory):
+    """BulkConsumer: /channel/setoffset back to 0 while it holds 10 of 20;
+    its finish() after the seek marks none of the 10 (dropped, as a
+    Consumer's copies are), and all 20 come again from 0."""
+    server = started(nsqd_factory())
+    create(server, "sb", 1)
+    mpub(server, "sb", [b"m%02d" % i for i in range(20)])
+    with BulkConsumer("sb", "c", shm_prefix=server.prefix) as bulk:
+        assert len(take_rows(bulk, 10)) == 10
+        assert server.post("/channel/setoffset?topic=sb&channel=c&partition=0",
+                           b"msgcount:0")[0] == 200
+        assert bulk.finish() == 0  # (the 10 were dropped: nothing of them is marked)
+        rows = take_rows(bulk, 20)
+        assert sorted(b for b, _ in rows) == [b"m%02d" % i for i in range(20)]
+        assert bulk.finish() == 20
+        assert wait_for(lambda: caught_up(server, "sb", "c"), 5)
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "ring"])
+def test_finishes_crossing_a_seek_skip_nothing_after_it(nsqd_factory, direct):
+    """A local consumer finishes, one by one in another thread (spread over
+    some 60 ms), the 1,500 messages it holds while /channel/setoffset seeks the partition back to
+    0: every message of the log comes again after the seek, whichever FINs
+    reached the cursor before, during or after it (a FIN that crosses the
+    seek marks nothing: the cursor counts its seeks, and the consumer's
+    CursorSet the count its copies were taken at), and nothing stalls.
+    direct: the consumer reads the log itself (claims under the cursor's
+    lock); ring: the owner feeds the ring (takes look at the seeks under the
+    ring's lock)."""
+    server = started(nsqd_factory())
+    create(server, "sx", 1)
+    total = 2000
+    mpub(server, "sx", [b"x%04d" % i for i in range(total)])
+    url = "/channel/setoffset?topic=sx&channel=c&partition=0"
+    missing = {}
+    with Consumer("sx", "c", shm_prefix=server.prefix, max_in_flight=1500,
+                  direct=direct) as c:
+        assert server.post(url, b"msgcount:0")[0] == 200  # (the channel from 0)
+        for rnd in range(5):
+            held = []
+            deadline = time.monotonic() + 10
+            while len(held) < 1500 and time.monotonic() < deadline:
+                held += [m.id for m in c.fetch(1500 - len(held), timeout=0.5)]
+            assert len(held) == 1500
+            finisher = threading.Thread(target=_finish_each, args=(c, held))
+            finisher.start()
+            status = server.post(url, b"msgcount:0")[0]
+            finisher.join(10)
+            assert status == 200 and not finisher.is_alive()
+            got = {decode_message_id(i)[1] for _, i, _ in fetch_all(c, total, timeout=15)}
+            if set(range(total)) - got:
+                missing[rnd] = sorted(set(range(total)) - got)
+            assert wait_for(lambda: caught_up(server, "sx", "c"), 5)
+            assert server.post(url, b"msgcount:0")[0] == 200  # (the next round: from 0)
+    assert not missing, {rnd: (len(m), m[:10]) for rnd, m in missing.items()}
+
+
+def _finish_each(consumer, ids):
+    """FIN each, spread over some 60 ms (the seek comes in between)."""
+    for k, msg_id in enumerate(ids):
+        if k % 25 == 0:
+            time.sleep(0.001)
+        try:
+            consumer.finish(msg_id)
+        except LocalError:
+            pass  # (taken back by the seek: not in flight)

@@ -104,6 +104,10 @@
  *      168     8  read_pos       the broker's reader: msg offsets below it were
  *                                pushed to the channel (0 / below confirmed:
  *                                read from confirmed, skipping finished ones)
+ *      176     8  seeks          seeks to a new offset (set(hold=True)), counted under
+ *                                the lock: a local consumer drops what it took before
+ *                                one, and its FINs of those mark nothing (0 in old
+ *                                segments)
  *      192     8  confirmed_total, finish_total: counters
  *      208     8  direct_total   messages local consumers took straight from the log
  *                                (nsqshm.local, no broker worker in between): the
@@ -202,7 +206,8 @@ typedef struct {
     uint64_t j_to;
     uint64_t j_reset;
     uint64_t read_pos;
-    uint64_t _pad2[2];
+    uint64_t seeks;
+    uint64_t _pad2[1];
     uint64_t confirmed_total;
     uint64_t finish_total;
     uint64_t direct_total;
@@ -222,6 +227,7 @@ _Static_assert(offsetof(nsqshm_cursor_header, retry_slots) == 32, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, lock) == 64, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, confirmed) == 128, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, read_pos) == 168, "layout");
+_Static_assert(offsetof(nsqshm_cursor_header, seeks) == 176, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, confirmed_total) == 192, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, direct_total) == 208, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, window) == NSQSHM_CURSOR_HEADER, "layout");
