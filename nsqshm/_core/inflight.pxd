@@ -114,7 +114,7 @@ cdef class InFlight(MessageStore):
     cdef uint32_t drop_stream
     # a log channel's cursors: deliver() marks a message it samples out
     # finished there, or the confirmed offset would wait for it forever
-    cdef public CursorSet sampled_cursors
+    cdef public CursorSet log_cursors  # a log channel's (deliver: sampled out, delivered marks)
     # a log channel's LogReader per partition (None: not open yet): a detail
     # frame's queue offset is then the message's byte (virtual) offset, as Youzan's
     cdef public list detail_readers

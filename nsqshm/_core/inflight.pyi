@@ -26,7 +26,7 @@ class InFlight(MessageStore):
     ttl_ns: int  # a time to live checked by deliver(), 0 for none
     expired: int  # read-only: messages deliver() dropped as expired
     expired_out: bytearray | None  # where deliver() appends expired messages, if set
-    sampled_cursors: CursorSet | None  # a log channel's: what deliver() samples out is finished
+    log_cursors: CursorSet | None  # a log channel's: sampled out finished, delivered marks raised
     detail_readers: list[LogReader] | None  # a log channel's, per partition: detail frames' queue offsets
     def __init__(self, capacity_hint: int = 1024) -> None: ...
     def add(self, msg: Buffer, client_id: int, deadline_ns: int) -> None: ...

@@ -1018,8 +1018,13 @@ cdef class InFlight(MessageStore):
         nsqd's odds, rand.Int31n(100) <= sample_rate, as its messagePump
         draws them: a message sampled out is consumed from the channel for
         this client without being framed, put in flight or counted anywhere
-        but `sampled_out` (and finished in `sampled_cursors`, a log
+        but `sampled_out` (and finished in `log_cursors`, a log
         channel's, when set).  0 keeps every message.
+
+        With log_cursors (a log channel's CursorSet), each message put in
+        flight raises its partition's delivered mark (CursorSet.raise_delivered,
+        once per run of one partition): a partition's next leader gives what
+        was in flight here the attempts of one delivery (rpc CURSORS).
 
         With ttl_ns set (a channel's or its topic's time to live), a message
         whose timestamp is ttl_ns or more in the past is consumed without
@@ -1061,6 +1066,8 @@ cdef class InFlight(MessageStore):
         cdef Py_ssize_t cut
         cdef bint traced = self.drop_trace is not None
         cdef Py_ssize_t dropped = 0
+        cdef long long part, run_part = -1  # log_cursors: the run's partition, its end
+        cdef uint64_t offset = 0, run_end = 0
         self.consumed = 0
         if count < 0:
             raise ValueError(f"count {count} is negative")
@@ -1126,8 +1133,8 @@ cdef class InFlight(MessageStore):
                     continue
                 if sampling and <int>self._draw100() > sample_rate:
                     self.sampled_out += 1
-                    if self.sampled_cursors is not None:  # consumed for this client: finished
-                        self.sampled_cursors.finish_id(msg + MSG_ID_OFFSET)
+                    if self.log_cursors is not None:  # consumed for this client: finished
+                        self.log_cursors.finish_id(msg + MSG_ID_OFFSET)
                     if traced:
                         self._dropped(msg, DROP_SAMPLED)
                         dropped += 1
@@ -1142,6 +1149,14 @@ cdef class InFlight(MessageStore):
                 r = self._insert(dst + FRAME_HEADER_SIZE, size, client_id, deadline_ns)
                 if r == 0:
                     added += 1
+                    if self.log_cursors is not None:
+                        part = decode_log_id(msg + MSG_ID_OFFSET, &offset)
+                        if part != run_part:
+                            if run_part >= 0:
+                                self.log_cursors.raise_delivered(run_part, run_end)
+                            run_part, run_end = part, 0
+                        if offset + 1 > run_end:
+                            run_end = offset + 1
                 elif r == 1:
                     self.duplicates += 1
                 else:
@@ -1180,6 +1195,8 @@ cdef class InFlight(MessageStore):
             if sampling or expires_before or shrunk or ext is not None:
                 PyByteArray_Resize(out, dst - PyByteArray_AS_STRING(out))
         finally:
+            if run_part >= 0:
+                self.log_cursors.raise_delivered(run_part, run_end)
             PyBuffer_Release(&view)
             if dropped:
                 self.drop_trace.flush()  # (a failed write is counted by the writer)

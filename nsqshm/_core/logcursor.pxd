@@ -33,6 +33,7 @@ cdef extern from "commitlog_layout.h" nogil:
         uint64_t j_reset
         uint64_t read_pos
         uint64_t seeks
+        uint64_t delivered
         uint64_t confirmed_total
         uint64_t finish_total
         uint64_t direct_total
@@ -98,6 +99,7 @@ cdef class CursorSet:
     cdef long long find_id(self, const char *msg_id, uint64_t *offset) noexcept
     cdef int finish_at(self, long long partition, uint64_t offset) except -2
     cdef int seek_state(self) noexcept
+    cdef void raise_delivered(self, long long partition, uint64_t end) noexcept
     cdef int has_id(self, const char *msg_id) noexcept
     cdef int finish_id(self, const char *msg_id) except -2
     cdef int stale_id(self, const char *msg_id) noexcept

@@ -124,6 +124,8 @@ cdef extern from *:
     uint64_t __atomic_load_n(const uint64_t *p, int order) nogil
     void __atomic_store_n(uint64_t *p, uint64_t v, int order) nogil
     uint64_t __atomic_fetch_add(uint64_t *p, uint64_t v, int order) nogil
+    bint __atomic_compare_exchange_n(uint64_t *p, uint64_t *expected, uint64_t desired,
+                                     bint weak, int success, int failure) nogil
 
 
 cdef uint64_t _popcount(const uint64_t *w, uint64_t words) noexcept nogil:
@@ -724,7 +726,8 @@ cdef class Cursor:
 
     def set(self, unsigned long long offset, bint hold=False):
         """Move the cursor to `offset` (seek, or a reset to the log start or
-        end): nothing above it is finished.  hold: read_pos is HELD, so the
+        end): nothing above it is finished.  A seek (hold) is counted
+        (`seeks`).  hold: read_pos is HELD, so the
         feeder pushes nothing of this partition until release(): a seek
         first clears the rings and arenas of what was pushed before it; a
         finish meanwhile marks nothing (it is of a message delivered from the
@@ -732,10 +735,20 @@ cdef class Cursor:
         cdef nsqshm_cursor_header *h
         self._lock()
         h = self.h
-        h.seeks += 1  # (a local consumer's copies from before are stale: CursorSet.seeks_moved)
         h.j_reset = 1
         __atomic_store_n(&h.confirmed, offset, 3)
         __atomic_store_n(&h.read_pos, _READ_SEEK if hold else offset, 3)
+        if hold:
+            # a seek delivers from `offset` again: nothing from there on went out
+            # since, and a local consumer's copies from before are stale
+            # (CursorSet.seeks_moved).  Counted after the hold is stored, so that a
+            # look that sees the new count sees the hold too (seek_state).  A reset
+            # without a hold (retention's move to the log start, a follower taking
+            # its leader's cursor) leaves the copies above it valid, and what went out.
+            __atomic_store_n(&h.delivered, offset, 3)
+            __atomic_store_n(&h.seeks, h.seeks + 1, 3)
+        elif h.delivered < offset:
+            __atomic_store_n(&h.delivered, offset, 3)
         memset(<void *>h.window, 0, self.bits // 8)
         h.finished = 0
         h.j_reset = 0
@@ -778,6 +791,19 @@ cdef class Cursor:
         self._lock()
         if not _is_held(self.h.read_pos):
             __atomic_store_n(&self.h.read_pos, offset, 3)
+        self._unlock()
+
+    @property
+    def delivered(self):
+        """One past the highest msg offset put in flight to a client since the
+        last set() (CursorSet.raise_delivered); on a follower, the leader's as
+        it last sent it (rpc CURSORS)."""
+        return __atomic_load_n(&self.h.delivered, 2)
+
+    def set_delivered(self, unsigned long long offset):
+        """A follower takes the leader's delivered mark (ReplicaHost.adopt_cursors)."""
+        self._lock()
+        __atomic_store_n(&self.h.delivered, offset, 3)
         self._unlock()
 
     @property
@@ -891,7 +917,8 @@ cdef class Cursor:
             return err.start_offset, CLAIM_RETENTION, 0
         if n == 0:
             return pos, 0, 0
-        if self.h.retry_used and <uint64_t>first == self.h.confirmed:
+        if <uint64_t>first == self.h.confirmed and \
+                (self.h.retry_used or <uint64_t>first < self.h.delivered):
             self._head_attempts(<uint64_t>first, scratch)
         return first, n, nbytes
 
@@ -913,8 +940,12 @@ cdef class Cursor:
         cdef Py_buffer view
         cdef unsigned char *p
         cdef uint32_t size, attempts, noted
-        cdef nsqshm_retry_slot *e = self._retry_find(first)
-        if e == NULL:
+        cdef nsqshm_retry_slot *e = self._retry_find(first) if self.slots else NULL
+        if e != NULL:
+            noted = e.attempts if e.attempts < 0x7FFF else 0x7FFF
+        elif first < self.h.delivered:
+            noted = 1  # (it went out once, and was never put back: CursorSet.retry_of)
+        else:
             return
         PyObject_GetBuffer(scratch, &view, PyBUF_WRITABLE)
         try:
@@ -925,7 +956,6 @@ cdef class Cursor:
             if size < 10 or size > view.len - 4:
                 return
             attempts = ((<uint32_t>p[12] & 0x7F) << 8) | p[13]
-            noted = e.attempts if e.attempts < 0x7FFF else 0x7FFF
             if noted > attempts:
                 p[12] = (p[12] & 0x80) | <unsigned char>(noted >> 8)
                 p[13] = <unsigned char>(noted & 0xFF)
@@ -1278,6 +1308,30 @@ cdef class CursorSet:
         """seek_state (tests)."""
         return self.seek_state()
 
+    cdef void raise_delivered(self, long long partition, uint64_t end) noexcept:
+        """Messages of a partition below msg offset `end` were put in flight
+        (InFlight.deliver, once per run of one partition): its cursor's
+        delivered mark goes up to `end` if below it.  Atomic, no lock: a
+        CAS loop that only raises."""
+        cdef Cursor cur
+        cdef uint64_t now
+        if partition < 0 or partition >= self.count:
+            return
+        obj = self.cursors[partition]
+        if obj is None:
+            return
+        cur = <Cursor>obj
+        if cur.h == NULL:
+            return
+        now = __atomic_load_n(&cur.h.delivered, 2)
+        while now < end:
+            if __atomic_compare_exchange_n(&cur.h.delivered, &now, end, False, 3, 2):
+                return
+
+    def raise_delivered_now(self, long long partition, unsigned long long end):
+        """raise_delivered (tests)."""
+        self.raise_delivered(partition, end)
+
     cdef void batch_begin(self) noexcept:
         """A batch of FINs follows (a client's read of FIN lines, a local
         consumer's finish of a batch): a cursor locked for one stays locked
@@ -1321,6 +1375,8 @@ cdef class CursorSet:
         if self.held == partition:
             self._let_go()  # (a batch holds the one replaced)
         self.cursors[partition] = cursor
+        if self.guarded and cursor is not None and 0 <= partition < self.count:
+            self.seen[partition] = __atomic_load_n(&(<Cursor>cursor).h.seeks, 2)
 
     @cython.boundscheck(False)
     @cython.wraparound(False)
@@ -1411,23 +1467,33 @@ cdef class CursorSet:
 
     cdef int retry_of(self, const char *msg_id, uint32_t *attempts, int64_t *due_ms) except -1:
         """1 and a log message's noted attempts and due ms when its cursor's
-        retry table has it (unfinished), else 0."""
+        retry table has it (unfinished); else, unfinished below the cursor's
+        delivered mark (it went out once and was in flight, on this node or
+        on the partition's old leader, and was never put back), 1 with
+        attempts 1 and due 0; else 0."""
         cdef uint64_t off = 0
         cdef long long p = decode_log_id(msg_id, &off)
         cdef Cursor cur
-        cdef nsqshm_retry_slot *e
+        cdef nsqshm_retry_slot *e = NULL
+        cdef int found = 0
         if p < 0 or p >= self.count or self.cursors[p] is None:
             return 0
         cur = <Cursor>self.cursors[p]
-        if cur.h == NULL or cur.slots == 0:
+        if cur.h == NULL:
             return 0
         cur._lock()
-        e = NULL if cur._done(off) else cur._retry_find(off)
-        if e != NULL:
-            attempts[0] = e.attempts
-            due_ms[0] = e.due_ms
+        if not cur._done(off):
+            e = cur._retry_find(off) if cur.slots else NULL
+            if e != NULL:
+                attempts[0] = e.attempts
+                due_ms[0] = e.due_ms
+                found = 1
+            elif off < cur.h.delivered:
+                attempts[0] = 1
+                due_ms[0] = 0
+                found = 1
         cur._unlock()
-        return e != NULL
+        return found
 
     @cython.boundscheck(False)
     @cython.wraparound(False)

@@ -342,8 +342,8 @@ class PartitionLeader:
             return None
         frame = rpc.encode_cursors(topic, index, self.epoch, committed, [
             (name, states[name][0], states[name][1] if states[name][1].strip(b"\0") else b"",
-             states[name][2])
-            for name in moved] + [(name, rpc.DELETED, b"", b"") for name in deleted])
+             states[name][2], states[name][3])
+            for name in moved] + [(name, rpc.DELETED, b"", b"", 0) for name in deleted])
         status, follower_end = client.cursors(frame)
         # the follower takes a cursor only as far as its log goes: one it could not
         # take whole is sent again (next interval) until its log has caught up

@@ -55,7 +55,7 @@ Every frame:
         | u16 BE topic len | topic | u16 BE partition | u64 BE write epoch |
         | u64 BE committed end | u16 BE count |
         |                count x ( u8 name len | name | u64 BE confirmed |
-        |                          u32 BE window len | window |
+        |                          u64 BE delivered | u32 BE window len | window |
         |                          u32 BE retries len | retries ) |
       window: the cursor's finished-above bits as Cursor.snapshot gives them (native
       u64 words; empty when nothing above confirmed is finished).  retries: what the
@@ -63,7 +63,10 @@ Every frame:
       18 bytes each, | u64 BE msg offset | u16 BE attempts | i64 BE due unix ms |.
       The follower's channel takes them (ReplicaHost.adopt_cursors), so a new leader
       resumes where the old one's consumers were, and delivers what was put back
-      with its attempts, once due (LogChannel.take_up_retries).  confirmed DELETED (u64 max, no window): the
+      with its attempts, once due (LogChannel.take_up_retries).  delivered: one past the
+      highest msg offset the leader put in flight (Cursor.delivered): a new leader
+      gives what is below it, unfinished and not in the retries, the attempts of one
+      delivery (it was in flight at the failover).  confirmed DELETED (u64 max, no window): the
       channel was deleted on the leader, and goes on the follower too
       (ReplicaHost.drop_channels).  committed end: the leader's (what every ISR
       member holds, replicator.committed_end), sent also when only it moved: a
@@ -98,8 +101,8 @@ ACK_END = struct.Struct(">HQ")  # partition, end offset
 BYTE_ORDER = sys.byteorder
 # the frames' layout: raised whenever a frame changes (3: APPEND's prev crc, RESET's
 # start; builds before it send none and are refused as version None; 4: the CURSORS
-# entries' retry tables)
-PROTOCOL_VERSION = 4
+# entries' retry tables; 5: their delivered marks)
+PROTOCOL_VERSION = 5
 
 
 class RPCError(Exception):
@@ -150,7 +153,7 @@ def decode_publish(body):
 
 
 CURSORS_FIXED = struct.Struct(">HQQH")  # partition, write epoch, committed end, count
-CURSOR_ENTRY = struct.Struct(">QI")  # confirmed, window length
+CURSOR_ENTRY = struct.Struct(">QQI")  # confirmed, delivered, window length
 RETRIES_LEN = struct.Struct(">I")
 MAX_WINDOW = 1 << 20  # bytes: a cursor's window is 8 KiB (logcursor's 64 Ki bits)
 RETRY_ENTRY = 18  # logcursor.RETRY_ENTRY
@@ -158,18 +161,20 @@ MAX_RETRIES = RETRY_ENTRY << 20  # bytes: a cursor's retry table has 4 Ki slots
 
 
 def encode_cursors(topic, partition, epoch, committed, cursors):
-    """A CURSORS frame: cursors [(channel name, confirmed, window bytes, retries)]."""
+    """A CURSORS frame: cursors [(channel name, confirmed, window bytes, retries,
+    delivered)]."""
     parts = [_topic(topic), CURSORS_FIXED.pack(partition, epoch, committed, len(cursors))]
-    for name, confirmed, window, retries in cursors:
+    for name, confirmed, window, retries, delivered in cursors:
         raw = name.encode()
-        parts += [bytes((len(raw),)), raw, CURSOR_ENTRY.pack(confirmed, len(window)), window,
-                  RETRIES_LEN.pack(len(retries)), retries]
+        parts += [bytes((len(raw),)), raw, CURSOR_ENTRY.pack(confirmed, delivered, len(window)),
+                  window, RETRIES_LEN.pack(len(retries)), retries]
     return frame(CURSORS, b"".join(parts))
 
 
 def decode_cursors(body):
     """-> (topic, partition, epoch, committed end, [(channel name, confirmed, window
-    bytes, retries)]); RPCError for a body that does not hold what it announces."""
+    bytes, retries, delivered)]); RPCError for a body that does not hold what it
+    announces."""
     view = memoryview(body)
     (n,) = struct.unpack_from(">H", view, 0)
     pos = 2 + n + CURSORS_FIXED.size
@@ -186,7 +191,7 @@ def decode_cursors(body):
         pos += 1 + size
         if pos + CURSOR_ENTRY.size > len(view):
             raise RPCError("short CURSORS entry")
-        confirmed, wlen = CURSOR_ENTRY.unpack_from(view, pos)
+        confirmed, delivered, wlen = CURSOR_ENTRY.unpack_from(view, pos)
         pos += CURSOR_ENTRY.size
         if wlen > MAX_WINDOW or pos + wlen + RETRIES_LEN.size > len(view):
             raise RPCError(f"bad CURSORS window length {wlen}")
@@ -196,7 +201,7 @@ def decode_cursors(body):
         pos += RETRIES_LEN.size
         if rlen > MAX_RETRIES or rlen % RETRY_ENTRY or pos + rlen > len(view):
             raise RPCError(f"bad CURSORS retries length {rlen}")
-        out.append((name, confirmed, window, bytes(view[pos:pos + rlen])))
+        out.append((name, confirmed, window, bytes(view[pos:pos + rlen]), delivered))
         pos += rlen
     if pos != len(view):
         raise RPCError("trailing bytes after CURSORS")

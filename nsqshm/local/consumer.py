@@ -162,6 +162,7 @@ class Consumer:
         self._lanes = Lanes(self.ring, self.broker.prefix, self.topic, self.channel,
                             len(self._cursor_names), self.partition, self.ordered)
         self._turn = 0  # the partition the next direct read starts at
+        self._seek_held = False  # the last delivery met a seek's hold (its end pushes nothing)
         self.message_count = self.finish_count = self.requeue_count = self.timeout_count = 0
         self.connect_ts = int(time.time())
         # a log channel's consumer says it is subscribed (ready_count > 0) only
@@ -181,6 +182,7 @@ class Consumer:
     def _attach_cursors(self):
         cursors = attach_cursors(self._cursor_names, self.queue)
         self._inflight.expired_out = bytearray()  # marked finished in their cursors
+        self._inflight.log_cursors = cursors  # (what goes out raises the delivered marks)
         return cursors
 
     def _subscribe(self):
@@ -272,8 +274,10 @@ class Consumer:
                 # paused: an unpause does not push, so look again now and then; a
                 # plain consumer of a log channel: a lane made meanwhile (by another
                 # consumer) is found at the next look
-                cap = 0.1 if paused else LANE_LOOK if self._cursors is not None \
-                    and self.partition is None and not self.ordered else remaining
+                # a seek's hold (on any partition) ends without a push: look again soon
+                cap = 0.1 if paused or self._seek_held else LANE_LOOK \
+                    if self._cursors is not None and self.partition is None \
+                    and not self.ordered else remaining
                 self._waiting += 1
                 try:
                     sleep_on(rings, min(remaining, cap))
@@ -374,6 +378,7 @@ class Consumer:
                     added += a
                 if seek_held:
                     break
+            self._seek_held = seek_held
             if self.direct and taken < n and not self.ring.topic_paused:
                 t, a = self._deliver_direct(n - taken, out, deadline)
                 taken += t

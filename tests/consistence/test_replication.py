@@ -114,14 +114,20 @@ def test_acknowledged_messages_survive_the_leader_sigkill(make_cluster, workers)
     assert got == [*bodies, b"after"]
 
 
-def channel_cursor(node, topic, channel, partition=0):
-    """(confirmed offset, finished above) of a channel on a node, or None."""
+def channel_partition(node, topic, channel, field, partition=0):
+    """(confirmed offset, `field`) of a channel's entry for a partition in a
+    node's /stats, or None (no such channel there)."""
     for t in node.get_json(f"/stats?format=json&topic={topic}")["topics"] or ():
         for c in t["channels"]:
             if c["channel_name"] == channel:
                 e = c["partitions"][partition]
-                return e["confirmed_offset"], e["finished_above"]
+                return e["confirmed_offset"], e[field]
     return None
+
+
+def channel_cursor(node, topic, channel, partition=0):
+    """(confirmed offset, finished above) of a channel on a node, or None."""
+    return channel_partition(node, topic, channel, "finished_above", partition)
 
 
 def publish_and_hold(leader, bodies, count, kept):
@@ -236,12 +242,7 @@ def test_a_new_leader_delivers_what_was_committed_before_the_dead_leader_leaves_
 
 def put_back(node, topic, channel, partition=0):
     """(confirmed offset, messages put back) of a channel on a node, or None."""
-    for t in node.get_json(f"/stats?format=json&topic={topic}")["topics"] or ():
-        for c in t["channels"]:
-            if c["channel_name"] == channel:
-                e = c["partitions"][partition]
-                return e["confirmed_offset"], e["put_back"]
-    return None
+    return channel_partition(node, topic, channel, "put_back", partition)
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
@@ -328,19 +329,86 @@ def test_a_new_leader_gives_an_ordered_head_its_attempts(make_cluster, workers):
     leader.kill()
     client.close()
     new = cluster.leader("seq", not_in=(leader.id,), timeout=20)
+    assert ordered_from(new, "seq", "audit", 3) == [(b"s0", 3), (b"s1", 1), (b"s2", 1)]
+
+
+def ordered_from(node, topic, channel, count):
+    """(body, attempts) of the next `count` messages SUB_ORDERED takes of
+    partition 0 on a node, each finished before the next comes."""
+    client = Client(node, timeout=15)
+    try:
+        client.send(f"SUB_ORDERED {topic} {channel} 0\n".encode())
+        assert client.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+        client.send(p.rdy(1))
+        got = []
+        for _ in range(count):
+            m = client.message()
+            got.append((m.body[12:], m.attempts))  # (after the offset and raw size: 12 B)
+            client.send(p.fin(m.id))
+        return got
+    finally:
+        client.close()
+
+
+def delivered_mark(node, topic, channel, partition=0):
+    """(confirmed offset, delivered offset) of a channel on a node, or None."""
+    return channel_partition(node, topic, channel, "delivered_offset", partition)
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["w1", "w2"])
+def test_what_was_in_flight_at_a_failover_comes_as_its_next_delivery(make_cluster, workers):
+    """The cursors carry the leader's delivered mark (one past the highest offset it
+    put in flight): after its SIGKILL, the new leader gives what was in flight --
+    delivered once, never put back, not finished -- the attempts of that delivery,
+    so it comes as the 2nd (it came as the 1st again before), while what was never
+    delivered comes as the 1st; an ordered lane's head in flight the same."""
+    cluster = make_cluster(workers)
+    assert cluster.create_topic("orders", 1, 3)[0] == 200
+    leader = cluster.leader("orders")
+    followers = [n for n in cluster.nodes if n is not leader]
+    bodies = [b"m%04d" % i for i in range(20)]
+    client = Client(leader)
+    client.send(p.sub("orders", "audit"))
+    assert client.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    ordered = Client(leader)  # (both channels before the messages: new ones start at the end)
+    ordered.send(b"SUB_ORDERED orders seq 0\n")
+    assert ordered.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    publish(leader, "orders", bodies)
+    client.send(p.rdy(10))
+    held = [client.message() for _ in range(10)]
+    assert sorted(m.body for m in held) == bodies[:10] and {m.attempts for m in held} == {1}
+    client.send(p.rdy(0))
+    for m in held[:4]:
+        client.send(p.fin(m.id))
+    in_flight = sorted(m.body for m in held[4:])
+    ordered.send(p.rdy(1))
+    m = ordered.message()
+    assert (m.body[12:], m.attempts) == (b"m0000", 1)  # (after the offset and raw size: 12 B)
+    ordered.send(p.rdy(0))
+    wait_until(lambda: all(delivered_mark(f, "orders", "seq") == (0, 1) and
+                           (delivered_mark(f, "orders", "audit") or (0, 0))[1] == 10
+                           for f in followers),
+               10, "the followers know what was delivered")
+    leader.kill()
+    client.close()
+    ordered.close()
+    new = cluster.leader("orders", not_in=(leader.id,), timeout=20)
     survivor = Client(new, timeout=15)
     try:
-        survivor.send(b"SUB_ORDERED seq audit 0\n")
+        survivor.send(p.sub("orders", "audit"))
         assert survivor.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
-        survivor.send(p.rdy(1))
-        got = []
-        for _ in range(3):
+        survivor.send(p.rdy(20))
+        got = {}
+        for _ in range(16):
             m = survivor.message()
-            got.append((m.body[12:], m.attempts))
+            got[m.body] = m.attempts
             survivor.send(p.fin(m.id))
-        assert got == [(b"s0", 3), (b"s1", 1), (b"s2", 1)]
+        finished = {m.body for m in held[:4]}
+        assert got == {b: 2 if b in in_flight else 1 for b in bodies if b not in finished}
     finally:
         survivor.close()
+    assert ordered_from(new, "orders", "seq", 3) == [(b"m0000", 2), (b"m0001", 1),
+                                                      (b"m0002", 1)]
 
 
 def test_a_channel_deleted_on_the_leader_goes_on_the_followers(make_cluster):

@@ -92,17 +92,18 @@ def test_codec_round_trips():
 
 def test_cursors_codec_round_trips_and_refuses_short_bodies():
     retries = struct.pack(">QHq", 6, 2, 0) + struct.pack(">QHq", 9, 3, 1_700_000_000_000)
-    cursors = [("audit", 5, bytes(range(8)) * 1024, retries), ("other", 0, b"", b"")]
+    cursors = [("audit", 5, bytes(range(8)) * 1024, retries, 12), ("other", 0, b"", b"", 0)]
     kind, body = rpc.read_frame(_Bytes(rpc.encode_cursors("orders", 3, 7, 1234, cursors)))
     assert kind == rpc.CURSORS
     assert rpc.decode_cursors(body) == ("orders", 3, 7, 1234, cursors)
-    for cut in (3, len(body) - 1, len(body) - 4, len(body) - 8200, len(body) - 8193 - 36):
+    for cut in (3, len(body) - 1, len(body) - 4, len(body) - 8200, len(body) - 8193 - 36,
+                len(body) - 8193 - 44):
         with pytest.raises(rpc.RPCError):
             rpc.decode_cursors(body[:cut])
     with pytest.raises(rpc.RPCError, match="trailing"):
         rpc.decode_cursors(body + b"x")
     # a retry table that is not whole entries
-    bad = rpc.encode_cursors("orders", 3, 7, 1234, [("audit", 5, b"", b"x" * 17)])
+    bad = rpc.encode_cursors("orders", 3, 7, 1234, [("audit", 5, b"", b"x" * 17, 5)])
     with pytest.raises(rpc.RPCError, match="retries length 17"):
         rpc.decode_cursors(rpc.read_frame(_Bytes(bad))[1])
 
@@ -115,9 +116,9 @@ def test_cursors_reach_the_follower_and_its_ack_comes_back():
     srv.start()
     try:
         client = rpc.RPCClient("127.0.0.1", srv.address[1], "c1", "leader:1", timeout=5)
-        frame = rpc.encode_cursors("orders", 0, 4, 3, [("audit", 3, b"", b"")])
+        frame = rpc.encode_cursors("orders", 0, 4, 3, [("audit", 3, b"", b"", 7)])
         assert client.cursors(frame) == (rpc.OK, 9)
-        assert seen == [("leader:1", "orders", 0, 4, 3, [("audit", 3, b"", b"")])]
+        assert seen == [("leader:1", "orders", 0, 4, 3, [("audit", 3, b"", b"", 7)])]
         client.close()
     finally:
         srv.stop()

@@ -663,5 +663,39 @@ def test_take_retries_gives_back_attempts_and_defers_what_is_not_due(tmp_path):
         os.unlink(f"/dev/shm/{name}")
 
 
+def test_take_retries_gives_what_went_out_below_the_delivered_mark_one_delivery(tmp_path):
+    """A new leader's take-up (LogChannel.take_up_retries): below the cursor's
+    delivered mark, an unfinished message the retry table does not have was in
+    flight -- delivered once, never put back -- so it gets attempts 1 (its next
+    delivery is the 2nd); one the table has keeps the table's; at or above the
+    mark, nothing (never delivered)."""
+    name = f"nsqshm-test-delivered-{os.getpid()}-{random.getrandbits(32):08x}"
+    cur = Cursor.open(name, str(tmp_path / "c.cursor"), 0)
+    try:
+        cursors = CursorSet(1)
+        cursors[0] = cur
+        cur.set_delivered(3)
+        cur.note_retry(1, 4)
+        cur.finish(2)
+
+        def record(offset):
+            msg = struct.pack(">qH", 99, 0) + log_message_id(0, offset) + b"body"
+            return struct.pack("<I", len(msg)) + msg
+        packed = bytearray(record(0) + record(1) + record(3))
+        now, ndeferred, _ = DeferredQueue().take_retries(cursors, packed, 10_000, 0, 3_600_000)
+        assert ndeferred == 0
+        assert now == _with_attempts(record(0), 1) + _with_attempts(record(1), 4) + record(3)
+        cur.set(5)  # a reset without a hold (retention's move) only raises the mark
+        assert cur.delivered == 5
+        cur.set(0, hold=True)  # a seek: nothing from there on went out since
+        cur.release(0)
+        assert cur.delivered == 0
+        now, _, _ = DeferredQueue().take_retries(cursors, bytearray(record(0)), 10_000, 0, 1)
+        assert now == record(0)
+    finally:
+        cur.close()
+        os.unlink(f"/dev/shm/{name}")
+
+
 def _with_attempts(record, attempts):
     return record[:12] + struct.pack(">H", attempts) + record[14:]

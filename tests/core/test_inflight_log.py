@@ -10,7 +10,7 @@ import pytest
 
 from nsqshm._core.commitlog import PartitionLog, partition_dir
 from nsqshm._core.inflight import InFlight
-from nsqshm._core.logcursor import CLAIM_RETENTION, Cursor
+from nsqshm._core.logcursor import CLAIM_RETENTION, Cursor, CursorSet
 from nsqshm._core.ring import Ring
 
 T0 = 1_700_000_000_000_000_000
@@ -62,6 +62,34 @@ def test_a_run_goes_out_and_read_pos_moves_past_it(log_and_cursor):
     assert flight.deliver_from_log(cursor, log.reader, end, None, 5, scratch, out, 7,
                                    DEADLINE) == (5, 5, 12)
     assert frames(out) == [12, 13, 14, 15, 16] and cursor.read_pos == 17
+
+
+def test_what_goes_out_raises_the_delivered_mark_and_a_claimed_head_gets_its_attempts(
+        log_and_cursor):
+    """With log_cursors set (a log channel's), each message put in flight raises
+    its partition's delivered mark (one past the highest offset); a head claimed
+    again below the mark (a rewind, a new leader reading its old leader's
+    in-flight head from the log) comes as its 2nd delivery."""
+    log, cursor = log_and_cursor
+    flight, out, scratch = InFlight(), bytearray(), bytearray(1 << 16)
+    cursors = CursorSet(1)
+    cursors[0] = cursor
+    flight.log_cursors = cursors
+    end = log.reader.end_offset
+    assert flight.deliver_from_log(cursor, log.reader, end, None, 5, scratch, out, 7,
+                                   DEADLINE)[0] == 5
+    assert cursor.delivered == 5
+    cursors.raise_delivered_now(0, 3)  # (only raises)
+    assert cursor.delivered == 5
+    cursor.hold()  # a rewind to the confirmed offset: 0..4 read again
+    cursor.release(cursor.confirmed)
+    out2 = bytearray()
+    assert flight.deliver_from_log(cursor, log.reader, end, None, 1, scratch, out2, 8,
+                                   DEADLINE)[0] == 1
+    assert struct.unpack_from(">H", out2, 8 + 8)[0] == 2  # (0 was out once: its 2nd)
+    assert InFlight().deliver_from_log(cursor, log.reader, end, None, 1, scratch,
+                                       bytearray(), 9, DEADLINE)[0] == 1
+    assert cursor.delivered == 5  # (an InFlight without log_cursors raises nothing)
 
 
 def test_a_held_cursor_or_a_ring_of_older_records_takes_nothing(log_and_cursor):

@@ -611,7 +611,9 @@ def test_a_guarded_set_marks_nothing_of_copies_taken_before_a_seek(cursor_args):
     partition marks nothing (STALE) until seeks_moved() says which partitions
     moved (the consumer drops its copies of them); seek_state says, for a
     take from a ring, whether a seek holds a cursor or was made since.  An
-    unguarded set (a worker's) marks as before."""
+    unguarded set (a worker's) marks as before.  Only a seek (set with a
+    hold) counts: retention's move to the log start leaves the copies above
+    it valid (found in review)."""
     c = Cursor.open(*cursor_args, start_offset=0, window_bits=256)
     other = Cursor.attach(cursor_args[0])  # (another process's view of the same segment)
     guarded, plain = CursorSet(1), CursorSet(1)
@@ -631,7 +633,10 @@ def test_a_guarded_set_marks_nothing_of_copies_taken_before_a_seek(cursor_args):
     assert guarded.seeks_moved() == [0] and guarded.seeks_moved() == []
     assert guarded.seek_state_now() == 0
     assert guarded.finish(log_message_id(0, 0)) == FINISHED and c.confirmed == 2
-    other.set(5)  # a reset without a hold counts too (read_pos goes back: copies repeat)
+    other.set(5)  # a reset without a hold (retention's move to the start): copies stay valid
+    assert guarded.seek_state_now() == 0 and guarded.seeks_moved(0) == []
+    other.set(0, hold=True)
+    other.release(0)
     assert guarded.seek_state_now() == SEEKS_MOVED and guarded.seeks_moved(0) == [0]
     with pytest.raises(IndexError):
         guarded.seeks_moved(1)

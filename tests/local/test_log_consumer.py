@@ -461,6 +461,49 @@ def test_a_seek_back_gives_a_bulk_consumer_again_what_it_held(nsqd_factory):
         assert wait_for(lambda: caught_up(server, "sb", "c"), 5)
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "ring"])
+def test_a_retention_move_keeps_what_a_consumer_holds_above_the_log_start(nsqd_factory,
+                                                                          direct):
+    """Retention removes segments under a consumer holding 45 messages; the
+    channel's cursor moves to the log start (a reset without a seek's hold):
+    what the consumer holds at or above the start stays its own, its FINs
+    count, and every message from the start is finished or delivered again.
+    (Found in review: the first version counted the move as a seek, and the
+    consumer dropped copies that nothing delivers again: the partition stalled.)"""
+    server = started(nsqd_factory("--max-bytes-per-file=4096"))
+    assert server.post("/topic/create?topic=rt&partition_num=1&retention_bytes=8192")[0] == 200
+    with Consumer("rt", "c", shm_prefix=server.prefix, max_in_flight=200, direct=direct) as c:
+        mpub(server, "rt", [b"%03d" % i + b"x" * 200 for i in range(45)])
+        held = []
+        deadline = time.monotonic() + 10
+        while len(held) < 45 and time.monotonic() < deadline:
+            held += [m.id for m in c.fetch(45 - len(held), timeout=0.5)]
+        assert len(held) == 45
+        mpub(server, "rt", [b"%03d" % i + b"x" * 200 for i in range(45, 60)])
+        assert wait_for(lambda: _channel(server, "rt", "c")["retention_moves"] >= 1, 10)
+        start = _topic(server, "rt")["partitions"][0]["start_offset"]
+        assert 0 < start < 45
+        finished = set()
+        for msg_id in held:
+            try:
+                c.finish(msg_id)
+            except LocalError:
+                continue
+            finished.add(decode_message_id(msg_id)[1])
+        assert finished >= set(range(start, 45))
+        got = {decode_message_id(i)[1] for _, i, _ in fetch_all(c, 15, timeout=10)}
+        assert got == set(range(45, 60))
+        assert wait_for(lambda: caught_up(server, "rt", "c"), 5)
+
+
+def _topic(server, topic):
+    doc = json.loads(server.get(f"/stats?format=json&topic={topic}")[1])
+    return next(t for t in doc["topics"] if t["topic_name"] == topic)
+
+
+def _channel(server, topic, channel):
+    return next(c for c in _topic(server, topic)["channels"] if c["channel_name"] == channel)
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "ring"])
 def test_finishes_crossing_a_seek_skip_nothing_after_it(nsqd_factory, direct):
     """A local consumer finishes, one by one in another thread (spread over
     some 60 ms), the 1,500 messages it holds while /channel/setoffset seeks the partition back to

@@ -108,6 +108,10 @@
  *                                the lock: a local consumer drops what it took before
  *                                one, and its FINs of those mark nothing (0 in old
  *                                segments)
+ *      184     8  delivered      one past the highest msg offset put in flight to a
+ *                                client (raised by InFlight.deliver, reset by a set):
+ *                                a new leader gives what is below it, unfinished and
+ *                                not in the retry table, the attempts of one delivery
  *      192     8  confirmed_total, finish_total: counters
  *      208     8  direct_total   messages local consumers took straight from the log
  *                                (nsqshm.local, no broker worker in between): the
@@ -207,7 +211,7 @@ typedef struct {
     uint64_t j_reset;
     uint64_t read_pos;
     uint64_t seeks;
-    uint64_t _pad2[1];
+    uint64_t delivered;
     uint64_t confirmed_total;
     uint64_t finish_total;
     uint64_t direct_total;
@@ -228,6 +232,7 @@ _Static_assert(offsetof(nsqshm_cursor_header, lock) == 64, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, confirmed) == 128, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, read_pos) == 168, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, seeks) == 176, "layout");
+_Static_assert(offsetof(nsqshm_cursor_header, delivered) == 184, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, confirmed_total) == 192, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, direct_total) == 208, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, window) == NSQSHM_CURSOR_HEADER, "layout");

@@ -86,7 +86,8 @@ class LogChannel(Channel):
         self._direct_ids = set()    # clients here counted in the ring's direct_subscribers
         super().__init__(topic, name)
         self.cursors = CursorSet(len(topic.partitions))
-        self.inflight.sampled_cursors = self.cursors  # a sample rate's skips: finished
+        # a sample rate's skips are finished there; what goes out raises their delivered marks
+        self.inflight.log_cursors = self.cursors
         self.retention_moves = 0    # times a cursor fell below the log start (retention)
         self._checkpointed = {}     # partition -> confirmed at the last checkpoint
         self._held_since = {}       # partition -> when the feeder first found it held
@@ -408,8 +409,10 @@ class LogChannel(Channel):
         """This node now leads the partition: what the old leader had put back
         and told this node (its retry table, ReplicaHost.adopt_cursors) goes out
         as the old leader would have sent it, with its attempts, and not before
-        it is due.  The unfinished records from read_pos (the confirmed offset,
-        after an adopt) up to the table's last are claimed as a feeder claims a
+        it is due; what it had in flight (unfinished below its delivered mark,
+        not in the table) with the attempts of one delivery (CursorSet.retry_of).
+        The unfinished records from read_pos (the confirmed offset, after an
+        adopt) up to the table's last or that mark are claimed as a feeder claims a
         run (_claim: against every other reader of the partition), and each is
         deferred here until it is due (DeferredQueue.take_retries) or put back
         into the channel now.  Runs before the partition's first delivery here
@@ -430,7 +433,8 @@ class LogChannel(Channel):
                 cursor.release(cursor.confirmed)
             if self.topic.ordered or (lane is not None and lane.ordered):
                 return 0  # (an ordered lane holds one message at a time: the feeder's)
-            high = cursor.retry_high()
+            # (below the delivered mark: what was in flight, given one delivery's attempts)
+            high = max(cursor.retry_high(), cursor.delivered)
             view = self._log_view(partition) if high > cursor.read_pos else None
             if view is None:
                 return 0
@@ -1082,6 +1086,10 @@ class LogChannel(Channel):
                         # messages put back (REQ, timeout) still unfinished, as the retry
                         # table knows them (sent to the followers: take_up_retries)
                         "put_back": cursor.retry_count(),
+                        # one past the highest offset put in flight (a follower: its
+                        # leader's, as last sent; a new leader gives what is unfinished
+                        # below it one delivery's attempts)
+                        "delivered_offset": cursor.delivered,
                         # its own ring (loglane.py): "partition" (SUB T C p) or
                         # "ordered" (SUB_ORDERED), and what waits there
                         "lane": None if lane is None else ("ordered" if lane.ordered

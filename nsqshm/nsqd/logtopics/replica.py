@@ -173,22 +173,25 @@ class ReplicaHost:
     # -- channel cursors (rpc CURSORS) ------------------------------------------------
 
     def cursor_states(self, partition):
-        """The leader: {channel name: (confirmed, window bytes, retry table)} of the
-        partition's durable channels (an ephemeral one is not kept across a
-        failover; the retry table: Cursor.retries, what was put back)."""
+        """The leader: {channel name: (confirmed, window bytes, retry table,
+        delivered)} of the partition's durable channels (an ephemeral one is not
+        kept across a failover; the retry table: Cursor.retries, what was put
+        back; delivered: Cursor.delivered, below which what is unfinished was
+        in flight)."""
         out = {}
         for channel in list(partition.topic.channels.values()):
             if not channel.ephemeral and not channel.exiting:
                 cursor = channel.cursors[partition.index]
-                out[channel.name] = (*cursor.snapshot(), cursor.retries())
+                out[channel.name] = (*cursor.snapshot(), cursor.retries(), cursor.delivered)
         return out
 
     def adopt_cursors(self, partition, cursors):
-        """A follower: the leader's cursors [(channel, confirmed, window, retry table)]
-        become its channels' (made here when missing), so that if it leads next,
-        consumers go on from there: what the old leader's consumers had finished by
-        its last send is not delivered again, and what it had put back goes out with
-        its attempts and when due (LogChannel.take_up_retries).  A confirmed offset past this log's end waits for the
+        """A follower: the leader's cursors [(channel, confirmed, window, retry table,
+        delivered)] become its channels' (made here when missing), so that if it
+        leads next, consumers go on from there: what the old leader's consumers had
+        finished by its last send is not delivered again, what it had put back goes
+        out with its attempts and when due, and what it had in flight with the
+        attempts of one delivery (LogChannel.take_up_retries).  A confirmed offset past this log's end waits for the
         records (the leader sends it again); finished offsets are taken below the end
         only (an offset this log lacks may hold another message after a failover).
         A follower delivers nothing of the partition (LogChannel._following), so its
@@ -196,7 +199,7 @@ class ReplicaHost:
         seek that takes back what was (this node led it before)."""
         topic = partition.topic
         end = partition.log.end_offset
-        for name, confirmed, window, retries in cursors:
+        for name, confirmed, window, retries, delivered in cursors:
             if not is_valid_name(name) or is_ephemeral(name) or confirmed > end:
                 continue
             try:
@@ -210,6 +213,7 @@ class ReplicaHost:
                 if finished:
                     cursor.finish_many(finished)
                 cursor.set_retries(retries, end)
+                cursor.set_delivered(min(delivered, end))
             except Exception as err:  # (a channel being deleted, a bad window): the next send
                 self.nsqd.logf("warn", f"{partition}: channel {name}'s cursor from the "
                                        f"leader not taken: {err}")
