@@ -50,7 +50,14 @@ from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from nsqshm._core.arena cimport Arena, block_alloc, block_free
 from nsqshm._core.codec cimport MSG_HEADER_SIZE, MSG_ID_SIZE
 from nsqshm._core.commitlog cimport LogReader
-from nsqshm._core.logcursor cimport Cursor, decode_log_id, packed_record_size
+from nsqshm._core.logcursor cimport (
+    Cursor,
+    DeliveredRun,
+    decode_log_id,
+    delivered_run_add,
+    delivered_run_end,
+    packed_record_size,
+)
 from nsqshm._core.ext cimport ACCEPT_LEAVE, ACCEPT_SKIP, EXT_OFFSET, ExtView, ext_prefix
 from nsqshm._core.tracelog cimport (
     DROP_EXPIRED,
@@ -1066,8 +1073,8 @@ cdef class InFlight(MessageStore):
         cdef Py_ssize_t cut
         cdef bint traced = self.drop_trace is not None
         cdef Py_ssize_t dropped = 0
-        cdef long long part, run_part = -1  # log_cursors: the run's partition, its end
-        cdef uint64_t offset = 0, run_end = 0
+        cdef DeliveredRun run  # log_cursors: the run whose delivered mark is raised
+        run.id = NULL
         self.consumed = 0
         if count < 0:
             raise ValueError(f"count {count} is negative")
@@ -1150,13 +1157,7 @@ cdef class InFlight(MessageStore):
                 if r == 0:
                     added += 1
                     if self.log_cursors is not None:
-                        part = decode_log_id(msg + MSG_ID_OFFSET, &offset)
-                        if part != run_part:
-                            if run_part >= 0:
-                                self.log_cursors.raise_delivered(run_part, run_end)
-                            run_part, run_end = part, 0
-                        if offset + 1 > run_end:
-                            run_end = offset + 1
+                        delivered_run_add(&run, self.log_cursors, msg + MSG_ID_OFFSET)
                 elif r == 1:
                     self.duplicates += 1
                 else:
@@ -1195,8 +1196,8 @@ cdef class InFlight(MessageStore):
             if sampling or expires_before or shrunk or ext is not None:
                 PyByteArray_Resize(out, dst - PyByteArray_AS_STRING(out))
         finally:
-            if run_part >= 0:
-                self.log_cursors.raise_delivered(run_part, run_end)
+            if self.log_cursors is not None:
+                delivered_run_end(&run, self.log_cursors)
             PyBuffer_Release(&view)
             if dropped:
                 self.drop_trace.flush()  # (a failed write is counted by the writer)

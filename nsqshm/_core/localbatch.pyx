@@ -47,7 +47,7 @@ from nsqshm._core.includes.system cimport (
     nsqshm_store_release,
 )
 from nsqshm._core.inflight cimport STATUS_CURSOR_DETACHED, InFlight
-from nsqshm._core.logcursor cimport CursorSet
+from nsqshm._core.logcursor cimport CursorSet, DeliveredRun, delivered_run_add, delivered_run_end
 from nsqshm._core.tracelog cimport EV_FIN, TraceWriter
 from nsqshm._core.ring cimport Ring
 
@@ -748,7 +748,8 @@ cdef class Columns:
         here too.  Stops early when the arena is full.  Returns the count.
         seeks: a local consumer's guarded cursors, looked at under the ring's
         lock first (InFlight.deliver_from_ring): -SEEK_HOLDS or -SEEKS_MOVED,
-        nothing taken, when a seek is under way or was made since."""
+        nothing taken, when a seek is under way or was made since; what is
+        taken raises their delivered marks (DeliveredRun)."""
         cdef uint64_t head, tail, nbytes = 0, popped_head
         cdef char *rec
         cdef uint32_t n
@@ -757,6 +758,8 @@ cdef class Columns:
         cdef nsqshm_arena_block *b
         cdef char *msg
         cdef int64_t bad = -1
+        cdef DeliveredRun run  # seeks: the run whose delivered mark is raised
+        run.id = NULL
         ring._check()
         arena._check()
         if queue >= arena.hdr.n_queues:
@@ -792,6 +795,8 @@ cdef class Columns:
                 b.entry.heap_index = 0
                 b.entry.first_deadline = due_wall_ns
                 arena.commit(b, queue, NSQSHM_BLOCK_LIVE, due_wall_ns)
+                if seeks is not None:
+                    delivered_run_add(&run, seeks, msg + ID_OFFSET)
                 if collect:
                     self._add(msg, n, False)
                 head += NSQSHM_RECORD_HEADER + _align8(n)
@@ -802,6 +807,8 @@ cdef class Columns:
             if count:
                 ring._commit_pop(popped_head, count, nbytes)
         finally:
+            if seeks is not None:
+                delivered_run_end(&run, seeks)
             ring._unlock_cons()
         if count:
             ring._wake(&ring.hdr.wait_space)

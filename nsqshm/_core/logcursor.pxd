@@ -5,7 +5,7 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from nsqshm._core.commitlog cimport LogReader
-from nsqshm._core.includes.system cimport pthread_mutex_t
+from nsqshm._core.includes.system cimport nsqshm_be64, pthread_mutex_t
 
 
 cdef extern from "commitlog_layout.h" nogil:
@@ -68,7 +68,7 @@ cdef class Cursor:
                         uint64_t *count) noexcept nogil
     cdef tuple _claim_read(self, LogReader reader, uint64_t end, Py_ssize_t room,
                            object scratch)
-    cdef void _head_attempts(self, uint64_t first, object scratch)
+    cdef void _claimed_attempts(self, uint64_t first, Py_ssize_t n, object scratch)
     cdef uint64_t _read_at(self, bint *held) noexcept nogil
     cdef void _read_to(self, uint64_t offset) noexcept nogil
     cdef nsqshm_retry_slot *_retries(self) noexcept nogil
@@ -100,6 +100,7 @@ cdef class CursorSet:
     cdef int finish_at(self, long long partition, uint64_t offset) except -2
     cdef int seek_state(self) noexcept
     cdef void raise_delivered(self, long long partition, uint64_t end) noexcept
+    cdef void raise_delivered_id(self, const char *msg_id) noexcept
     cdef int has_id(self, const char *msg_id) noexcept
     cdef int finish_id(self, const char *msg_id) except -2
     cdef int stale_id(self, const char *msg_id) noexcept
@@ -135,3 +136,32 @@ cdef inline uint32_t packed_record_size(const char *p, Py_ssize_t n, Py_ssize_t 
     if size < min_size or n - pos - 4 < <Py_ssize_t>size:
         raise ValueError(f"a record of {size} bytes at byte {pos}")
     return size
+
+
+# A run of deliveries of one partition (InFlight.deliver, Columns.take): the
+# highest log message ID put in flight, its cursor's delivered mark raised once
+# per run (CursorSet.raise_delivered_id), not once a message.  A log message ID
+# is 16 lower-case hex digits of (partition << 48) | msg offset, so two IDs
+# compare as their two big-endian 8-byte words do, and the partition is the
+# first word's top 4 bytes: no decode per message.
+ctypedef struct DeliveredRun:
+    const char *id  # the run's highest ID (NULL: no run yet)
+    uint64_t hi, lo
+
+
+cdef inline void delivered_run_add(DeliveredRun *run, CursorSet cursors,
+                                   const char *msg_id) noexcept:
+    cdef uint64_t hi = nsqshm_be64(msg_id), lo = nsqshm_be64(msg_id + 8)
+    if run.id == NULL or (hi >> 32) != (run.hi >> 32):
+        if run.id != NULL:
+            cursors.raise_delivered_id(run.id)
+        run.id, run.hi, run.lo = msg_id, hi, lo
+    elif hi > run.hi or (hi == run.hi and lo > run.lo):
+        run.id, run.hi, run.lo = msg_id, hi, lo
+
+
+cdef inline void delivered_run_end(DeliveredRun *run, CursorSet cursors) noexcept:
+    if run.id != NULL:
+        cursors.raise_delivered_id(run.id)
+        run.id = NULL
+

@@ -829,6 +829,11 @@ cdef class Cursor:
     def release(self, unsigned long long offset):
         """End a seek's hold: the feeder reads on from `offset`."""
         self._lock()
+        if self.h.read_pos == _READ_SEEK:
+            # every worker has dropped its copies from the old position by now
+            # (LogChannel._move), but one's ring take after set() may have raised
+            # the mark again (found in review)
+            __atomic_store_n(&self.h.delivered, offset, 3)
         __atomic_store_n(&self.h.read_pos, offset, 3)
         self._unlock()
 
@@ -917,48 +922,58 @@ cdef class Cursor:
             return err.start_offset, CLAIM_RETENTION, 0
         if n == 0:
             return pos, 0, 0
-        if <uint64_t>first == self.h.confirmed and \
-                (self.h.retry_used or <uint64_t>first < self.h.delivered):
-            self._head_attempts(<uint64_t>first, scratch)
+        if <uint64_t>first < self.h.delivered or \
+                (self.h.retry_used and <uint64_t>first == self.h.confirmed):
+            self._claimed_attempts(<uint64_t>first, n, scratch)
         return first, n, nbytes
 
-    cdef void _head_attempts(self, uint64_t first, object scratch):
-        """A partition's head (the record at the confirmed offset) just claimed
-        from the log that was put back before (its retry table entry: a REQ,
-        a timeout, here or on the partition's old leader, rpc CURSORS) gets
-        its attempts back, so that its delivery counts on from them: an
-        ordered lane's head is read from the log again rather than put back
-        whole (CursorSet.heads_only), whoever reads it next (the feeder, a
-        dispatcher, a local consumer), on this node, after a restart or after
-        a failover.  (The head alone: a plain channel's other put-back
-        messages go out of the ring or are taken up with theirs,
-        LogChannel.take_up_retries; one probe per claim at most.)  scratch
-        starts with the packed record, [u32 native size][message]; nsqd's
-        message starts [8 BE timestamp][2 BE attempts], the top bit of the
-        attempts a time to live's (includes/message_expiry.h), kept.  The
+    cdef void _claimed_attempts(self, uint64_t first, Py_ssize_t n, object scratch):
+        """The attempts of a run just claimed from the log (offsets first ..
+        first + n - 1, packed in scratch) that went out before:
+        - the partition's head (the record at the confirmed offset) put back
+          before (its retry table entry: a REQ, a timeout, here or on the
+          partition's old leader, rpc CURSORS) gets the entry's, so that its
+          delivery counts on from them: an ordered lane's head is read from
+          the log again rather than put back whole (CursorSet.heads_only),
+          whoever reads it next (the feeder, a dispatcher, a local consumer),
+          on this node, after a restart or after a failover (one probe per
+          claim at most; a plain channel's other put-back messages go out of
+          the ring or are taken up with theirs, LogChannel.take_up_retries);
+        - any other below the delivered mark went out once and was never put
+          back (in flight when a rewind took it back, or when this node's
+          old leader died): attempts 1, so that it comes as its 2nd
+          (CursorSet.retry_of).
+        nsqd's message starts [8 BE timestamp][2 BE attempts], the top bit of
+        the attempts a time to live's (includes/message_expiry.h), kept.  The
         lock held."""
         cdef Py_buffer view
         cdef unsigned char *p
         cdef uint32_t size, attempts, noted
-        cdef nsqshm_retry_slot *e = self._retry_find(first) if self.slots else NULL
-        if e != NULL:
-            noted = e.attempts if e.attempts < 0x7FFF else 0x7FFF
-        elif first < self.h.delivered:
-            noted = 1  # (it went out once, and was never put back: CursorSet.retry_of)
-        else:
-            return
+        cdef Py_ssize_t pos = 0, k
+        cdef uint64_t delivered = self.h.delivered
+        cdef nsqshm_retry_slot *e = NULL
+        if first == self.h.confirmed and self.h.retry_used and self.slots:
+            e = self._retry_find(first)
         PyObject_GetBuffer(scratch, &view, PyBUF_WRITABLE)
         try:
             p = <unsigned char *>view.buf
-            if view.len < 14:
-                return
-            memcpy(&size, p, 4)
-            if size < 10 or size > view.len - 4:
-                return
-            attempts = ((<uint32_t>p[12] & 0x7F) << 8) | p[13]
-            if noted > attempts:
-                p[12] = (p[12] & 0x80) | <unsigned char>(noted >> 8)
-                p[13] = <unsigned char>(noted & 0xFF)
+            for k in range(n):
+                if e == NULL and first + <uint64_t>k >= delivered:
+                    break
+                if view.len - pos < 14:
+                    return
+                memcpy(&size, p + pos, 4)
+                if size < 10 or size > view.len - pos - 4:
+                    return
+                noted = 1 if first + <uint64_t>k < delivered else 0
+                if e != NULL:
+                    noted = e.attempts if e.attempts < 0x7FFF else 0x7FFF
+                    e = NULL
+                attempts = ((<uint32_t>p[pos + 12] & 0x7F) << 8) | p[pos + 13]
+                if noted > attempts:
+                    p[pos + 12] = (p[pos + 12] & 0x80) | <unsigned char>(noted >> 8)
+                    p[pos + 13] = <unsigned char>(noted & 0xFF)
+                pos += 4 + size
         finally:
             PyBuffer_Release(&view)
 
@@ -1327,6 +1342,13 @@ cdef class CursorSet:
         while now < end:
             if __atomic_compare_exchange_n(&cur.h.delivered, &now, end, False, 3, 2):
                 return
+
+    cdef void raise_delivered_id(self, const char *msg_id) noexcept:
+        """raise_delivered past a log message ID (a DeliveredRun's highest)."""
+        cdef uint64_t offset = 0
+        cdef long long partition = decode_log_id(msg_id, &offset)
+        if partition >= 0:
+            self.raise_delivered(partition, offset + 1)
 
     def raise_delivered_now(self, long long partition, unsigned long long end):
         """raise_delivered (tests)."""

@@ -306,7 +306,7 @@ def test_a_new_leader_delivers_what_was_put_back_with_its_attempts_once_due(make
 def test_a_new_leader_gives_an_ordered_head_its_attempts(make_cluster, workers):
     """An ordered lane's head is read from the log again on a new leader (the
     lane's ring is the old leader's); the retry table the cursors carried
-    gives it its attempts back (Cursor._head_attempts): a head REQ'd
+    gives it its attempts back (Cursor._claimed_attempts): a head REQ'd
     twice comes as its 3rd delivery, then the rest in order from 1."""
     cluster = make_cluster(workers)
     assert cluster.create_topic("seq", 1, 3)[0] == 200

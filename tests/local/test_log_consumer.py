@@ -452,11 +452,14 @@ def test_a_seek_back_gives_a_bulk_consumer_again_what_it_held(nsqd_factory):
     mpub(server, "sb", [b"m%02d" % i for i in range(20)])
     with BulkConsumer("sb", "c", shm_prefix=server.prefix) as bulk:
         assert len(take_rows(bulk, 10)) == 10
+        assert delivered_offsets(server, "sb", "c") == [10]  # (what it took went out)
         assert server.post("/channel/setoffset?topic=sb&channel=c&partition=0",
                            b"msgcount:0")[0] == 200
+        assert delivered_offsets(server, "sb", "c") == [0]
         assert bulk.finish() == 0  # (the 10 were dropped: nothing of them is marked)
         rows = take_rows(bulk, 20)
         assert sorted(b for b, _ in rows) == [b"m%02d" % i for i in range(20)]
+        assert delivered_offsets(server, "sb", "c") == [20]
         assert bulk.finish() == 20
         assert wait_for(lambda: caught_up(server, "sb", "c"), 5)
 
@@ -493,6 +496,12 @@ def test_a_retention_move_keeps_what_a_consumer_holds_above_the_log_start(nsqd_f
         got = {decode_message_id(i)[1] for _, i, _ in fetch_all(c, 15, timeout=10)}
         assert got == set(range(45, 60))
         assert wait_for(lambda: caught_up(server, "rt", "c"), 5)
+
+
+def delivered_offsets(server, topic, channel):
+    """The channel's delivered marks by partition (one past the highest offset put
+    in flight: a new leader counts what is unfinished below it as delivered once)."""
+    return [p["delivered_offset"] for p in _channel(server, topic, channel)["partitions"]]
 
 
 def _topic(server, topic):

@@ -502,7 +502,7 @@ def test_an_ordered_head_put_back_keeps_its_attempts_across_a_graceful_restart(
     """An ordered lane's head that was put back (REQ) is read from the log
     again after a graceful stop (which drops the lane); the cursor's retry
     table, kept in its checkpoint, gives it its attempts back
-    (Cursor._head_attempts), as for a plain channel.  (After
+    (Cursor._claimed_attempts), as for a plain channel.  (After
     SUB_ORDERED a body comes after its offset and raw size: 12 B.)"""
     data = tmp_path / "data"
     data.mkdir()
