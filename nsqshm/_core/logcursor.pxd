@@ -99,6 +99,7 @@ cdef class CursorSet:
     cdef long long find_id(self, const char *msg_id, uint64_t *offset) noexcept
     cdef int finish_at(self, long long partition, uint64_t offset) except -2
     cdef int seek_state(self) noexcept
+    cdef bytearray _by_confirmed(self, packed, bint heads)
     cdef void raise_delivered(self, long long partition, uint64_t end) noexcept
     cdef void raise_delivered_id(self, const char *msg_id) noexcept
     cdef int has_id(self, const char *msg_id) noexcept

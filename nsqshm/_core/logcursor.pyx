@@ -1517,8 +1517,6 @@ cdef class CursorSet:
         cur._unlock()
         return found
 
-    @cython.boundscheck(False)
-    @cython.wraparound(False)
     def heads_only(self, packed):
         """The packed [u32 native size][message] records of packed whose msg
         offset is their cursor's confirmed one, as a new bytearray: what may go
@@ -1528,14 +1526,30 @@ cdef class CursorSet:
         the confirmed offset one message at a time: pushed, they would be a
         second message of the partition out at once (a copy a consumer took
         before the partition's move into the lane).  One C loop."""
+        return self._by_confirmed(packed, True)
+
+    def unconfirmed(self, packed):
+        """The packed [u32 native size][message] records of packed that are not
+        below their cursor's confirmed offset, as a new bytearray (a record
+        that is not a log message of an attached cursor is kept): what may go
+        back into the channel.  One below it is finished already -- a copy
+        held across /channel/empty, which moves the cursors to the log's end
+        without a seek's hold -- and would go out once more.  One C loop."""
+        return self._by_confirmed(packed, False)
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    cdef bytearray _by_confirmed(self, packed, bint heads):
+        """heads_only (heads) or unconfirmed."""
         cdef Py_buffer view
         cdef const char *p
         cdef char *dst
         cdef Py_ssize_t pos = 0, kept = 0
         cdef uint32_t size
-        cdef uint64_t off = 0
+        cdef uint64_t off = 0, confirmed
         cdef long long part
         cdef Cursor cur
+        cdef bint keep
         PyObject_GetBuffer(packed, &view, 0)
         try:
             p = <const char *>view.buf
@@ -1544,11 +1558,15 @@ cdef class CursorSet:
             while pos < view.len:
                 size = packed_record_size(p, view.len, pos, RECORD_ID_END)
                 part = decode_log_id(p + pos + 4 + RECORD_ID_OFFSET, &off)
+                keep = not heads
                 if 0 <= part < self.count and self.cursors[part] is not None:
                     cur = <Cursor>self.cursors[part]
-                    if cur.h != NULL and off == __atomic_load_n(&cur.h.confirmed, 2):
-                        memcpy(dst + kept, p + pos, 4 + size)
-                        kept += 4 + size
+                    if cur.h != NULL:
+                        confirmed = __atomic_load_n(&cur.h.confirmed, 2)
+                        keep = off == confirmed if heads else off >= confirmed
+                if keep:
+                    memcpy(dst + kept, p + pos, 4 + size)
+                    kept += 4 + size
                 pos += 4 + size
         finally:
             PyBuffer_Release(&view)

@@ -80,8 +80,13 @@ def put_back(arena, ring, queue, timeout=None, cursors=None, lanes=None):
     lane, as the broker puts it back (LogChannel._put_back), and into an
     ordered lane only the partition's head (its offset the confirmed one);
     the others are freed (the lane's feeder reads them from the log again).
+    A log message below its cursor's confirmed offset is finished (held
+    across a /channel/empty): freed, counted as put back, not pushed.
     Returns (put back, left in the arena)."""
     blocks = list(arena.blocks())
+    finished = _release_finished(arena, blocks, queue, cursors) if cursors is not None else 0
+    if finished:
+        blocks = list(arena.blocks())
     packed, offsets = pack_blocks(blocks, queue)
     if cursors is not None and packed:
         cursors.note_retries(packed)
@@ -97,7 +102,22 @@ def put_back(arena, ring, queue, timeout=None, cursors=None, lanes=None):
                 done += len(own_offsets)
             else:
                 done += _push(arena, dest, packed, own_offsets, timeout)
-    return done, len(offsets) - done
+    return done + finished, len(offsets) - done
+
+
+def _release_finished(arena, blocks, queue, cursors):
+    """Free the blocks (of `queue`) whose log message lies below its
+    cursor's confirmed offset: finished, not to go back.  How many."""
+    freed = 0
+    for offset, q, state, _due, msg in blocks:
+        if state not in (LIVE, DEFERRED) or (queue is not None and q != queue):
+            continue
+        where = decode_message_id(msg[10:26])  # [8 timestamp][2 attempts][16 ID]
+        cursor = cursors[where[0]] if where and where[0] < len(cursors) else None
+        if cursor is not None and where[1] < cursor.confirmed:
+            arena.release(offset)
+            freed += 1
+    return freed
 
 
 def _by_ring(blocks, ring, lanes, cursors):

@@ -606,7 +606,8 @@ class Consumer:
         fit (a full ring) waits here as deferred and is retried shortly, so a
         requeue never blocks on a ring only this consumer would drain.  A log
         channel's are noted with their attempts in their cursors' retry tables,
-        as the broker's put-backs are (LogChannel.put_records)."""
+        as the broker's put-backs are (LogChannel.put_records), and one below
+        its cursor's confirmed offset is dropped (CursorSet.unconfirmed)."""
         if self._cursors is not None:
             # a lane made since the delivery takes its partition's; what moved into
             # an ordered lane meanwhile goes nowhere (the lane delivers it again)
@@ -615,6 +616,9 @@ class Consumer:
                 parts = split_by_partition(packed, len(self._cursor_names))
                 packed = b"".join(records for index, records in enumerate(parts)
                                   if index not in moved)
+            # one below its cursor's confirmed offset is finished (held across a
+            # /channel/empty): it does not go out again
+            packed = self._cursors.unconfirmed(packed)
             self._cursors.note_retries(packed)
         for ring, records in self._lanes.split(packed, self.ring, self._cursors):
             self._push_back(ring, records, now)

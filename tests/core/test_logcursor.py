@@ -643,6 +643,29 @@ def test_a_guarded_set_marks_nothing_of_copies_taken_before_a_seek(cursor_args):
     assert plain.seeks_moved() == [] and plain.seek_state_now() == 0
 
 
+def test_unconfirmed_and_heads_only_keep_what_may_go_back(cursor_args):
+    """Of packed records put back: unconfirmed keeps those not below their cursor's
+    confirmed offset (and any record that is not a log message of an attached
+    cursor); heads_only those at it (an ordered lane's head)."""
+    c = Cursor.open(*cursor_args, start_offset=0, window_bits=256)
+    cursors = CursorSet(2)
+    cursors[0] = c
+    for o in range(3):
+        c.finish(o)
+
+    def record(partition, offset):
+        msg = struct.pack(">qH", 1, 1) + log_message_id(partition, offset) + b"body"
+        return struct.pack("=I", len(msg)) + msg
+    packed = record(0, 1) + record(0, 3) + record(0, 9) + record(1, 0)
+    assert cursors.unconfirmed(packed) == record(0, 3) + record(0, 9) + record(1, 0)
+    assert cursors.heads_only(packed) == record(0, 3)
+    assert cursors.unconfirmed(b"") == bytearray()
+    with pytest.raises(ValueError, match="a record of 30 bytes at byte 102"):
+        cursors.unconfirmed(packed[:-1])
+    with pytest.raises(ValueError, match="a record cut short at byte 0"):
+        cursors.unconfirmed(b"\x01")
+
+
 FINISH_ONE = textwrap.dedent("""
     import sys, time
     from nsqshm._core.logcursor import Cursor

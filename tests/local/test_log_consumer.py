@@ -512,6 +512,31 @@ def _topic(server, topic):
 def _channel(server, topic, channel):
     return next(c for c in _topic(server, topic)["channels"] if c["channel_name"] == channel)
 
+def test_what_consumers_held_across_an_empty_does_not_go_out_again(nsqd_factory):
+    """/channel/empty moves the cursors to the log's end without a seek's hold, so a
+    local consumer keeps its copies; they are below the confirmed offset now, i.e.
+    finished: a requeue, a timeout or a close puts none of them back (before, each
+    went out once more).  A Consumer's put-backs are filtered in C
+    (CursorSet.unconfirmed), a BulkConsumer's requeue frees them (arenas.put_back)."""
+    server = started(nsqd_factory())
+    create(server, "em", 2)
+    mpub(server, "em", [b"e%02d" % i for i in range(20)])
+    with Consumer("em", "c", shm_prefix=server.prefix, msg_timeout=0.5) as c, \
+            BulkConsumer("em", "c", shm_prefix=server.prefix) as bulk:
+        held = c.fetch(8, timeout=5)
+        assert len(held) == 8
+        assert len(take_rows(bulk, 12)) == 12
+        assert server.post("/channel/empty?topic=em&channel=c")[0] == 200
+        assert wait_for(lambda: caught_up(server, "em", "c"), 5)
+        ids = [m.id for m in held]
+        c.requeue(ids[0])  # (a REQ of a finished copy: it goes nowhere)
+        assert bulk.requeue() == 12
+        time.sleep(1.0)  # the other 7 time out (0.5 s) and go nowhere
+        assert c.in_flight == 0
+        nothing_more(c)
+        mpub(server, "em", [b"new"])
+        assert [bytes(m.body) for m in c.fetch(10, timeout=5)] == [b"new"]
+
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "ring"])
 def test_finishes_crossing_a_seek_skip_nothing_after_it(nsqd_factory, direct):
     """A local consumer finishes, one by one in another thread (spread over

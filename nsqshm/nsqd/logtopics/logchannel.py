@@ -392,9 +392,14 @@ class LogChannel(Channel):
 
     def put_records(self, packed, keep_rest=True):
         """Requeues, timeouts, deferred messages coming due, what a dead
-        worker held: noted in their cursors' retry tables (with their
-        attempts, for a partition's next leader: take_up_retries), then
-        put back (_put_back)."""
+        worker or local consumer held: noted in their cursors' retry tables
+        (with their attempts, for a partition's next leader:
+        take_up_retries), then put back (_put_back).  One below its cursor's
+        confirmed offset is finished (a /channel/empty moved the cursor past
+        it while it was held): dropped, in C (CursorSet.unconfirmed)."""
+        packed = self.cursors.unconfirmed(packed)
+        if not packed:
+            return 0
         self.cursors.note_retries(packed)
         return self._put_back(packed, keep_rest)
 
