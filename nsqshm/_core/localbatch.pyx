@@ -758,6 +758,7 @@ cdef class Columns:
         cdef nsqshm_arena_block *b
         cdef char *msg
         cdef int64_t bad = -1
+        cdef int state
         cdef DeliveredRun run  # seeks: the run whose delivered mark is raised
         run.id = NULL
         ring._check()
@@ -769,9 +770,9 @@ cdef class Columns:
         ring._lock_cons()
         try:
             if seeks is not None:
-                count = seeks.seek_state()
-                if count:
-                    return -count
+                state = seeks.seek_state()
+                if state:
+                    return -state
             head = ring.hdr.head
             popped_head = head
             tail = nsqshm_load_acquire(&ring.hdr.tail)

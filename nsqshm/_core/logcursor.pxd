@@ -98,6 +98,7 @@ cdef class CursorSet:
     cdef void _let_go(self) noexcept
     cdef long long find_id(self, const char *msg_id, uint64_t *offset) noexcept
     cdef int finish_at(self, long long partition, uint64_t offset) except -2
+    cdef Cursor _attached(self, long long partition)
     cdef int seek_state(self) noexcept
     cdef bytearray _by_confirmed(self, packed, bint heads)
     cdef void raise_delivered(self, long long partition, uint64_t end) noexcept

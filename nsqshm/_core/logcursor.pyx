@@ -1257,15 +1257,16 @@ cdef class CursorSet:
         again), and the consumer drops such copies (seeks_moved) before it
         finishes, requeues or takes more (seek_state, under a ring's lock)."""
         cdef Py_ssize_t p
+        cdef Cursor cur
         if self.seen == NULL:
             self.seen = <uint64_t *>calloc(max(self.count, 1), sizeof(uint64_t))
             if self.seen == NULL:
                 raise MemoryError()
         for p in range(self.count):
-            cur = self.cursors[p]
-            if cur is None or (<Cursor>cur).h == NULL:
+            cur = self._attached(p)
+            if cur is None:
                 raise CursorError(f"partition {p}: no cursor attached to guard")
-            self.seen[p] = __atomic_load_n(&(<Cursor>cur).h.seeks, 2)
+            self.seen[p] = __atomic_load_n(&cur.h.seeks, 2)
         self.guarded = True
 
     def seeks_moved(self, long long partition=-1):
@@ -1275,6 +1276,7 @@ cdef class CursorSet:
         from the log to follow at the new position).  [] when not guarded."""
         cdef Py_ssize_t p, lo = 0, hi = self.count
         cdef uint64_t n
+        cdef Cursor cur
         out = []
         if not self.guarded:
             return out
@@ -1283,10 +1285,10 @@ cdef class CursorSet:
                 raise IndexError(f"partition {partition}")
             lo, hi = partition, partition + 1
         for p in range(lo, hi):
-            cur = self.cursors[p]
-            if cur is None or (<Cursor>cur).h == NULL:
+            cur = self._attached(p)
+            if cur is None:
                 continue
-            n = __atomic_load_n(&(<Cursor>cur).h.seeks, 2)
+            n = __atomic_load_n(&cur.h.seeks, 2)
             if n != self.seen[p]:
                 self.seen[p] = n
                 out.append(p)
@@ -1307,11 +1309,8 @@ cdef class CursorSet:
         if not self.guarded:
             return 0
         for p in range(self.count):
-            obj = self.cursors[p]
-            if obj is None:
-                continue
-            cur = <Cursor>obj
-            if cur.h == NULL:
+            cur = self._attached(p)
+            if cur is None:
                 continue
             if __atomic_load_n(&cur.h.read_pos, 2) == _READ_SEEK:
                 return SEEK_HOLDS
@@ -1328,15 +1327,9 @@ cdef class CursorSet:
         (InFlight.deliver, once per run of one partition): its cursor's
         delivered mark goes up to `end` if below it.  Atomic, no lock: a
         CAS loop that only raises."""
-        cdef Cursor cur
+        cdef Cursor cur = self._attached(partition)
         cdef uint64_t now
-        if partition < 0 or partition >= self.count:
-            return
-        obj = self.cursors[partition]
-        if obj is None:
-            return
-        cur = <Cursor>obj
-        if cur.h == NULL:
+        if cur is None:
             return
         now = __atomic_load_n(&cur.h.delivered, 2)
         while now < end:
@@ -1388,6 +1381,15 @@ cdef class CursorSet:
     def __len__(self):
         return self.count
 
+    cdef Cursor _attached(self, long long partition):
+        """The partition's cursor when one is attached and open, else None."""
+        if partition < 0 or partition >= self.count:
+            return None
+        cur = self.cursors[partition]
+        if cur is None or (<Cursor>cur).h == NULL:
+            return None
+        return <Cursor>cur
+
     def __getitem__(self, int partition):
         return self.cursors[partition]
 
@@ -1397,7 +1399,7 @@ cdef class CursorSet:
         if self.held == partition:
             self._let_go()  # (a batch holds the one replaced)
         self.cursors[partition] = cursor
-        if self.guarded and cursor is not None and 0 <= partition < self.count:
+        if self.guarded and self._attached(partition) is not None:
             self.seen[partition] = __atomic_load_n(&(<Cursor>cursor).h.seeks, 2)
 
     @cython.boundscheck(False)
@@ -1558,12 +1560,12 @@ cdef class CursorSet:
             while pos < view.len:
                 size = packed_record_size(p, view.len, pos, RECORD_ID_END)
                 part = decode_log_id(p + pos + 4 + RECORD_ID_OFFSET, &off)
-                keep = not heads
-                if 0 <= part < self.count and self.cursors[part] is not None:
-                    cur = <Cursor>self.cursors[part]
-                    if cur.h != NULL:
-                        confirmed = __atomic_load_n(&cur.h.confirmed, 2)
-                        keep = off == confirmed if heads else off >= confirmed
+                cur = self._attached(part)
+                if cur is None:
+                    keep = not heads
+                else:
+                    confirmed = __atomic_load_n(&cur.h.confirmed, 2)
+                    keep = off == confirmed if heads else off >= confirmed
                 if keep:
                     memcpy(dst + kept, p + pos, 4 + size)
                     kept += 4 + size

@@ -84,9 +84,9 @@ def put_back(arena, ring, queue, timeout=None, cursors=None, lanes=None):
     across a /channel/empty): freed, counted as put back, not pushed.
     Returns (put back, left in the arena)."""
     blocks = list(arena.blocks())
-    finished = _release_finished(arena, blocks, queue, cursors) if cursors is not None else 0
-    if finished:
-        blocks = list(arena.blocks())
+    finished = 0
+    if cursors is not None:
+        blocks, finished = _release_finished(arena, blocks, queue, cursors)
     packed, offsets = pack_blocks(blocks, queue)
     if cursors is not None and packed:
         cursors.note_retries(packed)
@@ -107,17 +107,19 @@ def put_back(arena, ring, queue, timeout=None, cursors=None, lanes=None):
 
 def _release_finished(arena, blocks, queue, cursors):
     """Free the blocks (of `queue`) whose log message lies below its
-    cursor's confirmed offset: finished, not to go back.  How many."""
-    freed = 0
-    for offset, q, state, _due, msg in blocks:
-        if state not in (LIVE, DEFERRED) or (queue is not None and q != queue):
-            continue
-        where = decode_message_id(msg[10:26])  # [8 timestamp][2 attempts][16 ID]
-        cursor = cursors[where[0]] if where and where[0] < len(cursors) else None
-        if cursor is not None and where[1] < cursor.confirmed:
-            arena.release(offset)
-            freed += 1
-    return freed
+    cursor's confirmed offset: finished, not to go back.  -> (the other
+    blocks, how many were freed)."""
+    kept = []
+    for block in blocks:
+        offset, q, state, _due, msg = block
+        if state in (LIVE, DEFERRED) and (queue is None or q == queue):
+            where = decode_message_id(msg[10:26])  # [8 timestamp][2 attempts][16 ID]
+            cursor = cursors[where[0]] if where and where[0] < len(cursors) else None
+            if cursor is not None and where[1] < cursor.confirmed:
+                arena.release(offset)
+                continue
+        kept.append(block)
+    return kept, len(blocks) - len(kept)
 
 
 def _by_ring(blocks, ring, lanes, cursors):
