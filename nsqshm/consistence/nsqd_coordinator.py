@@ -21,6 +21,7 @@ Per worker (each has its own session and lease):
 
 import functools
 import ipaddress
+import time
 
 import gevent
 import gevent.event
@@ -46,7 +47,8 @@ from nsqshm.nsqd.topic import TopicError
 
 LAG_TIMEOUT = 2.0  # an ISR follower behind this long leaves the ISR (PUBs wait at most ~this)
 RETRY = 0.5
-ELECTION_DEFER = 0.5  # a candidate waits this long for a better one to win
+ELECTION_DEFER = 0.5  # a candidate waits this long for a better one to win (a designated
+# leader: again while it is registered, at most the lease TTL)
 PROBE_TIMEOUT = 0.5  # asking another candidate how long its log is
 
 
@@ -319,9 +321,18 @@ class NsqdCoordinator:
             watch = self.roles.get(key)
             preferred = watch.state.replicas.leader if watch and watch.state else ""
             designated = preferred == self.node.id
-            if not designated and preferred and self.node_info(preferred) \
-                    or self._longer_log_elsewhere(key, watch, ties=not designated):
+            waits_for = preferred if not designated and preferred \
+                and self.node_info(preferred) else None
+            if waits_for or self._longer_log_elsewhere(key, watch, ties=not designated):
                 gevent.sleep(ELECTION_DEFER)
+                # a designated leader alive is waited for (at most a lease's TTL, as
+                # long as a dead one's session lasts): on a loaded host it may take
+                # longer than the defer to elect, and the leader that just handed it
+                # its leadership (a move) must not win it back meanwhile
+                end = time.monotonic() + self.session.ttl
+                while waits_for and watch.role == CANDIDATE and not self.stopped \
+                        and time.monotonic() < end and self.node_info(waits_for):
+                    gevent.sleep(ELECTION_DEFER)
                 if watch.role != CANDIDATE or self.stopped:
                     return
             self.leadership.elect(*key)

@@ -28,6 +28,7 @@ import os
 import re
 import socket
 import time
+import traceback
 from urllib.parse import quote
 
 from werkzeug.exceptions import HTTPException
@@ -406,6 +407,8 @@ class HTTPAPI:
             return self._v1(data)
         except Exception as exc:  # nsqd's router PanicHandler
             self._log("error", f"panic in HTTP handler - {exc}")
+            # and where it came from (nsqd logs the panic only: a Go panic is rare)
+            self._log("error", traceback.format_exc().rstrip())
             self._access_log(req, 500, started)
             return self._v1_error(500, "INTERNAL_ERROR")
 

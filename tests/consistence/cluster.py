@@ -21,6 +21,11 @@ from tests.nsqd.conftest import Lookupd, Server
 
 RPC_PORT = 4250
 TTL = "2s"
+LOG_TAIL = 400  # lines of each process's log a failure report shows
+
+# the clusters made in the running test: conftest.py adds their processes' logs to the
+# report of a failure (a cluster made inside the test is closed before the report)
+MADE = []
 
 
 class Node:
@@ -34,6 +39,7 @@ class Node:
         self.data_path = os.path.join(cluster.tmp, f"node{i}")
         os.makedirs(self.data_path, exist_ok=True)
         self.server = None
+        self.servers = []  # each start's, for the logs of a failure
 
     def start(self):
         hosts, a = self.cluster.hosts, self.address
@@ -45,6 +51,7 @@ class Node:
         self.server = Server(args, self.data_path, workers=self.cluster.workers,
                              wrap=hosts.command(self.i, []),
                              prefix=self.server.prefix if self.server else None)
+        self.servers.append(self.server)
         self.tcp = (a, self.server.tcp_port)
         self.http = f"http://{a}:{self.server.http_port}"
         self.server.http = self.http  # (its get/post: the node's address, not 127.0.0.1)
@@ -58,6 +65,33 @@ class Node:
     def stop(self):
         if self.server is not None:
             self.server.cleanup()
+
+    def processes(self):
+        """The supervisor's PID and its descendants' (the workers)."""
+        children = {}
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+        found, todo = [], [self.server.proc.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo.extend(children.get(pid, ()))
+        return found
+
+    def freeze(self):
+        """SIGSTOP every process of the node: alive to etcd until its lease runs
+        out, answering nothing (a host stalled by load)."""
+        for pid in self.processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self):
+        for pid in self.processes():
+            os.kill(pid, signal.SIGCONT)
 
     def get_json(self, path):
         with urllib.request.urlopen(self.http + path, timeout=5) as resp:
@@ -94,6 +128,7 @@ class Cluster:
         self.etcd = None
         self.lookupd = None
         self.nodes = []
+        MADE.append(self)
         try:
             etcd_dir = os.path.join(self.tmp, "etcd")
             os.makedirs(etcd_dir)
@@ -118,6 +153,17 @@ class Cluster:
 
     def node(self, node_id):
         return next(n for n in self.nodes if n.id == node_id)
+
+    def logs(self):
+        """The last LOG_TAIL lines of each process's stderr (every start of a node)."""
+        parts = []
+        if self.lookupd is not None:
+            parts.append(("lookupd", self.lookupd.lines))
+        for node in self.nodes:
+            for n, server in enumerate(node.servers):
+                parts.append((f"node {node.id} (start {n + 1})", server.lines))
+        return "\n".join(f"----- {name}\n" + "".join(lines[-LOG_TAIL:])
+                         for name, lines in parts)
 
     def create_topic(self, topic, partitions, replicator, timeout=15, extra=""):
         """POST /topic/create on the lookupd, once every node is registered (the

@@ -1,6 +1,7 @@
 import pytest
 
 from nsqshm.consistence.etcd.session import EtcdSession
+from tests.consistence import cluster
 from tests.consistence.etcd_server import ETCD, EtcdServer
 
 # the tests' lease TTL: etcd's minimum with the server's short election timeout is
@@ -31,3 +32,18 @@ def sessions(etcd):
     yield make
     for s in made:
         s.close(revoke=False)
+
+
+def pytest_runtest_setup(item):
+    cluster.MADE.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failure's report carries the logs of the clusters the test made (CI keeps
+    nothing else of the servers)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for n, made in enumerate(cluster.MADE):
+            report.sections.append((f"cluster {n + 1} logs ({report.when})", made.logs()))

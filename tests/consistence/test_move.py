@@ -5,12 +5,14 @@ table): three nsqd in network namespaces, a real etcd (cluster.py)."""
 
 import json
 import re
+import threading
 import time
 import urllib.parse
 
 import pytest
 
 from nsqshm import protocol as p
+from nsqshm.consistence.replicator import HAND_OFF_TIMEOUT
 from tests.consistence.cluster import Client, Cluster
 from tests.consistence.etcd_server import ETCD
 from tests.consistence.netns import available
@@ -107,6 +109,33 @@ def test_the_leadership_moves_by_http_and_the_channel_goes_on_where_it_was(clust
     publish(new, "orders", [b"after"])
     # the new leader took the cursor with the hand-off: the 40 are not delivered again
     assert rest_of_channel(new, "orders", "audit", 61) == [*bodies[40:], b"after"]
+
+
+@ON_1_AND_2_WORKERS
+def test_the_node_that_handed_its_leadership_off_does_not_win_it_back(cluster):
+    """The node a move makes the designated leader is slow to elect (a loaded host:
+    here frozen from before the move until after the hand-off): the old leader and the
+    third node wait for it while it is alive (its lease), and it leads after."""
+    assert cluster.create_topic("orders", 1, 3)[0] == 200
+    old = cluster.leader("orders")
+    new = next(n for n in cluster.nodes if n is not old)
+    assert old.server.post("/channel/create?topic=orders&channel=audit")[0] == 200
+    publish(old, "orders", [b"before"])
+    wait_until(lambda: channel_cursor(new, "orders", "audit") is not None, 5,
+               "the channel on the new leader")
+    new.freeze()
+    thaw = threading.Timer(HAND_OFF_TIMEOUT + 1.5, new.thaw)
+    thaw.start()
+    try:
+        status, body = move(cluster, "orders", 0, old.id, new.id, leader=True)
+    finally:
+        thaw.join()
+    assert (status, body) == (200, None)
+    assert cluster.leader("orders", timeout=1) is new
+    doc = layout(cluster, "orders")["partitions"][0]
+    assert (doc["leader"], doc["designated_leader"]) == (new.id, new.id)
+    publish(new, "orders", [b"after"])
+    assert rest_of_channel(new, "orders", "audit", 2) == [b"before", b"after"]
 
 
 def test_a_refused_move_says_why(cluster):
