@@ -89,6 +89,12 @@ class LogError(Exception):
     """A partition log cannot be used as asked."""
 
 
+class LogNotMade(LogError):
+    """The partition's log state is not made yet: no file, or its owner has not
+    committed it the first time (a reader opened it between the owner's creation
+    and that commit; another worker's /stats can, right after a topic's creation)."""
+
+
 class LogCorruptError(LogError):
     """A committed record fails its checks (size, msg offset or crc)."""
 
@@ -506,11 +512,15 @@ cdef class LogReader:
         self.segs = []
         self.state_fd = os.open(os.path.join(path, STATE_FILE), os.O_RDONLY | os.O_CLOEXEC)
         if os.fstat(self.state_fd).st_size < NSQSHM_LOG_STATE_SIZE:
-            raise LogError(f"{path}: no log state (the partition was never opened for writing)")
+            raise LogNotMade(f"{path}: no log state (the partition was never opened "
+                             f"for writing)")
         p = mmap(NULL, NSQSHM_LOG_STATE_SIZE, PROT_READ, MAP_SHARED, self.state_fd, 0)
         if p == MAP_FAILED:
             raise OSError(errno, os.strerror(errno), path)
         self.state = <nsqshm_log_state *>p
+        if self.state.magic == 0 and self.state.version == 0:  # (the writer's first
+            # commit sets both: PartitionLog._open_state zeroes a fresh state)
+            raise LogNotMade(f"{path}: no log state yet (its writer has not committed)")
         if self.state.magic != NSQSHM_LOG_MAGIC or self.state.version != NSQSHM_LOG_VERSION:
             raise LogError(f"{path}: not a partition log state of layout {NSQSHM_LOG_VERSION}")
         self.segment_bytes = self.state.segment_bytes

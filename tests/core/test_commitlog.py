@@ -14,7 +14,9 @@ import time
 import pytest
 
 from nsqshm._core.commitlog import (
+    STATE_FILE,
     LogError,
+    LogNotMade,
     LogReader,
     MessageNotFound,
     NotABoundary,
@@ -121,6 +123,25 @@ def test_read_into_limits(logdir, max_records, max_bytes, buf_size, want):
     assert (n, nxt) == (want, want)
     assert unpack(buf, nbytes) == msgs[:want]
     log.close()
+
+
+def test_a_reader_of_a_state_not_committed_yet_is_told_it_is_not_made(logdir, tmp_path):
+    """Another process may open the state between its writer's creation of the file
+    (zeroed) and its first commit: LogNotMade, as for no file, not a layout error."""
+    PartitionLog(logdir).close()
+    size = os.path.getsize(os.path.join(logdir, STATE_FILE))
+    made = tmp_path / "made.nsqlog"
+    made.mkdir()
+    for content in (b"", bytes(size)):  # created, then truncated to its size
+        (made / STATE_FILE).write_bytes(content)
+        with pytest.raises(LogNotMade):
+            LogReader(str(made))
+    state = bytearray(open(os.path.join(logdir, STATE_FILE), "rb").read())
+    state[:8] = b"\xff" * 8  # another layout (or garbage) is still a layout error
+    (made / STATE_FILE).write_bytes(bytes(state))
+    with pytest.raises(LogError, match="not a partition log state") as err:
+        LogReader(str(made))
+    assert not isinstance(err.value, LogNotMade)
 
 
 def test_read_from_every_offset_and_out_of_range(logdir):

@@ -32,6 +32,7 @@ import gevent.event
 from nsqshm._core.commitlog import (
     STATE_FILE,
     LogError,
+    LogNotMade,
     LogReader,
     PartitionLog,
     partition_dir,
@@ -127,7 +128,7 @@ class Partition:
         """Every message below it is fdatasynced (0 before the owner made the log)."""
         try:
             return self.reader.synced_offset
-        except (OSError, ValueError):
+        except (OSError, ValueError, LogNotMade):
             return 0
 
     def offsets(self):
@@ -135,7 +136,7 @@ class Partition:
         try:
             reader = self.reader
             return reader.start_offset, reader.end_offset
-        except (OSError, ValueError):
+        except (OSError, ValueError, LogNotMade):
             return 0, 0
 
     def position(self, where):
