@@ -1074,7 +1074,7 @@ cdef class InFlight(MessageStore):
         cdef bint traced = self.drop_trace is not None
         cdef Py_ssize_t dropped = 0
         cdef DeliveredRun run  # log_cursors: the run whose delivered mark is raised
-        run.id = NULL
+        run.id, run.hi, run.lo = NULL, 0, 0  # (hi, lo: read only after id is set)
         self.consumed = 0
         if count < 0:
             raise ValueError(f"count {count} is negative")

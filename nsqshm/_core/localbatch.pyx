@@ -760,7 +760,7 @@ cdef class Columns:
         cdef int64_t bad = -1
         cdef int state
         cdef DeliveredRun run  # seeks: the run whose delivered mark is raised
-        run.id = NULL
+        run.id, run.hi, run.lo = NULL, 0, 0  # (hi, lo: read only after id is set)
         ring._check()
         arena._check()
         if queue >= arena.hdr.n_queues:
