@@ -518,8 +518,8 @@ cdef class LogReader:
         if p == MAP_FAILED:
             raise OSError(errno, os.strerror(errno), path)
         self.state = <nsqshm_log_state *>p
-        if self.state.magic == 0 and self.state.version == 0:  # (the writer's first
-            # commit sets both: PartitionLog._open_state zeroes a fresh state)
+        if self.state.magic == 0 or self.state.version == 0:  # (the writer's first
+            # commit sets both, one after the other: _open_state zeroes a fresh state)
             raise LogNotMade(f"{path}: no log state yet (its writer has not committed)")
         if self.state.magic != NSQSHM_LOG_MAGIC or self.state.version != NSQSHM_LOG_VERSION:
             raise LogError(f"{path}: not a partition log state of layout {NSQSHM_LOG_VERSION}")

@@ -47,8 +47,9 @@ from nsqshm.nsqd.topic import TopicError
 
 LAG_TIMEOUT = 2.0  # an ISR follower behind this long leaves the ISR (PUBs wait at most ~this)
 RETRY = 0.5
-ELECTION_DEFER = 0.5  # a candidate waits this long for a better one to win (a designated
-# leader: again while it is registered, at most the lease TTL)
+ELECTION_DEFER = 0.5  # a candidate waits this long for a better one to win
+DESIGNATED_WAIT = 3.0  # and for the designated leader while it is registered, at most
+# this (or the lease TTL): a worker of its node hung or dead adds no more to a failover
 PROBE_TIMEOUT = 0.5  # asking another candidate how long its log is
 
 
@@ -92,6 +93,7 @@ class NsqdCoordinator:
         self.leaders = {}  # (topic, partition) -> PartitionLeader
         self._dirty = gevent.event.Event()
         self._deleted = set()  # topics whose meta the watch saw deleted (_topics_changed)
+        self._nodes_read, self._nodes_read_at = set(), -ELECTION_DEFER - 1.0  # _registered
         self._watch = None
         self._loop = None
         self.stopped = False
@@ -278,16 +280,10 @@ class NsqdCoordinator:
             led_by = state.leader if state is not None and state.leader else "nobody"
             self.host.set_gate(part, NotLeaderGate(f"is led by {led_by}"))
 
-    def _longer_log_elsewhere(self, key, watch, ties):
-        """Whether another live ISR member's log is longer than ours (or, with ties, as
-        long with a smaller node ID): it goes first.  The longest log holds every acknowledged
-        message and the most unacknowledged ones; electing it spares the others a
-        reset (they hold no record it lacks).  Asked with a PROBE each (a short timeout:
-        a cut-off member must not delay the election much)."""
-        part = self.host.partition(*key)
-        if part is None or watch is None or watch.state is None:
-            return False
-        mine = self.host.end_offset(part)
+    def _probed_ends(self, key, watch):
+        """{node: its log's end} of the other ISR members that answered a PROBE (a
+        short timeout each: a cut-off member must not delay the election much)."""
+        ends = {}
         for node in watch.state.replicas.isr:
             if node == self.node.id:
                 continue
@@ -304,37 +300,62 @@ class NsqdCoordinator:
                     client.close()
             except (rpc.RPCError, OSError, CoordinationError):
                 continue
-            if status != rpc.UNKNOWN and (end > mine or ties and end == mine
-                                          and node < self.node.id):
-                return True
-        return False
+            if status != rpc.UNKNOWN:
+                ends[node] = end
+        return ends
+
+    def _registered(self, node_id):
+        """Whether node_id is registered in etcd (the nodes read at most every
+        ELECTION_DEFER, shared by every partition's election)."""
+        now = time.monotonic()
+        if now - self._nodes_read_at > ELECTION_DEFER:
+            self._nodes_read = {node.id for node in self.topology.nodes()}
+            self._nodes_read_at = now
+        return node_id in self._nodes_read
 
     def _owner_role(self, gate, role, state):
         gate.writable = role == LEADER  # (the owner worker runs the election)
+
+    def _better_one_won(self, key):
+        """Wait while a better candidate may win (ELECTION_DEFER, and for the
+        designated leader while it is registered).  -> whether this node must not
+        run the election (it no longer is a candidate, or it stops)."""
+        watch = self.roles.get(key)
+        part = self.host.partition(*key)
+        if watch is None or watch.state is None or part is None:
+            return False
+        # the partition's designated leader: the placement's at creation, the last
+        # leader after, the target of a move (leaders stay spread as placed)
+        preferred = watch.state.replicas.leader
+        designated = preferred == self.node.id
+        # the longest log holds every acknowledged message and the most
+        # unacknowledged ones: electing it spares the others a reset (they hold no
+        # record it lacks); of equal ones, the designated leader, else the smaller ID
+        mine = self.host.end_offset(part)
+        ends = self._probed_ends(key, watch)
+        longer = any(end > mine or not designated and end == mine and node < self.node.id
+                     for node, end in ends.items())
+        # the designated leader goes first while it is alive (unless it answered with
+        # a shorter log), at most DESIGNATED_WAIT: on a loaded host it may take more
+        # than the defer to elect, and the leader that just handed it the leadership
+        # (a move) must not win it back meanwhile
+        waits_for = preferred if not designated and preferred \
+            and ends.get(preferred, mine) >= mine and self._registered(preferred) else None
+        if not waits_for and not longer:
+            return False
+        gevent.sleep(ELECTION_DEFER)
+        end = time.monotonic() + min(DESIGNATED_WAIT, self.session.ttl)
+        while waits_for and watch.role == CANDIDATE and not self.stopped \
+                and time.monotonic() < end and self._registered(waits_for):
+            gevent.sleep(ELECTION_DEFER)
+        return watch.role != CANDIDATE or self.stopped
 
     def _elect(self, key):
         if self.stopped:  # (a stopping node that handed off: it must not win it back)
             return
         try:
-            # the partition's designated leader (the placement's at creation, the last
-            # one after) goes first while it is alive: leaders stay spread as placed
-            watch = self.roles.get(key)
-            preferred = watch.state.replicas.leader if watch and watch.state else ""
-            designated = preferred == self.node.id
-            waits_for = preferred if not designated and preferred \
-                and self.node_info(preferred) else None
-            if waits_for or self._longer_log_elsewhere(key, watch, ties=not designated):
-                gevent.sleep(ELECTION_DEFER)
-                # a designated leader alive is waited for (at most a lease's TTL, as
-                # long as a dead one's session lasts): on a loaded host it may take
-                # longer than the defer to elect, and the leader that just handed it
-                # its leadership (a move) must not win it back meanwhile
-                end = time.monotonic() + self.session.ttl
-                while waits_for and watch.role == CANDIDATE and not self.stopped \
-                        and time.monotonic() < end and self.node_info(waits_for):
-                    gevent.sleep(ELECTION_DEFER)
-                if watch.role != CANDIDATE or self.stopped:
-                    return
+            if self._better_one_won(key):
+                return
             self.leadership.elect(*key)
             # lead at once (the lookupd names this node from now on), not when the
             # role watch's stream brings the change

@@ -86,12 +86,17 @@ class Node:
     def freeze(self):
         """SIGSTOP every process of the node: alive to etcd until its lease runs
         out, answering nothing (a host stalled by load)."""
-        for pid in self.processes():
-            os.kill(pid, signal.SIGSTOP)
+        self._signal_all(signal.SIGSTOP)
 
     def thaw(self):
+        self._signal_all(signal.SIGCONT)
+
+    def _signal_all(self, sig):
         for pid in self.processes():
-            os.kill(pid, signal.SIGCONT)
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:  # (gone since the listing)
+                pass
 
     def get_json(self, path):
         with urllib.request.urlopen(self.http + path, timeout=5) as resp:

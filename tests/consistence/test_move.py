@@ -12,7 +12,6 @@ import urllib.parse
 import pytest
 
 from nsqshm import protocol as p
-from nsqshm.consistence.replicator import HAND_OFF_TIMEOUT
 from tests.consistence.cluster import Client, Cluster
 from tests.consistence.etcd_server import ETCD
 from tests.consistence.netns import available
@@ -114,8 +113,9 @@ def test_the_leadership_moves_by_http_and_the_channel_goes_on_where_it_was(clust
 @ON_1_AND_2_WORKERS
 def test_the_node_that_handed_its_leadership_off_does_not_win_it_back(cluster):
     """The node a move makes the designated leader is slow to elect (a loaded host:
-    here frozen from before the move until after the hand-off): the old leader and the
-    third node wait for it while it is alive (its lease), and it leads after."""
+    here frozen from before the move until 1.5 s after the hand-off, three times the
+    0.5 s a candidate used to wait for it): the old leader and the third node wait
+    for it while it is registered, and it leads after."""
     assert cluster.create_topic("orders", 1, 3)[0] == 200
     old = cluster.leader("orders")
     new = next(n for n in cluster.nodes if n is not old)
@@ -123,14 +123,19 @@ def test_the_node_that_handed_its_leadership_off_does_not_win_it_back(cluster):
     publish(old, "orders", [b"before"])
     wait_until(lambda: channel_cursor(new, "orders", "audit") is not None, 5,
                "the channel on the new leader")
+    answer = []
     new.freeze()
-    thaw = threading.Timer(HAND_OFF_TIMEOUT + 1.5, new.thaw)
-    thaw.start()
     try:
-        status, body = move(cluster, "orders", 0, old.id, new.id, leader=True)
+        mover = threading.Thread(target=lambda: answer.append(
+            move(cluster, "orders", 0, old.id, new.id, leader=True)))
+        mover.start()
+        wait_until(lambda: layout(cluster, "orders")["partitions"][0]["designated_leader"]
+                   == new.id, 10, "the hand-off")
+        time.sleep(1.5)
     finally:
-        thaw.join()
-    assert (status, body) == (200, None)
+        new.thaw()
+    mover.join(30)
+    assert answer == [(200, None)]
     assert cluster.leader("orders", timeout=1) is new
     doc = layout(cluster, "orders")["partitions"][0]
     assert (doc["leader"], doc["designated_leader"]) == (new.id, new.id)

@@ -132,11 +132,13 @@ def test_a_reader_of_a_state_not_committed_yet_is_told_it_is_not_made(logdir, tm
     size = os.path.getsize(os.path.join(logdir, STATE_FILE))
     made = tmp_path / "made.nsqlog"
     made.mkdir()
-    for content in (b"", bytes(size)):  # created, then truncated to its size
+    state = bytearray(open(os.path.join(logdir, STATE_FILE), "rb").read())
+    version_only = bytes(8) + state[8:]  # the first commit's stores: version, then magic
+    magic_only = state[:8] + bytes(size - 8)
+    for content in (b"", bytes(size), version_only, magic_only):  # (created, truncated)
         (made / STATE_FILE).write_bytes(content)
         with pytest.raises(LogNotMade):
             LogReader(str(made))
-    state = bytearray(open(os.path.join(logdir, STATE_FILE), "rb").read())
     state[:8] = b"\xff" * 8  # another layout (or garbage) is still a layout error
     (made / STATE_FILE).write_bytes(bytes(state))
     with pytest.raises(LogError, match="not a partition log state") as err:
