@@ -93,7 +93,7 @@ class NsqdCoordinator:
         self.leaders = {}  # (topic, partition) -> PartitionLeader
         self._dirty = gevent.event.Event()
         self._deleted = set()  # topics whose meta the watch saw deleted (_topics_changed)
-        self._nodes_read, self._nodes_read_at = set(), -ELECTION_DEFER - 1.0  # _registered
+        self._nodes_read, self._nodes_read_at = {}, -ELECTION_DEFER - 1.0  # _registered_nodes
         self._watch = None
         self._loop = None
         self.stopped = False
@@ -288,7 +288,7 @@ class NsqdCoordinator:
             if node == self.node.id:
                 continue
             try:
-                info = self.node_info(node)
+                info = self._registered_nodes().get(node)
                 if info is None:
                     continue
                 port = info.rpc_port + partition_owner(key[0], key[1], info.workers)
@@ -304,14 +304,15 @@ class NsqdCoordinator:
                 ends[node] = end
         return ends
 
-    def _registered(self, node_id):
-        """Whether node_id is registered in etcd (the nodes read at most every
-        ELECTION_DEFER, shared by every partition's election)."""
+    def _registered_nodes(self):
+        """{node ID: NodeInfo} of the nodes registered in etcd, read at most every
+        ELECTION_DEFER for every partition's election (an etcd restart makes them
+        all candidates at once)."""
         now = time.monotonic()
         if now - self._nodes_read_at > ELECTION_DEFER:
-            self._nodes_read = {node.id for node in self.topology.nodes()}
+            self._nodes_read = {node.id: node for node in self.topology.nodes()}
             self._nodes_read_at = now
-        return node_id in self._nodes_read
+        return self._nodes_read
 
     def _owner_role(self, gate, role, state):
         gate.writable = role == LEADER  # (the owner worker runs the election)
@@ -340,13 +341,14 @@ class NsqdCoordinator:
         # than the defer to elect, and the leader that just handed it the leadership
         # (a move) must not win it back meanwhile
         waits_for = preferred if not designated and preferred \
-            and ends.get(preferred, mine) >= mine and self._registered(preferred) else None
+            and ends.get(preferred, mine) >= mine and preferred in self._registered_nodes() \
+            else None
         if not waits_for and not longer:
             return False
         gevent.sleep(ELECTION_DEFER)
         end = time.monotonic() + min(DESIGNATED_WAIT, self.session.ttl)
         while waits_for and watch.role == CANDIDATE and not self.stopped \
-                and time.monotonic() < end and self._registered(waits_for):
+                and time.monotonic() < end and waits_for in self._registered_nodes():
             gevent.sleep(ELECTION_DEFER)
         return watch.role != CANDIDATE or self.stopped
 
