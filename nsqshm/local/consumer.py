@@ -317,9 +317,10 @@ class Consumer:
     def _check_seeks(self):
         """What this consumer holds of a partition whose cursor a seek moved
         since it took it (/channel/setoffset, SUB_ADVANCED's position; not a
-        reset without a hold, as retention's) goes, unfinished: a seek delivers from its new offset again,
-        and the workers take their own clients' copies out of flight as it
-        holds the cursor, but cannot reach this process's table.  A FIN or
+        reset without a hold, as retention's) goes, unfinished: a seek
+        delivers from its new offset again, and the workers take their own
+        clients' copies out of flight as it holds the cursor, but cannot
+        reach this process's table.  A FIN or
         REQ of such a copy then fails as of one not in flight, as a TCP
         client's does; one that crosses the seek marks nothing
         (CursorSet.guard_seeks).  (The lock held; a few atomic loads when
