@@ -841,14 +841,21 @@ cdef class LogReader:
         `offset` (the end offset gives the virtual end)."""
         return self._virtual(offset)
 
-    def find_by_virtual_offset(self, uint64_t virtual):
+    def find_by_virtual_offset(self, uint64_t virtual, bint next_record=False):
         """The msg offset of the record starting at byte `virtual` of the log;
-        NotABoundary if no record starts there, OffsetOutOfRange outside."""
+        NotABoundary if no record starts there, OffsetOutOfRange outside.
+        With next_record, Youzan's SearchLogByMsgOffset instead: the first
+        record starting at or after `virtual`, the log start below it and
+        the end past it (no error)."""
         cdef _Segment seg = None
         cdef Py_ssize_t lo, hi, mid
         cdef uint64_t n, target, pos = 0, cur, rel
         cdef const char *e
         self.refresh()
+        if next_record and virtual <= self.commit.start_virtual:
+            return self.commit.start_offset
+        if next_record and virtual >= self.commit.virtual_end:
+            return self.commit.next_offset
         if virtual < self.commit.start_virtual or virtual > self.commit.virtual_end:
             raise OffsetOutOfRange(
                 f"virtual offset {virtual} out of range: the log holds "
@@ -885,7 +892,7 @@ cdef class LogReader:
         while pos < target:
             pos += 8 + nsqshm_be32(seg.data.base + pos)
             cur += 1
-        if pos != target:
+        if pos != target and not next_record:  # (else cur is the record after it)
             raise NotABoundary(f"virtual offset {virtual} is not the start of a record "
                                f"(the next record starts at {seg.base_virtual + pos})")
         return cur

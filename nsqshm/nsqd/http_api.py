@@ -1048,10 +1048,13 @@ class HTTPAPI:
     def message_get(self, req):
         """Youzan's GET /message/get?topic=&partition=&search_mode=&search_pos=:
         one message read from the log (LogReader, any worker), no channel
-        touched.  search_pos: count = msg offset, virtual_offset = byte
-        offset, timestamp = seconds (nsqshm's mode: the first message at or
-        after), id = nsqshm's ID as a number ((partition << 48) | offset:
-        the partition comes from the ID, not from Youzan's bits 50..59)."""
+        touched.  search_pos: count = the n-th message since the
+        partition's first, counted from 1 as Youzan's queue_cnt_index (msg
+        offset n - 1), virtual_offset = the first message at or after that
+        byte (both the log start below it, as Youzan's searches),
+        timestamp = seconds (nsqshm's mode: the first message at or after),
+        id = nsqshm's ID as a number ((partition << 48) | offset: the
+        partition comes from the ID, not from Youzan's bits 50..59)."""
         values, err = parse_query(req.query_string)
         if err is not None:
             raise Err(400, "INVALID_REQUEST")
@@ -1091,22 +1094,25 @@ class HTTPAPI:
         trace_id = trace.trace_id_of(self.nsqd, topic.name, msg_id)
         return JSONBody(youzan_http.message_get_json(
             int(msg_id, 16), trace_id, body, int.from_bytes(msg[0:8], "big"),
-            int.from_bytes(msg[8:10], "big"), virtual, offset,
+            int.from_bytes(msg[8:10], "big"), virtual, offset + 1,
             ext=headers if q.need_ext else b""))
 
     @staticmethod
     def _search(reader, mode, pos):
-        """The msg offset /message/get's search names (LogError if none)."""
+        """The msg offset /message/get's search names (LogError if none):
+        count and virtual_offset as Youzan's SearchLogByMsgCnt and
+        SearchLogByMsgOffset, from the log start for a position before it
+        (past the end there is no message: 404)."""
+        if mode == "count":
+            return max(pos - 1, reader.start_offset)
+        if mode == "virtual_offset":
+            return reader.find_by_virtual_offset(max(pos, 0), next_record=True)
         if pos < 0:
             raise LogError(f"search position {pos} out of range")
-        if mode == "virtual_offset":
-            return reader.find_by_virtual_offset(pos)
         if mode == "timestamp":
             offset = reader.find_offset_by_time(min(pos, MAX_SECONDS) * 1_000_000_000)
             return max(offset, reader.start_offset)
-        if mode == "id":
-            return pos & ((1 << ID_OFFSET_BITS) - 1)
-        return pos  # count
+        return pos & ((1 << ID_OFFSET_BITS) - 1)  # id
 
     def _channel_pause(self, req, pause):
         channel = self._existing_channel(req)

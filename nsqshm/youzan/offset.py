@@ -5,8 +5,10 @@ The same text is the fifth word of SUB_ADVANCED and the body of POST /channel/se
 ConsumeOffset.ToString). Types:
 
     timestamp:<seconds since the epoch>   the first message at or after that time
-    virtual_queue:<byte offset>           the message at that offset of the partition's queue
-    msgcount:<n>                          the n-th message of the partition (0 = the first)
+    virtual_queue:<byte offset>           the first message at or after that offset of the
+                                          partition's queue
+    msgcount:<n>                          the n-th message of the partition, counted from 1
+                                          (0 and 1 = the first; Youzan's MsgCnt)
     special:-1                            the end: only messages published from now on
     special:-2                            nsqshm's "earliest" (the log start); Youzan answers
                                           it "not supported offset type"

@@ -568,7 +568,7 @@ def test_a_follower_away_past_the_leaders_retention_copies_its_log_from_its_star
     assert theirs["start_offset"] >= ours["start_offset"] > 20
     # each message at the same msg offset and virtual offset on both replicas
     for offset in (theirs["start_offset"], theirs["start_offset"] + 1, 319, 339):
-        path = f"/message/get?topic=kept&partition=0&search_mode=count&search_pos={offset}"
+        path = f"/message/get?topic=kept&partition=0&search_mode=count&search_pos={offset + 1}"
         assert follower.get_json(path) == leader.get_json(path)
     assert follower.get_json(path)["body"] == "c019"
 
@@ -576,7 +576,7 @@ def test_a_follower_away_past_the_leaders_retention_copies_its_log_from_its_star
     leader.kill()
     assert cluster.leader("kept", not_in=(leader.id,), timeout=20) is follower
     publish(follower, "kept", [b"d000"])
-    path = "/message/get?topic=kept&partition=0&search_mode=count&search_pos=340"
+    path = "/message/get?topic=kept&partition=0&search_mode=count&search_pos=341"
     assert follower.get_json(path)["body"] == "d000"
 
 
@@ -698,7 +698,7 @@ def test_a_cut_off_leader_acknowledges_nothing_then_rejoins_with_the_new_log(mak
     next(n for n in cluster.nodes if n not in (leader, new)).kill()
     assert cluster.leader("orders", not_in=(new.id,), timeout=20) is leader
     log = [leader.get_json(f"/message/get?topic=orders&partition=0&search_mode=count"
-                           f"&search_pos={i}")["body"] for i in range(102)]
+                           f"&search_pos={i + 1}")["body"] for i in range(102)]
     assert log == [b.decode() for b in (*bodies, b"other", b"more")]
     # the channel goes on where the new leader's consumer left it (its cursor came
     # with the others' records): only what was published after

@@ -207,6 +207,21 @@ def test_lookup_by_virtual_offset_and_not_a_boundary(indexed):
         reader.find_by_virtual_offset(reader.virtual_end + 1)
 
 
+def test_lookup_of_the_next_record_by_virtual_offset(indexed):
+    """next_record: Youzan's SearchLogByMsgOffset, the first record at or after
+    a byte (the last record of each segment included: its next is the next
+    segment's first), the end past the log, no error."""
+    log, reader, msgs = indexed
+    for off in range(1000):
+        pos = reader.virtual_offset_of(off)
+        assert reader.find_by_virtual_offset(pos, next_record=True) == off
+        assert reader.find_by_virtual_offset(pos + 1, next_record=True) == off + 1
+        assert reader.find_by_virtual_offset(reader.virtual_offset_of(off + 1) - 1,
+                                             next_record=True) == off + 1
+    for beyond in (reader.virtual_end, reader.virtual_end + 1, 2**64 - 1):
+        assert reader.find_by_virtual_offset(beyond, next_record=True) == 1000
+
+
 def test_lookup_by_time(indexed):
     log, reader, msgs = indexed
     for off in [0, 1, 2, 99, 500, 998, 999]:
@@ -372,6 +387,9 @@ def test_retention_deletes_old_segments_and_a_reader_behind_gets_a_status(logdir
     assert "before log start" in str(err.value)
     assert read_all(reader) == msgs[start:]
     assert reader.find_offset_by_time(0) == start
+    assert reader.find_by_virtual_offset(0, next_record=True) == start  # (Youzan's search)
+    with pytest.raises(OffsetOutOfRange):
+        reader.find_by_virtual_offset(0)
     assert reader.virtual_end - reader.start_virtual <= 3 * 32768
     # by age: every finished segment is older than 0 s; the active one stays
     removed = log.apply_retention(max_age_s=0)

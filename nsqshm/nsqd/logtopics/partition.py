@@ -147,9 +147,14 @@ class Partition:
             special:-2        the log start (nsqshm's "earliest")
             special:-1        the log end: only new messages
             timestamp:<s>     the first message at or after that second
-            virtual_queue:<b> the message starting at byte b of the log
-            msgcount:<n>      the message at msg offset n
-        """
+            virtual_queue:<b> the first message starting at or after byte b
+            msgcount:<n>      the n-th message of the partition since its
+                              first (Youzan counts from 1): msg offset n - 1
+
+        As Youzan's searches (nsqdserver/context.go SetChannelOffset, the
+        coordinator's SearchLogByMsgOffset/SearchLogByMsgCnt), a
+        virtual_queue or msgcount before the log start gives the start and
+        one past its end gives the end."""
         start, end = self.offsets()
         if where.is_earliest:
             return start
@@ -162,18 +167,13 @@ class Partition:
                     raise ValueError(f"Invalid timestamp {where.value}")
                 return max(start, self.reader.find_offset_by_time(where.value * 1_000_000_000))
             if where.kind == VIRTUAL_QUEUE:
-                if where.value < 0:
-                    raise ValueError(f"virtual offset {where.value} out of range")
-                return self.reader.find_by_virtual_offset(where.value)
+                return self.reader.find_by_virtual_offset(max(where.value, 0), next_record=True)
         except LogError as err:
             raise ValueError(str(err)) from None
         except OSError as err:  # the owner has not made the log yet
             raise ValueError(f"partition {self.index}: {err.strerror or err}") from None
         if where.kind == MSGCOUNT:
-            if not start <= where.value <= end:
-                raise ValueError(f"msgcount {where.value} out of range: the log holds "
-                                 f"{start}..{end}")
-            return where.value
+            return min(max(where.value - 1, start), end)
         raise ValueError(NOT_SUPPORTED)
 
     # -- appending ------------------------------------------------------------------------

@@ -203,7 +203,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         continue
                     http_post(lt.http_address, f"/channel/setoffset?topic={topic}"
                                                f"&channel={channel}&partition={p}",
-                              body=f"msgcount:{off}".encode())
+                              body=f"msgcount:{off + 1}".encode())  # counts from 1
                     self.cursor_at[(name, p)] = off
             except OSError as err:
                 log.warning("nsqshm: channel %s of %s: cursor not moved to %s - %s",

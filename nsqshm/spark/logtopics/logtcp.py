@@ -1,7 +1,9 @@
 """A log range over TCP (broker on another host): a SUB_ADVANCED on an
 ephemeral channel of the task's own,
 
-    SUB_ADVANCED <topic> spark-<random>#ephemeral <partition> msgcount:<start>
+    SUB_ADVANCED <topic> spark-<random>#ephemeral <partition> msgcount:<start + 1>
+
+(Youzan's msgcount counts messages from 1: msg offset n is the n+1-th.)
 
 Before it, the channel is made and every cursor moved to the log end over
 HTTP (/channel/setoffset special:-1): a topic's first channel would start
@@ -37,7 +39,7 @@ class RangeSubscription(Subscription):
                 pass  # only saves work: the reader drops other partitions' messages
         self.conn = Connection(log_topic.tcp_address, extend_support=columns is not None)
         self.conn.sock.sendall(f"SUB_ADVANCED {log_topic.name} {self.channel} {partition} "
-                               f"msgcount:{start}\n".encode())
+                               f"msgcount:{start + 1}\n".encode())
         self.conn.response()
         from nsqshm._core.localbatch import Columns
 

@@ -141,7 +141,7 @@ class LogTopic:
             return end
         offset = max(offset, start)
         while offset < end:  # step over the same second's earlier messages
-            msg = self._message_get_doc(partition, "count", offset)
+            msg = self._message_get_doc(partition, "count", offset + 1)  # from 1
             if msg is None or int(msg["timestamp"]) >= int(ms) * 1_000_000:
                 break
             offset += 1
@@ -161,4 +161,5 @@ class LogTopic:
 
     def _message_get(self, partition, mode, pos):
         doc = self._message_get_doc(partition, mode, pos)
-        return None if doc is None else int(doc["queue_cnt_index"])
+        # queue_cnt_index counts from 1, as Youzan's: msg offset + 1
+        return None if doc is None else int(doc["queue_cnt_index"]) - 1

@@ -90,11 +90,13 @@ def _message_get(server, query):
 def test_sub_advanced_positions(nsqd_factory):
     server = nsqd_factory()
     later = _publish(server)
-    status, seventh = _message_get(server, "partition=0&search_mode=count&search_pos=7")
+    # count: from 1, as Youzan's (the 8th message is msg offset 7)
+    status, seventh = _message_get(server, "partition=0&search_mode=count&search_pos=8")
     assert status == 200 and seventh["body"] == "m7"
     assert seventh["offset"] == _byte_offset(7)
     cases = [("e", b"special:-2", 0), ("t", b"timestamp:%d" % later, SPLIT),
-             ("v", b"virtual_queue:%d" % seventh["offset"], 7), ("m", b"msgcount:12", 12)]
+             ("v", b"virtual_queue:%d" % seventh["offset"], 7), ("m", b"msgcount:13", 12),
+             ("m1", b"msgcount:1", 0), ("m0", b"msgcount:0", 0)]
     for channel, position, first in cases:
         c, answer = _sub_advanced(server, channel, position)
         assert answer == (p.FRAME_TYPE_RESPONSE, b"OK"), (position, answer)
@@ -108,10 +110,43 @@ def test_sub_advanced_positions(nsqd_factory):
     assert [detail(m)[2] for m in take(c, 1)] == [b"new"]
 
 
+def test_positions_outside_the_log_or_inside_a_record_are_youzans(nsqd_factory):
+    """Youzan's SearchLogByMsgCnt/SearchLogByMsgOffset never fail for a value
+    outside the log (their binary search stops at the nearest commit log
+    entry): before the start is the start, past the end the end; a byte inside
+    a record is the record after it (read forward to the first at or after)."""
+    server = nsqd_factory()
+    _publish(server)
+    inside_7 = _byte_offset(7) + 3
+    for channel, position, first in (("below", b"msgcount:-3", 0),
+                                     ("inside", b"virtual_queue:%d" % inside_7, 8),
+                                     ("vbelow", b"virtual_queue:-9", 0)):
+        c, answer = _sub_advanced(server, channel, position)
+        assert answer == (p.FRAME_TYPE_RESPONSE, b"OK"), (position, answer)
+        _receives_from(c, first)
+    past = []
+    for channel, position in (("past", b"msgcount:99"), ("vpast", b"virtual_queue:99999")):
+        c, answer = _sub_advanced(server, channel, position)
+        assert answer == (p.FRAME_TYPE_RESPONSE, b"OK"), (position, answer)
+        assert channel_stats(server, "lt", channel)["partitions"][0]["confirmed_offset"] == N
+        c.send(p.rdy(10))
+        past.append(c)
+    assert all(nothing_more(c) for c in past)
+    assert pub(Client(server), "lt", b"new", partition=0) == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert [[detail(m)[2] for m in take(c, 1)] for c in past] == [[b"new"], [b"new"]]
+    # /channel/setoffset the same
+    url = "/channel/setoffset?topic=lt&channel=below&partition=0"
+    for body, confirmed in ((b"msgcount:31", N), (b"msgcount:32", N + 1), (b"msgcount:0", 0),
+                            (b"virtual_queue:%d" % inside_7, 8)):
+        assert server.post(url, body) == (200, b""), body
+        assert channel_stats(server, "lt", "below")["partitions"][0]["confirmed_offset"] \
+            == confirmed, body
+
+
 def test_sub_advanced_moves_only_a_channel_without_clients(nsqd_factory):
     server = nsqd_factory()
     _publish(server)
-    first, answer = _sub_advanced(server, "ch", b"msgcount:25")
+    first, answer = _sub_advanced(server, "ch", b"msgcount:26")
     assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
     assert wait_for(lambda: channel_stats(server, "lt", "ch")["client_count"] == 1)
     # a second client, on whichever worker: its position is ignored (Youzan's)
@@ -132,9 +167,6 @@ def test_sub_advanced_and_sub_errors(nsqd_factory):
            (b"SUB_ADVANCED lt c 0 msgcount:x\n",
             b'E_INVALID strconv.ParseInt: parsing "x": invalid syntax'),
            (b"SUB_ADVANCED lt c 0 special:-3\n", b"E_INVALID not supported offset type"),
-           (b"SUB_ADVANCED lt c 0 msgcount:99\n",
-            b"E_INVALID msgcount 99 out of range: the log holds 0..30"),
-           (b"SUB_ADVANCED lt c 0 virtual_queue:1\n", None),
            # Youzan's SearchLogByMsgTimestamp: "Invalid timestamp %v" below 0
            (b"SUB_ADVANCED lt c 0 timestamp:-1\n", b"E_INVALID Invalid timestamp -1"),
            (b"SUB_ADVANCED lt c x special:-1\n",
@@ -188,7 +220,7 @@ def test_setoffset_on_each_worker(nsqd_factory):
     for index, first in zip(range(server.workers), (20, 5), strict=False):
         conn = http_on_worker(server, index)
         status, body = http_call(conn, "POST", "/channel/setoffset?topic=lt&channel=ch&partition=0",
-                                 b"msgcount:%d" % first)
+                                 b"msgcount:%d" % (first + 1))
         assert (status, body) == (200, b""), body
         part = channel_stats(server, "lt", "ch")["partitions"][0]
         assert part["confirmed_offset"] == first
@@ -199,7 +231,6 @@ def test_setoffset_on_each_worker(nsqd_factory):
     assert server.post(url, b"") == (406, b'{"message":"MSG_EMPTY"}')
     assert server.post(url, b"count:1") == (400, b'{"message":"invalid consume offset:count:1"}')
     assert server.post(url, b"special:-3") == (500, b'{"message":"not supported offset type"}')
-    assert server.post(url, b"msgcount:31")[0] == 500
     assert server.post(url, b"timestamp:-5") == (500, b'{"message":"Invalid timestamp -5"}')
     assert server.post("/channel/setoffset?topic=lt&channel=nope&partition=0", b"special:-1") \
         == (404, b'{"message":"CHANNEL_NOT_FOUND"}')
@@ -217,11 +248,12 @@ def test_setoffset_on_each_worker(nsqd_factory):
 def test_message_get_by_each_mode(nsqd_factory):
     server = nsqd_factory()
     later = _publish(server)
-    status, m = _message_get(server, "partition=0&search_mode=count&search_pos=12")
+    status, m = _message_get(server, "partition=0&search_mode=count&search_pos=13")
     assert status == 200
     assert list(m) == ["id", "trace_id", "body", "timestamp", "attempts", "offset",
                        "queue_cnt_index", "ext"]
-    assert (m["body"], m["queue_cnt_index"], m["trace_id"], m["ext"]) == ("m12", 12, 0, "")
+    # queue_cnt_index: the message's count from 1, as Youzan's (msg offset + 1)
+    assert (m["body"], m["queue_cnt_index"], m["trace_id"], m["ext"]) == ("m12", 13, 0, "")
     assert decode_message_id(b"%016x" % m["id"]) == (0, 12)
     assert abs(m["timestamp"] / 1e9 - time.time()) < 60
     by_id = _message_get(server, f"search_mode=id&search_pos={m['id']}")
@@ -229,10 +261,20 @@ def test_message_get_by_each_mode(nsqd_factory):
                                       f"search_pos={m['offset']}")
     assert by_id == by_virtual == (200, m)
     status, t = _message_get(server, f"partition=0&search_mode=timestamp&search_pos={later}")
-    assert (status, t["body"], t["queue_cnt_index"]) == (200, f"m{SPLIT}", SPLIT)
+    assert (status, t["body"], t["queue_cnt_index"]) == (200, f"m{SPLIT}", SPLIT + 1)
+    # Youzan's searches: a count before the first is the first; a byte inside a
+    # record finds the record after it
+    for query, body in (("search_mode=count&search_pos=0", "m0"),
+                        ("search_mode=count&search_pos=-7", "m0"),
+                        ("search_mode=virtual_offset&search_pos=1", "m1"),
+                        (f"search_mode=virtual_offset&search_pos={m['offset'] - 1}", "m12")):
+        status, found = _message_get(server, "partition=0&" + query)
+        assert (status, found.get("body")) == (200, body), query
     # misses and errors; nothing consumed, no channel made
-    assert _message_get(server, "partition=0&search_mode=count&search_pos=30")[0] == 404
-    assert _message_get(server, "partition=0&search_mode=virtual_offset&search_pos=1")[0] == 404
+    assert _message_get(server, "partition=0&search_mode=count&search_pos=30")[0] == 200
+    assert _message_get(server, "partition=0&search_mode=count&search_pos=31")[0] == 404
+    assert _message_get(server, "partition=0&search_mode=virtual_offset&"
+                                f"search_pos={_byte_offset(N)}")[0] == 404
     assert _message_get(server, f"search_mode=id&search_pos={m['id'] + 100}")[0] == 404
     assert _message_get(server, "partition=2&search_mode=count&search_pos=0") == \
         (404, {"message": "Topic partition not exist"})
@@ -264,7 +306,7 @@ def test_setoffset_keeps_what_the_channel_holds_of_other_partitions(nsqd_factory
         assert pub(pc, "lt", b"q%d" % i, partition=1) == (p.FRAME_TYPE_RESPONSE, b"OK")
     assert wait_for(lambda: channel_stats(server, "lt", "ch")["depth"] == 8)
     assert server.post("/channel/setoffset?topic=lt&channel=ch&partition=0",
-                       b"msgcount:%d" % (N - 4))[0] == 200
+                       b"msgcount:%d" % (N - 3))[0] == 200
     c.send(p.rdy(100))
     got = take(c, 12)
     assert sorted(decode_message_id(m.id) for m in got) == \
@@ -285,9 +327,9 @@ def test_sub_advanced_moves_each_partition_for_that_partitions_first_client(nsqd
     for i in range(8):
         assert pub(pc, "lt", b"q%d" % i, partition=1) == (p.FRAME_TYPE_RESPONSE, b"OK")
     assert wait_for(lambda: stats(server, "lt")["partitions"][1]["end_offset"] == 8)
-    first, answer = _sub_advanced(server, "ch", b"msgcount:25", partition=b"0")
+    first, answer = _sub_advanced(server, "ch", b"msgcount:26", partition=b"0")
     assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
-    second, answer = _sub_advanced(server, "ch", b"msgcount:5", partition=b"1")
+    second, answer = _sub_advanced(server, "ch", b"msgcount:6", partition=b"1")
     assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
     assert [pp["confirmed_offset"] for pp in channel_stats(server, "lt", "ch")["partitions"]] \
         == [25, 5]
@@ -310,10 +352,10 @@ def test_sub_advanced_ignores_the_position_of_a_client_that_is_not_the_first(nsq
     or a special value it does not know, is ignored, and the SUB is OK."""
     server = nsqd_factory()
     _publish(server)
-    first, answer = _sub_advanced(server, "ch", b"msgcount:25")
+    first, answer = _sub_advanced(server, "ch", b"msgcount:26")
     assert answer == (p.FRAME_TYPE_RESPONSE, b"OK")
     for position in (b"msgcount:99", b"special:-3", b"virtual_queue:1",
-                     b"timestamp:-1"):
+                     b"timestamp:-1", b"timestamp:99999999999"):
         c, answer = _sub_advanced(server, "ch", position)
         assert answer == (p.FRAME_TYPE_RESPONSE, b"OK"), (position, answer)
         c.close()
@@ -377,16 +419,15 @@ def test_fins_taken_on_another_worker_during_a_seek_do_not_skip_messages_after_i
 
 
 def test_a_position_refused_leaves_no_channel_behind(nsqd_factory):
-    """A SUB_ADVANCED naming a partition whose position is out of the log is
+    """A SUB_ADVANCED naming a partition whose position has no answer is
     refused (E_INVALID, fatal) before the channel is touched: Youzan's client
     is removed again by the fatal error and an ephemeral channel goes with it
     (found in review: the partition's lane was made first, so an ephemeral
     channel that no client ever joins or leaves stayed)."""
     server = nsqd_factory()
     _publish(server)
-    c, answer = _sub_advanced(server, "eph#ephemeral", b"msgcount:99")
-    assert answer == (p.FRAME_TYPE_ERROR,
-                      b"E_INVALID msgcount 99 out of range: the log holds 0..30")
+    c, answer = _sub_advanced(server, "eph#ephemeral", b"timestamp:-1")
+    assert answer == (p.FRAME_TYPE_ERROR, b"E_INVALID Invalid timestamp -1")
     c.close()
     time.sleep(0.3)
     assert stats(server, "lt")["channels"] == []

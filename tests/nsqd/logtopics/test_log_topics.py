@@ -481,7 +481,7 @@ def test_a_publisher_taking_turns_on_the_workers_keeps_its_order_in_a_partition(
     log = []
     for i in range(n):
         status, body = http_call(conn, "GET", "/message/get?topic=seq&partition=0"
-                                              f"&search_mode=count&search_pos={i}")
+                                              f"&search_mode=count&search_pos={i + 1}")
         assert status == 200, body
         log.append(int(json.loads(body)["body"]))
     assert log == list(range(n))

@@ -188,7 +188,7 @@ def test_a_log_topics_partitions_and_cursors(nsqd_factory):
         return [p["end_offset"] for p in entry["partitions"]]
     assert wait_for(lambda: ends() == [7, 3]), ends()
     assert request(server, "POST", "/channel/setoffset?topic=mlog&channel=c&partition=0",
-                   b"msgcount:5")[0] == 200
+                   b"msgcount:6")[0] == 200
     want = {("nsq_partition_end_offset", "0"): 7, ("nsq_partition_end_offset", "1"): 3,
             ("nsq_partition_start_offset", "0"): 0, ("nsq_partition_start_offset", "1"): 0}
     for index, samples in scrape_each_worker(server).items():

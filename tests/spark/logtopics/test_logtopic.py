@@ -102,9 +102,11 @@ def test_batch_read_between_two_timestamps(spark, log_broker):
     make(log_broker, "ts", 2)
     for p in range(2):
         publish(log_broker, "ts", p, [b"before"] * 50)
-    time.sleep(0.05)
-    t1 = int(time.time() * 1000)
-    time.sleep(0.05)
+    # t1 on a whole second: the broker's search by seconds finds the first
+    # "between" itself, which a reader off by one would skip
+    second = int(time.time()) + 1
+    time.sleep(second - time.time() + 0.02)
+    t1 = second * 1000
     for p in range(2):
         publish(log_broker, "ts", p, [b"between"] * (30 + p))
     time.sleep(0.05)
@@ -112,17 +114,22 @@ def test_batch_read_between_two_timestamps(spark, log_broker):
     time.sleep(0.05)
     for p in range(2):
         publish(log_broker, "ts", p, [b"after"] * 20)
-    df = load(spark, log_broker, "ts", startingTimestamp=t1, endingTimestamp=t2)
-    rows = df.collect()
-    assert sorted(r.body for r in rows) == [b"between"] * 61
-    by_ts = load(spark, log_broker, "ts",
-                 startingOffsetsByTimestamp=json.dumps({"ts": {"0": t1, "1": t2}}))
-    got = sorted((r.partition, r.body) for r in by_ts.collect())
-    assert got == [(0, b"after")] * 20 + [(0, b"between")] * 30 + [(1, b"after")] * 20
-    until = load(spark, log_broker, "ts",
-                 endingOffsetsByTimestamp=json.dumps({"ts": {"0": t1, "1": t2}}))
-    got = sorted((r.partition, r.body) for r in until.collect())
-    assert got == [(0, b"before")] * 50 + [(1, b"before")] * 50 + [(1, b"between")] * 31
+    # on this host (the logs' time index), and as from another host (the broker's
+    # /message/get by timestamp, then by count, refined to the millisecond)
+    tcp = {"transport": "tcp", "nsqdTcpAddress": f"127.0.0.1:{log_broker.tcp_port}",
+           "nsqdHttpAddress": f"127.0.0.1:{log_broker.http_port}"}
+    for how in ({}, tcp):
+        df = load(spark, log_broker, "ts", startingTimestamp=t1, endingTimestamp=t2, **how)
+        rows = df.collect()
+        assert sorted(r.body for r in rows) == [b"between"] * 61, how
+        by_ts = load(spark, log_broker, "ts", **how,
+                     startingOffsetsByTimestamp=json.dumps({"ts": {"0": t1, "1": t2}}))
+        got = sorted((r.partition, r.body) for r in by_ts.collect())
+        assert got == [(0, b"after")] * 20 + [(0, b"between")] * 30 + [(1, b"after")] * 20
+        until = load(spark, log_broker, "ts", **how,
+                     endingOffsetsByTimestamp=json.dumps({"ts": {"0": t1, "1": t2}}))
+        got = sorted((r.partition, r.body) for r in until.collect())
+        assert got == [(0, b"before")] * 50 + [(1, b"before")] * 50 + [(1, b"between")] * 31
 
 
 OPTION_ERRORS = [
