@@ -59,6 +59,7 @@ cdef class Cursor:
     cdef readonly bint created        # this handle made the segment (Cursor.open)
 
     cdef int _map(self, int fd, size_t size) except -1
+    cdef int _open(self) except -1
     cdef int _lock(self) except -1
     cdef void _unlock(self) noexcept nogil
     cdef void _repair(self) noexcept
@@ -100,7 +101,7 @@ cdef class CursorSet:
     cdef int finish_at(self, long long partition, uint64_t offset) except -2
     cdef Cursor _attached(self, long long partition)
     cdef int seek_state(self) noexcept
-    cdef bytearray _by_confirmed(self, packed, bint heads)
+    cdef bytearray _by_confirmed(self, packed, bint heads, bint skip_held)
     cdef void raise_delivered(self, long long partition, uint64_t end) noexcept
     cdef void raise_delivered_id(self, const char *msg_id) noexcept
     cdef int has_id(self, const char *msg_id) noexcept

@@ -470,6 +470,7 @@ cdef class Cursor:
         return self.finish(offset)
 
     def is_finished(self, unsigned long long offset):
+        self._open()
         cdef bint r
         self._lock()
         c = self.h.confirmed
@@ -587,6 +588,7 @@ cdef class Cursor:
         """How many live entries the table holds (what retries() would give,
         counted without making it: /stats asks for every channel and
         partition)."""
+        self._open()
         cdef uint32_t i, n = 0
         cdef nsqshm_retry_slot *t
         self._lock()
@@ -605,6 +607,7 @@ cdef class Cursor:
         has them (rpc CURSORS): RETRY_ENTRY bytes each, u64 BE msg offset, u16 BE
         attempts (at most 65535), i64 BE due unix ms (0: not deferred).  A table
         found to hold nothing live is emptied (the next look is one load)."""
+        self._open()
         cdef uint32_t i, n = 0
         cdef nsqshm_retry_slot *t
         cdef nsqshm_retry_slot *live
@@ -688,11 +691,13 @@ cdef class Cursor:
     @property
     def retry_stats(self):
         """(slots, slots taken, notes the full table dropped)."""
+        self._open()
         return self.slots, self.h.retry_used, self.h.retry_dropped
 
     @property
     def confirmed(self):
         """Every msg offset below it is finished."""
+        self._open()
         return __atomic_load_n(&self.h.confirmed, 2)
 
     @property
@@ -702,26 +707,31 @@ cdef class Cursor:
     @property
     def window_end(self):
         """No offset at or past it can be finished yet: hold delivery there."""
+        self._open()
         return __atomic_load_n(&self.h.confirmed, 2) + self.bits
 
     @property
     def finished_above(self):
         """How many offsets above confirmed are finished."""
+        self._open()
         return self.h.finished
 
     @property
     def recoveries(self):
+        self._open()
         return self.h.recoveries
 
     @property
     def direct_total(self):
         """Messages local consumers took straight from the log (count_direct)."""
+        self._open()
         return __atomic_load_n(&self.h.direct_total, 2)
 
     def count_direct(self, unsigned long long n):
         """A local consumer took n messages from the log itself (no worker
         pushed them into the channel, so none counted them): the channel's
         message_count adds direct_total."""
+        self._open()
         __atomic_fetch_add(&self.h.direct_total, n, 3)
 
     def set(self, unsigned long long offset, bint hold=False):
@@ -732,6 +742,7 @@ cdef class Cursor:
         first clears the rings and arenas of what was pushed before it; a
         finish meanwhile marks nothing (it is of a message delivered from the
         old position)."""
+        self._open()
         cdef nsqshm_cursor_header *h
         self._lock()
         h = self.h
@@ -779,12 +790,14 @@ cdef class Cursor:
         """Where the broker's reader goes on: msg offsets below it were
         pushed into the channel.  Never below confirmed (a fresh segment,
         made from a checkpoint, has 0: read from confirmed)."""
+        self._open()
         cdef uint64_t r = __atomic_load_n(&self.h.read_pos, 2)
         cdef uint64_t c = __atomic_load_n(&self.h.confirmed, 2)
         return r if r > c else c
 
     @read_pos.setter
     def read_pos(self, unsigned long long offset):
+        self._open()
         # under the lock and never over HELD: a feeder (on the partition's
         # owner) that read before another worker's seek held the cursor
         # must not undo the hold when its batch ends
@@ -798,10 +811,12 @@ cdef class Cursor:
         """One past the highest msg offset put in flight to a client since the
         last set() (CursorSet.raise_delivered); on a follower, the leader's as
         it last sent it (rpc CURSORS)."""
+        self._open()
         return __atomic_load_n(&self.h.delivered, 2)
 
     def set_delivered(self, unsigned long long offset):
         """A follower takes the leader's delivered mark (ReplicaHost.adopt_cursors)."""
+        self._open()
         self._lock()
         __atomic_store_n(&self.h.delivered, offset, 3)
         self._unlock()
@@ -809,11 +824,15 @@ cdef class Cursor:
     @property
     def seeks(self):
         """How many times set() moved the cursor (0 in an old segment)."""
+        self._open()
         return __atomic_load_n(&self.h.seeks, 2)
 
     @property
     def held(self):
-        """A seek holds the cursor (set(hold=True)) until release()."""
+        """A seek holds the cursor (set(hold=True)) until release(); False
+        once closed."""
+        if self.h == NULL:
+            return False
         return _is_held(__atomic_load_n(&self.h.read_pos, 2))
 
     def hold(self):
@@ -821,6 +840,7 @@ cdef class Cursor:
         finished set: a rewind to the confirmed offset (a partition's
         delivery moving to another ring) then pushes again only what is
         unfinished, once release(confirmed) ends the hold."""
+        self._open()
         self._lock()
         if self.h.read_pos != _READ_SEEK:  # (a seek's hold stays one)
             __atomic_store_n(&self.h.read_pos, _READ_HELD, 3)
@@ -828,6 +848,7 @@ cdef class Cursor:
 
     def release(self, unsigned long long offset):
         """End a seek's hold: the feeder reads on from `offset`."""
+        self._open()
         self._lock()
         if self.h.read_pos == _READ_SEEK:
             # every worker has dropped its copies from the old position by now
@@ -846,6 +867,7 @@ cdef class Cursor:
         call and steps over what was finished before a restart; max_run
         keeps the scan to what it can take (a run is counted bit by bit:
         without it a reader taking 200 scanned up to the window's 64 Ki)."""
+        self._open()
         cdef long long o
         cdef uint64_t n = 0
         self._lock()
@@ -887,6 +909,7 @@ cdef class Cursor:
         or read_pos); -1: read_pos moved past finished messages, none read;
         CLAIM_RETENTION: retention removed what it would read, `first` the
         log's start (the caller moves the cursor there once it lets go)."""
+        self._open()
         self._lock()
         try:
             return self._claim_read(reader, end, room, scratch)
@@ -1031,6 +1054,7 @@ cdef class Cursor:
         """(confirmed, the window's bytes) taken together: a checkpoint's, and
         what a partition's leader sends its followers (ReplicaHost.cursor_states;
         window_offsets reads it back)."""
+        self._open()
         cdef bytes window = PyBytes_FromStringAndSize(NULL, self.bits // 8)
         self._lock()
         confirmed = self.h.confirmed
@@ -1065,6 +1089,13 @@ cdef class Cursor:
             os.close(fd)
         os.rename(tmp, self.checkpoint_file)
         return confirmed
+
+    cdef int _open(self) except -1:
+        """Python's calls on a closed cursor raise rather than dereference
+        NULL (a channel deleted while a request still holds its cursor)."""
+        if self.h == NULL:
+            raise ValueError(f"cursor {self.name} is closed")
+        return 0
 
     def close(self):
         if self.h != NULL:
@@ -1479,11 +1510,8 @@ cdef class CursorSet:
         log message's or whose cursor is not attached."""
         cdef uint64_t off = 0
         cdef long long p = decode_log_id(msg_id, &off)
-        cdef Cursor cur
-        if p < 0 or p >= len(self.cursors):
-            return 0
-        cur = self.cursors[p]
-        if cur is None or cur.h == NULL:
+        cdef Cursor cur = self._attached(p)
+        if cur is None:
             return 0
         if _is_held(__atomic_load_n(&cur.h.read_pos, 2)):
             return 1
@@ -1528,20 +1556,22 @@ cdef class CursorSet:
         the confirmed offset one message at a time: pushed, they would be a
         second message of the partition out at once (a copy a consumer took
         before the partition's move into the lane).  One C loop."""
-        return self._by_confirmed(packed, True)
+        return self._by_confirmed(packed, True, False)
 
-    def unconfirmed(self, packed):
+    def unconfirmed(self, packed, bint skip_held=False):
         """The packed [u32 native size][message] records of packed that are not
         below their cursor's confirmed offset, as a new bytearray (a record
         that is not a log message of an attached cursor is kept): what may go
         back into the channel.  One below it is finished already -- a copy
         held across /channel/empty, which moves the cursors to the log's end
-        without a seek's hold -- and would go out once more.  One C loop."""
-        return self._by_confirmed(packed, False)
+        without a seek's hold -- and would go out once more.  skip_held: also
+        drop the records of a cursor a seek holds (its feeder reads them again
+        from the new position).  One C loop."""
+        return self._by_confirmed(packed, False, skip_held)
 
     @cython.boundscheck(False)
     @cython.wraparound(False)
-    cdef bytearray _by_confirmed(self, packed, bint heads):
+    cdef bytearray _by_confirmed(self, packed, bint heads, bint skip_held):
         """heads_only (heads) or unconfirmed."""
         cdef Py_buffer view
         cdef const char *p
@@ -1566,6 +1596,8 @@ cdef class CursorSet:
                 else:
                     confirmed = __atomic_load_n(&cur.h.confirmed, 2)
                     keep = off == confirmed if heads else off >= confirmed
+                    if skip_held and _is_held(__atomic_load_n(&cur.h.read_pos, 2)):
+                        keep = False
                 if keep:
                     memcpy(dst + kept, p + pos, 4 + size)
                     kept += 4 + size

@@ -664,6 +664,26 @@ def test_unconfirmed_and_heads_only_keep_what_may_go_back(cursor_args):
         cursors.unconfirmed(packed[:-1])
     with pytest.raises(ValueError, match="a record cut short at byte 0"):
         cursors.unconfirmed(b"\x01")
+    # skip_held: nothing of a cursor a seek holds (its feeder reads it again)
+    assert cursors.unconfirmed(packed, skip_held=True) == cursors.unconfirmed(packed)
+    c.set(5, hold=True)
+    assert cursors.unconfirmed(packed, skip_held=True) == record(1, 0)
+    assert cursors.unconfirmed(packed) == record(0, 9) + record(1, 0)
+    c.release(5)
+    assert cursors.unconfirmed(packed, skip_held=True) == record(0, 9) + record(1, 0)
+
+
+def test_a_closed_cursor_raises_rather_than_reading_freed_memory(cursor_args):
+    """A request that still holds a cursor its channel's deletion closed gets
+    an error (the broker answers 500), not a worker's crash."""
+    c = Cursor.open(*cursor_args, start_offset=0, window_bits=256)
+    c.close()
+    assert c.held is False
+    for read in (lambda: c.confirmed, lambda: c.read_pos, lambda: c.delivered,
+                 lambda: c.is_finished(0), lambda: c.snapshot(), lambda: c.hold(),
+                 lambda: c.retry_stats):
+        with pytest.raises(ValueError, match="is closed"):
+            read()
 
 
 FINISH_ONE = textwrap.dedent("""

@@ -1184,7 +1184,9 @@ class LogChannel(Channel):
                     n, nbytes = ring.pop_many_into(scratch)
                     if not n:
                         break
-                    kept += self._unconfirmed(memoryview(scratch)[:nbytes])
+                    # not below their cursor's confirmed offset, nor of a held one
+                    kept += self.cursors.unconfirmed(memoryview(scratch)[:nbytes],
+                                                     skip_held=True)
             for store in (self.inflight, self.deferred):
                 while store.drain_stale(self.cursors, scratch)[0]:
                     pass
@@ -1195,21 +1197,6 @@ class LogChannel(Channel):
         for client in self.clients.values():
             client.in_flight = self.inflight.client_count(client.id)
         self.wake()
-
-    def _unconfirmed(self, view):
-        """The packed records of view whose offset is not below their
-        cursor's confirmed one and whose cursor no seek holds (an admin
-        path: a Python step per message)."""
-        out = bytearray()
-        pos = 0
-        while pos < len(view):
-            size = int.from_bytes(view[pos:pos + 4], "little")
-            where = decode_message_id(view[pos + 14:pos + 30])
-            cursor = self.cursors[where[0]] if where and where[0] < len(self.cursors) else None
-            if cursor is None or (where[1] >= cursor.confirmed and not cursor.held):
-                out += view[pos:pos + 4 + size]
-            pos += 4 + size
-        return out
 
     # -- the end ----------------------------------------------------------------------
 
