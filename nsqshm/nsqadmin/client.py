@@ -100,17 +100,20 @@ class V1Client:
                 continue
             raise ClientError(f"got response {status_text(status, reason)} {go_quote(body)}")
 
-    def request(self, method, endpoint, body=None, headers=None):
-        status, ctype, data, _ = self._request(method, endpoint, body, headers or {})
+    def request(self, method, endpoint, body=None, headers=None, timeout=None):
+        """timeout: this request's, in place of --http-client-request-timeout
+        (a partition move, which nsqlookupd answers once it is done)."""
+        status, ctype, data, _ = self._request(method, endpoint, body, headers or {}, timeout)
         return status, ctype, data
 
-    def _request(self, method, endpoint, body, headers):
+    def _request(self, method, endpoint, body, headers, timeout=None):
         verb = method.capitalize()
         parts = urlsplit(endpoint)
         addr = parts.netloc.rpartition("@")[2]
+        timeout = timeout or self.request_timeout
         try:
-            with gevent.Timeout(self.request_timeout, _Deadline):
-                conn = self._connect(parts, addr)
+            with gevent.Timeout(timeout, _Deadline):
+                conn = self._connect(parts, addr, timeout)
                 try:
                     target = parts.path or "/"
                     if parts.query:
@@ -132,14 +135,14 @@ class V1Client:
             raise ClientError(f'{verb} "{endpoint}": {text}') from None
         return resp.status, resp.getheader("Content-Type", ""), data, resp.reason
 
-    def _connect(self, parts, addr):
+    def _connect(self, parts, addr, timeout):
         host = parts.hostname or ""
         port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
             sock = socket.create_connection((host, port), timeout=self.connect_timeout)
         except OSError as err:
             raise ClientError(_dial_error(addr, err)) from None
-        sock.settimeout(self.request_timeout)
+        sock.settimeout(timeout)
         if parts.scheme == "https":
             sock = self.tls_context.wrap_socket(sock, server_hostname=host)
             conn = http.client.HTTPSConnection(host, port, context=self.tls_context)

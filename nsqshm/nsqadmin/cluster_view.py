@@ -173,6 +173,17 @@ class ClusterView:
             raise Err(status, answer)
         return answer
 
+    def move_partition(self, topic, partition, move_leader, from_, to, messages):
+        """A partition's move through the first lookupd in cluster mode; its
+        refusal or failure (400 with Youzan's text, 500 timeout waiting move
+        data) is answered with its status and message."""
+        status, answer = self.gather("move partition", messages, self.ci.move_partition,
+                                     topic, partition, move_leader, from_, to,
+                                     self.lists()[0])
+        if not 200 <= status < 300:
+            raise Err(status, answer)
+        return answer
+
     def channel_stats(self, topic, channel, messages):
         """The channel aggregated across nodes, clients included; None if no node has it."""
         producers = self.gather("get topic producers", messages, self.ci.get_topic_producers,

@@ -29,6 +29,9 @@ QUERY_ERRORS = (ClientError, ValueError, TypeError, AttributeError, KeyError)
 # what a lookupd without a coordinator (nsqshm's standalone) or without the route
 # (NSQ's) answers a cluster-mode request
 NOT_CLUSTER_MODE = ("MISSING_COORDINATOR", "NOT_FOUND", "METHOD_NOT_ALLOWED")
+# a partition move's wait on the lookupd, which answers once the move is done or
+# given up (consistence/lookupd_coordinator.py MOVE_WAIT, 70 s), with room
+MOVE_TIMEOUT = 90.0
 
 
 class UpstreamError(Exception):
@@ -341,28 +344,50 @@ class ClusterInfo:
         the cluster does not know), with the errors of the lookupds that failed.
         UpstreamError when none took or refused it (down, or standalone)."""
         qs = _qs(remove_node=node, **({"restore": "true"} if restore else {}))
+        return self._cluster_post(lookupd, f"cluster/node/remove?{qs}")
+
+    def move_partition(self, topic, partition, move_leader, from_, to, lookupd):
+        """Youzan's POST /topic/partition/move?topic=&partition=&move_leader=&move_from=
+        &move_to= on one lookupd, which answers once the move is done (the new
+        replica copied, the leadership handed off: up to a minute and more), so
+        it gets MOVE_TIMEOUT rather than --http-client-request-timeout.  -> as
+        remove_cluster_node's, but any answer with a message from a lookupd in
+        cluster mode is final (a 500 "timeout waiting move data" included): the
+        move is never sent to a second lookupd."""
+        qs = _qs(topic=topic, partition=str(partition),
+                 move_leader="true" if move_leader else "false", move_from=from_, move_to=to)
+        return self._cluster_post(lookupd, f"topic/partition/move?{qs}", MOVE_TIMEOUT,
+                                  final=True)
+
+    def _cluster_post(self, lookupd, uri, timeout=None, final=False):
+        """POST uri to the lookupds in turn until one in cluster mode answers it.
+        final: a 5xx with a message is that lookupd's answer too (else only a
+        4xx is, and a 5xx goes on to the next)."""
         refused, errs = None, []
         for addr in lookupd:
-            endpoint = f"http://{addr}/cluster/node/remove?{qs}"
+            endpoint = f"http://{addr}/{uri}"
             self._logf(f"CI: querying nsqlookupd {endpoint}")
             try:
                 # (not post_v1: a refusal's status and message are the answer here)
                 status, _, body = self.client.request("POST", endpoint, b"",
-                                                      {"Accept": ACCEPT_V1})
+                                                      {"Accept": ACCEPT_V1}, timeout=timeout)
             except ClientError as err:
                 errs.append(str(err))
                 continue
             try:
-                doc = json.loads(body)
+                doc = json.loads(body) if body.strip() else None
             except ValueError:
                 doc = None
             message = doc.get("message") if isinstance(doc, dict) else None
-            if 200 <= status < 300 and isinstance(doc, dict):
-                return (status, doc), errs
+            if 200 <= status < 300 and (final or isinstance(doc, dict)):
+                return (status, doc if isinstance(doc, dict) else {}), errs
             if message in NOT_CLUSTER_MODE:
                 errs.append(f"nsqlookupd {addr} does not run in cluster mode ({message})")
-            elif 400 <= status < 500 and isinstance(message, str) and refused is None:
+            elif isinstance(message, str) and refused is None and (
+                    400 <= status < 500 or (final and status >= 500)):
                 refused = status, message
+                if final:
+                    break
             else:  # Go's POSTV1 text
                 errs.append(f"got response {status_text(status, '')} {go_quote(body)}")
         if refused is not None:

@@ -20,6 +20,9 @@
     DELETE /api/nodes/:n                  {"topic":..} tombstones the node for the topic
     POST   /api/cluster/nodes/:id         {"action":"remove|restore"} marks a cluster node
                                           for removal or calls it off (nsqshm's; cluster mode)
+    POST   /api/cluster/topics/:t/:p      {"action":"move_leader|move_replica","from":..,
+                                           "to":..} moves a partition's leadership or a
+                                          replica (nsqshm's; a lookupd's /topic/partition/move)
     GET|PUT /config/:opt                  options (from --allow-config-from-cidr only)
     GET    /topics/:t/:c/policy, /api/topics/:t/:c/{policy,peek,dead_letters,redrive}
                                           delivery policies (nsqshm.nsqadmin.policies)
@@ -151,6 +154,7 @@ class AdminHTTPAPI(HTTPAPI):
         add("POST", "/api/topics/:topic/:channel", self.channel_action)
         add("DELETE", "/api/nodes/:node", self.tombstone_node_for_topic)
         add("POST", "/api/cluster/nodes/:node", self.cluster_node_action)
+        add("POST", "/api/cluster/topics/:topic/:partition", self.cluster_partition_action)
         add("DELETE", "/api/topics/:topic", self.delete_topic)
         add("DELETE", "/api/topics/:topic/:channel", self.delete_channel)
         add("GET", "/api/counter", self.api_counter)
@@ -290,6 +294,31 @@ class AdminHTTPAPI(HTTPAPI):
         self._notify(f"{action}_cluster_node", "", "", node, req)
         return self._json({"node": node, "state": answer.get("state") or "",
                            "message": maybe_warn(messages)})
+
+    def cluster_partition_action(self, req, topic, partition):
+        """Move a replicated topic's partition: its leadership to another ISR
+        member, or a replica from one node to another (a lookupd's POST
+        /topic/partition/move, answered once the move is done)."""
+        self._require_admin(req)
+        check_topic(topic)
+        if not partition.isdigit() or len(partition) > 4:
+            raise Err(400, "INVALID_PARTITION")
+        body = self._decode(req, ("action", "from", "to"))
+        if body["action"] not in ("move_leader", "move_replica"):
+            raise Err(400, 'INVALID_ACTION: a partition\'s action is "move_leader" or '
+                           '"move_replica"')
+        for end in (body["from"], body["to"]):
+            if not NODE_ID.match(end):  # (they go into a request to the lookupd)
+                raise Err(400, "INVALID_NODE_ID: a cluster node ID is <address>:<rpc port>, "
+                               "up to 128 of A-Z a-z 0-9 . _ : -")
+        if not self.opts.lookupd_http_address:
+            raise Err(400, "MISSING_LOOKUPD: partitions are moved through nsqlookupd "
+                           "(--lookupd-http-address)")
+        messages = []
+        self.view.move_partition(topic, int(partition), body["action"] == "move_leader",
+                                 body["from"], body["to"], messages)
+        self._notify(body["action"], topic, "", body["to"], req)
+        return self._json({"message": maybe_warn(messages)})
 
     def create_topic_channel(self, req):
         self._require_admin(req)

@@ -115,10 +115,13 @@ class Pages:
         def build(messages):
             check_topic(topic)
             total = self.view.topic_stats(topic, messages)
-            return {"total": total,
-                    "replication": self.view.replication(topic, total, messages)}
+            replication = self.view.replication(topic, total, messages)
+            # (the nodes a replica can move to: only for a replicated topic)
+            return {"total": total, "replication": replication,
+                    "cluster_nodes": self.view.cluster_nodes() if replication else None}
 
         return self._page(req, "topic.html", build, topic=topic, total=None, replication=None,
+                          cluster_nodes=None,
                           section="topics",
                           chart_api=f"/api/topics/{quote(topic, safe='')}",
                           chart_kind="message_count")

@@ -5,36 +5,17 @@ which nsqadmin passes to the lookupd's `POST /cluster/node/remove`: three nsqd i
 network namespaces, a real etcd (cluster.py), a real `nsqshm admin`, and the
 button clicked in headless Chromium."""
 
-import os
 import re
 import time
 
-import pytest
-
-from tests.consistence import test_move
-from tests.consistence.etcd_server import ETCD
-from tests.consistence.netns import available
+from tests.consistence import admin_fixtures as shared
 from tests.consistence.test_replication import isr, wait_until
 from tests.nsqadmin.conftest import Admin
 from tests.nsqadmin.test_http_api import dead_address
 
-# fixtures of other modules, used here as they are: the cluster of test_move.py
-# (parametrized on the workers by ON_1_AND_2_WORKERS), the UI tests' browser and page
-cluster = test_move.cluster
-ON_1_AND_2_WORKERS = test_move.ON_1_AND_2_WORKERS
-try:
-    from tests.nsqadmin import test_ui
-except pytest.skip.Exception:  # (that module skips itself without playwright)
-    test_ui = None
-else:
-    browser, page = test_ui.browser, test_ui.page
-UI = test_ui is not None and os.path.exists(test_ui.CHROMIUM)
-
-pytestmark = [
-    pytest.mark.skipif(bool(available()), reason=available() or "available"),
-    pytest.mark.skipif(ETCD is None, reason="etcd not installed (scripts/setup.sh)"),
-    pytest.mark.timeout(150),
-]
+# the shared fixtures, used here as they are
+cluster, browser, page = shared.cluster, shared.browser, shared.page
+pytestmark = shared.MARKS
 
 
 def lookupd_nodes(cluster):
@@ -83,7 +64,7 @@ def topic_on_every_node(cluster):
         wait_until(lambda part=part: len(isr(cluster, "rm", part)) == 2, 15, "both in ISR")
 
 
-@ON_1_AND_2_WORKERS
+@shared.ON_1_AND_2_WORKERS
 def test_the_nodes_page_shows_the_cluster_and_removes_a_node(cluster):
     topic_on_every_node(cluster)
     gone = cluster.leader("rm", 1)
@@ -135,7 +116,7 @@ def test_the_nodes_page_shows_the_cluster_and_removes_a_node(cluster):
         admin.stop()
 
 
-@pytest.mark.skipif(not UI, reason="no playwright or no /usr/bin/chromium")
+@shared.NEEDS_UI
 def test_the_remove_button_asks_first_and_the_page_follows(cluster, page):
     """In Chromium: "Remove from cluster" does nothing when the confirmation is
     dismissed, marks the node when it is accepted; the live part then shows the
@@ -163,7 +144,7 @@ def test_the_remove_button_asks_first_and_the_page_follows(cluster, page):
                    "the lookupd has the node marked")
         page.wait_for_selector(f"{row} button[data-action=restore-node]", timeout=10_000)
         assert page.locator(f"{row} td.removing").inner_text() != ""
-        test_ui.shot(page, "cluster-nodes-removing")
+        shared.test_ui.shot(page, "cluster-nodes-removing")
 
         page.click(f"{row} button[data-action=restore-node]")
         wait_until(lambda: lookupd_nodes(cluster)[target]["removing"] == "", 10,

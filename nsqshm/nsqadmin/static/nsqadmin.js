@@ -5,7 +5,8 @@
  *  - polls the JSON API named by the chart's data-api and draws messages/s,
  *  - sends the actions of [data-action] buttons to the JSON API, asking for
  *    confirmation before the destructive ones (empty, delete, tombstone, a
- *    log channel's reset to a position: setoffset, a cluster node's removal).
+ *    log channel's reset to a position: setoffset, a cluster node's removal,
+ *    a replicated partition's move). 
  * No libraries, no build step. */
 (function () {
   "use strict";
@@ -19,6 +20,8 @@
   var DESTRUCTIVE = { empty: true, delete: true, tombstone: true, setoffset: true };
   // the Nodes page's cluster buttons -> the action POSTed to /api/cluster/nodes/:id
   var NODE_ACTIONS = { "remove-node": "remove", "restore-node": "restore" };
+  // the topic page's replication buttons -> the action POSTed to /api/cluster/topics/:t/:p
+  var MOVE_ACTIONS = { "move-leader": "move_leader", "move-replica": "move_replica" };
   var MAX_POINTS = 60;
 
   function apiUrl(path) { return base + path; }
@@ -60,9 +63,19 @@
         if (pressed()) { return; }  // the next tick refreshes
         var picked = document.getElementById("reset-time");  // a time being chosen stays
         var kept = picked ? picked.value : "";
+        var choices = {};  // and what a [data-keep] select has chosen (a replica's move)
+        live.querySelectorAll("select[data-keep]").forEach(function (el) {
+          choices[el.id] = el.value;
+        });
         live.innerHTML = html;
         picked = document.getElementById("reset-time");
         if (picked && kept) { picked.value = kept; }
+        Object.keys(choices).forEach(function (id) {
+          var el = document.getElementById(id);
+          if (el && Array.prototype.some.call(el.options, function (o) {
+            return o.value === choices[id];
+          })) { el.value = choices[id]; }
+        });
         refreshes += 1;
         live.setAttribute("data-refreshes", String(refreshes));
       })
@@ -183,6 +196,18 @@
     if (action === "setoffset") {
       if (!window.confirm("Are you sure you want to reset " + describe(topic, channel) +
                           " to " + position + "?")) { return; }
+    } else if (MOVE_ACTIONS[action]) {
+      var partition = btn.getAttribute("data-partition");
+      var from = btn.getAttribute("data-from"), to = btn.getAttribute("data-to");
+      if (action === "move-replica") {
+        from = document.getElementById("move-from-" + partition).value;
+        to = document.getElementById("move-to-" + partition).value;
+      }
+      var moved = action === "move-leader" ? "the leadership" : "the replica on " + from;
+      if (!window.confirm("Are you sure you want to move " + moved + " of " + topic +
+                          " partition " + partition + " to " + to + "?")) { return; }
+      showFlash("notice", "moving " + moved + " of " + topic + " partition " + partition +
+                " to " + to + " (nsqlookupd answers once it is done)");
     } else if (action === "remove-node") {
       if (!window.confirm("Are you sure you want to remove node " + node +
                           " from the cluster?")) { return; }
@@ -193,7 +218,10 @@
     }
     var path = "/api/topics/" + enc(topic) + (channel ? "/" + enc(channel) : "");
     var request;
-    if (NODE_ACTIONS[action]) {
+    if (MOVE_ACTIONS[action]) {
+      request = send("POST", "/api/cluster/topics/" + enc(topic) + "/" + enc(partition),
+                     { action: MOVE_ACTIONS[action], from: from, to: to });
+    } else if (NODE_ACTIONS[action]) {
       request = send("POST", "/api/cluster/nodes/" + enc(node), { action: NODE_ACTIONS[action] });
     } else if (action === "tombstone") {
       request = send("DELETE", "/api/nodes/" + enc(node), { topic: topic });
