@@ -1091,10 +1091,11 @@ cdef class Cursor:
         return confirmed
 
     cdef int _open(self) except -1:
-        """Python's calls on a closed cursor raise rather than dereference
-        NULL (a channel deleted while a request still holds its cursor)."""
+        """Python's calls on a closed cursor raise (CursorError, as _lock's)
+        rather than dereference NULL (a channel deleted while a request still
+        holds its cursor)."""
         if self.h == NULL:
-            raise ValueError(f"cursor {self.name} is closed")
+            raise CursorError(f"cursor {self.name} closed")
         return 0
 
     def close(self):

@@ -28,6 +28,10 @@ class ClientError(Exception):
     """A failed request; str() is Go's error text."""
 
 
+class DialError(ClientError):
+    """The connection could not be made: nothing of the request was sent."""
+
+
 class _Deadline(Exception):
     pass
 
@@ -101,8 +105,9 @@ class V1Client:
             raise ClientError(f"got response {status_text(status, reason)} {go_quote(body)}")
 
     def request(self, method, endpoint, body=None, headers=None, timeout=None):
-        """timeout: this request's, in place of --http-client-request-timeout
-        (a partition move, which nsqlookupd answers once it is done)."""
+        """timeout: at least this long for this request, whatever
+        --http-client-request-timeout (a partition move, which nsqlookupd
+        answers once it is done; 0 there still means no limit)."""
         status, ctype, data, _ = self._request(method, endpoint, body, headers or {}, timeout)
         return status, ctype, data
 
@@ -110,7 +115,10 @@ class V1Client:
         verb = method.capitalize()
         parts = urlsplit(endpoint)
         addr = parts.netloc.rpartition("@")[2]
-        timeout = timeout or self.request_timeout
+        if timeout is None or self.request_timeout is None:  # (None: no limit)
+            timeout = self.request_timeout
+        else:
+            timeout = max(timeout, self.request_timeout)
         try:
             with gevent.Timeout(timeout, _Deadline):
                 conn = self._connect(parts, addr, timeout)
@@ -126,8 +134,8 @@ class V1Client:
         except _Deadline:
             raise ClientError(f'{verb} "{endpoint}": context deadline exceeded '
                               "(Client.Timeout exceeded while awaiting headers)") from None
-        except ClientError as err:
-            raise ClientError(f'{verb} "{endpoint}": {err}') from None
+        except ClientError as err:  # (a DialError stays one)
+            raise type(err)(f'{verb} "{endpoint}": {err}') from None
         except (OSError, http.client.HTTPException) as err:
             text = str(err) or type(err).__name__
             if isinstance(err, ssl.SSLError):
@@ -141,7 +149,7 @@ class V1Client:
         try:
             sock = socket.create_connection((host, port), timeout=self.connect_timeout)
         except OSError as err:
-            raise ClientError(_dial_error(addr, err)) from None
+            raise DialError(_dial_error(addr, err)) from None
         sock.settimeout(timeout)
         if parts.scheme == "https":
             sock = self.tls_context.wrap_socket(sock, server_hostname=host)

@@ -20,7 +20,7 @@ from urllib.parse import quote_plus
 
 import gevent
 
-from nsqshm.nsqadmin.client import ACCEPT_V1, ClientError, status_text
+from nsqshm.nsqadmin.client import ACCEPT_V1, ClientError, DialError, status_text
 from nsqshm.nsqadmin.stats import ChannelStats, Producer, TopicStats, semver_key
 from nsqshm.nsqd.names import go_quote
 
@@ -350,10 +350,11 @@ class ClusterInfo:
         """Youzan's POST /topic/partition/move?topic=&partition=&move_leader=&move_from=
         &move_to= on one lookupd, which answers once the move is done (the new
         replica copied, the leadership handed off: up to a minute and more), so
-        it gets MOVE_TIMEOUT rather than --http-client-request-timeout.  -> as
-        remove_cluster_node's, but any answer with a message from a lookupd in
-        cluster mode is final (a 500 "timeout waiting move data" included): the
-        move is never sent to a second lookupd."""
+        it gets at least MOVE_TIMEOUT.  -> as remove_cluster_node's, but a move
+        goes to a second lookupd only when the first could not be reached, or
+        answered that it does not run in cluster mode: once one has the request
+        (its answer, whatever it is, or none in time), a second would find the
+        move under way and refuse it."""
         qs = _qs(topic=topic, partition=str(partition),
                  move_leader="true" if move_leader else "false", move_from=from_, move_to=to)
         return self._cluster_post(lookupd, f"topic/partition/move?{qs}", MOVE_TIMEOUT,
@@ -361,8 +362,9 @@ class ClusterInfo:
 
     def _cluster_post(self, lookupd, uri, timeout=None, final=False):
         """POST uri to the lookupds in turn until one in cluster mode answers it.
-        final: a 5xx with a message is that lookupd's answer too (else only a
-        4xx is, and a 5xx goes on to the next)."""
+        final: whatever a lookupd in cluster mode that got the request answers
+        (or a failure after it was sent: 504) is the answer (else only a 4xx
+        is, and a 5xx or a failure goes on to the next)."""
         refused, errs = None, []
         for addr in lookupd:
             endpoint = f"http://{addr}/{uri}"
@@ -372,6 +374,9 @@ class ClusterInfo:
                 status, _, body = self.client.request("POST", endpoint, b"",
                                                       {"Accept": ACCEPT_V1}, timeout=timeout)
             except ClientError as err:
+                if final and not isinstance(err, DialError):
+                    return (504, f"nsqlookupd {addr} took the request but gave no answer "
+                                 f"({err}): it may still be carried out"), errs
                 errs.append(str(err))
                 continue
             try:
@@ -383,11 +388,11 @@ class ClusterInfo:
                 return (status, doc if isinstance(doc, dict) else {}), errs
             if message in NOT_CLUSTER_MODE:
                 errs.append(f"nsqlookupd {addr} does not run in cluster mode ({message})")
-            elif isinstance(message, str) and refused is None and (
-                    400 <= status < 500 or (final and status >= 500)):
+            elif final:
+                return (status, message if isinstance(message, str)
+                        else f"got response {status_text(status, '')} {go_quote(body)}"), errs
+            elif isinstance(message, str) and refused is None and 400 <= status < 500:
                 refused = status, message
-                if final:
-                    break
             else:  # Go's POSTV1 text
                 errs.append(f"got response {status_text(status, '')} {go_quote(body)}")
         if refused is not None:

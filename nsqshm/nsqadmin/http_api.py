@@ -301,7 +301,7 @@ class AdminHTTPAPI(HTTPAPI):
         /topic/partition/move, answered once the move is done)."""
         self._require_admin(req)
         check_topic(topic)
-        if not partition.isdigit() or len(partition) > 4:
+        if not (partition.isascii() and partition.isdigit()) or len(partition) > 4:
             raise Err(400, "INVALID_PARTITION")
         body = self._decode(req, ("action", "from", "to"))
         if body["action"] not in ("move_leader", "move_replica"):

@@ -116,9 +116,10 @@ class Pages:
             check_topic(topic)
             total = self.view.topic_stats(topic, messages)
             replication = self.view.replication(topic, total, messages)
-            # (the nodes a replica can move to: only for a replicated topic)
+            # (the nodes a replica can move to: for an admin, on a replicated topic)
+            movable = replication and self.api.is_admin(req)
             return {"total": total, "replication": replication,
-                    "cluster_nodes": self.view.cluster_nodes() if replication else None}
+                    "cluster_nodes": self.view.cluster_nodes() if movable else None}
 
         return self._page(req, "topic.html", build, topic=topic, total=None, replication=None,
                           cluster_nodes=None,

@@ -675,14 +675,14 @@ def test_unconfirmed_and_heads_only_keep_what_may_go_back(cursor_args):
 
 def test_a_closed_cursor_raises_rather_than_reading_freed_memory(cursor_args):
     """A request that still holds a cursor its channel's deletion closed gets
-    an error (the broker answers 500), not a worker's crash."""
+    an error (CursorError, as a closed cursor's lock), not a worker's crash."""
     c = Cursor.open(*cursor_args, start_offset=0, window_bits=256)
     c.close()
     assert c.held is False
     for read in (lambda: c.confirmed, lambda: c.read_pos, lambda: c.delivered,
                  lambda: c.is_finished(0), lambda: c.snapshot(), lambda: c.hold(),
                  lambda: c.retry_stats):
-        with pytest.raises(ValueError, match="is closed"):
+        with pytest.raises(CursorError, match="closed"):
             read()
 
 

@@ -163,9 +163,9 @@ def cluster(tmp_path_factory):
 
 class StubHTTP:
     """A small HTTP server standing in for something nsqadmin talks to (the
-    notification endpoint, graphite, a Go nsqd): answer(method, path) gives
-    (content type, JSON-able document); every request is kept in .requests as
-    (method, path, headers, body)."""
+    notification endpoint, graphite, a Go nsqd, a lookupd): answer(method, path)
+    gives (content type, JSON-able document), or (content type, raw bytes,
+    status); every request is kept in .requests as (method, path, headers, body)."""
 
     def __init__(self, answer):
         requests = self.requests = []
@@ -174,9 +174,9 @@ class StubHTTP:
             def _serve(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 requests.append((self.command, self.path, self.headers, body))
-                ctype, doc = answer(self.command, self.path)
-                data = json.dumps(doc).encode()
-                self.send_response(200)
+                ctype, doc, *status = answer(self.command, self.path)
+                data = doc if status else json.dumps(doc).encode()
+                self.send_response(status[0] if status else 200)
                 self.send_header("Content-Type", ctype)
                 self.end_headers()
                 self.wfile.write(data)

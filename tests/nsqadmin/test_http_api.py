@@ -315,6 +315,15 @@ def test_tombstone_node_for_topic(cluster, admin):
     ("POST", "/api/cluster/nodes/10.0.0.1:4250", {"action": "drop"}, 400,
      'INVALID_ACTION: a cluster node\'s action is "remove" or "restore"'),
     ("POST", "/api/cluster/nodes/10.0.0.1:4250", b"", 400, "EOF"),
+    ("POST", "/api/cluster/topics/t/0", {"action": "move", "from": "10.0.0.1:4250",
+                                         "to": "10.0.0.2:4250"}, 400,
+     'INVALID_ACTION: a partition\'s action is "move_leader" or "move_replica"'),
+    ("POST", "/api/cluster/topics/t/%C2%B2", {"action": "move_leader", "from": "10.0.0.1:4250",
+                                              "to": "10.0.0.2:4250"}, 400, "INVALID_PARTITION"),
+    ("POST", "/api/cluster/topics/t/0", {"action": "move_leader", "from": "a b",
+                                         "to": "10.0.0.2:4250"}, 400,
+     "INVALID_NODE_ID: a cluster node ID is <address>:<rpc port>, up to 128 of A-Z a-z 0-9 . _ : -"),
+    ("POST", "/api/cluster/topics/bad%24t/0", {"action": "move_leader"}, 400, "INVALID_TOPIC"),
 ])
 def test_bad_requests(admin, method, path, body, status, message):
     assert admin.json(method, path, body) == (status, {"message": message})
@@ -337,6 +346,42 @@ def test_cluster_nodes_without_a_cluster(cluster, admin, admin_factory):
     assert direct.json("POST", "/api/cluster/nodes/10.0.0.1:4250", {"action": "restore"}) == (
         400, {"message": "MISSING_LOOKUPD: nodes are removed from a cluster through nsqlookupd "
                          "(--lookupd-http-address)"})
+
+
+MOVE = {"action": "move_leader", "from": "10.0.0.1:4250", "to": "10.0.0.2:4250"}
+
+
+def test_a_move_goes_to_the_first_lookupd_that_takes_it_and_no_further(admin_factory):
+    """A partition's move (Youzan's POST /topic/partition/move, which a lookupd
+    answers once the move is done) goes on to the next lookupd only past one
+    that cannot be reached or does not run in cluster mode: whatever a lookupd
+    that got it answers, a bare 502 included, is the answer (a second would
+    find the move under way and refuse it)."""
+    dead = dead_address()
+    answers = {"standalone": ("application/json", b'{"message":"MISSING_COORDINATOR"}', 500),
+               "proxy": ("text/plain", b"bad gateway", 502),
+               "done": ("application/json", b"", 200)}
+    stubs = {name: StubHTTP(lambda method, path, a=a: a) for name, a in answers.items()}
+    try:
+        def move_through(*names):
+            admin = admin_factory(*(f"--lookupd-http-address={a}" for a in
+                                    [dead, *(stubs[n].addr for n in names)]))
+            return admin.json("POST", "/api/cluster/topics/t/3", MOVE)
+
+        status, doc = move_through("standalone", "proxy", "done")
+        assert (status, doc) == (502, {"message": 'got response 502 Bad Gateway "bad gateway"'})
+        want = ("/topic/partition/move?topic=t&partition=3&move_leader=true"
+                "&move_from=10.0.0.1%3A4250&move_to=10.0.0.2%3A4250")
+        assert [(r[0], r[1]) for r in stubs["proxy"].requests] == [("POST", want)]
+        assert stubs["done"].requests == []
+        status, doc = move_through("standalone", "done")
+        assert status == 200 and doc["message"].startswith(
+            f'WARNING: Post "http://{dead}/topic/partition/move?')
+        assert "does not run in cluster mode (MISSING_COORDINATOR)" in doc["message"]
+        assert len(stubs["done"].requests) == 1
+    finally:
+        for stub in stubs.values():
+            stub.close()
 
 
 # -- partial and total failures (nsqd mode) --------------------------------------------

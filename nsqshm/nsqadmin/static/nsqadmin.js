@@ -6,7 +6,7 @@
  *  - sends the actions of [data-action] buttons to the JSON API, asking for
  *    confirmation before the destructive ones (empty, delete, tombstone, a
  *    log channel's reset to a position: setoffset, a cluster node's removal,
- *    a replicated partition's move). 
+ *    a replicated partition's move).
  * No libraries, no build step. */
 (function () {
   "use strict";
@@ -22,6 +22,7 @@
   var NODE_ACTIONS = { "remove-node": "remove", "restore-node": "restore" };
   // the topic page's replication buttons -> the action POSTed to /api/cluster/topics/:t/:p
   var MOVE_ACTIONS = { "move-leader": "move_leader", "move-replica": "move_replica" };
+  var movesPending = {};  // "topic/partition" -> true while nsqlookupd works on a move
   var MAX_POINTS = 60;
 
   function apiUrl(path) { return base + path; }
@@ -70,6 +71,11 @@
         live.innerHTML = html;
         picked = document.getElementById("reset-time");
         if (picked && kept) { picked.value = kept; }
+        // a partition's move buttons stay disabled while its move is under way
+        live.querySelectorAll("[data-partition]").forEach(function (el) {
+          if (movesPending[el.getAttribute("data-topic") + "/" +
+                           el.getAttribute("data-partition")]) { el.disabled = true; }
+        });
         Object.keys(choices).forEach(function (id) {
           var el = document.getElementById(id);
           if (el && Array.prototype.some.call(el.options, function (o) {
@@ -233,11 +239,15 @@
       request = send("POST", path, { action: action });
     }
     btn.disabled = true;
+    var moveKey = MOVE_ACTIONS[action] ? topic + "/" + partition : null;
+    if (moveKey) { movesPending[moveKey] = true; }
     request.then(function (result) {
       btn.disabled = false;
+      if (moveKey) { delete movesPending[moveKey]; }
       afterAction(result, action === "delete" ? next : "");
     }, function () {
       btn.disabled = false;
+      if (moveKey) { delete movesPending[moveKey]; }
       showFlash("error", "nsqadmin did not answer");
     });
   });

@@ -583,7 +583,7 @@ class ProtocolV2:
         client is its channel's only one (internalSUB), so a client of
         partition 0 leaves partition 1 to its own first client (go-nsq
         connects once per partition), and a later client's position is not
-        looked up at all (no E_INVALID for one out of the log).  Looked up
+        looked up at all (no E_INVALID for one refused, timestamp:-1 say).  Looked up
         before the channel is touched: a position refused leaves no channel
         made, or moved to a lane, by a client that never subscribes (Youzan's
         fatal error removes its client, and an ephemeral channel with it)."""
