@@ -3,6 +3,7 @@ namespace, a real etcd, an nsqlookupd in cluster mode (cluster.py).  Every PUB
 acknowledged must be readable from whichever node leads after a failure."""
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ from nsqshm import protocol as p
 from nsqshm._core.commitlog import segment_name
 from nsqshm.consistence.etcd.session import EtcdSession
 from nsqshm.consistence.topology import Topology
+from nsqshm.nsqd.logtopics.partition import partition_owner
 from nsqshm.youzan import client as youzan
 from nsqshm.youzan.frames import decode_message
 from tests.consistence.cluster import Client, Cluster
@@ -112,6 +114,57 @@ def test_acknowledged_messages_survive_the_leader_sigkill(make_cluster, workers)
     publish(new, "orders", [b"after"])
     got = consume_all(new, "orders", 301)
     assert got == [*bodies, b"after"]
+
+
+def worker_pid(node, index):
+    """The PID of the node's worker `index` (its process title names it)."""
+    for pid in node.processes():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                title = f.read()
+        except OSError:
+            continue
+        if title.startswith(b"nsqshm: worker %d " % index):
+            return pid
+    raise AssertionError(f"no worker {index} among {node.processes()}")
+
+
+def test_a_leader_whose_partition_worker_hangs_is_replaced_and_then_fenced(make_cluster):
+    """Two workers, the partition owned by worker 1: that worker of the leader
+    hangs (SIGSTOP) while worker 0 keeps the node registered in etcd.  Its
+    leader session runs out; the other ISR members wait for it (the designated
+    leader, registered) at most DESIGNATED_WAIT or the TTL, then one is
+    elected, with every acknowledged message.  Thawed, the old leader
+    acknowledges nothing, and its log comes back to the new leader's."""
+    cluster = make_cluster(2)
+    topic = next(t for t in (f"hang{i}" for i in range(64)) if partition_owner(t, 0, 2) == 1)
+    assert cluster.create_topic(topic, 1, 3)[0] == 200
+    leader = cluster.leader(topic)
+    bodies = [b"h%03d" % i for i in range(100)]
+    publish(leader, topic, bodies)
+    hung = worker_pid(leader, 1)
+    os.kill(hung, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        new = cluster.leader(topic, not_in=(leader.id,), timeout=20)
+        failover = time.monotonic() - started
+        nodes = {n["id"]: n for n in cluster.lookupd.get_json("/cluster/nodes")["nodes"]}
+        assert nodes[leader.id]["registered"] is True  # (worker 0 kept it so)
+    finally:
+        os.kill(hung, signal.SIGCONT)
+    # the session's TTL (2 s), then the wait for the designated leader (at most the
+    # TTL here), then the election: well under 2 TTLs and the wait's 3 s
+    assert failover < 2 * 2 + 3 + 2, failover
+    client = Client(leader)
+    try:
+        kind, data = client.pub(topic, b"stale")
+    finally:
+        client.close()
+    assert kind == p.FRAME_TYPE_ERROR, data
+    publish(new, topic, [b"after"])
+    assert consume_all(new, topic, 101) == [*bodies, b"after"]
+    wait_until(lambda: leader.end_offset(topic) == new.end_offset(topic) == 101, 20,
+               "the old leader's log comes back to the new leader's")
 
 
 def channel_partition(node, topic, channel, field, partition=0):
