@@ -360,8 +360,7 @@ cdef class Cursor:
         # step against the other workers), and the operations it calls in
         # between lock again.  No greenlet switch happens while it is held.
         cdef int r
-        if self.h == NULL:
-            raise CursorError("cursor closed")
+        self._open()
         if self.lock_depth:
             self.lock_depth += 1
             return 0
@@ -470,7 +469,6 @@ cdef class Cursor:
         return self.finish(offset)
 
     def is_finished(self, unsigned long long offset):
-        self._open()
         cdef bint r
         self._lock()
         c = self.h.confirmed
@@ -588,7 +586,6 @@ cdef class Cursor:
         """How many live entries the table holds (what retries() would give,
         counted without making it: /stats asks for every channel and
         partition)."""
-        self._open()
         cdef uint32_t i, n = 0
         cdef nsqshm_retry_slot *t
         self._lock()
@@ -607,7 +604,6 @@ cdef class Cursor:
         has them (rpc CURSORS): RETRY_ENTRY bytes each, u64 BE msg offset, u16 BE
         attempts (at most 65535), i64 BE due unix ms (0: not deferred).  A table
         found to hold nothing live is emptied (the next look is one load)."""
-        self._open()
         cdef uint32_t i, n = 0
         cdef nsqshm_retry_slot *t
         cdef nsqshm_retry_slot *live
@@ -742,7 +738,6 @@ cdef class Cursor:
         first clears the rings and arenas of what was pushed before it; a
         finish meanwhile marks nothing (it is of a message delivered from the
         old position)."""
-        self._open()
         cdef nsqshm_cursor_header *h
         self._lock()
         h = self.h
@@ -797,7 +792,6 @@ cdef class Cursor:
 
     @read_pos.setter
     def read_pos(self, unsigned long long offset):
-        self._open()
         # under the lock and never over HELD: a feeder (on the partition's
         # owner) that read before another worker's seek held the cursor
         # must not undo the hold when its batch ends
@@ -816,7 +810,6 @@ cdef class Cursor:
 
     def set_delivered(self, unsigned long long offset):
         """A follower takes the leader's delivered mark (ReplicaHost.adopt_cursors)."""
-        self._open()
         self._lock()
         __atomic_store_n(&self.h.delivered, offset, 3)
         self._unlock()
@@ -840,7 +833,6 @@ cdef class Cursor:
         finished set: a rewind to the confirmed offset (a partition's
         delivery moving to another ring) then pushes again only what is
         unfinished, once release(confirmed) ends the hold."""
-        self._open()
         self._lock()
         if self.h.read_pos != _READ_SEEK:  # (a seek's hold stays one)
             __atomic_store_n(&self.h.read_pos, _READ_HELD, 3)
@@ -848,7 +840,6 @@ cdef class Cursor:
 
     def release(self, unsigned long long offset):
         """End a seek's hold: the feeder reads on from `offset`."""
-        self._open()
         self._lock()
         if self.h.read_pos == _READ_SEEK:
             # every worker has dropped its copies from the old position by now
@@ -867,7 +858,6 @@ cdef class Cursor:
         call and steps over what was finished before a restart; max_run
         keeps the scan to what it can take (a run is counted bit by bit:
         without it a reader taking 200 scanned up to the window's 64 Ki)."""
-        self._open()
         cdef long long o
         cdef uint64_t n = 0
         self._lock()
@@ -909,7 +899,6 @@ cdef class Cursor:
         or read_pos); -1: read_pos moved past finished messages, none read;
         CLAIM_RETENTION: retention removed what it would read, `first` the
         log's start (the caller moves the cursor there once it lets go)."""
-        self._open()
         self._lock()
         try:
             return self._claim_read(reader, end, room, scratch)
@@ -1054,7 +1043,6 @@ cdef class Cursor:
         """(confirmed, the window's bytes) taken together: a checkpoint's, and
         what a partition's leader sends its followers (ReplicaHost.cursor_states;
         window_offsets reads it back)."""
-        self._open()
         cdef bytes window = PyBytes_FromStringAndSize(NULL, self.bits // 8)
         self._lock()
         confirmed = self.h.confirmed
@@ -1091,9 +1079,9 @@ cdef class Cursor:
         return confirmed
 
     cdef int _open(self) except -1:
-        """Python's calls on a closed cursor raise (CursorError, as _lock's)
-        rather than dereference NULL (a channel deleted while a request still
-        holds its cursor)."""
+        """A call on a closed cursor raises rather than dereference NULL (a
+        channel deleted while a request still holds its cursor): _lock asks
+        it, and each Python-facing read that takes no lock."""
         if self.h == NULL:
             raise CursorError(f"cursor {self.name} closed")
         return 0

@@ -166,20 +166,20 @@ class ClusterView:
         """Mark an nsqd node for removal from the cluster (or call that off) through
         the first lookupd that takes it: its {"node", "state"}; a lookupd's refusal
         is answered with its status and message, no lookupd in cluster mode is a 502."""
-        status, answer = self.gather(f"{'restore' if restore else 'remove'} cluster node",
-                                     messages, self.ci.remove_cluster_node, node, restore,
-                                     self.lists()[0])
-        if not 200 <= status < 300:
-            raise Err(status, answer)
-        return answer
+        return self._lookupd_action(f"{'restore' if restore else 'remove'} cluster node",
+                                    messages, self.ci.remove_cluster_node, node, restore)
 
     def move_partition(self, topic, partition, move_leader, from_, to, messages):
         """A partition's move through the first lookupd in cluster mode; its
         refusal or failure (400 with Youzan's text, 500 timeout waiting move
         data) is answered with its status and message."""
-        status, answer = self.gather("move partition", messages, self.ci.move_partition,
-                                     topic, partition, move_leader, from_, to,
-                                     self.lists()[0])
+        return self._lookupd_action("move partition", messages, self.ci.move_partition,
+                                    topic, partition, move_leader, from_, to)
+
+    def _lookupd_action(self, what, messages, fn, *args):
+        """fn(*args, lookupds) -> ((status, answer), errors): the answer of a 2xx,
+        else Err with the lookupd's status and message."""
+        status, answer = self.gather(what, messages, fn, *args, self.lists()[0])
         if not 200 <= status < 300:
             raise Err(status, answer)
         return answer

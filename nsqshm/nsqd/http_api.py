@@ -55,7 +55,7 @@ from nsqshm.nsqd.tracing import trace
 from nsqshm.nsqd.workers.listeners import listen
 from nsqshm.youzan import http as youzan_http
 from nsqshm.youzan.commands import NO_PARTITION
-from nsqshm.youzan.offset import check_supported
+from nsqshm.youzan.offset import check_supported, count_of, offset_of_count
 
 
 def put_error(err):
@@ -1094,7 +1094,7 @@ class HTTPAPI:
         trace_id = trace.trace_id_of(self.nsqd, topic.name, msg_id)
         return JSONBody(youzan_http.message_get_json(
             int(msg_id, 16), trace_id, body, int.from_bytes(msg[0:8], "big"),
-            int.from_bytes(msg[8:10], "big"), virtual, offset + 1,
+            int.from_bytes(msg[8:10], "big"), virtual, count_of(offset),
             ext=headers if q.need_ext else b""))
 
     @staticmethod
@@ -1104,7 +1104,7 @@ class HTTPAPI:
         SearchLogByMsgOffset, from the log start for a position before it
         (past the end there is no message: 404)."""
         if mode == "count":
-            return max(pos - 1, reader.start_offset)
+            return max(offset_of_count(pos), reader.start_offset)
         if mode == "virtual_offset":
             return reader.find_by_virtual_offset(max(pos, 0), next_record=True)
         if pos < 0:

@@ -55,6 +55,17 @@ END = ConsumeOffset(SPECIAL, SPECIAL_END)
 EARLIEST = ConsumeOffset(SPECIAL, SPECIAL_EARLIEST)
 
 
+def count_of(offset):
+    """Youzan's count of the message at msg offset `offset` (MsgCnt, from 1):
+    what msgcount:, /message/get's count mode and queue_cnt_index carry."""
+    return offset + 1
+
+
+def offset_of_count(count):
+    """The msg offset a Youzan count names (0 and 1 are both the first message)."""
+    return max(count - 1, 0)
+
+
 def parse_consume_offset(raw):
     """ConsumeOffset.FromBytes: raises ValueError(Youzan's text)."""
     s = text(raw)

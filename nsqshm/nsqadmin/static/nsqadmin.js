@@ -199,16 +199,17 @@
       if (isNaN(ms)) { showFlash("error", "choose a time to reset to"); return; }
       position = "timestamp:" + Math.floor(ms / 1000);
     }
+    // a partition's move: a leadership to data-to, or the replica its selects name
+    var partition = btn.getAttribute("data-partition");
+    var from = btn.getAttribute("data-from"), to = btn.getAttribute("data-to");
+    if (action === "move-replica") {
+      from = document.getElementById("move-from-" + partition).value;
+      to = document.getElementById("move-to-" + partition).value;
+    }
     if (action === "setoffset") {
       if (!window.confirm("Are you sure you want to reset " + describe(topic, channel) +
                           " to " + position + "?")) { return; }
     } else if (MOVE_ACTIONS[action]) {
-      var partition = btn.getAttribute("data-partition");
-      var from = btn.getAttribute("data-from"), to = btn.getAttribute("data-to");
-      if (action === "move-replica") {
-        from = document.getElementById("move-from-" + partition).value;
-        to = document.getElementById("move-to-" + partition).value;
-      }
       var moved = action === "move-leader" ? "the leadership" : "the replica on " + from;
       if (!window.confirm("Are you sure you want to move " + moved + " of " + topic +
                           " partition " + partition + " to " + to + "?")) { return; }

@@ -42,7 +42,7 @@ from nsqshm.nsqd.names import inbound_ring_suffix
 from nsqshm.nsqd.topic import TopicError
 from nsqshm.nsqd.workers.waiting import RingWaker
 from nsqshm.ring import RingRetired
-from nsqshm.youzan.offset import MSGCOUNT, NOT_SUPPORTED, TIMESTAMP, VIRTUAL_QUEUE
+from nsqshm.youzan.offset import MSGCOUNT, NOT_SUPPORTED, TIMESTAMP, VIRTUAL_QUEUE, offset_of_count
 
 # the largest segment a partition log takes (commitlog.MAX_SEGMENT_BYTES)
 MAX_SEGMENT_BYTES = 1 << 30
@@ -173,7 +173,7 @@ class Partition:
         except OSError as err:  # the owner has not made the log yet
             raise ValueError(f"partition {self.index}: {err.strerror or err}") from None
         if where.kind == MSGCOUNT:
-            return min(max(where.value - 1, start), end)
+            return min(max(offset_of_count(where.value), start), end)
         raise ValueError(NOT_SUPPORTED)
 
     # -- appending ------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from nsqshm.spark.logtopics import logrange
 from nsqshm.spark.logtopics.logbatch import positions
 from nsqshm.spark.logtopics.logoffsets import decode, encode, rate_limit
 from nsqshm.spark.logtopics.logtopic import LogTopic
+from nsqshm.youzan.offset import count_of
 
 log = logging.getLogger("nsqshm.spark")
 
@@ -203,7 +204,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         continue
                     http_post(lt.http_address, f"/channel/setoffset?topic={topic}"
                                                f"&channel={channel}&partition={p}",
-                              body=f"msgcount:{off + 1}".encode())  # counts from 1
+                              body=f"msgcount:{count_of(off)}".encode())
                     self.cursor_at[(name, p)] = off
             except OSError as err:
                 log.warning("nsqshm: channel %s of %s: cursor not moved to %s - %s",

@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 from nsqshm.spark.connect import http_post
 from nsqshm.spark.tcp import Connection, Subscription
+from nsqshm.youzan.offset import count_of
 
 IDLE_LIMIT = 30.0   # s without a message before the range is declared missing
 POLL = 0.2
@@ -39,7 +40,7 @@ class RangeSubscription(Subscription):
                 pass  # only saves work: the reader drops other partitions' messages
         self.conn = Connection(log_topic.tcp_address, extend_support=columns is not None)
         self.conn.sock.sendall(f"SUB_ADVANCED {log_topic.name} {self.channel} {partition} "
-                               f"msgcount:{start + 1}\n".encode())
+                               f"msgcount:{count_of(start)}\n".encode())
         self.conn.response()
         from nsqshm._core.localbatch import Columns
 

@@ -15,6 +15,7 @@ from urllib.parse import quote
 from nsqshm.nsqd.logtopics.logspecs import find_spec, load_specs
 from nsqshm.spark.connect import http_json, local_broker, topic_is_ext
 from nsqshm.spark.options import OptionError
+from nsqshm.youzan.offset import count_of, offset_of_count
 
 
 def _stats(address, topic):
@@ -141,7 +142,7 @@ class LogTopic:
             return end
         offset = max(offset, start)
         while offset < end:  # step over the same second's earlier messages
-            msg = self._message_get_doc(partition, "count", offset + 1)  # from 1
+            msg = self._message_get_doc(partition, "count", count_of(offset))
             if msg is None or int(msg["timestamp"]) >= int(ms) * 1_000_000:
                 break
             offset += 1
@@ -161,5 +162,4 @@ class LogTopic:
 
     def _message_get(self, partition, mode, pos):
         doc = self._message_get_doc(partition, mode, pos)
-        # queue_cnt_index counts from 1, as Youzan's: msg offset + 1
-        return None if doc is None else int(doc["queue_cnt_index"]) - 1
+        return None if doc is None else offset_of_count(int(doc["queue_cnt_index"]))

@@ -43,3 +43,16 @@ def test_check_supported(offset, ok):
     else:
         with pytest.raises(ValueError, match="^not supported offset type$"):
             o.check_supported(offset)
+
+
+# consistence/nsqd_coordinator.go SearchLogByMsgCnt (seeks to count - 1 messages before)
+# and diskqueue_snapshot.go ReadOne (CurCnt: the count after the read)
+@pytest.mark.parametrize("count,offset", [(-5, 0), (0, 0), (1, 0), (2, 1), (1001, 1000)])
+def test_a_youzan_count_names_a_msg_offset(count, offset):
+    assert o.offset_of_count(count) == offset
+
+
+@pytest.mark.parametrize("offset,count", [(0, 1), (1, 2), (1000, 1001)])
+def test_a_msg_offset_has_a_youzan_count(offset, count):
+    assert o.count_of(offset) == count
+    assert o.offset_of_count(o.count_of(offset)) == offset
