@@ -26,6 +26,8 @@ cdef class Arena:
                      int64_t due_wall_ns) noexcept
     cdef void release_block(self, nsqshm_arena_block *b) noexcept
     cdef int _check(self) except -1
+    cdef int _release_at(self, uint64_t offset) except -1
+    cdef nsqshm_arena_block *_block(self, uint64_t off, uint64_t end) except NULL
 
 
 # Allocate a block for a message of msg_size bytes: in the arena when one is

@@ -21,8 +21,9 @@ import os
 
 from nsqshm._core import segment
 
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 
 from nsqshm._core.includes.system cimport *
@@ -124,6 +125,7 @@ cdef class Arena:
             h.owner_start = process_start(pid)
             h.created_ns = _now_wall()
             h.bump = data_offset
+            h.flags = NSQSHM_ARENA_ORDERED_LANES
             self.label = label
             nsqshm_store_release(&h.magic, NSQSHM_ARENA_MAGIC)
             segment.publish(fd, name)
@@ -281,6 +283,16 @@ cdef class Arena:
         self._queues[queue] = n
         return n
 
+    def find_queue(self, str queue):
+        """The index of `queue` in the table, or -1: read only (any process)."""
+        cdef uint32_t i, n
+        self._check()
+        n = nsqshm_load32_acquire(&self.hdr.n_queues)
+        for i in range(n):
+            if self.queue_name(i) == queue:
+                return i
+        return -1
+
     def forget_queue(self, str queue):
         """Free the entry of `queue`, deleted and holding no block here, for a
         later queue to reuse: deleted topics and channels (ephemeral ones
@@ -369,10 +381,7 @@ cdef class Arena:
         out = []
         names = {}
         while off + sizeof(nsqshm_arena_block) <= end:
-            b = <nsqshm_arena_block *>(self.base + off)
-            if b.capacity < NSQSHM_ARENA_MIN_BLOCK or (b.capacity & (b.capacity - 1)) or \
-                    off + b.capacity > end:
-                raise ArenaError(f"arena {self.name!r}: bad block at offset {off}")
+            b = self._block(off, end)
             state = nsqshm_load32_acquire(&b.state)
             if state == NSQSHM_BLOCK_LIVE or state == NSQSHM_BLOCK_DEFERRED:
                 size = b.entry.size
@@ -387,22 +396,82 @@ cdef class Arena:
             off += b.capacity
         return out
 
+    cdef nsqshm_arena_block *_block(self, uint64_t off, uint64_t end) except NULL:
+        """The block at `off`, its capacity checked (a power of two >= 128 that
+        ends by `end`, the bump)."""
+        cdef nsqshm_arena_block *b = <nsqshm_arena_block *>(self.base + off)
+        if b.capacity < NSQSHM_ARENA_MIN_BLOCK or (b.capacity & (b.capacity - 1)) or \
+                off + b.capacity > end:
+            raise ArenaError(f"arena {self.name!r}: bad block at offset {off}")
+        return b
+
+    def queues_held(self):
+        """The names of the queues some LIVE or DEFERRED block is of: one C
+        walk, an object per queue, not per message."""
+        self._check()
+        cdef uint64_t off = self.hdr.data_offset
+        cdef uint64_t end = nsqshm_load_acquire(&self.hdr.bump)
+        cdef nsqshm_arena_block *b
+        cdef uint32_t state, last = 0xFFFFFFFF
+        seen = set()
+        while off + sizeof(nsqshm_arena_block) <= end:
+            b = self._block(off, end)
+            state = nsqshm_load32_acquire(&b.state)
+            if (state == NSQSHM_BLOCK_LIVE or state == NSQSHM_BLOCK_DEFERRED) and \
+                    b.queue != last:
+                last = b.queue
+                seen.add(last)
+            off += b.capacity
+        return {self.queue_name(q) for q in seen}
+
     def release(self, uint64_t offset):
         """Free the block at `offset` once its message is stored elsewhere:
         True if this call freed it (a compare-and-swap, so two recoverers
         cannot both count it)."""
         self._check()
+        return self._release_at(offset) == 1
+
+    def release_many(self, offsets, Py_ssize_t start=0, Py_ssize_t count=-1):
+        """release() the blocks at `count` (-1: all from `start`) of the native
+        u64 offsets in the buffer `offsets` from index `start`, in one C loop;
+        how many this call freed.  ValueError, before any is freed, for an
+        offset outside the blocks or a range outside the buffer."""
+        cdef Py_buffer view
+        cdef const uint64_t *offs
+        cdef Py_ssize_t n, i, freed = 0
+        self._check()
+        PyObject_GetBuffer(offsets, &view, PyBUF_SIMPLE)
+        try:
+            n = view.len // 8
+            if count < 0:
+                count = n - start
+            if view.len % 8 or start < 0 or start + count > n:
+                raise ValueError(f"offsets [{start}, {start} + {count}) outside a buffer of "
+                                 f"{view.len} bytes")
+            offs = <const uint64_t *>view.buf
+            for i in range(start, start + count):
+                if offs[i] < self.hdr.data_offset or \
+                        offs[i] + sizeof(nsqshm_arena_block) > self.hdr.bump:
+                    raise ValueError(f"offset {offs[i]} is outside arena {self.name!r}'s blocks")
+            for i in range(start, start + count):
+                freed += self._release_at(offs[i])
+        finally:
+            PyBuffer_Release(&view)
+        return freed
+
+    cdef int _release_at(self, uint64_t offset) except -1:
+        """release()'s step: 1 if this call freed the block, 0 if it was free."""
         if offset < self.hdr.data_offset or offset + sizeof(nsqshm_arena_block) > self.hdr.bump:
             raise ValueError(f"offset {offset} is outside arena {self.name!r}'s blocks")
         cdef nsqshm_arena_block *b = <nsqshm_arena_block *>(self.base + offset)
         cdef uint32_t state = nsqshm_load32_acquire(&b.state)
         if state == NSQSHM_BLOCK_FREE:
-            return False
+            return 0
         if not nsqshm_cas32(&b.state, state, NSQSHM_BLOCK_FREE):
-            return False
+            return 0
         nsqshm_fetch_add(&self.hdr.live_blocks, <uint64_t>-1)
         nsqshm_fetch_add(&self.hdr.live_bytes, -<uint64_t>b.entry.size)
-        return True
+        return 1
 
     # -- figures -----------------------------------------------------------------------------
 
@@ -478,6 +547,36 @@ cdef class Arena:
                 memcpy(dst, <const char *>raw, len(raw))
             else:
                 raise KeyError(key)
+
+    def mark_ordered_lanes(self, partitions):
+        """Note that the client attached these partitions' ordered lanes (and
+        dropped what it held of them from before their move into them):
+        whatever it holds of them from now on came from those lanes.  Only
+        the owner writes; the broker reads it once the owner is dead."""
+        cdef int p
+        cdef uint8_t *bits
+        self._check()
+        bits = &self.hdr.client.ordered_lanes[0]
+        for p in partitions:
+            if not 0 <= p < 256:
+                raise ValueError(f"partition {p} out of range 0..255")
+            bits[p >> 3] = bits[p >> 3] | <uint8_t>(1 << (p & 7))
+
+    def ordered_lanes(self):
+        """The partitions whose ordered lanes the client attached
+        (mark_ordered_lanes), or None for an arena made by a build that did
+        not keep them."""
+        cdef int p
+        cdef const uint8_t *bits
+        self._check()
+        if not self.hdr.flags & NSQSHM_ARENA_ORDERED_LANES:
+            return None
+        bits = &self.hdr.client.ordered_lanes[0]
+        marked = []
+        for p in range(256):
+            if bits[p >> 3] & (1 << (p & 7)):
+                marked.append(p)
+        return frozenset(marked)
 
 
 cdef nsqshm_arena_block *block_alloc(Arena arena, uint32_t msg_size) noexcept:

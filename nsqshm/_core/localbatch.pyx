@@ -26,7 +26,7 @@ from cpython.buffer cimport (
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 
 from nsqshm._core.arena cimport Arena
 from nsqshm._core.ext cimport JSON_HEADER_EXT_VER, ext_prefix, json_member, json_unescape
@@ -38,6 +38,7 @@ from nsqshm._core.includes.system cimport (
     nsqshm_has_expiry,
     nsqshm_be16,
     nsqshm_be64,
+    NSQSHM_BLOCK_DEFERRED,
     NSQSHM_BLOCK_LIVE,
     NSQSHM_RECORD_HEADER,
     memcpy,
@@ -996,6 +997,128 @@ def arena_finish_logged(Arena arena not None, CursorSet cursors not None):
             return done
         if _live_size(arena, b) and cursors.finish_id(<char *>b + BLOCK_HEADER + ID_OFFSET) == 0:
             done += 1
+
+
+GATHER_RING = -1   # arena_gather's destinations: the channel's ring,
+GATHER_DROP = -2   # nowhere (a lane's feeder reads it from the log again), or a partition's lane
+
+
+ctypedef struct _Gathered:
+    uint64_t offset    # the block's, in the arena
+    Py_ssize_t dest    # its group: a lane's partition, then the ring, then the drop
+
+
+def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, lanes=b""):
+    """What a local consumer puts back (nsqshm/local/arenas.put_back), in one
+    C pass over its arena's LIVE and DEFERRED blocks of `queue` (an index in
+    the arena's table; -1: every queue):
+
+        -> (finished, [(destination, packed, offsets), ...])
+
+    With `cursors` (a log channel's), a block whose message lies below its
+    cursor's confirmed offset is finished (a /channel/empty moved the cursor
+    past it): freed here and counted.  The others are grouped by where they
+    go back: `lanes` holds a byte per partition, 0 (no lane: the channel's
+    ring, GATHER_RING), 1 (its lane: the partition's index) or 2 (an ordered
+    lane: only the partition's head, the message at the confirmed offset,
+    goes into it; the rest, GATHER_DROP, are read from the log again).
+    Each group: packed [u32 native size][message] records, and the native u64
+    block offsets of those records in the same order (Arena.release_many),
+    in address order; none of them is freed.  For the arena's owner (or the
+    recoverer of a dead one's): nothing else may change its blocks meanwhile.
+    No object per message."""
+    cdef uint64_t off, end, moff = 0, confirmed = 0
+    cdef nsqshm_arena_block *b
+    cdef uint32_t state, size
+    cdef const char *msg
+    cdef long long part
+    cdef Py_ssize_t nlanes, nd, d, i, n = 0, cap = 0, finished = 0
+    cdef Py_buffer kinds
+    cdef const unsigned char *kind
+    cdef _Gathered *taken = NULL
+    cdef _Gathered *grown
+    cdef Py_ssize_t *bytes_of = NULL
+    cdef Py_ssize_t *count_of = NULL
+    cdef char **packs = NULL
+    cdef uint64_t **offs = NULL
+    arena._check()
+    PyObject_GetBuffer(lanes, &kinds, PyBUF_SIMPLE)
+    try:
+        kind = <const unsigned char *>kinds.buf
+        nlanes = kinds.len if cursors is not None else 0
+        nd = nlanes + 2  # lanes 0..n-1, then the ring, then the drop
+        bytes_of = <Py_ssize_t *>calloc(nd, sizeof(Py_ssize_t))
+        count_of = <Py_ssize_t *>calloc(nd, sizeof(Py_ssize_t))
+        packs = <char **>calloc(nd, sizeof(char *))
+        offs = <uint64_t **>calloc(nd, sizeof(uint64_t *))
+        if not (bytes_of and count_of and packs and offs):
+            raise MemoryError()
+        off = arena.hdr.data_offset
+        end = nsqshm_load_acquire(&arena.hdr.bump)
+        while True:  # where each goes, and the size of each group
+            b = _next_block(arena, &off, end)
+            if b == NULL:
+                break
+            state = nsqshm_load32_acquire(&b.state)
+            if state != NSQSHM_BLOCK_LIVE and state != NSQSHM_BLOCK_DEFERRED:
+                continue
+            if queue >= 0 and b.queue != <uint64_t>queue:
+                continue
+            size = b.entry.size
+            if size < MSG_HEADER_SIZE or size > b.capacity - BLOCK_HEADER:
+                raise ValueError(f"arena {arena.name!r}: block at "
+                                 f"{<char *>b - arena.base} holds {size} bytes")
+            msg = <const char *>b + BLOCK_HEADER
+            part = -1
+            if cursors is not None:
+                part = cursors.confirmed_of(msg + ID_OFFSET, &moff, &confirmed)
+                if part >= 0 and moff < confirmed:
+                    finished += arena._release_at(<char *>b - arena.base)
+                    continue
+            if 0 <= part < nlanes and kind[part] == 1:
+                d = part
+            elif 0 <= part < nlanes and kind[part] == 2:
+                d = part if moff == confirmed else nlanes + 1
+            else:
+                d = nlanes
+            if n == cap:
+                cap = cap * 2 if cap else 256
+                grown = <_Gathered *>realloc(taken, cap * sizeof(_Gathered))
+                if grown == NULL:
+                    raise MemoryError()
+                taken = grown
+            taken[n].offset = <char *>b - arena.base
+            taken[n].dest = d
+            n += 1
+            bytes_of[d] += 4 + size
+            count_of[d] += 1
+        out = []
+        for d in range(nd):
+            if count_of[d]:
+                packed = bytearray(bytes_of[d])
+                offsets = bytearray(8 * count_of[d])
+                packs[d] = PyByteArray_AS_STRING(packed)
+                offs[d] = <uint64_t *>PyByteArray_AS_STRING(offsets)
+                bytes_of[d] = count_of[d] = 0
+                out.append((d if d < nlanes else GATHER_RING if d == nlanes else GATHER_DROP,
+                            packed, offsets))
+        for i in range(n):  # each copied into its group, in address order
+            d = taken[i].dest
+            b = <nsqshm_arena_block *>(arena.base + taken[i].offset)
+            size = b.entry.size
+            (<uint32_t *>(packs[d] + bytes_of[d]))[0] = size
+            memcpy(packs[d] + bytes_of[d] + 4, <const char *>b + BLOCK_HEADER, size)
+            bytes_of[d] += 4 + size
+            offs[d][count_of[d]] = taken[i].offset
+            count_of[d] += 1
+        return finished, out
+    finally:
+        PyBuffer_Release(&kinds)
+        free(taken)
+        free(bytes_of)
+        free(count_of)
+        free(packs)
+        free(offs)
 
 
 def arena_due(Arena arena not None):

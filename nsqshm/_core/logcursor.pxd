@@ -100,6 +100,8 @@ cdef class CursorSet:
     cdef long long find_id(self, const char *msg_id, uint64_t *offset) noexcept
     cdef int finish_at(self, long long partition, uint64_t offset) except -2
     cdef Cursor _attached(self, long long partition)
+    cdef long long confirmed_of(self, const char *msg_id, uint64_t *offset,
+                                uint64_t *confirmed) noexcept
     cdef int seek_state(self) noexcept
     cdef bytearray _by_confirmed(self, packed, bint heads, bint skip_held)
     cdef void raise_delivered(self, long long partition, uint64_t end) noexcept

@@ -1410,6 +1410,18 @@ cdef class CursorSet:
             return None
         return <Cursor>cur
 
+    cdef long long confirmed_of(self, const char *msg_id, uint64_t *offset,
+                                uint64_t *confirmed) noexcept:
+        """The partition of a log message ID (16 bytes at msg_id) whose cursor
+        is attached, with the message's offset and the cursor's confirmed
+        one; -1 for an ID that names no attached cursor's message."""
+        cdef long long part = decode_log_id(msg_id, offset)
+        cdef Cursor cur = self._attached(part)
+        if cur is None:
+            return -1
+        confirmed[0] = __atomic_load_n(&cur.h.confirmed, 2)
+        return part
+
     def __getitem__(self, int partition):
         return self.cursors[partition]
 

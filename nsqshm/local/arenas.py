@@ -17,10 +17,9 @@ after every message in it went back or was finished.
 import itertools
 import os
 import re
-import struct
 
-from nsqshm._core.arena import DEFERRED, LIVE, Arena
-from nsqshm._core.logcursor import decode_message_id
+from nsqshm._core.arena import Arena
+from nsqshm._core.localbatch import GATHER_DROP, GATHER_RING, arena_gather
 
 LOCAL_TAG = "f.l"
 SPARK_TAG = "f.s"
@@ -58,18 +57,6 @@ def spark_batch_arenas(prefix, reader):
     return out
 
 
-def pack_blocks(blocks, queue=None):
-    """Packed [u32 native size][message] records of an arena's blocks (all,
-    or those of `queue`), with their offsets."""
-    parts, offsets = [], []
-    for offset, q, state, _due, msg in blocks:
-        if state in (LIVE, DEFERRED) and (queue is None or q == queue):
-            parts.append(struct.pack("=I", len(msg)))
-            parts.append(msg)
-            offsets.append(offset)
-    return b"".join(parts), offsets
-
-
 def put_back(arena, ring, queue, timeout=None, cursors=None, lanes=None):
     """Push the messages `arena` holds for `queue` back into `ring` and free
     their blocks (each only once it is in the ring: a death in between
@@ -82,76 +69,46 @@ def put_back(arena, ring, queue, timeout=None, cursors=None, lanes=None):
     the others are freed (the lane's feeder reads them from the log again).
     A log message below its cursor's confirmed offset is finished (held
     across a /channel/empty): freed, counted as put back, not pushed.
-    Returns (put back, left in the arena)."""
-    blocks = list(arena.blocks())
-    finished = 0
-    if cursors is not None:
-        blocks, finished = _release_finished(arena, blocks, queue, cursors)
-    packed, offsets = pack_blocks(blocks, queue)
-    if cursors is not None and packed:
-        cursors.note_retries(packed)
-    if not lanes:
-        done = _push(arena, ring, packed, offsets, timeout)
-    else:
-        done = 0
-        for dest, own in _by_ring(blocks, ring, lanes, cursors):
-            packed, own_offsets = pack_blocks(own, queue)
-            if dest is None:  # (not a head of an ordered lane: read again from the log)
-                for offset in own_offsets:
-                    arena.release(offset)
-                done += len(own_offsets)
-            else:
-                done += _push(arena, dest, packed, own_offsets, timeout)
-    return done + finished, len(offsets) - done
-
-
-def _release_finished(arena, blocks, queue, cursors):
-    """Free the blocks (of `queue`) whose log message lies below its
-    cursor's confirmed offset: finished, not to go back.  -> (the other
-    blocks, how many were freed)."""
-    kept = []
-    for block in blocks:
-        offset, q, state, _due, msg = block
-        if state in (LIVE, DEFERRED) and (queue is None or q == queue):
-            where = decode_message_id(msg[10:26])  # [8 timestamp][2 attempts][16 ID]
-            cursor = cursors[where[0]] if where and where[0] < len(cursors) else None
-            if cursor is not None and where[1] < cursor.confirmed:
-                arena.release(offset)
-                continue
-        kept.append(block)
-    return kept, len(blocks) - len(kept)
-
-
-def _by_ring(blocks, ring, lanes, cursors):
-    """[(ring, blocks)]: each block with the lane of its message's partition,
-    or `ring` (not a log message, or no lane of it); None: not to go back."""
-    out = {}
-    for block in blocks:
-        where = decode_message_id(block[4][10:26])  # [8 timestamp][2 attempts][16 ID]
-        lane = lanes.get(where[0]) if where else None
-        if lane is None:
-            dest = ring
-        elif lane[0] and where[1] != cursors[where[0]].confirmed:
-            dest = None
+    Gathered and grouped in C (localbatch.arena_gather), freed in C
+    (Arena.release_many).  Returns (put back, left in the arena)."""
+    index = -1 if queue is None else arena.find_queue(queue)
+    if index < 0 and queue is not None:
+        return 0, 0  # (nothing was ever held for it)
+    kinds = bytearray()
+    for partition, (ordered, _) in (lanes or {}).items():
+        if partition >= len(kinds):
+            kinds += bytes(partition + 1 - len(kinds))
+        kinds[partition] = 2 if ordered else 1
+    finished, groups = arena_gather(arena, index, cursors, kinds)
+    done = held = 0
+    for dest, packed, offsets in groups:
+        n = len(offsets) // 8
+        held += n
+        if cursors is not None:
+            cursors.note_retries(packed)
+        if dest == GATHER_DROP:  # (not a head of an ordered lane: read again from the log)
+            arena.release_many(offsets)
+            done += n
         else:
-            dest = lane[1]
-        out.setdefault(id(dest), (dest, []))[1].append(block)
-    return list(out.values())
+            done += _push(arena, ring if dest == GATHER_RING else lanes[dest][1], packed,
+                          offsets, timeout)
+    return done + finished, held - done
 
 
 def _push(arena, ring, packed, offsets, timeout):
     """Push packed records into ring, freeing each one's block once it is
-    in; how many went (the rest stay in the arena)."""
+    in (offsets: their blocks', native u64); how many went (the rest stay in
+    the arena)."""
     view = memoryview(packed)
+    count = len(offsets) // 8
     done = 0
-    while done < len(offsets):
+    while done < count:
         n, used = ring.push_packed(view)
         if not n and timeout:
             n, used = ring.push_packed_wait(view, timeout=timeout)
         if not n:
             break
-        for offset in offsets[done:done + n]:
-            arena.release(offset)
+        arena.release_many(offsets, done, n)
         done += n
         view = view[used:]
     return done

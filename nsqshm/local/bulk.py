@@ -172,8 +172,8 @@ class BulkConsumer:
         if self.cursors is None:
             return 0
         moved = set(self.cursors.seeks_moved())
-        if self.lanes.stale():
-            moved.update(self.lanes.find())
+        ordered = self.lanes.find() if self.lanes.stale() else []
+        moved.update(ordered)
         dropped = 0
         if moved:
             for offset, _queue, _state, _due, msg in self.arena.blocks():
@@ -182,6 +182,8 @@ class BulkConsumer:
                     self.arena.release(offset)
                     dropped += 1
             self.held -= dropped
+        if ordered:  # (after the drop: what it holds of them now came from their lanes)
+            self.arena.mark_ordered_lanes(ordered)
         return dropped
 
     def export(self):

@@ -300,9 +300,15 @@ class Consumer:
         that moved into an ordered lane since it last looked is dropped:
         taken before the move, it is delivered again by the lane, in order
         (as the broker's workers drop theirs: LogChannel._drop_moved; a FIN
-        of one then fails as of one not in flight).  -> those partitions."""
+        of one then fails as of one not in flight).  Then the arena notes
+        that it took them from their lanes since: the broker's recovery of
+        this consumer's arena puts a head back into an ordered lane only if
+        it came from it (recovery._taken_before_its_lane).  -> those
+        partitions."""
         moved = self._lanes.find()
-        self._drop_partitions(moved)
+        if moved:
+            self._drop_partitions(moved)
+            self.arena.mark_ordered_lanes(moved)
         return moved
 
     def _drop_partitions(self, partitions):

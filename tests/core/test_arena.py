@@ -176,6 +176,27 @@ def test_client_info(arena, arena_name):
         arena.set_client_info(bogus=1)
 
 
+def test_the_ordered_lanes_a_client_took_from(arena, arena_name):
+    """A bit per partition 0..255, read by another process; an arena made
+    before the field (its flags 0) answers None."""
+    assert arena.ordered_lanes() == frozenset()
+    arena.mark_ordered_lanes([0, 7, 8, 200, 255])
+    arena.mark_ordered_lanes([7])  # (again: no change)
+    assert Arena.attach(arena_name).ordered_lanes() == {0, 7, 8, 200, 255}
+    for bad in (-1, 256):
+        with pytest.raises(ValueError, match="out of range"):
+            arena.mark_ordered_lanes([bad])
+    assert arena.ordered_lanes() == {0, 7, 8, 200, 255}
+    # bytes 44..47, flags; the bits at 752..783
+    with open(f"/dev/shm/{arena_name}", "r+b") as raw:
+        raw.seek(752)
+        assert raw.read(32) == bytes([0x81, 0x01]) + bytes(23) + bytes([0x01]) + bytes(5) \
+            + bytes([0x80])
+        raw.seek(44)
+        raw.write(bytes(4))
+    assert Arena.attach(arena_name).ordered_lanes() is None
+
+
 def test_owner_alive_tells_a_dead_process(arena):
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()

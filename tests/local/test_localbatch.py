@@ -1,7 +1,6 @@
 """nsqshm._core.localbatch: the C loops of the local clients, against rings
 and arenas of their own (no broker)."""
 
-import os
 import struct
 import uuid
 
@@ -44,15 +43,6 @@ def ids():
     yield gen
     gen.close()
     codec.IdGenerator.unlink(name)
-
-
-@pytest.fixture
-def arena():
-    name = f"nsqshm-test-lb-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    a = Arena.create(name, size=1 << 22, max_queues=4, label="test")
-    yield a
-    a.close()
-    Arena.unlink_segment(name)
 
 
 def unpack(packed):

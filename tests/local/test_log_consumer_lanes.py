@@ -19,7 +19,7 @@ from nsqshm.local import BulkConsumer, Consumer, LocalError
 from nsqshm.protocol import FRAME_TYPE_MESSAGE, MAGIC_V2, FrameDecoder, fin, rdy
 from nsqshm.ring import Ring
 
-from .conftest import started, wait_for
+from .conftest import shm_entries, started, wait_for
 from .test_log_consumer import caught_up, create, fetch_all, mpub, nothing_more, partitions
 
 WORKER_COUNTS = (1, 2)
@@ -235,6 +235,134 @@ def test_copies_taken_before_a_move_into_an_ordered_lane_are_dropped(nsqd_factor
             assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
     finally:
         plain.close()
+
+
+def tcp_messages(sock, dec, wait):
+    """(body, attempts, ID) of the message frames that come within `wait` s."""
+    got = []
+    sock.settimeout(wait)
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            dec.feed(data)
+            for kind, frame in dec.frames():
+                if kind == FRAME_TYPE_MESSAGE:  # (SUB_ORDERED: offset and raw size, 12 B)
+                    got.append((frame[38:], frame[8] << 8 | frame[9], frame[10:26]))
+    except TimeoutError:
+        pass
+    return got
+
+
+def tcp_ordered_run(sock, dec, n, timeout=20.0):
+    """Bodies of the next n messages an ordered TCP client gets, each FIN'd
+    as it comes; never two out at once."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while len(seen) < n and time.monotonic() < deadline:
+        more = tcp_messages(sock, dec, 0.5)
+        assert len(more) <= 1, more  # one at a time
+        for body, _, msg_id in more:
+            seen.append(body)
+            sock.sendall(fin(msg_id))
+    return seen
+
+
+def test_a_dead_consumers_copies_from_before_a_move_into_an_ordered_lane_stay_out(nsqd_factory):
+    """A plain local consumer holds messages of a partition when a TCP client's
+    SUB_ORDERED moves it into an ordered lane, and is SIGKILLed before it
+    looks again: the broker's recovery of its arena puts none of them back,
+    not its copy of the head either (the lane pushed the head itself after the
+    move, and the TCP client holds it), so the ordered client gets each
+    message once, in order.  (Its arena names the ordered lanes it took from:
+    a head taken from the lane does go back,
+    test_an_ordered_consumer_that_goes_leaves_its_head_first.)"""
+    server = started(nsqd_factory())
+    create(server, "lt", 1)
+    Consumer("lt", "c", shm_prefix=server.prefix).close()  # (the channel)
+    mpub(server, "lt", [b"m%02d" % i for i in range(10)])
+    script = textwrap.dedent(f"""
+        import sys, time
+        from nsqshm.local import Consumer
+        c = Consumer("lt", "c", shm_prefix={server.prefix!r})
+        held = []
+        deadline = time.monotonic() + 10
+        while len(held) < 10 and time.monotonic() < deadline:
+            held += list(c.fetch(10 - len(held), timeout=0.5))
+        print(len(held), flush=True)
+        sys.stdin.readline()  # (killed meanwhile)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().split() == ["10"]
+        with socket.create_connection(("127.0.0.1", server.tcp_port), timeout=5) as sock:
+            dec = FrameDecoder()
+            sock.sendall(MAGIC_V2 + b"SUB_ORDERED lt c 0\n" + rdy(1))
+            got = tcp_messages(sock, dec, 1.0)
+            # (its 2nd delivery: the move took back what the consumer had out)
+            assert [(b, a) for b, a, _ in got] == [(b"m00", 2)]
+            child.kill()
+            child.wait(10)
+            # the broker recovers the dead consumer's arena
+            assert wait_for(lambda: not [n for n in shm_entries(server.prefix)
+                                         if f".f.l{child.pid}." in n], 10)
+            assert tcp_messages(sock, dec, 1.0) == []  # the head is out: nothing beside it
+            sock.sendall(fin(got[0][2]))
+            assert tcp_ordered_run(sock, dec, 9) == [b"m%02d" % i for i in range(1, 10)]
+            assert tcp_messages(sock, dec, 1.0) == []  # m00 not a second time
+            assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+    with Consumer("lt", "c", shm_prefix=server.prefix, direct=False) as plain:
+        nothing_more(plain, 1.0)  # nothing left in the channel's ring either
+
+
+def test_a_dead_bulk_consumers_head_from_an_ordered_lane_goes_back(nsqd_factory):
+    """A BulkConsumer takes a partition's head from the ordered lane a TCP
+    client's SUB_ORDERED made, and is SIGKILLed holding it: its arena names
+    that lane, so the broker's recovery puts the head back into it, and the
+    ordered client gets every message once, in order, the head first."""
+    server = started(nsqd_factory())
+    create(server, "lt", 1)
+    Consumer("lt", "c", shm_prefix=server.prefix).close()  # (the channel)
+    with socket.create_connection(("127.0.0.1", server.tcp_port), timeout=5) as sock:
+        dec = FrameDecoder()
+        sock.sendall(MAGIC_V2 + b"SUB_ORDERED lt c 0\n")  # (RDY 0: takes nothing yet)
+        assert tcp_messages(sock, dec, 0.3) == []
+        mpub(server, "lt", [b"m%02d" % i for i in range(10)])
+        script = textwrap.dedent(f"""
+            import sys, time
+            from nsqshm.local import BulkConsumer
+            bulk = BulkConsumer("lt", "c", shm_prefix={server.prefix!r})
+            bodies = []
+            deadline = time.monotonic() + 10
+            while not bodies and time.monotonic() < deadline:
+                bodies = bulk.take(100, timeout=0.5).column("body").to_pylist()
+            time.sleep(0.3)
+            bodies += bulk.take(100, timeout=0.3).column("body").to_pylist()
+            print(" ".join(b.decode() for b in bodies), flush=True)
+            sys.stdin.readline()  # (killed meanwhile)
+        """)
+        child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().split() == ["m00"]  # the lane's head alone
+            child.kill()
+            child.wait(10)
+            assert wait_for(lambda: not [n for n in shm_entries(server.prefix)
+                                         if f".f.l{child.pid}." in n], 10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
+        sock.sendall(rdy(1))
+        assert tcp_ordered_run(sock, dec, 10) == [b"m%02d" % i for i in range(10)]
+        assert tcp_messages(sock, dec, 0.5) == []
+        assert wait_for(lambda: caught_up(server, "lt", "c"), 5)
 
 
 def test_a_bulk_consumer_drops_its_copies_when_a_partition_turns_ordered(nsqd_factory):

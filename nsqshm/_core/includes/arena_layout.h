@@ -16,14 +16,21 @@
  *       32     4  max_queues
  *       36     4  n_queues       entries of the queue table in use (release)
  *       40     4  owner_pid      the process whose messages these are
- *       44     4  flags          reserved, 0
+ *       44     4  flags          ORDERED_LANES (1): client.ordered_lanes is kept (every
+ *                                arena this build makes; 0 in an older one's)
  *       48     8  owner_start    its start time (/proc/<pid>/stat field 22)
  *       56     8  created_ns     CLOCK_REALTIME at creation
  *       64     8  bump           end of the blocks ever allocated (release)
  *       72     8  live_blocks    blocks LIVE or DEFERRED (owner's count)
  *       80     8  live_bytes     their message bytes
  *      128    64  label          NUL-padded text: what the owner is
- *      512   512  client         a local client's description (nsqshm.local)
+ *      512   512  client         a local client's description (nsqshm.local):
+ *                                counters, names, and at 752 ordered_lanes, 32 bytes:
+ *                                bit p (byte p / 8, bit p % 8) set once the client
+ *                                attached partition p's ordered lane (after it dropped
+ *                                what it held of p from before the move into it); the
+ *                                broker's recovery of a dead client's arena puts back a
+ *                                copy of such a partition only if its bit is set
  *     4096  q*256 queue table    [ u16 length ][ name ] per queue, "topic:channel"
  *   data_offset   blocks
  *
@@ -61,6 +68,7 @@
 #define NSQSHM_ARENA_QUEUE_ENTRY 256u
 #define NSQSHM_ARENA_QUEUE_NAME_MAX 254u
 #define NSQSHM_ARENA_MIN_BLOCK 128u
+#define NSQSHM_ARENA_ORDERED_LANES 1u   /* flags: client.ordered_lanes is kept */
 
 enum { NSQSHM_BLOCK_FREE = 0, NSQSHM_BLOCK_LIVE = 1, NSQSHM_BLOCK_DEFERRED = 2 };
 
@@ -93,6 +101,7 @@ typedef struct {
     char client_id[64];
     char hostname[64];
     char user_agent[64];
+    uint8_t ordered_lanes[32];  /* a bit per partition 0..255: its ordered lane attached */
 } nsqshm_arena_client;
 
 typedef struct {
@@ -123,6 +132,8 @@ _Static_assert(offsetof(nsqshm_arena_block, entry) + offsetof(nsqshm_msg_entry, 
 _Static_assert(offsetof(nsqshm_arena_header, bump) == 64, "bump at 64");
 _Static_assert(offsetof(nsqshm_arena_header, label) == 128, "label at 128");
 _Static_assert(offsetof(nsqshm_arena_header, client) == 512, "client at 512");
+_Static_assert(offsetof(nsqshm_arena_header, client) + offsetof(nsqshm_arena_client, ordered_lanes)
+               == 752, "ordered_lanes at 752");
 _Static_assert(sizeof(nsqshm_arena_header) <= NSQSHM_ARENA_HEADER_SIZE, "header fits");
 
 static inline uint32_t nsqshm_load32_acquire(const uint32_t *p) {

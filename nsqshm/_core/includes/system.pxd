@@ -1,6 +1,6 @@
 # Extern C declarations used by the _core extensions, in one place.
 
-from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef extern from "<pthread.h>" nogil:
@@ -169,6 +169,7 @@ cdef extern from "arena_layout.h" nogil:
     uint32_t NSQSHM_ARENA_QUEUE_ENTRY
     uint32_t NSQSHM_ARENA_QUEUE_NAME_MAX
     uint32_t NSQSHM_ARENA_MIN_BLOCK
+    uint32_t NSQSHM_ARENA_ORDERED_LANES
     uint32_t NSQSHM_BLOCK_FREE
     uint32_t NSQSHM_BLOCK_LIVE
     uint32_t NSQSHM_BLOCK_DEFERRED
@@ -198,6 +199,7 @@ cdef extern from "arena_layout.h" nogil:
         char client_id[64]
         char hostname[64]
         char user_agent[64]
+        uint8_t ordered_lanes[32]
 
     ctypedef struct nsqshm_arena_header:
         uint64_t magic

@@ -171,6 +171,12 @@ class LogChannel(Channel):
                     lane.close()
                     del self.lanes[index]
 
+    def ordered_lane_partitions(self):
+        """The partitions that have an ordered lane now, whichever worker made
+        it (in /dev/shm: this worker may not have attached it yet)."""
+        return frozenset(partition.index for partition in self.topic.partitions
+                         if Ring.exists(self._lane_name(partition.index, True)))
+
     def use_lanes(self, indices, ordered):
         """A consumer names partitions (SUB T C p; SUB_ORDERED: ordered):
         give each a lane of that kind if it has none.  The partition's

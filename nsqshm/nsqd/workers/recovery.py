@@ -27,6 +27,7 @@ import os
 import time
 
 from nsqshm._core.arena import DEFERRED, Arena, ArenaError
+from nsqshm._core.logcursor import decode_message_id
 from nsqshm._core.ring import Ring
 from nsqshm.nsqd import overflow
 from nsqshm.nsqd.local import clients as local_clients
@@ -69,11 +70,9 @@ def remove_stale_fifos(nsqd):
 
 
 def recover_orphans(nsqd):
-    from nsqshm.nsqd.local.clients import dead_arenas
-
     clients = f"{nsqd.shm_prefix}.f.w"
     # a Spark batch not yet due waits (local_watch.py takes it when it is)
-    ready = set(dead_arenas(nsqd.shm_prefix)) if nsqd.index == 0 else set()
+    ready = set(local_clients.dead_arenas(nsqd.shm_prefix)) if nsqd.index == 0 else set()
     total = 0
     for name in orphan_arenas(nsqd):
         if name.startswith(clients) or name in ready:
@@ -94,7 +93,10 @@ def recover_arena(nsqd, name):
         label, pid = arena.label, arena.owner_pid
         own = _own_channel(nsqd, arena)
         _unsubscribe(arena, own)
-        moved = dropped = 0
+        # a local consumer's: the ordered lanes it took from (None: every copy goes back)
+        marked = arena.ordered_lanes() if own is not None else None
+        ordered = {}  # channel -> its partitions with an ordered lane
+        moved = dropped = stale = 0
         now_wall = time.time_ns()
         for offset, queue, state, due_wall, msg in arena.blocks():
             topic_name, _, channel_name = queue.partition(":")
@@ -105,6 +107,8 @@ def recover_arena(nsqd, name):
                 moved += 1
             elif channel is None:
                 dropped += 1
+            elif marked is not None and _taken_before_its_lane(channel, msg, marked, ordered):
+                stale += 1
             elif state == DEFERRED and due_wall > now_wall:
                 channel.defer(msg, (due_wall - now_wall) / 1e9)
                 moved += 1
@@ -113,13 +117,35 @@ def recover_arena(nsqd, name):
                 moved += 1
             arena.release(offset)
         nsqd.logf("info", f"RECOVERY: {moved} messages held by {label or name} (pid {pid}) put "
-                          f"back" + (f", {dropped} of deleted channels dropped" if dropped else ""))
+                          f"back" + (f", {dropped} of deleted channels dropped" if dropped else "")
+                  + (f", {stale} taken before their partition's move into an ordered lane "
+                     f"left to the lane" if stale else ""))
         if own is not None:  # (a local consumer may have died between its FIN and its nudge)
             own.next_ordered()
         arena.unlink()
         return moved
     finally:
         arena.close()
+
+
+def _taken_before_its_lane(channel, msg, marked, ordered):
+    """Whether msg is a dead local consumer's copy of a log message whose
+    partition has an ordered lane the consumer never attached (`marked`:
+    Arena.ordered_lanes): it took the copy before the partition's move into
+    the lane, which rewound the partition to its confirmed offset and
+    delivers from there again, one at a time (LogChannel.use_lanes).  Put
+    back, a copy of the head would go out a second time beside the lane's
+    own (CursorSet.heads_only cannot tell them apart); so it stays out.  A
+    head it took from the lane itself does go back.  `ordered` caches each
+    channel's partitions with an ordered lane."""
+    partitions = ordered.get(channel)
+    if partitions is None:
+        lanes = getattr(channel, "ordered_lane_partitions", None)  # (a log channel's)
+        partitions = ordered[channel] = lanes() if lanes is not None else frozenset()
+    if not partitions:
+        return False
+    where = decode_message_id(msg[10:26])  # [8 timestamp][2 attempts][16 ID]
+    return where is not None and where[0] in partitions and where[0] not in marked
 
 
 def _own_channel(nsqd, arena):
