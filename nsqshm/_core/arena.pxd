@@ -27,6 +27,7 @@ cdef class Arena:
     cdef void release_block(self, nsqshm_arena_block *b) noexcept
     cdef int _check(self) except -1
     cdef int _release_at(self, uint64_t offset) except -1
+    cdef int _check_block_offset(self, uint64_t offset) except -1
     cdef nsqshm_arena_block *_block(self, uint64_t off, uint64_t end) except NULL
 
 

@@ -450,19 +450,25 @@ cdef class Arena:
                                  f"{view.len} bytes")
             offs = <const uint64_t *>view.buf
             for i in range(start, start + count):
-                if offs[i] < self.hdr.data_offset or \
-                        offs[i] + sizeof(nsqshm_arena_block) > self.hdr.bump:
-                    raise ValueError(f"offset {offs[i]} is outside arena {self.name!r}'s blocks")
+                self._check_block_offset(offs[i])
             for i in range(start, start + count):
                 freed += self._release_at(offs[i])
         finally:
             PyBuffer_Release(&view)
         return freed
 
+    cdef int _check_block_offset(self, uint64_t offset) except -1:
+        """ValueError unless a block may start at `offset`: within the blocks
+        (no wrap-around), on the 128-byte grid every block starts on."""
+        if offset < self.hdr.data_offset or self.hdr.bump < sizeof(nsqshm_arena_block) or \
+                offset > self.hdr.bump - sizeof(nsqshm_arena_block) or \
+                (offset - self.hdr.data_offset) % NSQSHM_ARENA_MIN_BLOCK:
+            raise ValueError(f"offset {offset} is outside arena {self.name!r}'s blocks")
+        return 0
+
     cdef int _release_at(self, uint64_t offset) except -1:
         """release()'s step: 1 if this call freed the block, 0 if it was free."""
-        if offset < self.hdr.data_offset or offset + sizeof(nsqshm_arena_block) > self.hdr.bump:
-            raise ValueError(f"offset {offset} is outside arena {self.name!r}'s blocks")
+        self._check_block_offset(offset)
         cdef nsqshm_arena_block *b = <nsqshm_arena_block *>(self.base + offset)
         cdef uint32_t state = nsqshm_load32_acquire(&b.state)
         if state == NSQSHM_BLOCK_FREE:

@@ -1006,6 +1006,7 @@ GATHER_DROP = -2   # nowhere (a lane's feeder reads it from the log again), or a
 ctypedef struct _Gathered:
     uint64_t offset    # the block's, in the arena
     Py_ssize_t dest    # its group: a lane's partition, then the ring, then the drop
+    uint32_t size      # its message's, as sized for its group
 
 
 def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, lanes=b""):
@@ -1024,7 +1025,8 @@ def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, 
     goes into it; the rest, GATHER_DROP, are read from the log again).
     Each group: packed [u32 native size][message] records, and the native u64
     block offsets of those records in the same order (Arena.release_many),
-    in address order; none of them is freed.  For the arena's owner (or the
+    in address order; none of them is freed.  Without cursors every record
+    goes to the ring (lanes are for a log channel's records).  For the arena's owner (or the
     recoverer of a dead one's): nothing else may change its blocks meanwhile.
     No object per message."""
     cdef uint64_t off, end, moff = 0, confirmed = 0
@@ -1089,6 +1091,7 @@ def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, 
                 taken = grown
             taken[n].offset = <char *>b - arena.base
             taken[n].dest = d
+            taken[n].size = size
             n += 1
             bytes_of[d] += 4 + size
             count_of[d] += 1
@@ -1105,7 +1108,7 @@ def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, 
         for i in range(n):  # each copied into its group, in address order
             d = taken[i].dest
             b = <nsqshm_arena_block *>(arena.base + taken[i].offset)
-            size = b.entry.size
+            size = taken[i].size  # (the group's buffer was sized with it)
             (<uint32_t *>(packs[d] + bytes_of[d]))[0] = size
             memcpy(packs[d] + bytes_of[d] + 4, <const char *>b + BLOCK_HEADER, size)
             bytes_of[d] += 4 + size

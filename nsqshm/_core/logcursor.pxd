@@ -37,6 +37,7 @@ cdef extern from "commitlog_layout.h" nogil:
         uint64_t confirmed_total
         uint64_t finish_total
         uint64_t direct_total
+        uint64_t retry_hashed
         uint64_t window[1]
 
     ctypedef struct nsqshm_retry_slot:
@@ -56,6 +57,8 @@ cdef class Cursor:
     cdef bint crash_test
     cdef int lock_depth               # this handle's holds of the mutex (lock() nests)
     cdef uint32_t slots               # the retry table's, as checked at attach / made
+    cdef uint32_t compact_wait        # full-table notes left before compacting again
+    cdef uint64_t compact_confirmed   # the confirmed offset at the last vain compaction
     cdef readonly bint created        # this handle made the segment (Cursor.open)
 
     cdef int _map(self, int fd, size_t size) except -1
@@ -79,6 +82,7 @@ cdef class Cursor:
     cdef void _retry_compact(self) noexcept nogil
     cdef void _retry_delete(self, uint32_t i) noexcept nogil
     cdef void _retry_clear(self) noexcept nogil
+    cdef int _retry_rehash(self) except -1
     cdef Py_ssize_t _retry_load(self, const unsigned char *p, Py_ssize_t size,
                                 uint64_t end) noexcept nogil
 

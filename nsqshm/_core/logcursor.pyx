@@ -204,6 +204,14 @@ cdef inline bint _is_held(uint64_t r) noexcept nogil:
     return r >= _READ_HELD
 
 
+cdef inline uint32_t _retry_home(uint64_t o, uint32_t slots) noexcept nogil:
+    """Where msg offset o's retry entry is looked for first (slots a power of
+    two): Fibonacci hashing, so that consecutive offsets -- the many REQs or
+    timeouts of one consumer -- land apart; at o & (slots - 1) they made one
+    run that every note of a new offset walked to its end."""
+    return <uint32_t>((o * <uint64_t>0x9E3779B97F4A7C15) >> 32) & (slots - 1)
+
+
 cdef class Cursor:
     """A handle on a shared-memory cursor.  Use Cursor.open."""
 
@@ -288,6 +296,12 @@ cdef class Cursor:
         self.bits = h.window_bits
         self.mask = self.bits - 1
         self.slots = slots
+        if slots and not __atomic_load_n(&h.retry_hashed, 2):
+            self._lock()
+            try:
+                self._retry_rehash()
+            finally:
+                self._unlock()
 
     def _create(self, unsigned long long confirmed, window, unsigned long long window_bits,
                 unsigned int retry_slots, bytes retries=b"", bint hold=False):
@@ -314,6 +328,7 @@ cdef class Cursor:
             h.version = NSQSHM_CURSOR_VERSION
             h.window_bits = window_bits
             h.retry_slots = retry_slots
+            h.retry_hashed = 1
             self.slots = retry_slots
             h.created_ns = _now_ns()
             h.confirmed = confirmed
@@ -492,7 +507,7 @@ cdef class Cursor:
         cdef nsqshm_retry_slot *t = self._retries()
         if slots == 0:
             return NULL
-        i = <uint32_t>(o & (slots - 1))
+        i = _retry_home(o, slots)
         for n in range(slots):
             if t[i].key == 0:
                 return NULL
@@ -513,11 +528,24 @@ cdef class Cursor:
         e = self._retry_find(o)
         if e == NULL:
             if (h.retry_used + 1) * 4 > slots * 3:
-                self._retry_compact()
+                # a compaction walks the whole table: after one that left it full of
+                # live entries, the next quarter of its size in notes that find it
+                # full do not walk it again, unless the confirmed offset moved (which
+                # makes the entries below it stale): each walk then pays for many
+                # notes, where a note per walk made a REQ storm over a full table
+                # cost a walk each (0.7 s for 50,000 notes, 4,096 slots)
+                if self.compact_wait and h.confirmed == self.compact_confirmed:
+                    self.compact_wait -= 1
+                else:
+                    self._retry_compact()
+                    self.compact_wait = 0
+                    if (h.retry_used + 1) * 4 > slots * 3:
+                        self.compact_wait = slots >> 2
+                        self.compact_confirmed = h.confirmed
                 if (h.retry_used + 1) * 4 > slots * 3:
                     h.retry_dropped += 1
                     return -1
-            i = <uint32_t>(o & (slots - 1))
+            i = _retry_home(o, slots)
             while t[i].key != 0:
                 i = (i + 1) & (slots - 1)
             e = &t[i]
@@ -548,7 +576,7 @@ cdef class Cursor:
             j = (j + 1) & m
             if t[j].key == 0:
                 break
-            home = <uint32_t>((t[j].key - 1) & m)
+            home = _retry_home(t[j].key - 1, self.slots)
             # t[j] stays when its home lies cyclically in (i, j]
             if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
                 continue
@@ -562,6 +590,35 @@ cdef class Cursor:
         if self.slots:
             memset(<void *>self._retries(), 0, self.slots * sizeof(nsqshm_retry_slot))
         self.h.retry_used = 0
+
+    cdef int _retry_rehash(self) except -1:
+        """A segment of an older build keeps its retry entries at homes
+        msg offset & (slots - 1): put each at its hashed home (_retry_home),
+        then mark the table (retry_hashed).  The lock held.  A death midway
+        loses some entries (what the table holds is a best effort), never
+        leaves one unfindable once marked: the mark is stored last."""
+        cdef uint32_t i, j, n = 0
+        cdef nsqshm_retry_slot *t = self._retries()
+        cdef nsqshm_retry_slot *live
+        if self.h.retry_hashed or self.slots == 0:
+            return 0
+        live = <nsqshm_retry_slot *>malloc(self.slots * sizeof(nsqshm_retry_slot) + 1)
+        if live == NULL:
+            raise MemoryError()
+        for i in range(self.slots):
+            if t[i].key:
+                live[n] = t[i]
+                n += 1
+        self._retry_clear()
+        for i in range(n):
+            j = _retry_home(live[i].key - 1, self.slots)
+            while t[j].key != 0:
+                j = (j + 1) & (self.slots - 1)
+            t[j] = live[i]
+        self.h.retry_used = n
+        free(live)
+        __atomic_store_n(&self.h.retry_hashed, 1, 3)
+        return 0
 
     def note_retry(self, unsigned long long offset, unsigned int attempts, long long due_ms=0):
         """Note a message put back (retry_of's input; tests and the lone path):
@@ -1319,9 +1376,9 @@ cdef class CursorSet:
         seek's drain of the ring takes too): 0 when the take may go on, its
         records counted at the seen seek counts; SEEKS_MOVED when a seek was
         made since (its drain is done: the caller drops its stale copies,
-        seeks_moved, and takes again); SEEK_HOLDS while a seek holds a cursor
-        (the ring may still hold records from the old position: take nothing
-        now).  Atomic loads, no cursor lock (a worker's sampled delivery
+        seeks_moved, and takes again); SEEK_HOLDS while a seek holds a cursor,
+        or a partition's move into a lane does (Cursor.hold): the ring may
+        still hold records from the old position: take nothing now.  Atomic loads, no cursor lock (a worker's sampled delivery
         takes a cursor's lock under a ring's).  0 when not guarded."""
         cdef Py_ssize_t p
         cdef Cursor cur
@@ -1332,8 +1389,8 @@ cdef class CursorSet:
             cur = self._attached(p)
             if cur is None:
                 continue
-            if __atomic_load_n(&cur.h.read_pos, 2) == _READ_SEEK:
-                return SEEK_HOLDS
+            if _is_held(__atomic_load_n(&cur.h.read_pos, 2)):
+                return SEEK_HOLDS  # (a seek's, or a lane move's: LogChannel.use_lanes)
             if __atomic_load_n(&cur.h.seeks, 2) != self.seen[p]:
                 state = SEEKS_MOVED
         return state

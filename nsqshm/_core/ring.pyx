@@ -1108,7 +1108,7 @@ cdef class Ring:
 
     def bump_lanes_version(self):
         """A log channel's partition got a lane, or its lane turned ordered
-        (LogChannel.use_lanes, before the move)."""
+        (LogChannel.use_lanes: once the cursors are held, before the drop)."""
         self._check()
         nsqshm_fetch_add(&self.hdr.lanes_version, 1)
 

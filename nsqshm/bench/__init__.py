@@ -32,6 +32,7 @@ SUITES = {
     "logtopic": "nsqshm.bench.logtopic",
     "ordered": "nsqshm.bench.ordered",
     "commitlog": "nsqshm.bench.commitlog",
+    "putback": "nsqshm.bench.putback",
     "replication": "nsqshm.bench.replication",
 }
 

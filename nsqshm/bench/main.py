@@ -1,6 +1,6 @@
 """`nsqshm bench`: one entry to every benchmark.
 
-    nsqshm bench SUITE [flags]      ring tcp latency disk transport workers local spark policies headers logtopic ordered clients commitlog
+    nsqshm bench SUITE [flags]      ring tcp latency disk transport workers local spark policies headers logtopic ordered clients commitlog putback
     nsqshm bench all [--out bench]  every suite; with --out, bench/results/*.json,
                                     bench/RESULTS.md and bench/plots/*.png
     nsqshm bench writer|reader|fanout [flags]   the load generator alone

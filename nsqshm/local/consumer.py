@@ -306,10 +306,16 @@ class Consumer:
         it came from it (recovery._taken_before_its_lane).  -> those
         partitions."""
         moved = self._lanes.find()
+        self._settle_moved(moved)
+        return moved
+
+    def _settle_moved(self, moved):
+        """_find_lanes' second half, for the partitions `moved` into ordered
+        lanes: drop what is held of them, then mark the lanes in the arena
+        (after: a death in between leaves no copy of them marked as the lane's)."""
         if moved:
             self._drop_partitions(moved)
             self.arena.mark_ordered_lanes(moved)
-        return moved
 
     def _drop_partitions(self, partitions):
         """Forget, unfinished, what this consumer holds (in flight and
@@ -615,10 +621,13 @@ class Consumer:
         channel's are noted with their attempts in their cursors' retry tables,
         as the broker's put-backs are (LogChannel.put_records), and one below
         its cursor's confirmed offset is dropped (CursorSet.unconfirmed)."""
+        moved = ()
         if self._cursors is not None:
             # a lane made since the delivery takes its partition's; what moved into
-            # an ordered lane meanwhile goes nowhere (the lane delivers it again)
-            moved = self._find_lanes()
+            # an ordered lane meanwhile goes nowhere (the lane delivers it again).  The
+            # copies held of those are dropped once these records are stored: the drop
+            # frees every block handed out, these among them (InFlight.release)
+            moved = self._lanes.find()
             if moved:
                 parts = split_by_partition(packed, len(self._cursor_names))
                 packed = b"".join(records for index, records in enumerate(parts)
@@ -629,6 +638,7 @@ class Consumer:
             self._cursors.note_retries(packed)
         for ring, records in self._lanes.split(packed, self.ring, self._cursors):
             self._push_back(ring, records, now)
+        self._settle_moved(moved)
 
     def _push_back(self, ring, packed, now):
         view = memoryview(packed)

@@ -49,7 +49,7 @@ class Lanes:
         taken before their move into it (LogChannel.use_lanes rewound them:
         the lane delivers it all again, in order).  It looks in /dev/shm only
         when the channel's lanes_version moved (LogChannel.use_lanes bumps it
-        after it made a lane, before the move)."""
+        after it made a lane, once the move holds the cursors)."""
         moved = []
         version = self._ring.lanes_version
         if version == self._seen:

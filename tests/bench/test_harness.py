@@ -3,6 +3,7 @@ against a running nsqshm, the CLI's skips, the workers-mode detection."""
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -104,13 +105,21 @@ def test_commitlog_measures_append_and_replay_against_raw_io(capsys, tmp_path):
     assert not any(tmp_path.iterdir())  # the logs are removed
 
 
+def test_putback_measures_against_a_ring_push(capsys):
+    rc, res = _run(["putback", "--quick", "--messages", "5000"], capsys)
+    assert rc == 0 and res["params"]["messages"] == 5000
+    assert res["put_back_msgs_per_s"] > 0 and res["ring_push_msgs_per_s"] > 0
+    assert res["ratio"] > 0 and res["note_full_us"] > 0 and res["note_room_us"] > 0
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("nsqshm-bench-pb-")]
+
+
 def test_help_lists_every_suite(capsys):
     with pytest.raises(SystemExit) as exc:
         bench_main.main(["--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
     for name in ("ring", "tcp", "latency", "disk", "transport", "workers", "local", "spark",
-                 "clients", "commitlog", "all", "writer", "reader", "fanout", "report"):
+                 "clients", "commitlog", "putback", "all", "writer", "reader", "fanout", "report"):
         assert name in text
 
 

@@ -641,6 +641,13 @@ def test_a_guarded_set_marks_nothing_of_copies_taken_before_a_seek(cursor_args):
     with pytest.raises(IndexError):
         guarded.seeks_moved(1)
     assert plain.seeks_moved() == [] and plain.seek_state_now() == 0
+    # a partition's move into a lane holds the cursor without a seek (Cursor.hold): no
+    # take from a ring meanwhile either (the ring may hold records from before the move),
+    # and nothing to drop after it (LogChannel.use_lanes: the lanes' version says that)
+    other.hold()
+    assert (guarded.seek_state_now(), plain.seek_state_now()) == (SEEK_HOLDS, 0)
+    other.release(other.confirmed)
+    assert guarded.seek_state_now() == 0 and guarded.seeks_moved(0) == []
 
 
 def test_unconfirmed_and_heads_only_keep_what_may_go_back(cursor_args):
@@ -775,6 +782,67 @@ def test_a_full_retry_table_drops_stale_entries_first_then_new_notes(cursor_args
         cur.finish(o)
     assert cur.retries() == b"" and cur.retry_stats[1] == 0   # nothing live: emptied
     cur.close()
+
+
+def test_a_full_table_is_walked_again_only_after_a_quarter_of_its_size_in_notes(cursor_args):
+    """A compaction walks the whole table: one that finds nothing stale is not
+    repeated for each note that finds it full (a REQ storm paid a walk per
+    REQ), but after slots / 4 such notes, or at once when the confirmed
+    offset moved."""
+    name, ckpt = cursor_args
+    cur = Cursor.open(name, ckpt, 0, retry_slots=64)
+    for o in range(1, 49):                       # three quarters of 64; offset 0 unfinished
+        assert cur.note_retry(o, 1) == 1
+    assert cur.note_retry(49, 1) == -1           # a vain compaction: the next 16 wait
+    for o in range(1, 11):
+        cur.finish(o)                            # stale now, above confirmed 0
+    assert [cur.note_retry(o, 1) for o in range(50, 66)] == [-1] * 16
+    assert cur.note_retry(66, 1) == 1            # the 17th compacts: the ten went
+    assert cur.retry_stats == (64, 39, 17)
+    for o in range(67, 76):
+        assert cur.note_retry(o, 1) == 1         # full again, 48 live
+    assert cur.note_retry(76, 1) == -1           # a vain compaction: a wait again
+    for o in (0, *range(11, 21)):
+        cur.finish(o)                            # confirmed moves to 21: 11..20 stale
+    assert cur.note_retry(77, 1) == 1            # compacted at once, not after 16 notes
+    assert cur.retry_stats == (64, 39, 18)
+    cur.close()
+
+
+def test_an_older_builds_table_is_rehashed_at_attach(cursor_args):
+    """A segment whose retry_hashed (byte 216) is 0 keeps its entries at
+    offset & (slots - 1), linear probing: the first attach moves each to its
+    hashed home, and every one is found."""
+    name, ckpt = cursor_args
+    cur = Cursor.open(name, ckpt, 0, retry_slots=64)
+    entries = {o: (o % 7 + 1, 1_700_000_000_000 + o if o % 3 == 0 else 0)
+               for o in (1, 2, 3, 65, 66, 129, 40, 63, 127)}  # (collisions, a wrap)
+    cur.close()
+    with open(f"/dev/shm/{name}", "r+b") as raw:
+        raw.seek(12)
+        (window_bits,) = struct.unpack("=I", raw.read(4))
+        table = 256 + window_bits // 8
+        slots = [b"\0" * 24] * 64
+        for o, (attempts, due) in entries.items():  # as a build before the hashing put them
+            i = o & 63
+            while slots[i] != b"\0" * 24:
+                i = (i + 1) & 63
+            slots[i] = struct.pack("=QIIq", o + 1, attempts, 0, due)
+        raw.seek(table)
+        raw.write(b"".join(slots))
+        raw.seek(36)
+        raw.write(struct.pack("=I", len(entries)))  # retry_used
+        raw.seek(216)
+        raw.write(bytes(8))                          # retry_hashed 0
+    again = Cursor.attach(name)
+    for o, (attempts, due) in entries.items():
+        assert again.retry(o) == (attempts, due), o
+    assert again.retry_stats == (64, len(entries), 0)
+    with open(f"/dev/shm/{name}", "rb") as raw:
+        raw.seek(216)
+        assert raw.read(8) == struct.pack("=Q", 1)
+    assert again.note_retry(4, 1) == 1 and again.retry(4) == (1, 0)
+    again.close()
 
 
 def test_compaction_in_place_keeps_every_live_entry_findable(cursor_args):

@@ -138,6 +138,9 @@ def test_release_many_checks_first_and_frees_once(arena):
     buf = struct.pack("=4Q", *offs)
     with pytest.raises(ValueError, match="outside"):
         arena.release_many(struct.pack("=2Q", offs[0], 1 << 40))
+    for bad in (offs[0] + 8, (1 << 64) - 8):  # off the blocks' grid; wrapping round
+        with pytest.raises(ValueError, match="outside"):
+            arena.release_many(struct.pack("=Q", bad))
     with pytest.raises(ValueError, match="outside a buffer"):
         arena.release_many(buf, 3, 2)
     assert arena.live_blocks == 4  # (nothing freed by a refused call)

@@ -116,9 +116,16 @@
  *      208     8  direct_total   messages local consumers took straight from the log
  *                                (nsqshm.local, no broker worker in between): the
  *                                channel's message_count adds them (0 in old segments)
+ *      216     8  retry_hashed   1: the retry table's entries sit at hashed homes
+ *                                (below); 0 in a segment of an older build, whose
+ *                                homes were msg offset & (slots - 1): the first
+ *                                attach of this build puts them at their new homes
  *      256   w/8  window         bit (o % window_bits) = msg offset o in
  *                                [confirmed, confirmed + window_bits) finished
- *  256+w/8  24 x s  retry table  open addressing by msg offset, linear probing:
+ *  256+w/8  24 x s  retry table  open addressing by msg offset, linear probing from
+ *                     the home ((offset * 0x9E3779B97F4A7C15) >> 32) & (slots - 1):
+ *                     consecutive offsets (a REQ storm's) land apart, where
+ *                     offset & (slots - 1) made one run every miss walked
  *
  *                     0  8  key       msg offset + 1 (0: an empty slot)
  *                     8  4  attempts  deliveries so far (the record's attempts)
@@ -215,7 +222,8 @@ typedef struct {
     uint64_t confirmed_total;
     uint64_t finish_total;
     uint64_t direct_total;
-    uint64_t _pad3[5];
+    uint64_t retry_hashed;
+    uint64_t _pad3[4];
     uint64_t window[];
 } nsqshm_cursor_header;
 
@@ -235,6 +243,7 @@ _Static_assert(offsetof(nsqshm_cursor_header, seeks) == 176, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, delivered) == 184, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, confirmed_total) == 192, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, direct_total) == 208, "layout");
+_Static_assert(offsetof(nsqshm_cursor_header, retry_hashed) == 216, "layout");
 _Static_assert(offsetof(nsqshm_cursor_header, window) == NSQSHM_CURSOR_HEADER, "layout");
 
 /* Commit publication (see the state block above). */

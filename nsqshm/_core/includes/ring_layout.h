@@ -59,7 +59,8 @@
  *                                (0 in a segment made before them: the bytes were zero)
  *     1040     8  lanes_version  a log channel's ring: bumped whenever a partition gets a
  *                                lane or its lane turns ordered (LogChannel.use_lanes),
- *                                before the move; local consumers look for lanes again
+ *                                once the cursors are held, before the drop; local
+ *                                consumers look for lanes again
  *                                only when it changed (nsqshm/local/lanes.py)
  *     4096   cap  data           records
  *

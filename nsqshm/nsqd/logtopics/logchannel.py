@@ -192,10 +192,12 @@ class LogChannel(Channel):
             return
         for index in todo:
             self.nsqd.make_ring(lane_suffix(self.topic.name, self.name, index, ordered)).close()
-        # before the move: a local consumer that sees it looks again (nsqshm/local/lanes.py),
-        # and drops what it holds of a partition now ordered
-        self.ring.bump_lanes_version()
-        self._move([(self.topic.partitions[i], None) for i in todo])
+        # announced once the cursors are held, before the drop: a local consumer that
+        # sees it looks again (nsqshm/local/lanes.py) and drops what it holds of a
+        # partition now ordered, and until the release it takes nothing from a ring
+        # (CursorSet.seek_state), so nothing from before the move reaches it after its
+        # look (and its arena's mark of the lane: recovery._taken_before_its_lane)
+        self._move([(self.topic.partitions[i], None) for i in todo], announce_lanes=True)
         if ordered:  # every worker now delivers from the ordered lane: the old one goes
             for index in todo:
                 Ring.unlink_segment(self._lane_name(index, False))
@@ -1148,10 +1150,11 @@ class LogChannel(Channel):
         in flight with their clients (_drop_moved)."""
         self._move(offsets)
 
-    def _move(self, moves):
+    def _move(self, moves, announce_lanes=False):
         """seek's steps for [(partition, offset)]; an offset of None rewinds
         to the confirmed offset and keeps what was finished above it
-        (Cursor.hold; use_lanes)."""
+        (Cursor.hold; use_lanes, which has the channel's lanes_version bumped
+        once the cursors are held: announce_lanes)."""
         for partition, offset in moves:
             cursor = self.cursors[partition.index]
             if offset is None:
@@ -1159,6 +1162,8 @@ class LogChannel(Channel):
             else:
                 cursor.set(offset, hold=True)
         try:
+            if announce_lanes:
+                self.ring.bump_lanes_version()
             self._drop_moved()
             self.nsqd.broadcast_change("channel_empty", self.topic.name, self.name)
         finally:

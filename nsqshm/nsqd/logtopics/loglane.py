@@ -22,8 +22,8 @@ Its kind is in its ring's name, so every worker finds it by looking:
 ring.)  A lane stays for the channel's life: a consumer leaving does not
 move its partition back to the shared ring.  Each new lane, and a lane
 turned ordered, bumps the channel ring's lanes_version (in its header)
-before the move, so that local consumers (nsqshm/local/lanes.py) look for
-lanes again only then.
+once the partitions' cursors are held for the move, before their drop, so
+that local consumers (nsqshm/local/lanes.py) look for lanes again only then.
 """
 
 from nsqshm.nsqd.workers.waiting import RingWaker
