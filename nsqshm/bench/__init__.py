@@ -37,7 +37,7 @@ SUITES = {
 }
 
 # the server line of a suite with SERVER = False
-NO_SERVER = {"kind": "none (the suite measures files, not a broker)"}
+NO_SERVER = {"kind": "none (the suite measures files or shared memory in its own process)"}
 
 # the load generator's modes, after NSQ's bench_writer / bench_reader / pubsub
 TOOLS = {
