@@ -13,7 +13,7 @@ put-back does at least.
 
 notes: N REQs of consecutive offsets of one partition noted in a retry table of
 4,096 slots that is full of live entries (every note is dropped, and counted),
-against the same notes into a table with room.  A full table once cost a walk
+against notes into the same table with room (runs of 3,072, emptied between).  A full table once cost a walk
 of one run of 3,072 entries and a compaction of the whole table per note.
 """
 
@@ -118,28 +118,33 @@ def _time_ring_push(s, msgs):
 
 
 def _time_notes(dirname, n, full):
-    """n notes of consecutive offsets into a fresh table: full of live entries
-    (offsets n.. noted first, up to three quarters of its slots) or empty."""
+    """The time of a note of a new offset (a REQ's), over n notes of
+    consecutive offsets: into a table full of live entries (offsets n.. noted
+    first, up to three quarters of its slots: every note is dropped), or into
+    room (runs of as many as fit, the table emptied between runs, untimed)."""
     name = f"nsqshm-bench-pb-n-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     cur = Cursor.open(name, os.path.join(dirname, "n.cursor"), start_offset=0,
                       window_bits=1 << 20)
     cursors = CursorSet(1)
     cursors[0] = cur
+    fit = RETRY_SLOTS * 3 // 4
     try:
         if full:
-            for o in range(RETRY_SLOTS * 3 // 4):
+            for o in range(fit):
                 cur.note_retry(n + o, 1)
-        slots = RETRY_SLOTS * 3 // 4 if not full else n
-        count = min(n, slots)
+        run = n if full else fit
         packed = b"".join(struct.pack("=I", 26 + BODY) + struct.pack(">qH", 1, 1)
-                          + log_message_id(0, o) + b"b" * BODY for o in range(count))
-        t0 = time.perf_counter()
-        cursors.note_retries(packed)
-        took = time.perf_counter() - t0
-        dropped = cur.retry_stats[2]
-        if full and dropped != count:
-            raise RuntimeError(f"{dropped} of {count} notes dropped over a full table")
-        return took / count
+                          + log_message_id(0, o) + b"b" * BODY for o in range(run))
+        took = 0.0
+        for _ in range(n // run):
+            t0 = time.perf_counter()
+            noted = cursors.note_retries(packed)
+            took += time.perf_counter() - t0
+            if noted != (0 if full else run):
+                raise RuntimeError(f"{noted} of {run} notes taken ({'full' if full else 'room'})")
+            if not full:
+                cur.set_retries(b"", 0)
+        return took / (n // run * run)
     finally:
         cur.close()
         os.unlink(f"/dev/shm/{name}")
