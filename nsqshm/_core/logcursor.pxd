@@ -58,7 +58,8 @@ cdef class Cursor:
     cdef int lock_depth               # this handle's holds of the mutex (lock() nests)
     cdef uint32_t slots               # the retry table's, as checked at attach / made
     cdef uint32_t compact_wait        # full-table notes left before compacting again
-    cdef uint64_t compact_confirmed   # the confirmed offset at the last vain compaction
+    cdef uint64_t compact_low         # the lowest live offset at the last vain compaction
+    cdef uint64_t compact_finishes    # finish_total then
     cdef readonly bint created        # this handle made the segment (Cursor.open)
 
     cdef int _map(self, int fd, size_t size) except -1
@@ -79,7 +80,7 @@ cdef class Cursor:
     cdef bint _done(self, uint64_t o) noexcept nogil
     cdef nsqshm_retry_slot *_retry_find(self, uint64_t o) noexcept nogil
     cdef int _retry_put(self, uint64_t o, uint32_t attempts, int64_t due_ms) noexcept nogil
-    cdef void _retry_compact(self) noexcept nogil
+    cdef uint64_t _retry_compact(self) noexcept nogil
     cdef void _retry_delete(self, uint32_t i) noexcept nogil
     cdef void _retry_clear(self) noexcept nogil
     cdef int _retry_rehash(self) except -1

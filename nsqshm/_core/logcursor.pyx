@@ -523,25 +523,28 @@ cdef class Cursor:
         cdef uint32_t slots = self.slots, i
         cdef nsqshm_retry_slot *t = self._retries()
         cdef nsqshm_retry_slot *e
+        cdef uint64_t low
         if slots == 0 or self._done(o):
             return 0
         e = self._retry_find(o)
         if e == NULL:
             if (h.retry_used + 1) * 4 > slots * 3:
                 # a compaction walks the whole table: after one that left it full of
-                # live entries, the next quarter of its size in notes that find it
-                # full do not walk it again, unless the confirmed offset moved (which
-                # makes the entries below it stale): each walk then pays for many
-                # notes, where a note per walk made a REQ storm over a full table
-                # cost a walk each (0.7 s for 50,000 notes, 4,096 slots)
-                if self.compact_wait and h.confirmed == self.compact_confirmed:
+                # live entries, the notes that find it full do not walk it again until
+                # some entry may be stale -- the confirmed offset passed the lowest live
+                # one, or slots / 64 messages were finished since -- or a quarter of its
+                # size in notes went by: each walk then pays for many notes, where a walk
+                # per note made a REQ storm over a full table cost ~14 us a note
+                if self.compact_wait and h.confirmed <= self.compact_low and \
+                        h.finish_total - self.compact_finishes < (slots >> 6 or 1):
                     self.compact_wait -= 1
                 else:
-                    self._retry_compact()
+                    low = self._retry_compact()
                     self.compact_wait = 0
                     if (h.retry_used + 1) * 4 > slots * 3:
                         self.compact_wait = slots >> 2
-                        self.compact_confirmed = h.confirmed
+                        self.compact_low = low
+                        self.compact_finishes = h.finish_total
                 if (h.retry_used + 1) * 4 > slots * 3:
                     h.retry_dropped += 1
                     return -1
@@ -555,17 +558,24 @@ cdef class Cursor:
         e.due_ms = due_ms
         return 1
 
-    cdef void _retry_compact(self) noexcept nogil:
+    cdef uint64_t _retry_compact(self) noexcept nogil:
         """Drop the stale entries (finished offsets), in place: each one's slot
         is emptied and the entries after it in its probe run shifted back
         (_retry_delete), so a holder killed midway leaves every live entry
-        findable (at worst one twice: a finder takes the first)."""
+        findable (at worst one twice: a finder takes the first).  -> the
+        lowest live offset (2**64 - 1: none)."""
         cdef uint32_t i = 0
+        cdef uint64_t low = 0xFFFFFFFFFFFFFFFF
+        cdef nsqshm_retry_slot *t
         while i < self.slots:
-            if self._retries()[i].key and self._done(self._retries()[i].key - 1):
+            t = &self._retries()[i]
+            if t.key and self._done(t.key - 1):
                 self._retry_delete(i)  # (slot i may hold a shifted entry now: look again)
             else:
+                if t.key and t.key - 1 < low:
+                    low = t.key - 1
                 i += 1
+        return low
 
     cdef void _retry_delete(self, uint32_t i) noexcept nogil:
         """Empty slot i of the linear-probing table, moving back each entry of

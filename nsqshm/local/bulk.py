@@ -68,6 +68,7 @@ class BulkConsumer:
         self.headers = headers
         self.columns.since_ns = since_ns
         self.held = 0
+        self._seek_held = False  # the last take met a seek's or a lane move's hold
         self.message_count = self.finish_count = self.requeue_count = 0
         self.closed = False
         self.arena.set_client_info(
@@ -124,7 +125,7 @@ class BulkConsumer:
                         self.ring.nudge()  # the owner refills the ring from disk or its logs
                     # paused: an unpause does not push, so look again now and then; a
                     # log channel: a lane made meanwhile is found at the next look
-                    cap = 0.1 if self.ring.paused else \
+                    cap = 0.1 if self.ring.paused or self._seek_held else \
                         LANE_LOOK if self.cursors is not None else remaining
                     sleep_on(rings, min(remaining, cap))
                 finally:
@@ -139,6 +140,7 @@ class BulkConsumer:
             self.ring.nudge()
         due = time.time_ns()  # no timeout: the due time only records when it was taken
         n = 0
+        self._seek_held = False
         self._drop_moved()
         start = self.columns.nbytes
         rings = [self.ring, *self.lanes.rings()]
@@ -150,6 +152,7 @@ class BulkConsumer:
                 self._drop_moved()
                 continue
             if got == -SEEK_HOLDS:  # (a seek under way: the next take looks again)
+                self._seek_held = True
                 break
             n += got
             del rings[0]

@@ -632,13 +632,16 @@ class Consumer:
                 parts = split_by_partition(packed, len(self._cursor_names))
                 packed = b"".join(records for index, records in enumerate(parts)
                                   if index not in moved)
-            # one below its cursor's confirmed offset is finished (held across a
-            # /channel/empty): it does not go out again
-            packed = self._cursors.unconfirmed(packed)
-            self._cursors.note_retries(packed)
-        for ring, records in self._lanes.split(packed, self.ring, self._cursors):
-            self._push_back(ring, records, now)
-        self._settle_moved(moved)
+        try:
+            if self._cursors is not None:
+                # one below its cursor's confirmed offset is finished (held across a
+                # /channel/empty): it does not go out again
+                packed = self._cursors.unconfirmed(packed)
+                self._cursors.note_retries(packed)
+            for ring, records in self._lanes.split(packed, self.ring, self._cursors):
+                self._push_back(ring, records, now)
+        finally:  # (find() will not name them again: the drop must happen whatever)
+            self._settle_moved(moved)
 
     def _push_back(self, ring, packed, now):
         view = memoryview(packed)

@@ -784,28 +784,30 @@ def test_a_full_retry_table_drops_stale_entries_first_then_new_notes(cursor_args
     cur.close()
 
 
-def test_a_full_table_is_walked_again_only_after_a_quarter_of_its_size_in_notes(cursor_args):
+def test_a_full_table_is_walked_again_only_once_an_entry_may_be_stale(cursor_args):
     """A compaction walks the whole table: one that finds nothing stale is not
     repeated for each note that finds it full (a REQ storm paid a walk per
-    REQ), but after slots / 4 such notes, or at once when the confirmed
-    offset moved."""
+    REQ), but once the confirmed offset passed the lowest live entry, or
+    slots / 64 messages were finished since, or after slots / 4 such notes."""
     name, ckpt = cursor_args
-    cur = Cursor.open(name, ckpt, 0, retry_slots=64)
-    for o in range(1, 49):                       # three quarters of 64; offset 0 unfinished
+    cur = Cursor.open(name, ckpt, 0, retry_slots=1024)
+    for o in range(1, 769):                      # three quarters of 1,024; offset 0 unfinished
         assert cur.note_retry(o, 1) == 1
-    assert cur.note_retry(49, 1) == -1           # a vain compaction: the next 16 wait
-    for o in range(1, 11):
-        cur.finish(o)                            # stale now, above confirmed 0
-    assert [cur.note_retry(o, 1) for o in range(50, 66)] == [-1] * 16
-    assert cur.note_retry(66, 1) == 1            # the 17th compacts: the ten went
-    assert cur.retry_stats == (64, 39, 17)
-    for o in range(67, 76):
-        assert cur.note_retry(o, 1) == 1         # full again, 48 live
-    assert cur.note_retry(76, 1) == -1           # a vain compaction: a wait again
-    for o in (0, *range(11, 21)):
-        cur.finish(o)                            # confirmed moves to 21: 11..20 stale
-    assert cur.note_retry(77, 1) == 1            # compacted at once, not after 16 notes
-    assert cur.retry_stats == (64, 39, 18)
+    assert cur.note_retry(2000, 1) == -1         # a vain compaction: the notes after it wait
+    for o in range(1, 16):
+        cur.finish(o)                            # 15 stale, above confirmed 0: fewer than 16
+    assert cur.note_retry(2001, 1) == -1         # (not walked: dropped though 15 are stale)
+    cur.finish(16)                               # the 16th finish since
+    assert cur.note_retry(2002, 1) == 1          # walked: the 16 went
+    assert cur.retry_stats == (1024, 753, 2)
+    for o in range(3000, 3015):
+        assert cur.note_retry(o, 1) == 1         # full again, 768 live
+    assert cur.note_retry(2003, 1) == -1         # a vain compaction, lowest live 17
+    assert [cur.note_retry(o, 1) for o in range(4000, 4255)] == [-1] * 255  # no finish
+    assert cur.note_retry(4255, 1) == -1         # the 256th walks (in vain: all live)
+    cur.finish(0)                                # confirmed 17: past the lowest live...
+    cur.finish(17)                               # ...18: offset 17's entry is stale
+    assert cur.note_retry(4256, 1) == 1          # walked at once
     cur.close()
 
 

@@ -1155,19 +1155,24 @@ class LogChannel(Channel):
         to the confirmed offset and keeps what was finished above it
         (Cursor.hold; use_lanes, which has the channel's lanes_version bumped
         once the cursors are held: announce_lanes)."""
-        for partition, offset in moves:
-            cursor = self.cursors[partition.index]
-            if offset is None:
-                cursor.hold()
-            else:
-                cursor.set(offset, hold=True)
+        held = []
         try:
+            for partition, offset in moves:
+                cursor = self.cursors[partition.index]
+                if offset is None:
+                    cursor.hold()
+                else:
+                    cursor.set(offset, hold=True)
+                held.append((partition, offset))
             if announce_lanes:
+                announce_lanes = False
                 self.ring.bump_lanes_version()
             self._drop_moved()
             self.nsqd.broadcast_change("channel_empty", self.topic.name, self.name)
         finally:
-            for partition, offset in moves:
+            if announce_lanes:  # (a hold failed: the lanes are made, consumers must look)
+                self.ring.bump_lanes_version()
+            for partition, offset in held:
                 cursor = self.cursors[partition.index]
                 cursor.release(cursor.confirmed if offset is None else offset)
         owners = {p.owner for p, _ in moves if not p.owned}
