@@ -370,9 +370,11 @@ cdef class Arena:
 
     # -- recovery (any process) -------------------------------------------------------------
 
-    def blocks(self):
+    def blocks(self, long long queue=-1, int64_t deferred_after=-1):
         """The messages held: a list of (offset, queue name, state, due_ns, message)
-        for every LIVE or DEFERRED block, in address order."""
+        for every LIVE or DEFERRED block, in address order; of one queue (its
+        index; -1: every queue); with deferred_after >= 0, only the DEFERRED
+        blocks due after it (wall ns)."""
         self._check()
         cdef uint64_t off = self.hdr.data_offset
         cdef uint64_t end = nsqshm_load_acquire(&self.hdr.bump)
@@ -383,7 +385,10 @@ cdef class Arena:
         while off + sizeof(nsqshm_arena_block) <= end:
             b = self._block(off, end)
             state = nsqshm_load32_acquire(&b.state)
-            if state == NSQSHM_BLOCK_LIVE or state == NSQSHM_BLOCK_DEFERRED:
+            if (state == NSQSHM_BLOCK_LIVE and deferred_after < 0 or
+                    state == NSQSHM_BLOCK_DEFERRED and
+                    (deferred_after < 0 or b.due_ns > deferred_after)) and \
+                    (queue < 0 or b.queue == <uint64_t>queue):
                 size = b.entry.size
                 if size > b.capacity - sizeof(nsqshm_arena_block):
                     raise ArenaError(f"arena {self.name!r}: block at {off} holds {size} bytes")

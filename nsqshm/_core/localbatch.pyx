@@ -1009,7 +1009,8 @@ ctypedef struct _Gathered:
     uint32_t size      # its message's, as sized for its group
 
 
-def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, lanes=b""):
+def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, lanes=b"",
+                 int64_t deferred_after=-1):
     """What a local consumer puts back (nsqshm/local/arenas.put_back), in one
     C pass over its arena's LIVE and DEFERRED blocks of `queue` (an index in
     the arena's table; -1: every queue):
@@ -1020,15 +1021,19 @@ def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, 
     cursor's confirmed offset is finished (a /channel/empty moved the cursor
     past it): freed here and counted.  The others are grouped by where they
     go back: `lanes` holds a byte per partition, 0 (no lane: the channel's
-    ring, GATHER_RING), 1 (its lane: the partition's index) or 2 (an ordered
+    ring, GATHER_RING), 1 (its lane: the partition's index), 2 (an ordered
     lane: only the partition's head, the message at the confirmed offset,
-    goes into it; the rest, GATHER_DROP, are read from the log again).
+    goes into it; the rest, GATHER_DROP, are read from the log again) or 3
+    (all of it GATHER_DROP: the broker's recovery of a dead local consumer's
+    copies from before their partition's move into an ordered lane).  With
+    deferred_after >= 0, a DEFERRED block due after it (wall ns) is left out
+    (the recovery defers those again, each with its due time).
     Each group: packed [u32 native size][message] records, and the native u64
     block offsets of those records in the same order (Arena.release_many),
     in address order; none of them is freed.  Without cursors every record
-    goes to the ring (lanes are for a log channel's records).  For the arena's owner (or the
-    recoverer of a dead one's): nothing else may change its blocks meanwhile.
-    No object per message."""
+    goes to the ring (lanes are for a log channel's records).  For the
+    arena's owner (or the recoverer of a dead one's): nothing else may change
+    its blocks meanwhile.  No object per message."""
     cdef uint64_t off, end, moff = 0, confirmed = 0
     cdef nsqshm_arena_block *b
     cdef uint32_t state, size
@@ -1066,6 +1071,9 @@ def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, 
                 continue
             if queue >= 0 and b.queue != <uint64_t>queue:
                 continue
+            if deferred_after >= 0 and state == NSQSHM_BLOCK_DEFERRED and \
+                    b.due_ns > deferred_after:
+                continue
             size = b.entry.size
             if size < MSG_HEADER_SIZE or size > b.capacity - BLOCK_HEADER:
                 raise ValueError(f"arena {arena.name!r}: block at "
@@ -1081,6 +1089,8 @@ def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, 
                 d = part
             elif 0 <= part < nlanes and kind[part] == 2:
                 d = part if moff == confirmed else nlanes + 1
+            elif 0 <= part < nlanes and kind[part] == 3:
+                d = nlanes + 1
             else:
                 d = nlanes
             if n == cap:

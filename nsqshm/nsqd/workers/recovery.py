@@ -26,8 +26,8 @@ worker now owns the topic, they go into the topic at once.
 import os
 import time
 
-from nsqshm._core.arena import DEFERRED, Arena, ArenaError
-from nsqshm._core.logcursor import decode_message_id
+from nsqshm._core.arena import Arena, ArenaError
+from nsqshm._core.localbatch import GATHER_RING, arena_gather
 from nsqshm._core.ring import Ring
 from nsqshm.nsqd import overflow
 from nsqshm.nsqd.local import clients as local_clients
@@ -95,29 +95,15 @@ def recover_arena(nsqd, name):
         _unsubscribe(arena, own)
         # a local consumer's: the ordered lanes it took from (None: every copy goes back)
         marked = arena.ordered_lanes() if own is not None else None
-        ordered = {}  # channel -> its partitions with an ordered lane
-        moved = dropped = stale = 0
+        counts = {"moved": 0, "dropped": 0, "stale": 0, "finished": 0}
         now_wall = time.time_ns()
-        for offset, queue, state, due_wall, msg in arena.blocks():
-            topic_name, _, channel_name = queue.partition(":")
-            topic = nsqd.topics.get(topic_name)
-            channel = topic.channels.get(channel_name) if topic is not None else None
-            if topic is not None and channel_name == "":  # a DPUB before any channel
-                topic.defer_waiting(msg, time.monotonic_ns() + max(0, due_wall - now_wall))
-                moved += 1
-            elif channel is None:
-                dropped += 1
-            elif marked is not None and _taken_before_its_lane(channel, msg, marked, ordered):
-                stale += 1
-            elif state == DEFERRED and due_wall > now_wall:
-                channel.defer(msg, (due_wall - now_wall) / 1e9)
-                moved += 1
-            else:
-                channel.put_records(len(msg).to_bytes(4, "little") + msg)
-                moved += 1
-            arena.release(offset)
+        for queue in sorted(arena.queues_held()):
+            _recover_queue(nsqd, arena, queue, marked, now_wall, counts)
+        moved, dropped, stale, finished = (counts[k] for k in ("moved", "dropped", "stale",
+                                                                 "finished"))
         nsqd.logf("info", f"RECOVERY: {moved} messages held by {label or name} (pid {pid}) put "
                           f"back" + (f", {dropped} of deleted channels dropped" if dropped else "")
+                  + (f", {finished} finished meanwhile dropped" if finished else "")
                   + (f", {stale} taken before their partition's move into an ordered lane "
                      f"left to the lane" if stale else ""))
         if own is not None:  # (a local consumer may have died between its FIN and its nudge)
@@ -128,24 +114,58 @@ def recover_arena(nsqd, name):
         arena.close()
 
 
-def _taken_before_its_lane(channel, msg, marked, ordered):
-    """Whether msg is a dead local consumer's copy of a log message whose
-    partition has an ordered lane the consumer never attached (`marked`:
-    Arena.ordered_lanes): it took the copy before the partition's move into
-    the lane, which rewound the partition to its confirmed offset and
-    delivers from there again, one at a time (LogChannel.use_lanes).  Put
-    back, a copy of the head would go out a second time beside the lane's
-    own (CursorSet.heads_only cannot tell them apart); so it stays out.  A
-    head it took from the lane itself does go back.  `ordered` caches each
-    channel's partitions with an ordered lane."""
-    partitions = ordered.get(channel)
-    if partitions is None:
-        lanes = getattr(channel, "ordered_lane_partitions", None)  # (a log channel's)
-        partitions = ordered[channel] = lanes() if lanes is not None else frozenset()
-    if not partitions:
-        return False
-    where = decode_message_id(msg[10:26])  # [8 timestamp][2 attempts][16 ID]
-    return where is not None and where[0] in partitions and where[0] not in marked
+def _recover_queue(nsqd, arena, queue, marked, now_wall, counts):
+    """Put back what `arena` holds of one queue ("topic:channel"): the deferred
+    messages not due yet one by one (each with its due time: there are few),
+    the rest in one batch gathered in C (localbatch.arena_gather), each block
+    freed only once its message is stored again."""
+    index = arena.find_queue(queue)
+    topic_name, _, channel_name = queue.partition(":")
+    topic = nsqd.topics.get(topic_name)
+    channel = topic.channels.get(channel_name) if topic is not None else None
+    if topic is not None and channel_name == "":  # DPUBs before any channel
+        for offset, _, _, due_wall, msg in arena.blocks(index):
+            topic.defer_waiting(msg, time.monotonic_ns() + max(0, due_wall - now_wall))
+            arena.release(offset)
+            counts["moved"] += 1
+        return
+    if channel is None:  # deleted meanwhile: its messages go with it, as in nsqd
+        for _, _, offsets in arena_gather(arena, index)[1]:
+            counts["dropped"] += arena.release_many(offsets)
+        return
+    for offset, _, _, due_wall, msg in arena.blocks(index, now_wall):
+        channel.defer(msg, (due_wall - now_wall) / 1e9)
+        arena.release(offset)
+        counts["moved"] += 1
+    cursors = getattr(channel, "cursors", None)  # (a log channel's)
+    finished, groups = arena_gather(arena, index, cursors, _lanes_left_out(channel, marked),
+                                    now_wall)
+    counts["finished"] += finished
+    for dest, packed, offsets in groups:
+        if dest == GATHER_RING:
+            channel.put_records(packed)
+            counts["moved"] += arena.release_many(offsets)
+        else:  # GATHER_DROP: _lanes_left_out's
+            counts["stale"] += arena.release_many(offsets)
+
+
+def _lanes_left_out(channel, marked):
+    """arena_gather's lanes for a dead local consumer's copies (`marked`:
+    Arena.ordered_lanes, None for another arena): 3, left out, for each
+    partition with an ordered lane the consumer never attached.  It took its
+    copies of those before the partition's move into the lane, which rewound
+    the partition to its confirmed offset and delivers from there again, one
+    at a time (LogChannel.use_lanes).  Put back, a copy of the head would go
+    out a second time beside the lane's own (CursorSet.heads_only cannot tell
+    them apart).  A head it took from the lane itself does go back."""
+    lanes = getattr(channel, "ordered_lane_partitions", None)  # (a log channel's)
+    if marked is None or lanes is None:
+        return b""
+    kinds = bytearray(len(channel.topic.partitions))
+    for index in lanes():
+        if index not in marked:
+            kinds[index] = 3
+    return bytes(kinds)
 
 
 def _own_channel(nsqd, arena):

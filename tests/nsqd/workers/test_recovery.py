@@ -2,14 +2,18 @@
 (nsqshm/nsqd/local/watch.py) and the arena of a worker that is gone."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
+
+import pytest
 
 from nsqshm import protocol as p
 from tests.nsqd.conftest import wait_for
-from tests.nsqd.workers.test_workers import Client
+from tests.nsqd.workers.test_workers import Client, client_on_worker, worker_of_pid, workers
 
 # A stand-in for a local consumer: it takes messages from the channel ring
 # into its own arena under the broker's prefix, reports, and waits to be killed.
@@ -77,3 +81,54 @@ def test_dpub_before_any_channel_survives_a_kill(tmp_path, nsqd_factory):
     consumer.response()
     consumer.send(p.rdy(1))
     assert consumer.message().body == b"waiting"
+
+
+def test_a_killed_workers_held_and_deferred_messages_of_two_kinds_of_channel(nsqd_factory):
+    """A worker is SIGKILLed holding messages of a log channel and of a classic one:
+    some in flight, some REQ'd with a delay (deferred in its arena), some finished.
+    Its replacement puts them back a queue at a time (recovery._recover_queue: the
+    in-flight ones gathered in C and put back in one batch, each deferred one with
+    its due time): the in-flight ones come again at once, the deferred ones only
+    when due, the finished ones never."""
+    server = nsqd_factory("--workers=2")
+    assert server.post("/topic/create?topic=lg&partition_num=1")[0] == 200
+    holders = {}
+    for topic in ("lg", "cl"):
+        holders[topic] = client_on_worker(server, 0, topic, "ch")
+        body = b"\n".join(b"%s%02d" % (topic.encode(), i) for i in range(12))
+        assert server.post(f"/mpub?topic={topic}", body)[0] == 200
+    held = {}
+    reqs_at = time.monotonic()  # (before any REQ: each is due 4 s after it, or later)
+    for topic, c in holders.items():
+        c.send(p.rdy(100))
+        held[topic] = sorted((c.message() for _ in range(12)), key=lambda m: m.body)
+        for m in held[topic][:3]:
+            c.send(p.fin(m.id))
+        for m in held[topic][3:7]:
+            c.send(p.req(m.id, 4000))  # deferred 4 s, in the worker's arena
+        c.send(p.nop())
+    for topic in holders:  # (the worker has taken the FINs and REQs)
+        wait_for(lambda t=topic: _channel(server, t)["deferred_count"] == 4, timeout=10)
+    killed = worker_of_pid(server, 0)
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: len(workers(server)) == 2 and killed not in workers(server), timeout=15)
+    wait_for(lambda: any("RECOVERY: 18 messages" in line for line in server.lines), timeout=15)
+    for topic in holders:
+        again = Client(server)
+        again.send(p.sub(topic, "ch"))
+        assert again.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+        again.send(p.rdy(100))
+        now = sorted(again.message().body for _ in range(5))  # the in-flight ones
+        assert now == [m.body for m in held[topic][7:]]
+        later = sorted(again.message().body for _ in range(4))  # the deferred ones
+        assert time.monotonic() - reqs_at >= 4, topic  # (when due, not at the recovery)
+        assert later == [m.body for m in held[topic][3:7]]
+        again.sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # the finished ones never
+            again.message()
+        again.close()
+
+
+def _channel(server, topic):
+    entry = next(t for t in stats(server)["topics"] if t["topic_name"] == topic)
+    return entry["channels"][0]
