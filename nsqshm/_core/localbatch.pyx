@@ -1010,7 +1010,8 @@ ctypedef struct _Gathered:
 
 
 def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, lanes=b"",
-                 int64_t deferred_after=-1):
+                 int64_t deferred_after=-1, blocks=None, Py_ssize_t first=0,
+                 Py_ssize_t count=-1):
     """What a local consumer puts back (nsqshm/local/arenas.put_back), in one
     C pass over its arena's LIVE and DEFERRED blocks of `queue` (an index in
     the arena's table; -1: every queue):
@@ -1027,7 +1028,10 @@ def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, 
     (all of it GATHER_DROP: the broker's recovery of a dead local consumer's
     copies from before their partition's move into an ordered lane).  With
     deferred_after >= 0, a DEFERRED block due after it (wall ns) is left out
-    (the recovery defers those again, each with its due time).
+    (the recovery defers those again, each with its due time).  With
+    `blocks` (native u64 block offsets, as Arena.blocks_by_queue gives them),
+    only the `count` (-1: all) from index `first` are looked at, not the whole
+    arena: the recovery takes a queue at a time, a bounded batch at a time.
     Each group: packed [u32 native size][message] records, and the native u64
     block offsets of those records in the same order (Arena.release_many),
     in address order; none of them is freed.  Without cursors every record
@@ -1048,8 +1052,28 @@ def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, 
     cdef Py_ssize_t *count_of = NULL
     cdef char **packs = NULL
     cdef uint64_t **offs = NULL
+    cdef Py_buffer given
+    cdef const uint64_t *given_offs = NULL
+    cdef Py_ssize_t gi = 0, gn = 0
     arena._check()
-    PyObject_GetBuffer(lanes, &kinds, PyBUF_SIMPLE)
+    if blocks is not None:
+        PyObject_GetBuffer(blocks, &given, PyBUF_SIMPLE)
+        gn = given.len // 8
+        if count < 0:
+            count = gn - first
+        if given.len % 8 or first < 0 or first + count > gn:
+            PyBuffer_Release(&given)
+            raise ValueError(f"blocks [{first}, {first} + {count}) outside a buffer of "
+                             f"{given.len} bytes")
+        given_offs = <const uint64_t *>given.buf
+        gi = first
+        gn = first + count
+    try:
+        PyObject_GetBuffer(lanes, &kinds, PyBUF_SIMPLE)
+    except BaseException:
+        if given_offs != NULL:
+            PyBuffer_Release(&given)
+        raise
     try:
         kind = <const unsigned char *>kinds.buf
         nlanes = kinds.len if cursors is not None else 0
@@ -1063,9 +1087,16 @@ def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, 
         off = arena.hdr.data_offset
         end = nsqshm_load_acquire(&arena.hdr.bump)
         while True:  # where each goes, and the size of each group
-            b = _next_block(arena, &off, end)
-            if b == NULL:
-                break
+            if given_offs != NULL:
+                if gi >= gn:
+                    break
+                arena._check_block_offset(given_offs[gi])
+                b = _block_at(arena, given_offs[gi], end)
+                gi += 1
+            else:
+                b = _next_block(arena, &off, end)
+                if b == NULL:
+                    break
             state = nsqshm_load32_acquire(&b.state)
             if state != NSQSHM_BLOCK_LIVE and state != NSQSHM_BLOCK_DEFERRED:
                 continue
@@ -1127,6 +1158,8 @@ def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, 
         return finished, out
     finally:
         PyBuffer_Release(&kinds)
+        if given_offs != NULL:
+            PyBuffer_Release(&given)
         free(taken)
         free(bytes_of)
         free(count_of)

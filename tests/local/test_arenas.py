@@ -148,3 +148,29 @@ def test_release_many_checks_first_and_frees_once(arena):
     assert arena.release_many(buf) == 2  # (two were free already)
     assert arena.live_blocks == 0
     assert arena.queues_held() == set()
+
+
+def test_blocks_by_queue_and_a_gather_of_given_blocks(arena, cursors):
+    """The recovery's way through an arena: the block offsets of each queue in
+    one walk, then a gather of a slice of them; a deferred block due later is
+    left out (deferred_after), as is another queue's."""
+    hold(arena, [message(0, i) for i in range(3, 8)])
+    hold(arena, [message(1, i) for i in range(4)], queue="lt:other")
+    by_queue = arena.blocks_by_queue()
+    assert sorted(by_queue) == [arena.find_queue(QUEUE), arena.find_queue("lt:other")]
+    mine = by_queue[arena.find_queue(QUEUE)]
+    assert len(mine) == 5 * 8
+    offs = struct.unpack("=5Q", mine)
+    assert list(offs) == sorted(offs)
+    finished, groups = arena_gather(arena, arena.find_queue(QUEUE), cursors, b"", -1, mine, 1, 3)
+    assert finished == 0
+    assert [(d, records(p), list(struct.unpack("=3Q", o))) for d, p, o in groups] == [
+        (GATHER_RING, [message(0, i) for i in range(4, 7)], list(offs[1:4]))]
+    with pytest.raises(ValueError, match="outside a buffer"):
+        arena_gather(arena, 0, None, b"", -1, mine, 4, 2)
+    with pytest.raises(ValueError, match="outside"):
+        arena_gather(arena, 0, None, b"", -1, struct.pack("=Q", offs[0] + 8))
+    # kind 3: every record of the partition left out
+    _, groups = arena_gather(arena, arena.find_queue(QUEUE), cursors, bytes([3]))
+    assert [(d, len(records(p))) for d, p, _ in groups] == [(GATHER_DROP, 5)]
+    assert arena.live_blocks == 9  # (nothing freed: nothing was below a confirmed offset)

@@ -97,8 +97,17 @@ def recover_arena(nsqd, name):
         marked = arena.ordered_lanes() if own is not None else None
         counts = {"moved": 0, "dropped": 0, "stale": 0, "finished": 0}
         now_wall = time.time_ns()
-        for queue in sorted(arena.queues_held()):
-            _recover_queue(nsqd, arena, queue, marked, now_wall, counts)
+        channels = {}  # queue name -> (topic, channel), as found once
+        for offset, queue, _, due_wall, msg in arena.blocks(-1, now_wall):
+            _defer_again(nsqd, arena, offset, _channel_of(nsqd, queue, channels), due_wall,
+                         now_wall, msg, counts)
+        for index, offsets in sorted(arena.blocks_by_queue().items()):
+            try:
+                queue = arena.queue_name(index)
+            except (IndexError, ArenaError):
+                queue = ""  # (a block of no queue: of no channel, dropped)
+            _recover_queue(nsqd, arena, index, offsets, _channel_of(nsqd, queue, channels),
+                           marked, now_wall, counts)
         moved, dropped, stale, finished = (counts[k] for k in ("moved", "dropped", "stale",
                                                                  "finished"))
         nsqd.logf("info", f"RECOVERY: {moved} messages held by {label or name} (pid {pid}) put "
@@ -114,39 +123,68 @@ def recover_arena(nsqd, name):
         arena.close()
 
 
-def _recover_queue(nsqd, arena, queue, marked, now_wall, counts):
-    """Put back what `arena` holds of one queue ("topic:channel"): the deferred
-    messages not due yet one by one (each with its due time: there are few),
-    the rest in one batch gathered in C (localbatch.arena_gather), each block
-    freed only once its message is stored again."""
-    index = arena.find_queue(queue)
-    topic_name, _, channel_name = queue.partition(":")
-    topic = nsqd.topics.get(topic_name)
-    channel = topic.channels.get(channel_name) if topic is not None else None
-    if topic is not None and channel_name == "":  # DPUBs before any channel
-        for offset, _, _, due_wall, msg in arena.blocks(index):
-            topic.defer_waiting(msg, time.monotonic_ns() + max(0, due_wall - now_wall))
-            arena.release(offset)
-            counts["moved"] += 1
-        return
-    if channel is None:  # deleted meanwhile: its messages go with it, as in nsqd
-        for _, _, offsets in arena_gather(arena, index)[1]:
-            counts["dropped"] += arena.release_many(offsets)
-        return
-    for offset, _, _, due_wall, msg in arena.blocks(index, now_wall):
+RECOVERY_BATCH = 16384  # blocks put back per call: bounded memory, and a death repeats few
+
+
+def _channel_of(nsqd, queue, found):
+    """(topic, channel) of a queue name: (None, the channel) for "topic:channel",
+    (the topic, None) for "topic:" (a DPUB before any channel); None for what
+    is gone (its messages go with it, as in nsqd).  `found` caches them."""
+    pair = found.get(queue)
+    if pair is None:
+        topic_name, _, channel_name = queue.partition(":")
+        topic = nsqd.topics.get(topic_name)
+        if channel_name:
+            pair = (None, topic.channels.get(channel_name) if topic is not None else None)
+        else:
+            pair = (topic, None)
+        found[queue] = pair
+    return pair
+
+
+def _defer_again(nsqd, arena, offset, pair, due_wall, now_wall, msg, counts):
+    """A deferred message not due yet: deferred here with its due time, then freed."""
+    topic, channel = pair
+    if channel is not None:
         channel.defer(msg, (due_wall - now_wall) / 1e9)
-        arena.release(offset)
         counts["moved"] += 1
+    elif topic is not None:  # a DPUB before any channel
+        topic.defer_waiting(msg, time.monotonic_ns() + max(0, due_wall - now_wall))
+        counts["moved"] += 1
+    else:
+        counts["dropped"] += 1
+    arena.release(offset)
+
+
+def _recover_queue(nsqd, arena, index, offsets, pair, marked, now_wall, counts):
+    """Put back what `arena` holds of one queue (its block offsets, from
+    Arena.blocks_by_queue) but the deferred messages not due yet
+    (_defer_again): gathered in C (localbatch.arena_gather), RECOVERY_BATCH
+    blocks at a time, each batch put back in one call and its blocks freed
+    only once it is stored again."""
+    topic, channel = pair
+    if channel is None:
+        if topic is not None:  # DPUBs before any channel (the due ones: at once)
+            for offset, _, _, due_wall, msg in arena.blocks(index):
+                _defer_again(nsqd, arena, offset, pair, due_wall, now_wall, msg, counts)
+            return
+        for first in range(0, len(offsets) // 8, RECOVERY_BATCH):  # deleted: gone with it
+            for _, _, freed in arena_gather(arena, index, None, b"", now_wall, offsets, first,
+                                            min(RECOVERY_BATCH, len(offsets) // 8 - first))[1]:
+                counts["dropped"] += arena.release_many(freed)
+        return
     cursors = getattr(channel, "cursors", None)  # (a log channel's)
-    finished, groups = arena_gather(arena, index, cursors, _lanes_left_out(channel, marked),
-                                    now_wall)
-    counts["finished"] += finished
-    for dest, packed, offsets in groups:
-        if dest == GATHER_RING:
-            channel.put_records(packed)
-            counts["moved"] += arena.release_many(offsets)
-        else:  # GATHER_DROP: _lanes_left_out's
-            counts["stale"] += arena.release_many(offsets)
+    lanes = _lanes_left_out(channel, marked)
+    for first in range(0, len(offsets) // 8, RECOVERY_BATCH):
+        finished, groups = arena_gather(arena, index, cursors, lanes, now_wall, offsets, first,
+                                        min(RECOVERY_BATCH, len(offsets) // 8 - first))
+        counts["finished"] += finished
+        for dest, packed, freed in groups:
+            if dest == GATHER_RING:
+                channel.put_records(packed)
+                counts["moved"] += arena.release_many(freed)
+            else:  # GATHER_DROP: _lanes_left_out's
+                counts["stale"] += arena.release_many(freed)
 
 
 def _lanes_left_out(channel, marked):

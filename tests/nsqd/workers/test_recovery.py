@@ -87,9 +87,9 @@ def test_a_killed_workers_held_and_deferred_messages_of_two_kinds_of_channel(nsq
     """A worker is SIGKILLed holding messages of a log channel and of a classic one:
     some in flight, some REQ'd with a delay (deferred in its arena), some finished.
     Its replacement puts them back a queue at a time (recovery._recover_queue: the
-    in-flight ones gathered in C and put back in one batch, each deferred one with
-    its due time): the in-flight ones come again at once, the deferred ones only
-    when due, the finished ones never."""
+    in-flight ones gathered in C and put back in batches, each deferred one with its
+    due time): the in-flight ones come again at once as their 2nd delivery, the
+    deferred ones only when due, the finished ones never."""
     server = nsqd_factory("--workers=2")
     assert server.post("/topic/create?topic=lg&partition_num=1")[0] == 200
     holders = {}
@@ -98,30 +98,34 @@ def test_a_killed_workers_held_and_deferred_messages_of_two_kinds_of_channel(nsq
         body = b"\n".join(b"%s%02d" % (topic.encode(), i) for i in range(12))
         assert server.post(f"/mpub?topic={topic}", body)[0] == 200
     held = {}
-    reqs_at = time.monotonic()  # (before any REQ: each is due 4 s after it, or later)
+    reqs_at = time.monotonic()  # (before any REQ: each is due 10 s after it, or later)
     for topic, c in holders.items():
         c.send(p.rdy(100))
         held[topic] = sorted((c.message() for _ in range(12)), key=lambda m: m.body)
         for m in held[topic][:3]:
             c.send(p.fin(m.id))
         for m in held[topic][3:7]:
-            c.send(p.req(m.id, 4000))  # deferred 4 s, in the worker's arena
+            c.send(p.req(m.id, 10_000))  # deferred 10 s, in the worker's arena
         c.send(p.nop())
     for topic in holders:  # (the worker has taken the FINs and REQs)
-        wait_for(lambda t=topic: _channel(server, t)["deferred_count"] == 4, timeout=10)
+        assert wait_for(lambda t=topic: _channel(server, t)["deferred_count"] == 4, timeout=10)
     killed = worker_of_pid(server, 0)
     os.kill(killed, signal.SIGKILL)
-    wait_for(lambda: len(workers(server)) == 2 and killed not in workers(server), timeout=15)
-    wait_for(lambda: any("RECOVERY: 18 messages" in line for line in server.lines), timeout=15)
+    assert wait_for(lambda: len(workers(server)) == 2 and killed not in workers(server),
+                    timeout=15)
+    assert wait_for(lambda: any("RECOVERY: 18 messages" in line for line in server.lines),
+                    timeout=15), "".join(server.lines[-20:])
+    assert time.monotonic() - reqs_at < 9, "recovered too late for the test to tell"
     for topic in holders:
-        again = Client(server)
+        again = Client(server, timeout=15)
         again.send(p.sub(topic, "ch"))
         assert again.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
         again.send(p.rdy(100))
-        now = sorted(again.message().body for _ in range(5))  # the in-flight ones
-        assert now == [m.body for m in held[topic][7:]]
+        now = sorted((again.message() for _ in range(5)), key=lambda m: m.body)
+        assert [m.body for m in now] == [m.body for m in held[topic][7:]]  # in flight
+        assert {m.attempts for m in now} == {2}
         later = sorted(again.message().body for _ in range(4))  # the deferred ones
-        assert time.monotonic() - reqs_at >= 4, topic  # (when due, not at the recovery)
+        assert time.monotonic() - reqs_at >= 10, topic  # (when due, not at the recovery)
         assert later == [m.body for m in held[topic][3:7]]
         again.sock.settimeout(0.5)
         with pytest.raises(TimeoutError):  # the finished ones never
