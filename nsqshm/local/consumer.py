@@ -303,7 +303,7 @@ class Consumer:
         of one then fails as of one not in flight).  Then the arena notes
         that it took them from their lanes since: the broker's recovery of
         this consumer's arena puts a head back into an ordered lane only if
-        it came from it (recovery._taken_before_its_lane).  -> those
+        it came from it (recovery._lanes_left_out).  -> those
         partitions."""
         moved = self._lanes.find()
         self._settle_moved(moved)

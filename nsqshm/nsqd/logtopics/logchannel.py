@@ -196,7 +196,7 @@ class LogChannel(Channel):
         # sees it looks again (nsqshm/local/lanes.py) and drops what it holds of a
         # partition now ordered, and until the release it takes nothing from a ring
         # (CursorSet.seek_state), so nothing from before the move reaches it after its
-        # look (and its arena's mark of the lane: recovery._taken_before_its_lane)
+        # look (and its arena's mark of the lane: recovery._lanes_left_out)
         self._move([(self.topic.partitions[i], None) for i in todo], announce_lanes=True)
         if ordered:  # every worker now delivers from the ordered lane: the old one goes
             for index in todo:
