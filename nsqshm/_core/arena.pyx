@@ -463,25 +463,6 @@ cdef class Arena:
             free(filled)
             free(fill)
 
-    def queues_held(self):
-        """The names of the queues some LIVE or DEFERRED block is of: one C
-        walk, an object per queue, not per message."""
-        self._check()
-        cdef uint64_t off = self.hdr.data_offset
-        cdef uint64_t end = nsqshm_load_acquire(&self.hdr.bump)
-        cdef nsqshm_arena_block *b
-        cdef uint32_t state, last = 0xFFFFFFFF
-        seen = set()
-        while off + sizeof(nsqshm_arena_block) <= end:
-            b = self._block(off, end)
-            state = nsqshm_load32_acquire(&b.state)
-            if (state == NSQSHM_BLOCK_LIVE or state == NSQSHM_BLOCK_DEFERRED) and \
-                    b.queue != last:
-                last = b.queue
-                seen.add(last)
-            off += b.capacity
-        return {self.queue_name(q) for q in seen}
-
     def release(self, uint64_t offset):
         """Free the block at `offset` once its message is stored elsewhere:
         True if this call freed it (a compare-and-swap, so two recoverers

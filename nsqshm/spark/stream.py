@@ -302,7 +302,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             if arena.owner_alive() and arena.owner_pid != self.owner:
                 return 0  # another application's, alive: not ours to move
-            for queue in arena.queues_held():
+            for queue in {arena.queue_name(q) for q in arena.blocks_by_queue()}:
                 topic, _, channel = queue.partition(":")
                 ring = self.broker.attach(self.broker.channel_ring_name(topic, channel))
                 try:

@@ -147,7 +147,7 @@ def test_release_many_checks_first_and_frees_once(arena):
     assert arena.release_many(buf, 1, 2) == 2
     assert arena.release_many(buf) == 2  # (two were free already)
     assert arena.live_blocks == 0
-    assert arena.queues_held() == set()
+    assert arena.blocks_by_queue() == {}
 
 
 def test_blocks_by_queue_and_a_gather_of_given_blocks(arena, cursors):
