@@ -1,7 +1,7 @@
 """Replicated publish (issue 17) against a standalone log topic, in the same run:
 
     nsqshm bench replication [--runs 3] [--seconds 3] [--size 200] [--batch 20]
-                             [--connections 4] [--workers 1] [--out bench]
+                             [--connections 4,16] [--workers 1] [--out bench]
     python -m nsqshm.bench.replication ...   (the same, printed; --json)
 
 Starts a real etcd (Debian's etcd-server) on 127.0.0.1, an nsqlookupd and three nsqd
@@ -9,10 +9,12 @@ in cluster mode on distinct loopback addresses (127.0.0.2-4, as three hosts with
 network namespaces: needs no root), and one standalone nsqd.  For replicator 1, 2 and
 3 it creates a one-partition topic through the nsqlookupd, finds its leader with
 `/lookup?access=w` and publishes to it; then to a one-partition log topic of the
-standalone nsqd.  Each case: --connections clients, each sending `MPUB <topic> 0`
-batches of --batch messages one after the other (each waits for its OK) for
---seconds.  Prints msg/s and the p50/p99 latency of a batch (send to OK), with the
-ratios to replicator 1 and to the standalone log topic.
+standalone nsqd.  Each case: N clients, each sending `MPUB <topic> 0` batches of
+--batch messages one after the other (each waits for its OK) for --seconds, for each
+N of --connections (4: a light load, where a batch's round trip to the followers sets
+the rate; 16: enough PUBs at once to keep a pipelined sender's frames on the wire).
+Prints msg/s and the p50/p99 latency of a batch (send to OK), with the ratios to
+replicator 1 and to the standalone log topic, per load.
 """
 
 import argparse
@@ -117,8 +119,8 @@ def mpub_frame(topic, batch, size):
     return b"MPUB %s 0\n" % topic.encode() + struct.pack(">I", len(msgs)) + msgs
 
 
-def load(address, topic, args):
-    """--connections clients for --seconds: (msg/s, latencies of every batch)."""
+def load(address, topic, args, connections):
+    """`connections` clients for --seconds: (msg/s, latencies of every batch)."""
     frame = mpub_frame(topic, args.batch, args.size)
     latencies, counts, errors = [], [], []
     start_at = time.monotonic() + 0.2
@@ -145,7 +147,7 @@ def load(address, topic, args):
         latencies.extend(mine)
         counts.append(n)
 
-    threads = [threading.Thread(target=client) for _ in range(args.connections)]
+    threads = [threading.Thread(target=client) for _ in range(connections)]
     for t in threads:
         t.start()
     for t in threads:
@@ -175,13 +177,24 @@ def add_arguments(ap):
     ap.add_argument("--seconds", type=float, default=3.0, help="each case's length")
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--batch", type=int, default=20, help="messages per MPUB")
-    ap.add_argument("--connections", type=int, default=4)
+    ap.add_argument("--connections", type=_loads, default=[4, 16],
+                    help="comma-separated numbers of publishing connections, a load each")
     ap.add_argument("--workers", type=int, default=1, help="workers per nsqd")
+
+
+def _loads(text):
+    try:
+        loads = [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not loads or min(loads) < 1:
+        raise argparse.ArgumentTypeError(f"each load needs a connection or more: {text!r}")
+    return loads
 
 
 def measure(args):
     """One round: the standalone log topic, then replicator 1, 2 and 3, each on a
-    fresh cluster's topic: {case: row}."""
+    fresh cluster's topic, each at every load: {"<connections>": {case: row}}."""
     data = tempfile.mkdtemp(prefix="nsqshm-bench-repl-")
     procs, targets = [], []
     try:
@@ -201,17 +214,23 @@ def measure(args):
         status, body = post(f"http://{host}:{port}/topic/create?topic=solo&partition_num=1")
         if status != 200:
             raise RuntimeError(f"standalone log topic: {status} {body!r}")
-        results = {"standalone": load(standalone.tcp, "solo", args)}
+        results = {c: {"standalone": load(standalone.tcp, "solo", args, c)}
+                   for c in args.connections}
         isr_sizes = {}
-        session = EtcdSession(endpoint, ttl=10).start()
-        topology = Topology(session, "nsq-test-cluster")
         for r in (1, 2, 3):
             leader = create_replicated(lookupd_http, f"rep{r}", r)
-            results[f"replicator {r}"] = load(leader, f"rep{r}", args)
+            for c in args.connections:
+                results[c][f"replicator {r}"] = load(leader, f"rep{r}", args, c)
             # a follower dropped from the ISR meanwhile: the figure would then not be
-            # replicated publishing any more (printed, so a reader sees it)
-            isr_sizes[f"replicator {r}"] = len(topology.partition(f"rep{r}", 0).replicas.isr)
-        session.close()
+            # replicated publishing any more (printed, so a reader sees it).  A session
+            # per read: the load's threads block this process's gevent hub, which
+            # would keep a longer one's lease alive
+            session = EtcdSession(endpoint, ttl=10).start()
+            try:
+                isr = Topology(session, "nsq-test-cluster").partition(f"rep{r}", 0).replicas.isr
+            finally:
+                session.close()
+            isr_sizes[f"replicator {r}"] = len(isr)
     finally:
         for t in targets:
             t.close()
@@ -219,6 +238,10 @@ def measure(args):
             p.kill()
             p.wait()
         shutil.rmtree(data, ignore_errors=True)
+    return {str(c): _rows(cases, isr_sizes) for c, cases in results.items()}
+
+
+def _rows(results, isr_sizes):
     base, one = results["standalone"][0], results["replicator 1"][0]
     return {name: {"msgs_per_s": rate, "p50_ms": pct(lat, 0.5) * 1e3,
                    "p99_ms": pct(lat, 0.99) * 1e3, "ratio_to_replicator_1": rate / one,
@@ -227,26 +250,34 @@ def measure(args):
 
 
 def combine(rounds):
-    """Per case, the medians of the rounds (ratios: the median of each round's own);
-    the ISR at the end: the smallest seen."""
+    """Per load and case, the medians of the rounds (ratios: the median of each
+    round's own); the ISR at the end: the smallest seen."""
     out = {}
-    for name in rounds[0]:
-        rows = [r[name] for r in rounds]
-        out[name] = {**medians(rows), "isr_at_end": min(r["isr_at_end"] for r in rows)}
+    for c in rounds[0]:
+        out[c] = {}
+        for name in rounds[0][c]:
+            rows = [r[c][name] for r in rounds]
+            out[c][name] = {**medians(rows), "isr_at_end": min(r["isr_at_end"] for r in rows)}
     return out
+
+
+def _params(a, rounds):
+    return {"batch": a.batch, "size": a.size, "connections": a.connections,
+            "seconds": a.seconds, "workers": a.workers, "rounds": rounds}
 
 
 def lines(res):
     p = res["params"]
-    out = [f"MPUB of {p['batch']} x {p['size']} B, {p['connections']} connections, "
-           f"{p['seconds']:g} s each, {p['workers']} worker(s) per nsqd, one partition, "
-           f"median of {p['rounds']} round(s)",
-           f"  {'':14s} {'msg/s':>10s} {'p50 batch':>10s} {'p99 batch':>10s} "
-           f"{'/ repl. 1':>9s} {'/ standalone':>12s} {'ISR at end':>10s}"]
-    for name, row in res["cases"].items():
-        out.append(f"  {name:14s} {row['msgs_per_s']:10.0f} {row['p50_ms']:8.2f}ms "
-                   f"{row['p99_ms']:8.2f}ms {row['ratio_to_replicator_1']:9.2f} "
-                   f"{row['ratio_to_standalone']:12.2f} {row['isr_at_end']:10d}")
+    out = [f"MPUB of {p['batch']} x {p['size']} B, {p['seconds']:g} s each, "
+           f"{p['workers']} worker(s) per nsqd, one partition, "
+           f"median of {p['rounds']} round(s)"]
+    for c, cases in res["loads"].items():
+        out.append(f"  {c + ' connections':14s} {'msg/s':>10s} {'p50 batch':>10s} {'p99 batch':>10s} "
+                   f"{'/ repl. 1':>9s} {'/ standalone':>12s} {'ISR at end':>10s}")
+        for name, row in cases.items():
+            out.append(f"  {name:14s} {row['msgs_per_s']:10.0f} {row['p50_ms']:8.2f}ms "
+                       f"{row['p99_ms']:8.2f}ms {row['ratio_to_replicator_1']:9.2f} "
+                       f"{row['ratio_to_standalone']:12.2f} {row['isr_at_end']:10d}")
     return out
 
 
@@ -260,9 +291,7 @@ def run(ctx):
     for _ in range(ctx.runs()):
         ctx.settle()
         rounds.append(measure(a))
-    res = {"params": {"batch": a.batch, "size": a.size, "connections": a.connections,
-                      "seconds": a.seconds, "workers": a.workers, "rounds": len(rounds)},
-           "cases": combine(rounds), "rounds": rounds,
+    res = {"params": _params(a, len(rounds)), "loads": combine(rounds), "rounds": rounds,
            "server": {"kind": "three nsqshm nodes in cluster mode (127.0.0.2-4, a real etcd, "
                               "an nsqlookupd) and a standalone nsqshm, fresh per round"}}
     for line in lines(res):
@@ -272,34 +301,39 @@ def run(ctx):
 
 def render(res):
     p = res["params"]
-    out = [f"MPUB batches of {p['batch']} x {p['size']} B from {p['connections']} connections "
-           f"(each waits for its OK), {p['seconds']:g} s per case, to a one-partition topic's "
-           f"leader; three nsqd in cluster mode on 127.0.0.2-4 with a real etcd, "
-           f"{p['workers']} worker(s) each; medians of {p['rounds']} round(s), each on a "
-           f"fresh cluster.", "",
-           "| | msg/s | p50 batch | p99 batch | / replicator 1 | / standalone | ISR at end |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, row in res["cases"].items():
-        out.append(f"| {name} | {row['msgs_per_s']:,.0f} | {row['p50_ms']:.2f} ms | "
-                   f"{row['p99_ms']:.2f} ms | {row['ratio_to_replicator_1']:.2f} | "
-                   f"{row['ratio_to_standalone']:.2f} | "
-                   f"{row['isr_at_end'] if name != 'standalone' else ''} |")
-    short = [f"replicator {r}" for r in (2, 3)
-             if res["cases"][f"replicator {r}"]["isr_at_end"] < r]
+    out = [f"MPUB batches of {p['batch']} x {p['size']} B, each connection sending one after "
+           f"the other (each waits for its OK), {p['seconds']:g} s per case and load, to a "
+           f"one-partition topic's leader; three nsqd in cluster mode on 127.0.0.2-4 with a "
+           f"real etcd, {p['workers']} worker(s) each; medians of {p['rounds']} round(s), "
+           f"each on a fresh cluster."]
+    short = set()
+    for c, cases in res["loads"].items():
+        out += ["", f"{c} connections:", "",
+                "| | msg/s | p50 batch | p99 batch | / replicator 1 | / standalone | ISR at end |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, row in cases.items():
+            out.append(f"| {name} | {row['msgs_per_s']:,.0f} | {row['p50_ms']:.2f} ms | "
+                       f"{row['p99_ms']:.2f} ms | {row['ratio_to_replicator_1']:.2f} | "
+                       f"{row['ratio_to_standalone']:.2f} | "
+                       f"{row['isr_at_end'] if name != 'standalone' else ''} |")
+        short |= {f"replicator {r}" for r in (2, 3)
+                  if cases[f"replicator {r}"]["isr_at_end"] < r}
     out += ["", "The ISR column is the smallest seen at the end of a round: "
             + ("every follower stayed in it, so every figure is of replicated publishing."
-               if not short else f"a follower left it in {', '.join(short)}: that figure is "
-               f"partly of publishing no longer replicated to it.")]
+               if not short else f"a follower left it in {', '.join(sorted(short))}: that "
+               f"figure is partly of publishing no longer replicated to it.")]
     return out
 
 
 def targets(res):
-    """Issue 17 names no target: the ratios to replicator 1, shown in the table."""
+    """Issue 17 names no target: the ratios to replicator 1, shown in the tables."""
     rows = []
-    for r in (2, 3):
-        row = res["cases"][f"replicator {r}"]
-        rows.append(("17", f"publish msg/s, replicator {r} / replicator 1 (p99 batch)", "-",
-                     f"{row['ratio_to_replicator_1']:.2f} ({row['p99_ms']:.2f} ms)", None))
+    for c, cases in res["loads"].items():
+        for r in (2, 3):
+            row = cases[f"replicator {r}"]
+            rows.append(("17", f"publish msg/s, replicator {r} / replicator 1, {c} connections "
+                               f"(p99 batch)", "-",
+                         f"{row['ratio_to_replicator_1']:.2f} ({row['p99_ms']:.2f} ms)", None))
     return rows
 
 
@@ -313,9 +347,7 @@ def main(argv=None):
         print("etcd is not installed (scripts/setup.sh installs Debian's etcd-server)")
         return 1
     rounds = [measure(args) for _ in range(args.runs)]
-    res = {"params": {"batch": args.batch, "size": args.size, "connections": args.connections,
-                      "seconds": args.seconds, "workers": args.workers, "rounds": len(rounds)},
-           "cases": combine(rounds)}
+    res = {"params": _params(args, len(rounds)), "loads": combine(rounds)}
     if args.json:
         json.dump(res, sys.stdout, indent=1)
         print()
