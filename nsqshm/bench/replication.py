@@ -216,21 +216,14 @@ def measure(args):
             raise RuntimeError(f"standalone log topic: {status} {body!r}")
         results = {c: {"standalone": load(standalone.tcp, "solo", args, c)}
                    for c in args.connections}
-        isr_sizes = {}
+        isr_sizes = {c: {} for c in args.connections}
         for r in (1, 2, 3):
             leader = create_replicated(lookupd_http, f"rep{r}", r)
             for c in args.connections:
                 results[c][f"replicator {r}"] = load(leader, f"rep{r}", args, c)
-            # a follower dropped from the ISR meanwhile: the figure would then not be
-            # replicated publishing any more (printed, so a reader sees it).  A session
-            # per read: the load's threads block this process's gevent hub, which
-            # would keep a longer one's lease alive
-            session = EtcdSession(endpoint, ttl=10).start()
-            try:
-                isr = Topology(session, "nsq-test-cluster").partition(f"rep{r}", 0).replicas.isr
-            finally:
-                session.close()
-            isr_sizes[f"replicator {r}"] = len(isr)
+                # a follower dropped from the ISR meanwhile: the figure would then not
+                # be of replicated publishing any more (printed, so a reader sees it)
+                isr_sizes[c][f"replicator {r}"] = isr_size(endpoint, f"rep{r}")
     finally:
         for t in targets:
             t.close()
@@ -238,7 +231,17 @@ def measure(args):
             p.kill()
             p.wait()
         shutil.rmtree(data, ignore_errors=True)
-    return {str(c): _rows(cases, isr_sizes) for c, cases in results.items()}
+    return {str(c): _rows(cases, isr_sizes[c]) for c, cases in results.items()}
+
+
+def isr_size(endpoint, topic):
+    """The ISR size of topic-0 in etcd.  A session per read: the load's threads
+    block this process's gevent hub, which would keep a longer one's lease alive."""
+    session = EtcdSession(endpoint, ttl=10).start()
+    try:
+        return len(Topology(session, "nsq-test-cluster").partition(topic, 0).replicas.isr)
+    finally:
+        session.close()
 
 
 def _rows(results, isr_sizes):
@@ -266,12 +269,18 @@ def _params(a, rounds):
             "seconds": a.seconds, "workers": a.workers, "rounds": rounds}
 
 
+def _loads_of(res):
+    """{"<connections>": cases}; a result recorded before the loads (one, "cases")
+    reads as that one load."""
+    return res.get("loads") or {str(res["params"]["connections"]): res["cases"]}
+
+
 def lines(res):
     p = res["params"]
     out = [f"MPUB of {p['batch']} x {p['size']} B, {p['seconds']:g} s each, "
            f"{p['workers']} worker(s) per nsqd, one partition, "
            f"median of {p['rounds']} round(s)"]
-    for c, cases in res["loads"].items():
+    for c, cases in _loads_of(res).items():
         out.append(f"  {c + ' connections':14s} {'msg/s':>10s} {'p50 batch':>10s} {'p99 batch':>10s} "
                    f"{'/ repl. 1':>9s} {'/ standalone':>12s} {'ISR at end':>10s}")
         for name, row in cases.items():
@@ -307,7 +316,7 @@ def render(res):
            f"real etcd, {p['workers']} worker(s) each; medians of {p['rounds']} round(s), "
            f"each on a fresh cluster."]
     short = set()
-    for c, cases in res["loads"].items():
+    for c, cases in _loads_of(res).items():
         out += ["", f"{c} connections:", "",
                 "| | msg/s | p50 batch | p99 batch | / replicator 1 | / standalone | ISR at end |",
                 "|---|---:|---:|---:|---:|---:|---:|"]
@@ -328,7 +337,7 @@ def render(res):
 def targets(res):
     """Issue 17 names no target: the ratios to replicator 1, shown in the tables."""
     rows = []
-    for c, cases in res["loads"].items():
+    for c, cases in _loads_of(res).items():
         for r in (2, 3):
             row = cases[f"replicator {r}"]
             rows.append(("17", f"publish msg/s, replicator {r} / replicator 1, {c} connections "

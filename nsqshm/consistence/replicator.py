@@ -248,7 +248,12 @@ class PartitionLeader:
                     return
                 if status == rpc.UNKNOWN:
                     raise rpc.RPCError(f"{node} has no {topic}-{index} yet")
-                reader = rpc.AckReader(client, wake)
+                # a send may wait for the follower to append the frames ahead of it
+                # (WINDOW of them) before the socket has room, each within
+                # lag_timeout; an ACK owed comes within lag_timeout, or the reader
+                # closes the connection (and so ends a send blocked on it)
+                client.settimeout(self.lag_timeout * (WINDOW + 1))
+                reader = rpc.AckReader(client, wake, self.lag_timeout)
                 self._stream(client, reader, node, wake, end)
                 return  # (fenced)
             except (rpc.RPCError, OSError, CoordinationError, ValueError, LogError) as err:
@@ -316,15 +321,6 @@ class PartitionLeader:
             if self.acked.get(node) != end:
                 self.acked[node] = end
                 self._notify()
-            if not cursors_on_wire and (now >= next_cursors or self.handing_off == node):
-                next_cursors = now + CURSOR_INTERVAL
-                frame = self._cursors_frame(sent, node)
-                if frame is not None:  # moved: FINs are coming
-                    client.send(frame.frame)
-                    on_wire.append(frame)
-                    reader.sent()
-                    cursors_on_wire = True
-                    busy_until = now + ACTIVE_SPAN
             while next_from < leader_end and appends < WINDOW:
                 busy_until = now + ACTIVE_SPAN  # records to send: consumers follow
                 buf = _take_buffer()  # only while a batch is being sent
@@ -347,13 +343,27 @@ class PartitionLeader:
                 reader.sent()
                 appends += 1
                 next_from = after
-            # wait for an answer, an append, or the cursors' time
+            # the cursors after the records read with them: the follower holds those
+            # when it takes the cursors, so it takes them whole (_cursors_taken)
+            if not cursors_on_wire and (now >= next_cursors or self.handing_off == node):
+                next_cursors = now + CURSOR_INTERVAL
+                frame = self._cursors_frame(sent, node)
+                if frame is not None:  # moved: FINs are coming
+                    client.send(frame.frame)
+                    on_wire.append(frame)
+                    reader.sent()
+                    cursors_on_wire = True
+                    busy_until = now + ACTIVE_SPAN
+            # wait for an answer, an append, or the cursors' time (not while a CURSORS
+            # is on the wire: its ACK wakes us, and the next goes after it)
             wake.clear()
             if reader.answers or reader.error is not None:
                 continue
             if appends < WINDOW and host.end_offset(self.partition) > next_from:
                 continue
-            wake.wait(max(next_cursors - now, 0.0) if now < busy_until else IDLE_CURSOR_WAIT)
+            now = time.monotonic()
+            wake.wait(max(next_cursors - now, 0.0) if now < busy_until and not cursors_on_wire
+                      else IDLE_CURSOR_WAIT)
 
     def _load_deleted(self):
         try:

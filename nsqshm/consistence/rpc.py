@@ -375,6 +375,10 @@ class RPCClient:
         self.sock.sendall(frame_bytes)
         return self.read_ack()[:2]
 
+    def settimeout(self, timeout):
+        """Of every read and send from here on (RPCClient's `timeout` until then)."""
+        self.sock.settimeout(timeout)
+
     def send_append(self, header, records):
         """Send one APPEND without waiting for its ACK (read_ack, or an AckReader's)."""
         self.sock.sendall(header)
@@ -411,12 +415,14 @@ class AckReader:
     order their frames went: a leader's sender has several APPENDs (and a CURSORS)
     on the wire to one follower, which answers each in turn, and is woken
     (`wake`, its event for appends too) at every answer or failure.  Reads only
-    while an answer is owed: the socket's timeout then measures a follower that
-    stopped answering, not an idle partition."""
+    while an answer is owed, each within `timeout` (a follower that stopped
+    answering, not an idle partition); at a failure it closes the connection, so a
+    send blocked on it (the follower's socket full) ends too."""
 
-    def __init__(self, client, wake):
+    def __init__(self, client, wake, timeout):
         self.client = client
         self.wake = wake
+        self.timeout = timeout
         self.answers = collections.deque()  # (status, end, tail crc or None), in order
         self.error = None  # why the connection failed: the sender raises it
         self._owed = 0
@@ -434,12 +440,15 @@ class AckReader:
                 while not self._owed:
                     self._sent.clear()
                     self._sent.wait()
-                self.answers.append(self.client.read_ack())
+                with gevent.Timeout(self.timeout, RPCError(
+                        f"no ACK within {self.timeout:g}s")):
+                    self.answers.append(self.client.read_ack())
                 self._owed -= 1
                 self.wake.set()
-        except (RPCError, OSError, ValueError, IndexError, struct.error) as err:
+        except Exception as err:  # (any: the sender must hear of it, or it waits on)
             self.error = err if isinstance(err, (RPCError, OSError)) else RPCError(
-                f"bad ACK: {err}")
+                f"bad ACK: {err!r}")
+            self.client.close()
             self.wake.set()
 
     def close(self):

@@ -168,7 +168,7 @@ def test_pipelined_frames_are_answered_in_order_through_an_ack_reader():
     srv.start()
     client = rpc.RPCClient("127.0.0.1", srv.address[1], "c1", "leader:1", timeout=0.3)
     wake = gevent.event.Event()
-    reader = rpc.AckReader(client, wake)
+    reader = rpc.AckReader(client, wake, 0.3)
     try:
         gevent.sleep(0.6)  # idle for twice the timeout: no answer owed, none read
         assert reader.error is None and not wake.is_set()
@@ -194,6 +194,30 @@ def test_pipelined_frames_are_answered_in_order_through_an_ack_reader():
         reader.sent()
         assert wake.wait(2)
         assert isinstance(reader.error, (rpc.RPCError, OSError))
+    finally:
+        reader.close()
+        client.close()
+        srv.stop()
+
+
+def test_an_ack_owed_past_the_timeout_ends_the_connection():
+    """A follower that stops answering: the AckReader gives up after its timeout,
+    says why, wakes the sender and closes the connection, so a send blocked on
+    the follower's full socket ends too (here: the next send fails)."""
+    srv = rpc.RPCServer(("127.0.0.1", 0), "c1", "follower:1", lambda node, ip: True,
+                        lambda *args: gevent.sleep(5) or (rpc.OK, 1, None), None,
+                        lambda level, msg: None)
+    srv.start()
+    client = rpc.RPCClient("127.0.0.1", srv.address[1], "c1", "leader:1", timeout=5)
+    wake = gevent.event.Event()
+    reader = rpc.AckReader(client, wake, 0.3)
+    try:
+        client.send_append(rpc.encode_append("orders", 0, 1, 0, len(RECORDS)), RECORDS)
+        reader.sent()
+        assert wake.wait(2)
+        assert isinstance(reader.error, rpc.RPCError) and "no ACK within 0.3s" in str(reader.error)
+        with pytest.raises(OSError):
+            client.send_append(rpc.encode_append("orders", 0, 1, 1, len(RECORDS)), RECORDS)
     finally:
         reader.close()
         client.close()
