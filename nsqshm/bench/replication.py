@@ -12,7 +12,7 @@ network namespaces: needs no root), and one standalone nsqd.  For replicator 1, 
 standalone nsqd.  Each case: N clients, each sending `MPUB <topic> 0` batches of
 --batch messages one after the other (each waits for its OK) for --seconds, for each
 N of --connections (4: a light load, where a batch's round trip to the followers sets
-the rate; 16: enough PUBs at once to keep a pipelined sender's frames on the wire).
+the rate; 16: more PUBs waiting together, so each replication frame carries more).
 Prints msg/s and the p50/p99 latency of a batch (send to OK), with the ratios to
 replicator 1 and to the standalone log topic, per load.
 """

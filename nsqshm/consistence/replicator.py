@@ -6,9 +6,7 @@
                              gate.committed(end): wait until every ISR member acked end
     sender (one per follower or catch-up replica):
         probe the follower's end; then loop: read_into(next) from the leader's log ->
-        one APPEND frame with the whole batch, and the next without waiting, up to
-        WINDOW on the wire; at each ACK(end) (read in order by an rpc.AckReader)
-        acked[node] = end
+        one APPEND frame with the whole batch -> ACK(end); acked[node] = end
         and, at most every CURSOR_INTERVAL, the channels' cursors that moved since
         the last ones it sent (one CURSORS frame): a follower's channels take them,
         so after a failover consumers go on from there.  While the partition is
@@ -33,10 +31,8 @@
 
 Batching: a sender reads as many records as the log holds past the follower's end
 (up to BATCH_BYTES) into one buffer, in C, and sends it as one frame; the follower
-appends it with one append_packed.  PUBs that arrive while WINDOW frames are on the
-wire go out together in the next one; fewer, and they go at once: the follower
-appends a batch while the next is on its way (pipelined, not stop-and-wait).  No
-Python object is made per message.
+appends it with one append_packed.  PUBs that arrive while a frame is on the wire
+go out together in the next one.  No Python object is made per message.
 
 Fencing: the gate refuses writes (E_FAILED_ON_NOT_LEADER) once the leader knows it
 is deposed: an ISR change refused by etcd (Fenced), a follower that answers FENCED
@@ -46,9 +42,7 @@ log but not acknowledged is answered with an error: the client retries (at least
 once); the record may stay in this log only.
 """
 
-import collections
 import time
-from typing import NamedTuple
 
 import gevent
 import gevent.event
@@ -65,9 +59,6 @@ MAX_TOMBSTONES = 1024  # deleted channel names kept per partition (the rest forg
 JOIN_FRESH = 0.5  # s: a catch-up replica caught up this recently is tried for the ISR
 JOIN_WAIT = 1.0  # s: how long PUBs may wait for a joining replica to take the end
 RETRY = 0.3
-# APPEND frames a sender has on the wire to one follower before it waits for an ACK:
-# the follower appends one batch while the leader reads and sends the next
-WINDOW = 4
 CURSOR_INTERVAL = 0.05  # s: cursors go at most this often while the partition is busy
 ACTIVE_SPAN = 1.0  # s: busy for this long after an append sent or a cursor move
 IDLE_CURSOR_WAIT = 1.0  # s: how often a quiet partition's cursors are looked at
@@ -79,16 +70,6 @@ HAND_OFF_TIMEOUT = 2.0  # s: the new leader has this long to take the end and th
 _BUFFERS = []  # batch buffers not on the wire, shared by the senders of this process
 _DELETED = object()  # in a connection's `sent`: the channel's deletion was sent
 _COMMITTED = object()  # a connection's `sent` key: the committed end it was told
-
-
-class _CursorsSent(NamedTuple):
-    """A CURSORS frame on the wire, and what its ACK settles (_cursors_taken)."""
-    frame: bytes
-    read_at: float  # when the cursors were read (monotonic)
-    committed: int  # the committed end it carries
-    leader_end: int  # the log's end read after the cursors
-    moved: dict  # channel -> its state as sent
-    deleted: list  # channels sent as deleted
 
 
 def _take_buffer():
@@ -233,7 +214,12 @@ class PartitionLeader:
         host = self.coordinator.host
         last_error = None
         while self.fenced is None:
-            client = reader = None
+            client = None
+            sent = {}  # channel -> the cursor last sent on this connection
+            covers, covers_at = -1, 0.0  # the last frame that reached the log's end
+            next_cursors = 0.0
+            busy_until = 0.0  # a busy partition's cursors are looked at often
+            streaming = False  # this connection's last APPEND was taken (see rpc.py)
             try:
                 client = self.coordinator.connect(node, topic, index)
                 status, end, crc = self._control(client, rpc.PROBE)
@@ -243,19 +229,63 @@ class PartitionLeader:
                     status, end, crc = self._reset(
                         client, node, end, f"ends at {end}, below this log's start "
                                            f"{host.start_offset(self.partition)} (retention)")
-                if status == rpc.FENCED:
-                    self.fence(f"{node} knows a newer leader or epoch")
-                    return
-                if status == rpc.UNKNOWN:
-                    raise rpc.RPCError(f"{node} has no {topic}-{index} yet")
-                # a send may wait for the follower to append the frames ahead of it
-                # (WINDOW of them) before the socket has room, each within
-                # lag_timeout; an ACK owed comes within lag_timeout, or the reader
-                # closes the connection (and so ends a send blocked on it)
-                client.settimeout(self.lag_timeout * (WINDOW + 1))
-                reader = rpc.AckReader(client, wake, self.lag_timeout)
-                self._stream(client, reader, node, wake, end)
-                return  # (fenced)
+                while self.fenced is None:
+                    if status == rpc.FENCED:
+                        self.fence(f"{node} knows a newer leader or epoch")
+                        return
+                    if status == rpc.UNKNOWN:
+                        raise rpc.RPCError(f"{node} has no {topic}-{index} yet")
+                    seen_at = time.monotonic()
+                    leader_end = host.end_offset(self.partition)
+                    if end > leader_end:  # (it grew since the probe: not from us)
+                        raise rpc.RPCError(f"{node}'s log ends at {end}, past {leader_end}")
+                    if end == leader_end:
+                        self.caught_up[node] = seen_at
+                    elif end >= covers:  # the frame took it to the end as read at covers_at
+                        self.caught_up[node] = max(self.caught_up.get(node, 0.0), covers_at)
+                    if self.acked.get(node) != end:
+                        self.acked[node] = end
+                        self._notify()
+                    now = time.monotonic()
+                    if now >= next_cursors or self.handing_off == node:
+                        next_cursors = now + CURSOR_INTERVAL
+                        answer = self._send_cursors(client, sent, node)
+                        if answer == rpc.FENCED:
+                            status = rpc.FENCED
+                            continue
+                        if answer is not None:  # moved: FINs are coming
+                            busy_until = now + ACTIVE_SPAN
+                    if end == leader_end:  # up to date: wait for the next append
+                        wake.clear()
+                        if host.end_offset(self.partition) == end:
+                            # (the cursors then go within CURSOR_INTERVAL while busy)
+                            wake.wait(max(next_cursors - now, 0.0) if now < busy_until
+                                      else IDLE_CURSOR_WAIT)
+                        continue
+                    busy_until = now + ACTIVE_SPAN  # records to send: consumers follow
+                    buf = _take_buffer()  # only while a batch is on the wire
+                    try:
+                        _, nbytes, after = host.read(self.partition, end, buf, BATCH_BYTES)
+                        if not nbytes:  # (cannot happen: a batch holds the largest record)
+                            raise rpc.RPCError(f"record {end} larger than a batch")
+                        if after >= leader_end:
+                            covers, covers_at = after, seen_at
+                        sent_at = end
+                        # (the follower checks it only where this connection's stream
+                        # does not continue: its first APPEND after a probe or repair)
+                        status, end, _ = client.append(
+                            rpc.encode_append(topic, index, self.epoch, end, nbytes,
+                                              0 if streaming else
+                                              host.tail_crc(self.partition, end)),
+                            memoryview(buf)[:nbytes])
+                        streaming = status == rpc.OK
+                    finally:
+                        _BUFFERS.append(buf)
+                    if status == rpc.MISMATCH:  # its log changed, not by us (another
+                        # leader's late frame), or its record before sent_at is not
+                        # ours: probe it again, and repair it if it diverged
+                        raise rpc.RPCError(f"{node} took no records at {sent_at} "
+                                           f"(its log ends at {end}): probing it again")
             except (rpc.RPCError, OSError, CoordinationError, ValueError, LogError) as err:
                 # (LogError: retention moved this log's start past its end meanwhile:
                 # the next probe resets it)
@@ -263,107 +293,9 @@ class PartitionLeader:
                     self.coordinator.logf("info", f"{self._name}: replica {node}: {err}")
                 last_error = str(err)
             finally:
-                if reader is not None:
-                    reader.close()
                 if client is not None:
                     client.close()
             gevent.sleep(RETRY)
-
-    def _stream(self, client, reader, node, wake, end):
-        """Copy the log to a probed follower whose log ends at `end`, and the
-        channels' cursors, until fenced (or raise, to connect again).  Up to WINDOW
-        APPENDs are on the wire at once, and a CURSORS frame among them; the
-        follower answers them in order (rpc.AckReader), each ACK saying where its
-        log ends."""
-        topic, index = self.partition.topic.name, self.partition.index
-        host = self.coordinator.host
-        sent = {}  # channel -> the cursor last sent on this connection
-        # per frame on the wire, in the order sent: an APPEND's (end it takes the log
-        # to, when it read the log's end or None), or a CURSORS' _CursorsSent
-        on_wire = collections.deque()
-        appends = 0  # APPENDs in on_wire
-        cursors_on_wire = False
-        next_from = end  # where the next APPEND begins
-        streaming = False  # an APPEND went on this connection (see rpc.py's prev crc)
-        next_cursors = 0.0
-        busy_until = 0.0  # a busy partition's cursors are looked at often
-        while self.fenced is None:
-            while reader.answers:
-                status, answered, _ = reader.answers.popleft()
-                frame = on_wire.popleft()
-                if status == rpc.FENCED:
-                    self.fence(f"{node} knows a newer leader or epoch")
-                    return
-                if status == rpc.UNKNOWN:
-                    raise rpc.RPCError(f"{node} has no {topic}-{index} any more")
-                if isinstance(frame, _CursorsSent):
-                    cursors_on_wire = False
-                    self._cursors_taken(frame, status, answered, sent, node)
-                    continue
-                appends -= 1
-                first, after, covered_at = frame
-                if status != rpc.OK:  # its log changed, not by us (another leader's late
-                    # frame), or its record before first is not ours: probe it again,
-                    # and repair it if it diverged
-                    raise rpc.RPCError(f"{node} took no records at {first} "
-                                       f"(its log ends at {answered}): probing it again")
-                end = answered
-                if covered_at is not None:  # the frame took it to the end as read then
-                    self.caught_up[node] = max(self.caught_up.get(node, 0.0), covered_at)
-            if reader.error is not None:
-                raise reader.error
-            now = time.monotonic()
-            leader_end = host.end_offset(self.partition)
-            if end > leader_end:  # (it grew since the probe: not from us)
-                raise rpc.RPCError(f"{node}'s log ends at {end}, past {leader_end}")
-            if end == leader_end:
-                self.caught_up[node] = now
-            if self.acked.get(node) != end:
-                self.acked[node] = end
-                self._notify()
-            while next_from < leader_end and appends < WINDOW:
-                busy_until = now + ACTIVE_SPAN  # records to send: consumers follow
-                buf = _take_buffer()  # only while a batch is being sent
-                try:
-                    _, nbytes, after = host.read(self.partition, next_from, buf, BATCH_BYTES)
-                    if not nbytes:  # (cannot happen: a batch holds the largest record)
-                        raise rpc.RPCError(f"record {next_from} larger than a batch")
-                    # (the follower checks the crc only where this connection's stream
-                    # does not continue: its first APPEND after the probe; one it
-                    # refuses is followed by a new connection and probe)
-                    client.send_append(
-                        rpc.encode_append(topic, index, self.epoch, next_from, nbytes,
-                                          0 if streaming else
-                                          host.tail_crc(self.partition, next_from)),
-                        memoryview(buf)[:nbytes])
-                finally:
-                    _BUFFERS.append(buf)
-                streaming = True
-                on_wire.append((next_from, after, now if after >= leader_end else None))
-                reader.sent()
-                appends += 1
-                next_from = after
-            # the cursors after the records read with them: the follower holds those
-            # when it takes the cursors, so it takes them whole (_cursors_taken)
-            if not cursors_on_wire and (now >= next_cursors or self.handing_off == node):
-                next_cursors = now + CURSOR_INTERVAL
-                frame = self._cursors_frame(sent, node)
-                if frame is not None:  # moved: FINs are coming
-                    client.send(frame.frame)
-                    on_wire.append(frame)
-                    reader.sent()
-                    cursors_on_wire = True
-                    busy_until = now + ACTIVE_SPAN
-            # wait for an answer, an append, or the cursors' time (not while a CURSORS
-            # is on the wire: its ACK wakes us, and the next goes after it)
-            wake.clear()
-            if reader.answers or reader.error is not None:
-                continue
-            if appends < WINDOW and host.end_offset(self.partition) > next_from:
-                continue
-            now = time.monotonic()
-            wake.wait(max(next_cursors - now, 0.0) if now < busy_until and not cursors_on_wire
-                      else IDLE_CURSOR_WAIT)
 
     def _load_deleted(self):
         try:
@@ -386,11 +318,10 @@ class PartitionLeader:
         except CoordinationError as err:  # (tried again at the next send)
             self.coordinator.logf("info", f"{self._name}: deleted channels not kept: {err}")
 
-    def _cursors_frame(self, sent, node):
+    def _send_cursors(self, client, sent, node):
         """The cursors that moved since `sent` (this connection's last), with the
-        committed end, as one CURSORS frame to send (a _CursorsSent, taken by
-        _cursors_taken at its ACK), or None when neither the cursors nor the
-        committed end moved."""
+        committed end, in one CURSORS frame: the ACK's status, or None when
+        neither the cursors nor the committed end moved."""
         topic, index = self.partition.topic.name, self.partition.index
         host = self.coordinator.host
         read_at = time.monotonic()
@@ -413,22 +344,20 @@ class PartitionLeader:
             (name, states[name][0], states[name][1] if states[name][1].strip(b"\0") else b"",
              states[name][2], states[name][3])
             for name in moved] + [(name, rpc.DELETED, b"", b"", 0) for name in deleted])
-        return _CursorsSent(frame, read_at, committed, leader_end,
-                            {name: states[name] for name in moved}, deleted)
-
-    def _cursors_taken(self, frame, status, follower_end, sent, node):
-        """A CURSORS frame's ACK: what the follower took is not sent again."""
+        status, follower_end = client.cursors(frame)
         # the follower takes a cursor only as far as its log goes: one it could not
         # take whole is sent again (next interval) until its log has caught up
         if status == rpc.OK:
-            sent[_COMMITTED] = frame.committed
-            for name in frame.deleted:
+            sent[_COMMITTED] = committed
+            for name in deleted:
                 sent[name] = _DELETED
-            if not frame.moved:  # (only the committed end went: it holds every cursor)
-                self.cursors_synced[node] = frame.read_at
-        if status == rpc.OK and follower_end >= frame.leader_end:
-            sent.update(frame.moved)
-            self.cursors_synced[node] = frame.read_at
+            if not moved:  # (only the committed end went: it holds every cursor already)
+                self.cursors_synced[node] = read_at
+        if status == rpc.OK and follower_end >= leader_end:
+            for name in moved:
+                sent[name] = states[name]
+            self.cursors_synced[node] = read_at
+        return status
 
     # -- moves -----------------------------------------------------------------------------
 

@@ -72,22 +72,15 @@ Every frame:
       member holds, replicator.committed_end), sent also when only it moved: a
       follower elected leader delivers up to it before its first acks come.
 
-A follower answers a connection's frames one at a time, in the order they came; a
-leader does not wait for an ACK before its next APPEND (up to replicator.WINDOW on the
-wire, their ACKs read by an AckReader), so the follower appends one batch while the
-next is on its way.
-
 The server takes only peers registered in etcd for the cluster: the HELLO's node ID
 must be a live nsqd node whose NodeIP is the connection's source address.
 """
 
-import collections
 import json
 import struct
 import sys
 
 import gevent
-import gevent.event
 import gevent.socket
 from gevent.server import StreamServer
 
@@ -367,35 +360,23 @@ class RPCClient:
     def append(self, header, records):
         """Send one APPEND (header: encode_append's for these records) and wait for
         its ACK: (status, end, tail crc or None)."""
-        self.send_append(header, records)
-        return self.read_ack()
-
-    def cursors(self, frame_bytes):
-        """Send a CURSORS frame (encode_cursors') and wait for its ACK: (status, end)."""
-        self.sock.sendall(frame_bytes)
-        return self.read_ack()[:2]
-
-    def settimeout(self, timeout):
-        """Of every read and send from here on (RPCClient's `timeout` until then)."""
-        self.sock.settimeout(timeout)
-
-    def send_append(self, header, records):
-        """Send one APPEND without waiting for its ACK (read_ack, or an AckReader's)."""
         self.sock.sendall(header)
         if records:
             self.sock.sendall(records)
-
-    def send(self, frame_bytes):
-        """Send a whole frame (a CURSORS) without waiting for its ACK."""
-        self.sock.sendall(frame_bytes)
-
-    def read_ack(self):
-        """The next ACK on the connection: (status, end, tail crc or None)."""
         kind, body = read_frame(self.sock)
         if kind != ACK:
             raise RPCError(f"expected ACK, got kind {kind}")
         status, _, _, end, crc = decode_ack(body)
         return status, end, crc
+
+    def cursors(self, frame_bytes):
+        """Send a CURSORS frame (encode_cursors') and wait for its ACK: (status, end)."""
+        self.sock.sendall(frame_bytes)
+        kind, body = read_frame(self.sock)
+        if kind != ACK:
+            raise RPCError(f"expected ACK, got kind {kind}")
+        status, _, _, end, _ = decode_ack(body)
+        return status, end
 
     def publish(self, topic, partition, records):
         """PUBLISH to the owner worker: (status, text)."""
@@ -408,48 +389,3 @@ class RPCClient:
 
     def close(self):
         self.sock.close()
-
-
-class AckReader:
-    """The ACKs of a pipelined connection, read in a greenlet of their own in the
-    order their frames went: a leader's sender has several APPENDs (and a CURSORS)
-    on the wire to one follower, which answers each in turn, and is woken
-    (`wake`, its event for appends too) at every answer or failure.  Reads only
-    while an answer is owed, each within `timeout` (a follower that stopped
-    answering, not an idle partition); at a failure it closes the connection, so a
-    send blocked on it (the follower's socket full) ends too."""
-
-    def __init__(self, client, wake, timeout):
-        self.client = client
-        self.wake = wake
-        self.timeout = timeout
-        self.answers = collections.deque()  # (status, end, tail crc or None), in order
-        self.error = None  # why the connection failed: the sender raises it
-        self._owed = 0
-        self._sent = gevent.event.Event()
-        self._greenlet = gevent.spawn(self._run)
-
-    def sent(self):
-        """One more frame on the wire that the follower answers."""
-        self._owed += 1
-        self._sent.set()
-
-    def _run(self):
-        try:
-            while True:
-                while not self._owed:
-                    self._sent.clear()
-                    self._sent.wait()
-                with gevent.Timeout(self.timeout, RPCError(
-                        f"no ACK within {self.timeout:g}s")):
-                    self.answers.append(self.client.read_ack())
-                self._owed -= 1
-                self.wake.set()
-        except Exception as err:  # (any: the sender must hear of it, or it waits on)
-            self.error = err if isinstance(err, (RPCError, OSError)) else RPCError(
-                f"bad ACK: {err!r}")
-            self.client.close()
-            self.wake.set()
-
-    def close(self):
-        self._greenlet.kill(block=False)

@@ -6,7 +6,6 @@ import json
 import struct
 
 import gevent
-import gevent.event
 import gevent.socket
 import pytest
 
@@ -146,79 +145,3 @@ def test_registered_peer_checks_etcd(sessions):
     assert not registered_peer(topology, "10.0.0.9:4250", "127.0.0.1")  # not registered
     assert not registered_peer(Topology(topology.session, "c2"), "127.0.0.1:4250",
                                "127.0.0.1")  # another cluster
-
-
-def test_pipelined_frames_are_answered_in_order_through_an_ack_reader():
-    """A leader's sender puts several APPENDs and a CURSORS on the wire before the
-    first ACK: the follower answers each in turn, the AckReader hands the answers
-    over in that order and wakes the sender at each; idle, it reads nothing, so
-    the socket's timeout does not end a quiet connection."""
-    seen = []
-
-    def on_append(peer, topic, partition, epoch, first, prev_crc, records, stream):
-        gevent.sleep(0.05)  # (a slow follower: the later frames wait on the wire)
-        if first == 13:
-            raise rpc.RPCError("the follower breaks the connection")
-        seen.append(first)
-        return rpc.OK, first + 1, None
-
-    srv = rpc.RPCServer(("127.0.0.1", 0), "c1", "follower:1", lambda node, ip: True,
-                        on_append, None, lambda level, msg: None,
-                        on_cursors=lambda *args: seen.append("cursors") or (rpc.OK, 99))
-    srv.start()
-    client = rpc.RPCClient("127.0.0.1", srv.address[1], "c1", "leader:1", timeout=0.3)
-    wake = gevent.event.Event()
-    reader = rpc.AckReader(client, wake, 0.3)
-    try:
-        gevent.sleep(0.6)  # idle for twice the timeout: no answer owed, none read
-        assert reader.error is None and not wake.is_set()
-        for first in (10, 11, 12):
-            client.send_append(rpc.encode_append("orders", 0, 1, first, len(RECORDS)),
-                               RECORDS)
-            reader.sent()
-        client.send(rpc.encode_cursors("orders", 0, 1, 12, [("audit", 11, b"", b"", 12)]))
-        reader.sent()
-        assert seen == []  # all four went before the first answer
-        answers = []
-        while len(answers) < 4:
-            assert wake.wait(2), "no answer"
-            wake.clear()
-            while reader.answers:
-                answers.append(reader.answers.popleft())
-        assert answers == [(rpc.OK, 11, None), (rpc.OK, 12, None), (rpc.OK, 13, None),
-                           (rpc.OK, 99, None)]
-        assert seen == [10, 11, 12, "cursors"]
-        # the follower goes away with an answer owed: the reader says why, and wakes
-        wake.clear()
-        client.send_append(rpc.encode_append("orders", 0, 1, 13, len(RECORDS)), RECORDS)
-        reader.sent()
-        assert wake.wait(2)
-        assert isinstance(reader.error, (rpc.RPCError, OSError))
-    finally:
-        reader.close()
-        client.close()
-        srv.stop()
-
-
-def test_an_ack_owed_past_the_timeout_ends_the_connection():
-    """A follower that stops answering: the AckReader gives up after its timeout,
-    says why, wakes the sender and closes the connection, so a send blocked on
-    the follower's full socket ends too (here: the next send fails)."""
-    srv = rpc.RPCServer(("127.0.0.1", 0), "c1", "follower:1", lambda node, ip: True,
-                        lambda *args: gevent.sleep(5) or (rpc.OK, 1, None), None,
-                        lambda level, msg: None)
-    srv.start()
-    client = rpc.RPCClient("127.0.0.1", srv.address[1], "c1", "leader:1", timeout=5)
-    wake = gevent.event.Event()
-    reader = rpc.AckReader(client, wake, 0.3)
-    try:
-        client.send_append(rpc.encode_append("orders", 0, 1, 0, len(RECORDS)), RECORDS)
-        reader.sent()
-        assert wake.wait(2)
-        assert isinstance(reader.error, rpc.RPCError) and "no ACK within 0.3s" in str(reader.error)
-        with pytest.raises(OSError):
-            client.send_append(rpc.encode_append("orders", 0, 1, 1, len(RECORDS)), RECORDS)
-    finally:
-        reader.close()
-        client.close()
-        srv.stop()
