@@ -268,6 +268,7 @@ cdef class Arena:
         if self._free_queues:  # a forgotten queue's entry: name first, its length last
             slot = self._free_queues.pop()
             entry = self.base + NSQSHM_ARENA_HEADER_SIZE + slot * NSQSHM_ARENA_QUEUE_ENTRY
+            memset(entry + NSQSHM_ARENA_QUEUE_LANES_AT, 0, 32)  # (the forgotten queue's)
             memcpy(entry + 2, <const char *>raw, len(raw))
             entry[1] = <char>(len(raw) >> 8)
             entry[0] = <char>(len(raw) & 0xFF)
@@ -598,30 +599,68 @@ cdef class Arena:
         dropped what it held of them from before their move into them):
         whatever it holds of them from now on came from those lanes.  Only
         the owner writes; the broker reads it once the owner is dead."""
-        cdef int p
-        cdef uint8_t *bits
         self._check()
-        bits = &self.hdr.client.ordered_lanes[0]
-        for p in partitions:
-            if not 0 <= p < 256:
-                raise ValueError(f"partition {p} out of range 0..255")
-            bits[p >> 3] = bits[p >> 3] | <uint8_t>(1 << (p & 7))
+        _set_bits(&self.hdr.client.ordered_lanes[0], partitions)
 
     def ordered_lanes(self):
         """The partitions whose ordered lanes the client attached
         (mark_ordered_lanes), or None for an arena made by a build that did
         not keep them."""
-        cdef int p
-        cdef const uint8_t *bits
         self._check()
         if not self.hdr.flags & NSQSHM_ARENA_ORDERED_LANES:
             return None
-        bits = &self.hdr.client.ordered_lanes[0]
-        marked = []
-        for p in range(256):
-            if bits[p >> 3] & (1 << (p & 7)):
-                marked.append(p)
-        return frozenset(marked)
+        return _bits_set(&self.hdr.client.ordered_lanes[0])
+
+    def keep_queue_lanes(self):
+        """The owner (a broker worker, whose arena holds every channel's
+        messages) keeps a lanes bitmap per queue from now on
+        (set_queue_lanes): queue_lanes answers them, not None."""
+        self._check()
+        self.hdr.flags = self.hdr.flags | NSQSHM_ARENA_QUEUE_LANES
+
+    def set_queue_lanes(self, uint32_t idx, partitions):
+        """mark_ordered_lanes for one queue (a channel) of a broker worker's
+        arena, as a whole: the partitions whose ordered lanes of that channel
+        it has attached, each after it dropped what it held of the partition
+        from before its move (the others' bits go: a lane gone and made again
+        is a new move)."""
+        cdef uint8_t bits[32]
+        self._check()
+        if idx >= nsqshm_load32_acquire(&self.hdr.n_queues):
+            raise IndexError(f"queue {idx} is not in arena {self.name!r}")
+        memset(bits, 0, 32)
+        _set_bits(bits, partitions)
+        memcpy(self.base + NSQSHM_ARENA_HEADER_SIZE + idx * NSQSHM_ARENA_QUEUE_ENTRY
+               + NSQSHM_ARENA_QUEUE_LANES_AT, bits, 32)
+
+    def queue_lanes(self, uint32_t idx):
+        """The partitions of queue `idx` as set_queue_lanes set them, or None
+        for an arena that does not keep them (keep_queue_lanes: a local
+        client's, a Spark reader's, an older build's)."""
+        self._check()
+        if not self.hdr.flags & NSQSHM_ARENA_QUEUE_LANES:
+            return None
+        if idx >= nsqshm_load32_acquire(&self.hdr.n_queues):
+            raise IndexError(f"queue {idx} is not in arena {self.name!r}")
+        return _bits_set(<const uint8_t *>self.base + NSQSHM_ARENA_HEADER_SIZE
+                         + idx * NSQSHM_ARENA_QUEUE_ENTRY + NSQSHM_ARENA_QUEUE_LANES_AT)
+
+
+cdef _set_bits(uint8_t *bits, partitions):
+    """Set bit p of a 256-bit map (byte p / 8, bit p % 8) for each partition;
+    ValueError, with nothing set, for one out of range."""
+    cdef int p
+    partitions = list(partitions)
+    for p in partitions:
+        if not 0 <= p < 256:
+            raise ValueError(f"partition {p} out of range 0..255")
+    for p in partitions:
+        bits[p >> 3] = bits[p >> 3] | <uint8_t>(1 << (p & 7))
+
+
+cdef frozenset _bits_set(const uint8_t *bits):
+    cdef int p
+    return frozenset([p for p in range(256) if bits[p >> 3] & (1 << (p & 7))])
 
 
 cdef nsqshm_arena_block *block_alloc(Arena arena, uint32_t msg_size) noexcept:

@@ -668,6 +668,8 @@ class NSQD:
             # a queue per topic and channel: tens of thousands fit (256 bytes
             # each, in pages touched only as used)
             max_queues=1 << 16)
+        # which ordered lanes each channel here attached (LogChannel._mark_ordered_lanes)
+        self.arena.keep_queue_lanes()
         peers_topology = None
         if self.nworkers > 1:
             from nsqshm.nsqd.workers.cluster import Cluster

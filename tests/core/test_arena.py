@@ -197,6 +197,40 @@ def test_the_ordered_lanes_a_client_took_from(arena, arena_name):
     assert Arena.attach(arena_name).ordered_lanes() is None
 
 
+def test_the_ordered_lanes_a_broker_worker_attached_per_queue(arena, arena_name):
+    """A broker worker's arena keeps a bitmap per queue (channel) at byte 224
+    of its entry, set as a whole; an arena that does not keep them (a local
+    client's, an older build's: flag 2 clear) answers None.  A forgotten
+    queue's bits do not pass to the next queue in its entry."""
+    orders, audit = arena.queue_index("t:orders"), arena.queue_index("t:audit")
+    assert arena.queue_lanes(orders) is None  # (not kept yet)
+    arena.keep_queue_lanes()
+    assert arena.queue_lanes(orders) == frozenset()
+    arena.set_queue_lanes(orders, [0, 9, 255])
+    arena.set_queue_lanes(audit, [1])
+    other = Arena.attach(arena_name)
+    assert other.queue_lanes(orders) == {0, 9, 255} and other.queue_lanes(audit) == {1}
+    arena.set_queue_lanes(orders, [9])  # (a whole: 0 and 255 go)
+    assert other.queue_lanes(orders) == {9}
+    for bad in (-1, 256):
+        with pytest.raises(ValueError, match="out of range"):
+            arena.set_queue_lanes(orders, [3, bad])
+    assert arena.queue_lanes(orders) == {9}  # (nothing set by a refused call)
+    with pytest.raises(IndexError):
+        arena.queue_lanes(2)
+    with pytest.raises(IndexError):
+        arena.set_queue_lanes(2, [0])
+    with open(f"/dev/shm/{arena_name}", "r+b") as raw:  # queue 0's entry at 4096
+        raw.seek(4096 + 224)
+        assert raw.read(32) == bytes([0x00, 0x02]) + bytes(30)
+    with pytest.raises(ValueError, match="too long"):
+        arena.queue_index("t:" + "x" * 221)  # (223 bytes: past the name's 222)
+    arena.forget_queue("t:orders")
+    assert arena.queue_index("t:reused") == orders
+    assert arena.queue_lanes(orders) == frozenset()
+    assert arena.ordered_lanes() == frozenset()  # (the header's own map is apart)
+
+
 def test_owner_alive_tells_a_dead_process(arena):
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()

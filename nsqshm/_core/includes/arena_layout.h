@@ -17,7 +17,9 @@
  *       36     4  n_queues       entries of the queue table in use (release)
  *       40     4  owner_pid      the process whose messages these are
  *       44     4  flags          ORDERED_LANES (1): client.ordered_lanes is kept (every
- *                                arena this build makes; 0 in an older one's)
+ *                                arena this build makes; 0 in an older one's);
+ *                                QUEUE_LANES (2): the queue table's lanes bitmaps are
+ *                                kept (a broker worker's arena, Arena.keep_queue_lanes)
  *       48     8  owner_start    its start time (/proc/<pid>/stat field 22)
  *       56     8  created_ns     CLOCK_REALTIME at creation
  *       64     8  bump           end of the blocks ever allocated (release)
@@ -31,7 +33,15 @@
  *                                what it held of p from before the move into it); the
  *                                broker's recovery of a dead client's arena puts back a
  *                                copy of such a partition only if its bit is set
- *     4096  q*256 queue table    [ u16 length ][ name ] per queue, "topic:channel"
+ *     4096  q*256 queue table    per queue, 256 bytes:
+ *                                  0    2  length      of the name (0: a free entry)
+ *                                  2  222  name        "topic:channel", not NUL-ended
+ *                                224   32  lanes       bit p set once the owner (a
+ *                                          broker worker) attached the channel's ordered
+ *                                          lane of partition p after it dropped what it
+ *                                          held of p from before the move into it: the
+ *                                          recovery puts back a copy of such a partition
+ *                                          only if its bit is set (QUEUE_LANES)
  *   data_offset   blocks
  *
  * A block, at an 8-byte aligned offset; capacity is a power of two >= 128
@@ -66,9 +76,11 @@
 #define NSQSHM_ARENA_VERSION 1u
 #define NSQSHM_ARENA_HEADER_SIZE 4096u
 #define NSQSHM_ARENA_QUEUE_ENTRY 256u
-#define NSQSHM_ARENA_QUEUE_NAME_MAX 254u
+#define NSQSHM_ARENA_QUEUE_NAME_MAX 222u
+#define NSQSHM_ARENA_QUEUE_LANES_AT 224u  /* the lanes bitmap's offset in an entry */
 #define NSQSHM_ARENA_MIN_BLOCK 128u
 #define NSQSHM_ARENA_ORDERED_LANES 1u   /* flags: client.ordered_lanes is kept */
+#define NSQSHM_ARENA_QUEUE_LANES 2u     /* flags: the queue entries' lanes are kept */
 
 enum { NSQSHM_BLOCK_FREE = 0, NSQSHM_BLOCK_LIVE = 1, NSQSHM_BLOCK_DEFERRED = 2 };
 

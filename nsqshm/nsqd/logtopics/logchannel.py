@@ -106,6 +106,10 @@ class LogChannel(Channel):
         # through a LogReader); a replica's committed end is known to its owner only
         self._readable = [p for p in topic.partitions if p.owned or p.replica is None]
         self._find_lanes()
+        # the ordered lanes attached here with nothing held of their partitions from
+        # before their moves (_mark_ordered_lanes): at creation, every one
+        self._lanes_clean = {lane for lane in self.lanes.values() if lane.ordered}
+        self._mark_ordered_lanes()
         self.ring.topic_paused = topic.paused  # (LogTopic.paused keeps it after)
         for partition in restored:
             # what was put back before a graceful stop (the checkpoint's retry table):
@@ -170,6 +174,27 @@ class LogChannel(Channel):
                 if lane is not None:
                     lane.close()
                     del self.lanes[index]
+
+    def _mark_ordered_lanes(self):
+        """Note in this worker's arena the ordered lanes attached here with
+        nothing held of their partitions from before their moves into them
+        (_lanes_clean: at creation nothing is held; _drop_moved drops it while
+        the move holds the cursor).  If this worker dies, the recovery of its
+        arena puts back its copies of those partitions (heads it took from
+        their lanes) and leaves out its copies of a partition moved into an
+        ordered lane since (taken from the ring before the move; the lane
+        delivers them again from the confirmed offset):
+        recovery._lanes_left_out."""
+        arena = self.nsqd.arena
+        if arena is not None:
+            arena.set_queue_lanes(arena.queue_index(f"{self.topic.name}:{self.name}"),
+                                  [i for i, lane in self.lanes.items()
+                                   if lane in self._lanes_clean])
+
+    def _held_lanes(self):
+        """The ordered lanes attached here whose partition's cursor a move holds."""
+        return {lane for i, lane in self.lanes.items()
+                if lane.ordered and self.cursors[i] is not None and self.cursors[i].held}
 
     def ordered_lane_partitions(self):
         """The partitions that have an ordered lane now, whichever worker made
@@ -1192,7 +1217,8 @@ class LogChannel(Channel):
         (drain_stale): the others stay with their clients, whose FINs still
         hold."""
         self._find_lanes()
-        kept = bytearray()
+        held = self._held_lanes()  # (their moves' copies go below; another's move may
+        kept = bytearray()         # have made a lane here not held yet: not clean)
         rings = [self.ring, *(lane.ring for lane in self.lanes.values())]
         with self.scratch.borrow() as scratch:
             for ring in rings:
@@ -1206,10 +1232,16 @@ class LogChannel(Channel):
             for store in (self.inflight, self.deferred):
                 while store.drain_stale(self.cursors, scratch)[0]:
                     pass
+            held &= self._held_lanes()  # (held all through the drain)
         if kept:
             self.put_records(kept)  # stored again before the blocks are released
         self.inflight.release()
         self.deferred.release()
+        # once the dropped copies are freed, and before a yield (a head taken from a
+        # lane attached above is noted with it)
+        self._lanes_clean = {lane for lane in self.lanes.values()
+                             if lane.ordered and (lane in self._lanes_clean or lane in held)}
+        self._mark_ordered_lanes()
         for client in self.clients.values():
             client.in_flight = self.inflight.client_count(client.id)
         self.wake()

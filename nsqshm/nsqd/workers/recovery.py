@@ -28,6 +28,7 @@ import time
 
 from nsqshm._core.arena import Arena, ArenaError
 from nsqshm._core.localbatch import GATHER_RING, arena_gather
+from nsqshm._core.logcursor import decode_message_id
 from nsqshm._core.ring import Ring
 from nsqshm.nsqd import overflow
 from nsqshm.nsqd.local import clients as local_clients
@@ -93,21 +94,33 @@ def recover_arena(nsqd, name):
         label, pid = arena.label, arena.owner_pid
         own = _own_channel(nsqd, arena)
         _unsubscribe(arena, own)
-        # a local consumer's: the ordered lanes it took from (None: every copy goes back)
+        # a local consumer's: the ordered lanes it took from (None: every copy goes back);
+        # a broker worker's: per channel (Arena.queue_lanes)
         marked = arena.ordered_lanes() if own is not None else None
         counts = {"moved": 0, "dropped": 0, "stale": 0, "finished": 0}
         now_wall = time.time_ns()
         channels = {}  # queue name -> (topic, channel), as found once
+        left_out = {}  # queue name -> its _lanes_left_out, as found once
         for offset, queue, _, due_wall, msg in arena.blocks(-1, now_wall):
-            _defer_again(nsqd, arena, offset, _channel_of(nsqd, queue, channels), due_wall,
-                         now_wall, msg, counts)
+            pair = _channel_of(nsqd, queue, channels)
+            lanes = left_out.get(queue)
+            if lanes is None:
+                lanes = left_out[queue] = _lanes_left_out(
+                    pair[1], marked if own is not None else
+                    _queue_lanes(arena, arena.find_queue(queue)))
+            if lanes and _partition_left_out(lanes, msg):  # (as its drop would have)
+                arena.release(offset)
+                counts["stale"] += 1
+                continue
+            _defer_again(nsqd, arena, offset, pair, due_wall, now_wall, msg, counts)
         for index, offsets in sorted(arena.blocks_by_queue().items()):
             try:
                 queue = arena.queue_name(index)
             except (IndexError, ArenaError):
                 queue = ""  # (a block of no queue: of no channel, dropped)
             _recover_queue(nsqd, arena, index, offsets, _channel_of(nsqd, queue, channels),
-                           marked, now_wall, counts)
+                           marked if own is not None else _queue_lanes(arena, index), now_wall,
+                           counts)
         moved, dropped, stale, finished = (counts[k] for k in ("moved", "dropped", "stale",
                                                                  "finished"))
         nsqd.logf("info", f"RECOVERY: {moved} messages held by {label or name} (pid {pid}) put "
@@ -187,11 +200,31 @@ def _recover_queue(nsqd, arena, index, offsets, pair, marked, now_wall, counts):
                 counts["stale"] += arena.release_many(freed)
 
 
+def _queue_lanes(arena, index):
+    """A broker worker's Arena.queue_lanes of a queue; None for an arena that
+    does not keep them, or a queue it does not hold (-1: find_queue's)."""
+    if index < 0:
+        return None
+    try:
+        return arena.queue_lanes(index)
+    except (IndexError, ArenaError):
+        return None
+
+
+def _partition_left_out(lanes, msg):
+    """Whether a log channel's message (nsqd's encoding: its ID at bytes 10..25
+    names its partition) is of a partition _lanes_left_out leaves out."""
+    partition = decode_message_id(bytes(msg[10:26]))[0]
+    return partition < len(lanes) and lanes[partition] == 3
+
+
 def _lanes_left_out(channel, marked):
-    """arena_gather's lanes for a dead local consumer's copies (`marked`:
-    Arena.ordered_lanes, None for another arena): 3, left out, for each
-    partition with an ordered lane the consumer never attached.  It took its
-    copies of those before the partition's move into the lane, which rewound
+    """arena_gather's lanes for a dead process's copies of `channel`'s
+    messages (`marked`: a local consumer's Arena.ordered_lanes, a broker
+    worker's Arena.queue_lanes of the channel, None for an arena that keeps
+    neither): 3, left out, for each partition with an ordered lane the process
+    never attached.  It took its copies of those before the partition's move
+    into the lane (a worker: before it applied the move's broadcast), which rewound
     the partition to its confirmed offset and delivers from there again, one
     at a time (LogChannel.use_lanes).  Put back, a copy of the head would go
     out a second time beside the lane's own (CursorSet.heads_only cannot tell

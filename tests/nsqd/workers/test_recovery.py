@@ -12,6 +12,8 @@ import time
 import pytest
 
 from nsqshm import protocol as p
+from nsqshm._core.logcursor import decode_message_id
+from nsqshm.nsqd.logtopics.partition import partition_owner
 from tests.nsqd.conftest import wait_for
 from tests.nsqd.workers.test_workers import Client, client_on_worker, worker_of_pid, workers
 
@@ -131,6 +133,72 @@ def test_a_killed_workers_held_and_deferred_messages_of_two_kinds_of_channel(nsq
         with pytest.raises(TimeoutError):  # the finished ones never
             again.message()
         again.close()
+
+
+@pytest.mark.parametrize("held_as", ["in flight", "deferred"])
+def test_a_stopped_workers_copies_from_before_a_move_into_an_ordered_lane_stay_out(
+        nsqd_factory, held_as):
+    """Worker 1 holds ten messages of a one-partition log topic, in flight to a
+    plain consumer or REQ'd by it with a delay of 3 s (deferred in its arena),
+    and is stopped (SIGSTOP).  A SUB_ORDERED on worker 0 then
+    moves the partition into an ordered lane; the move waits for worker 1 to
+    apply it (FLUSH_TIMEOUT), then goes on without it, and the lane delivers
+    the head.  Worker 1 is SIGKILLed without ever dropping its copies.  Its
+    arena says it attached no ordered lane of the channel (Arena.queue_lanes):
+    the recovery leaves its copies out, for the lane delivers them again from
+    the confirmed offset.  The ordered consumer gets each message once, in
+    order.  Before, the copy of the head went into the lane (a deferred one
+    once due) and came a second time after its FIN."""
+    assert partition_owner("ol", 0, 2) == 0  # (worker 0 feeds the lane while 1 is stopped)
+    server = nsqd_factory("--workers=2")
+    assert server.post("/topic/create?topic=ol&partition_num=1")[0] == 200
+    plain = client_on_worker(server, 1, "ol", "ch")
+    assert server.post("/mpub?topic=ol", b"\n".join(b"m%02d" % i for i in range(10)))[0] == 200
+    plain.send(p.rdy(100))
+    held = sorted((plain.message() for _ in range(10)), key=lambda m: m.body)
+    assert [m.body for m in held] == [b"m%02d" % i for i in range(10)]
+    reqs_at = time.monotonic()
+    if held_as == "deferred":
+        for m in held:
+            plain.send(p.req(m.id, 3000))
+        assert wait_for(lambda: _channel(server, "ol")["deferred_count"] == 10, timeout=10)
+    ordered = client_on_worker(server, 0, "probe")  # (it subscribes once worker 1 is stopped)
+    stopped = worker_of_pid(server, 1)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        ordered.send(b"SUB_ORDERED ol ch 0\n")
+        assert ordered.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+        ordered.send(p.rdy(1))
+        ordered.sock.settimeout(10)
+        head = ordered.message()
+        assert decode_message_id(head.id) == (0, 0)  # (partition, offset)
+        os.kill(stopped, signal.SIGKILL)
+    finally:
+        os.kill(stopped, signal.SIGCONT)  # (a no-op once it is dead)
+    assert wait_for(lambda: len(workers(server)) == 2 and stopped not in workers(server),
+                    timeout=15)
+
+    def recovered():
+        return [line for line in server.lines
+                if "RECOVERY:" in line and f"(pid {stopped})" in line]
+
+    assert wait_for(recovered, timeout=15), "".join(server.lines[-20:])
+    # (past the REQs' due time: a deferred copy put back would be in the lane by now)
+    time.sleep(max(0.0, reqs_at + 4 - time.monotonic()))
+    ordered.send(p.fin(head.id))
+    got = []
+    ordered.sock.settimeout(5)
+    for _ in range(9):
+        m = ordered.message()
+        got.append(decode_message_id(m.id))
+        ordered.send(p.fin(m.id))
+    assert got == [(0, offset) for offset in range(1, 10)]
+    ordered.sock.settimeout(1)
+    with pytest.raises(TimeoutError):
+        ordered.message()
+    ordered.close()
+    assert "RECOVERY: 0 messages held by nsqd worker 1" in recovered()[0]
+    assert "10 taken before their partition's move into an ordered lane" in recovered()[0]
 
 
 def _channel(server, topic):
