@@ -414,7 +414,8 @@ cdef class Arena:
 
     def blocks_by_queue(self):
         """{queue index: native u64 offsets of its LIVE and DEFERRED blocks, in
-        address order}: two C walks, an object per queue, not per message
+        address order}: three C walks (the highest index, the counts, the
+        offsets), an object per queue, not per message
         (the recovery takes a queue at a time: localbatch.arena_gather's
         `blocks`)."""
         self._check()

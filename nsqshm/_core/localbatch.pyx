@@ -440,21 +440,12 @@ cdef CBuffer _gb_take(GrowBuf *b):
     return out
 
 
-cdef nsqshm_arena_block *_block_at(Arena arena, uint64_t off, uint64_t end) except NULL:
-    """The block at `off`, its capacity checked (a power of two >= 128 within the blocks)."""
-    cdef nsqshm_arena_block *b = <nsqshm_arena_block *>(arena.base + off)
-    cdef uint32_t cap = b.capacity
-    if cap < 128 or (cap & (cap - 1)) or off + cap > end:
-        raise ValueError(f"arena {arena.name!r}: bad block at offset {off}")
-    return b
-
-
 cdef nsqshm_arena_block *_next_block(Arena arena, uint64_t *off, uint64_t end) except? NULL:
     """The block at *off, *off moved past it; NULL after the last (end: the bump)."""
     cdef nsqshm_arena_block *b
     if off[0] + BLOCK_HEADER > end:
         return NULL
-    b = _block_at(arena, off[0], end)
+    b = arena._block(off[0], end)  # (its capacity checked: ArenaError)
     off[0] += b.capacity
     return b
 
@@ -1091,7 +1082,7 @@ def arena_gather(Arena arena not None, long long queue, CursorSet cursors=None, 
                 if gi >= gn:
                     break
                 arena._check_block_offset(given_offs[gi])
-                b = _block_at(arena, given_offs[gi], end)
+                b = arena._block(given_offs[gi], end)
                 gi += 1
             else:
                 b = _next_block(arena, &off, end)

@@ -94,9 +94,13 @@ def recover_arena(nsqd, name):
         label, pid = arena.label, arena.owner_pid
         own = _own_channel(nsqd, arena)
         _unsubscribe(arena, own)
-        # a local consumer's: the ordered lanes it took from (None: every copy goes back);
-        # a broker worker's: per channel (Arena.queue_lanes)
-        marked = arena.ordered_lanes() if own is not None else None
+        # the ordered lanes it took from, of a queue's channel (None: every copy goes
+        # back): a local consumer's, of its own channel; a broker worker's, per channel
+        own_lanes = arena.ordered_lanes() if own is not None else None
+
+        def marked(index):
+            return own_lanes if own is not None else _queue_lanes(arena, index)
+
         counts = {"moved": 0, "dropped": 0, "stale": 0, "finished": 0}
         now_wall = time.time_ns()
         channels = {}  # queue name -> (topic, channel), as found once
@@ -105,9 +109,8 @@ def recover_arena(nsqd, name):
             pair = _channel_of(nsqd, queue, channels)
             lanes = left_out.get(queue)
             if lanes is None:
-                lanes = left_out[queue] = _lanes_left_out(
-                    pair[1], marked if own is not None else
-                    _queue_lanes(arena, arena.find_queue(queue)))
+                lanes = left_out[queue] = _lanes_left_out(pair[1],
+                                                          marked(arena.find_queue(queue)))
             if lanes and _partition_left_out(lanes, msg):  # (as its drop would have)
                 arena.release(offset)
                 counts["stale"] += 1
@@ -119,8 +122,7 @@ def recover_arena(nsqd, name):
             except (IndexError, ArenaError):
                 queue = ""  # (a block of no queue: of no channel, dropped)
             _recover_queue(nsqd, arena, index, offsets, _channel_of(nsqd, queue, channels),
-                           marked if own is not None else _queue_lanes(arena, index), now_wall,
-                           counts)
+                           marked(index), now_wall, counts)
         moved, dropped, stale, finished = (counts[k] for k in ("moved", "dropped", "stale",
                                                                  "finished"))
         nsqd.logf("info", f"RECOVERY: {moved} messages held by {label or name} (pid {pid}) put "
