@@ -11,7 +11,7 @@ import time
 import pytest
 
 from nsqshm import protocol as p
-from tests.nsqd.conftest import http_call, http_on_worker
+from tests.nsqd.conftest import http_call, http_on_worker, wait_for
 from tests.nsqd.test_ext import OK, consumer, create_ext, history, pub_ext
 from tests.nsqd.workers.test_workers import Client
 
@@ -264,6 +264,10 @@ def test_a_history_survives_a_restart_and_numbering_goes_on(nsqd_factory, tmp_pa
     c.send(p.fin(m.id))
     assert [e["event"] for e in history(server, f"topic=tk&id={before:016x}")] == ["PUB"]
     _events_of(server, "tk", [m.id], "FIN")
+    # (c1's DISK event may be written after c2's FIN by another worker, or later under
+    # load: the history is read once it holds all four)
+    assert wait_for(lambda: len(history(server, f"topic=tk&id={m.id.decode()}")) >= 4,
+                    timeout=10)
     after = [(e["event"], e.get("channel")) for e in history(server, f"topic=tk&id={m.id.decode()}")]
     # (c1 kept "before" on disk through the restart: "after" is stored behind it, in order)
     assert after == [("PUB", None), ("DISK", "c1"), ("DELIVERED", "c2"), ("FIN", "c2")]
