@@ -105,9 +105,11 @@ class LogChannel(Channel):
         # partitions this worker owns, and standalone the others' too (their files,
         # through a LogReader); a replica's committed end is known to its owner only
         self._readable = [p for p in topic.partitions if p.owned or p.replica is None]
-        self._find_lanes()
         # the ordered lanes attached here with nothing held of their partitions from
         # before their moves (_mark_ordered_lanes): at creation, every one
+        self._lanes_clean = set()
+        self._lanes_seen = -1  # the channel ring's lanes_version _find_lanes last looked at
+        self._find_lanes()
         self._lanes_clean = {lane for lane in self.lanes.values() if lane.ordered}
         self._mark_ordered_lanes()
         self.ring.topic_paused = topic.paused  # (LogTopic.paused keeps it after)
@@ -154,10 +156,25 @@ class LogChannel(Channel):
     def _lane_name(self, index, ordered):
         return f"{self.nsqd.shm_prefix}.{lane_suffix(self.topic.name, self.name, index, ordered)}"
 
-    def _find_lanes(self):
+    def _find_lanes(self, release=True):
         """Attach to the lanes that exist, whichever worker made them (an
         ordered one first: a partition turned ordered keeps its old lane
-        until the worker that turned it removes it)."""
+        until the worker that turned it removes it).
+
+        An ordered lane first attached here while its partition's cursor is
+        not held was made by a move that is over: use_lanes makes a lane
+        only once its move holds the cursor, and the move releases it last.
+        This worker applied that move's broadcast too late for the move to
+        wait for it (FLUSH_TIMEOUT), or not yet.  What it holds of the
+        partition was all taken before the move (it could take nothing from
+        a lane it had not attached), and the lane delivers it again from the
+        confirmed offset: it is dropped now, and the lane noted clean
+        (_drop_late), before anything is taken from it.  Every take and push
+        looks first whether a move made lanes since (look_for_lanes), so a
+        worker late for a move takes nothing of the partition after it
+        before it attached the lane: what it holds then is from before."""
+        self._lanes_seen = self.ring.lanes_version  # (read first: a bump after it looks again)
+        late = []
         for partition in self.topic.partitions:
             index = partition.index
             lane = self.lanes.get(index)
@@ -169,11 +186,64 @@ class LogChannel(Channel):
                         ring = self.nsqd.make_ring(lane_suffix(self.topic.name, self.name,
                                                                index, ordered))
                         self.lanes[index] = Lane(ring, ordered, self._ready, self._refill_wake)
+                        cursor = self.cursors[index]
+                        if ordered and cursor is not None and not cursor.held:
+                            late.append(index)
                     break
             else:
                 if lane is not None:
                     lane.close()
                     del self.lanes[index]
+        if late:
+            self._drop_late(late, release)
+        return late
+
+    def look_for_lanes(self, release=True):
+        """Attach the lanes a move made since the last look, if any (the
+        channel ring's lanes_version, which use_lanes bumps once the move's
+        cursors are held): before a dispatcher round, a finisher's refill, a
+        feeder's pass and a put-back, so that a worker that applies a move's
+        broadcast late neither reads the moved partition from its log nor
+        pushes it into the channel ring after the move (and _find_lanes'
+        drop of what it holds then is of copies from before the move).  One
+        atomic load.  -> the partitions whose ordered lanes it attached late
+        (_find_lanes).  release: free the blocks of what it drops now (not
+        in a put-back, whose caller frees what it took out once stored)."""
+        if self.ring.lanes_version != self._lanes_seen:
+            return self._find_lanes(release)
+        return ()
+
+    def _drop_late(self, indices, release=True):
+        """_find_lanes' ordered lanes attached after their moves ended: drop
+        what this worker holds of their partitions (in flight and deferred,
+        unfinished: a late FIN fails as of a message not in flight), then
+        note the lanes clean in the arena (after the blocks are freed: a
+        death in between leaves no copy from before a move noted as its
+        lane's; in a put-back, its caller frees them just after it stored
+        what it put back, no yield between: a death there may deliver a
+        head once more)."""
+        dropped = 0
+        with self.scratch.borrow() as scratch:
+            for index in indices:
+                for store in (self.inflight, self.deferred):
+                    while True:
+                        n = store.drain_partition(index, scratch)[0]
+                        if not n:
+                            break
+                        dropped += n
+        if release:  # (else the put-back's caller frees them, after its own are stored)
+            self.inflight.release()
+            self.deferred.release()
+        self._lanes_clean |= {self.lanes[index] for index in indices}
+        self._mark_ordered_lanes()
+        if dropped:
+            for client in self.clients.values():
+                client.in_flight = self.inflight.client_count(client.id)
+            self.wake()  # (their room: the dispatcher looks again)
+            self.nsqd.logf("warn", f"CHANNEL({self.topic.name}:{self.name}): partitions "
+                                   f"{sorted(indices)} moved into ordered lanes before this "
+                                   f"worker applied the moves: dropped {dropped} messages "
+                                   f"taken before them (the lanes deliver them again)")
 
     def _mark_ordered_lanes(self):
         """Note in this worker's arena the ordered lanes attached here with
@@ -215,14 +285,15 @@ class LogChannel(Channel):
                 if i not in self.lanes or (ordered and not self.lanes[i].ordered)]
         if not todo:
             return
-        for index in todo:
-            self.nsqd.make_ring(lane_suffix(self.topic.name, self.name, index, ordered)).close()
-        # announced once the cursors are held, before the drop: a local consumer that
-        # sees it looks again (nsqshm/local/lanes.py) and drops what it holds of a
-        # partition now ordered, and until the release it takes nothing from a ring
-        # (CursorSet.seek_state), so nothing from before the move reaches it after its
-        # look (and its arena's mark of the lane: recovery._lanes_left_out)
-        self._move([(self.topic.partitions[i], None) for i in todo], announce_lanes=True)
+        # made and announced once the cursors are held, before the drop.  A local
+        # consumer that sees the announcement looks again (nsqshm/local/lanes.py) and
+        # drops what it holds of a partition now ordered, and until the release it
+        # takes nothing from a ring (CursorSet.seek_state), so nothing from before the
+        # move reaches it after its look (and its arena's mark of the lane:
+        # recovery._lanes_left_out).  A worker that finds an ordered lane whose cursor
+        # is not held knows its move is over (_find_lanes).
+        self._move([(self.topic.partitions[i], None) for i in todo],
+                   make_lanes=(todo, ordered))
         if ordered:  # every worker now delivers from the ordered lane: the old one goes
             for index in todo:
                 Ring.unlink_segment(self._lane_name(index, False))
@@ -274,6 +345,7 @@ class LogChannel(Channel):
         went out."""
         if self.paused or client.ext_view is not None or not client.is_ready():
             return 0  # (an ext client may leave a head for another's tag: the dispatcher's)
+        self.look_for_lanes()
         ordered = {id(lane.ring) for lane in self.lanes.values() if lane.ordered}
         deadline = time.monotonic_ns() + client.msg_timeout_ns
         sent = 0
@@ -429,7 +501,16 @@ class LogChannel(Channel):
         (with their attempts, for a partition's next leader:
         take_up_retries), then put back (_put_back).  One below its cursor's
         confirmed offset is finished (a /channel/empty moved the cursor past
-        it while it was held): dropped, in C (CursorSet.unconfirmed)."""
+        it while it was held): dropped, in C (CursorSet.unconfirmed).  One
+        of a partition whose ordered lane this worker attaches late here
+        (look_for_lanes) was taken before the move: dropped too, the lane
+        delivers it again.  (The recovery looks before it puts back another
+        process's copies: not dropped here.)"""
+        late = self.look_for_lanes(release=False)
+        if late:
+            parts = split_by_partition(packed, len(self.topic.partitions))
+            packed = b"".join(records for index, records in enumerate(parts)
+                              if index not in late)  # (the last: no partition's)
         packed = self.cursors.unconfirmed(packed)
         if not packed:
             return 0
@@ -606,6 +687,7 @@ class LogChannel(Channel):
                 self._ready.clear()
                 self._ready.wait()
                 continue
+            self.look_for_lanes()
             now = time.monotonic_ns()
             wakes = self.wakes
             earliest = None
@@ -996,6 +1078,7 @@ class LogChannel(Channel):
             moved = False
             full = {}  # id(ring) -> (ring, its pop count) of rings that took nothing
             if not self.topic.paused:
+                self.look_for_lanes()
                 with self.scratch.borrow() as scratch:
                     for i in range(len(self._owned)):
                         partition = self._owned[(turn + i) % len(self._owned)]
@@ -1175,11 +1258,12 @@ class LogChannel(Channel):
         in flight with their clients (_drop_moved)."""
         self._move(offsets)
 
-    def _move(self, moves, announce_lanes=False):
+    def _move(self, moves, make_lanes=None):
         """seek's steps for [(partition, offset)]; an offset of None rewinds
         to the confirmed offset and keeps what was finished above it
-        (Cursor.hold; use_lanes, which has the channel's lanes_version bumped
-        once the cursors are held: announce_lanes)."""
+        (Cursor.hold; use_lanes, whose lanes are made once the cursors are
+        held, and the channel's lanes_version bumped then: make_lanes, the
+        partitions and their kind)."""
         held = []
         try:
             for partition, offset in moves:
@@ -1189,14 +1273,24 @@ class LogChannel(Channel):
                 else:
                     cursor.set(offset, hold=True)
                 held.append((partition, offset))
-            if announce_lanes:
-                announce_lanes = False
+            if make_lanes is not None:
+                indices, ordered = make_lanes
+                made = []
+                try:
+                    for index in indices:
+                        self.nsqd.make_ring(lane_suffix(self.topic.name, self.name, index,
+                                                        ordered)).close()
+                        made.append(index)
+                except BaseException:
+                    # none kept: a lane left without its move's drop would let the copies
+                    # from before it (in the channel ring) go out beside it
+                    for index in made:
+                        Ring.unlink_segment(self._lane_name(index, ordered))
+                    raise
                 self.ring.bump_lanes_version()
             self._drop_moved()
             self.nsqd.broadcast_change("channel_empty", self.topic.name, self.name)
         finally:
-            if announce_lanes:  # (a hold failed: the lanes are made, consumers must look)
-                self.ring.bump_lanes_version()
             for partition, offset in held:
                 cursor = self.cursors[partition.index]
                 cursor.release(cursor.confirmed if offset is None else offset)

@@ -21,9 +21,11 @@ Its kind is in its ring's name, so every worker finds it by looking:
 (':' is in no topic or channel name, so a lane never meets a channel's
 ring.)  A lane stays for the channel's life: a consumer leaving does not
 move its partition back to the shared ring.  Each new lane, and a lane
-turned ordered, bumps the channel ring's lanes_version (in its header)
-once the partitions' cursors are held for the move, before their drop, so
-that local consumers (nsqshm/local/lanes.py) look for lanes again only then.
+turned ordered, is made once the partitions' cursors are held for the
+move, and bumps the channel ring's lanes_version (in its header) then,
+before their drop, so that local consumers (nsqshm/local/lanes.py) and the
+broker's workers (LogChannel.look_for_lanes) look for lanes again only
+then.
 """
 
 from nsqshm.nsqd.workers.waiting import RingWaker

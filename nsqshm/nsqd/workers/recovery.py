@@ -189,6 +189,9 @@ def _recover_queue(nsqd, arena, index, offsets, pair, marked, now_wall, counts):
                 counts["dropped"] += arena.release_many(freed)
         return
     cursors = getattr(channel, "cursors", None)  # (a log channel's)
+    look = getattr(channel, "look_for_lanes", None)
+    if look is not None:  # (lanes made since this worker last looked: attached first, so that
+        look()            # put_records' own look drops nothing of the dead process's)
     lanes = _lanes_left_out(channel, marked)
     for first in range(0, len(offsets) // 8, RECOVERY_BATCH):
         finished, groups = arena_gather(arena, index, cursors, lanes, now_wall, offsets, first,

@@ -201,6 +201,77 @@ def test_a_stopped_workers_copies_from_before_a_move_into_an_ordered_lane_stay_o
     assert "10 taken before their partition's move into an ordered lane" in recovered()[0]
 
 
+@pytest.mark.parametrize("topic", ["ol", "lo"], ids=["owned by 0", "owned by the late one"])
+def test_a_worker_that_applies_a_lane_move_late_drops_its_copies_and_its_heads_come_back(
+        nsqd_factory, topic):
+    """Worker 1 holds ten messages of a one-partition log topic in flight to a
+    plain consumer and is stopped through a move of the partition into an
+    ordered lane, which goes on without it (FLUSH_TIMEOUT).  Once running
+    again it attaches the lane with the cursor no longer held: it drops its
+    ten copies (taken before the move) and notes the lane in its arena
+    (LogChannel._find_lanes).  When worker 1 owns the partition, its feeder
+    looks for lanes before it pushes (look_for_lanes): the head goes into
+    the lane, not the channel ring.  Its own ordered consumer then takes the
+    head from the lane (REQ'd by the first), and the worker is SIGKILLed: the
+    recovery puts the head back into the lane, and a new ordered consumer
+    gets every message once, in order.  Before, the late worker never noted
+    the lane, the recovery left the head out, and the partition waited for
+    it for ever."""
+    assert partition_owner(topic, 0, 2) == (0 if topic == "ol" else 1)
+    server = nsqd_factory("--workers=2")
+    assert server.post(f"/topic/create?topic={topic}&partition_num=1")[0] == 200
+    plain = client_on_worker(server, 1, topic, "ch")
+    assert server.post(f"/mpub?topic={topic}",
+                       b"\n".join(b"m%02d" % i for i in range(10)))[0] == 200
+    plain.send(p.rdy(100))
+    assert sorted(plain.message().body for _ in range(10)) == [b"m%02d" % i for i in range(10)]
+    plain.send(p.rdy(0))  # (the lane's head is for the ordered consumers below)
+    first = client_on_worker(server, 0, "probe")
+    stopped = worker_of_pid(server, 1)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        first.send(f"SUB_ORDERED {topic} ch 0\n".encode())
+        assert first.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+        first.send(p.rdy(1))
+    finally:
+        os.kill(stopped, signal.SIGCONT)  # (the move is over: FLUSH_TIMEOUT passed)
+    first.sock.settimeout(10)
+    taken = first.message()
+    assert decode_message_id(taken.id) == (0, 0)  # (partition, offset)
+    late = client_on_worker(server, 1, "probe")
+    late.send(f"SUB_ORDERED {topic} ch 0\n".encode())
+    assert late.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    assert wait_for(lambda: any("dropped 10 messages taken before them" in line
+                                for line in server.lines), timeout=10), \
+        "".join(server.lines[-20:])
+    late.send(p.rdy(1))
+    first.send(p.rdy(0))
+    first.send(p.req(taken.id, 0))  # (back into the lane, for the one ready consumer)
+    late.sock.settimeout(10)
+    head = late.message()
+    assert (decode_message_id(head.id), head.attempts) == ((0, 0), taken.attempts + 1)
+    os.kill(stopped, signal.SIGKILL)
+    assert wait_for(lambda: len(workers(server)) == 2 and stopped not in workers(server),
+                    timeout=15)
+    assert wait_for(lambda: any("RECOVERY:" in line and f"(pid {stopped})" in line
+                                for line in server.lines), timeout=15), \
+        "".join(server.lines[-20:])
+    again = Client(server, timeout=10)
+    again.send(f"SUB_ORDERED {topic} ch 0\n".encode())
+    assert again.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
+    again.send(p.rdy(1))
+    got = []
+    for _ in range(10):
+        m = again.message()
+        got.append(decode_message_id(m.id))
+        again.send(p.fin(m.id))
+    assert got == [(0, offset) for offset in range(10)]
+    again.sock.settimeout(1)
+    with pytest.raises(TimeoutError):
+        again.message()
+    again.close()
+
+
 def _channel(server, topic):
     entry = next(t for t in stats(server)["topics"] if t["topic_name"] == topic)
     return entry["channels"][0]
