@@ -43,7 +43,8 @@ class InFlight(MessageStore):
     def deliver_from_log(self, cursor: Cursor, reader: LogReader, end: int, before: Ring | None,
                          room: int, scratch: bytearray, out: bytearray, client_id: int,
                          deadline_ns: int, detail: int = ..., detail_log: bool = ...,
-                         one_out: bool = ...) -> tuple[int, int, int]: ...
+                         one_out: bool = ..., lanes: Ring | None = ...,
+                         lanes_seen: int = ...) -> tuple[int, int, int]: ...
     def deliver(self, records: Buffer, count: int, out: bytearray, client_id: int,
                 deadline_ns: int, sample_rate: int = 0, ext: object = None,
                 detail: int = -1, detail_log: bool = False) -> int: ...

@@ -78,6 +78,7 @@ from nsqshm._core.includes.system cimport (
     NSQSHM_BLOCK_LIVE,
     memcpy,
     nsqshm_arena_block,
+    nsqshm_load_acquire,
 )
 from nsqshm._core.ring cimport Ring
 
@@ -971,7 +972,8 @@ cdef class InFlight(MessageStore):
     def deliver_from_log(self, Cursor cursor not None, LogReader reader not None,
                          uint64_t end, Ring before, Py_ssize_t room, bytearray scratch not None,
                          bytearray out not None, uint64_t client_id, int64_t deadline_ns,
-                         int detail=-1, bint detail_log=False, bint one_out=False):
+                         int detail=-1, bint detail_log=False, bint one_out=False,
+                         Ring lanes=None, uint64_t lanes_seen=0):
         """A log channel's delivery of one partition to one client straight
         from the log (LogChannel._deliver_direct), as one claim under the
         cursor's lock against every other reader of the partition: the next
@@ -981,16 +983,21 @@ cdef class InFlight(MessageStore):
         feeder fills with the partition; while it holds records (claimed
         earlier), nothing is read past them.  one_out: an ordered lane's
         (SUB_ORDERED), one message out at a time: nothing while one is
-        (read_pos past confirmed), looked at under the lock.
+        (read_pos past confirmed), looked at under the lock.  lanes: the
+        channel's ring, whose lanes_version must still be `lanes_seen` under
+        the lock (else nothing: a lane move held this cursor since the caller
+        last looked for lanes, LogChannel.look_for_lanes).
 
         Returns (n, added, at): n > 0 went out, from msg offset `at` (added:
         put in flight); else as Cursor.claim_read's n and first (0 with at 0
-        too while `before` holds records)."""
+        too while `before` holds records or lanes moved)."""
         cdef Py_ssize_t got, added
         cdef bint held
         cursor._lock()
         try:
             if before is not None and before.depth:
+                return 0, 0, 0
+            if lanes is not None and nsqshm_load_acquire(&lanes.hdr.lanes_version) != lanes_seen:
                 return 0, 0, 0
             if one_out and cursor._read_at(&held) > cursor.h.confirmed:
                 return 0, 0, 0

@@ -238,3 +238,30 @@ def test_retention_past_the_cursor_says_where_the_log_starts(log_and_cursor):
     assert flight.deliver_from_log(cursor, log.reader, log.reader.end_offset, None, 10,
                                    scratch, out, 7, DEADLINE) == (CLAIM_RETENTION, 0, start)
     assert not out and cursor.read_pos == 0   # (the caller moves the cursor)
+
+
+def test_nothing_is_claimed_once_the_channels_lanes_moved_since_the_callers_look(
+        log_and_cursor):
+    """lanes: the channel ring, whose lanes_version a lane move bumps once it
+    holds the cursor; a claim made with an older look takes nothing, under the
+    cursor's lock, so a worker late for the move reads nothing of the
+    partition before it attached the lane (LogChannel.look_for_lanes)."""
+    log, cursor = log_and_cursor
+    flight, out, scratch = InFlight(), bytearray(), bytearray(1 << 16)
+    end = log.reader.end_offset
+    ring = Ring.create(f"nsqshm-test-dfl-lanes-{os.getpid()}-{random.getrandbits(32):08x}", 8192)
+    try:
+        seen = ring.lanes_version
+        assert flight.deliver_from_log(cursor, log.reader, end, None, 2, scratch, out, 7,
+                                       DEADLINE, lanes=ring, lanes_seen=seen) == (2, 2, 0)
+        ring.bump_lanes_version()
+        assert flight.deliver_from_log(cursor, log.reader, end, None, 2, scratch, out, 7,
+                                       DEADLINE, lanes=ring, lanes_seen=seen) == (0, 0, 0)
+        assert cursor.read_pos == 2 and frames(out) == [0, 1]
+        assert flight.deliver_from_log(cursor, log.reader, end, None, 2, scratch, out, 7,
+                                       DEADLINE, lanes=ring,
+                                       lanes_seen=ring.lanes_version) == (2, 2, 2)
+    finally:
+        ring.unlink()
+        ring.close()
+    assert frames(out) == [0, 1, 2, 3] and cursor.read_pos == 4

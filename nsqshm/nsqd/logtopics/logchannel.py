@@ -161,20 +161,23 @@ class LogChannel(Channel):
         ordered one first: a partition turned ordered keeps its old lane
         until the worker that turned it removes it).
 
-        An ordered lane first attached here while its partition's cursor is
-        not held was made by a move that is over: use_lanes makes a lane
-        only once its move holds the cursor, and the move releases it last.
-        This worker applied that move's broadcast too late for the move to
-        wait for it (FLUSH_TIMEOUT), or not yet.  What it holds of the
-        partition was all taken before the move (it could take nothing from
-        a lane it had not attached), and the lane delivers it again from the
-        confirmed offset: it is dropped now, and the lane noted clean
-        (_drop_late), before anything is taken from it.  Every take and push
-        looks first whether a move made lanes since (look_for_lanes), so a
-        worker late for a move takes nothing of the partition after it
-        before it attached the lane: what it holds then is from before."""
+        An ordered lane first attached here was made by a move that holds
+        its partition's cursor, or held it (use_lanes makes a lane only once
+        its move holds the cursor, and the move releases it last): what this
+        worker holds of the partition then was all taken before the move (it
+        could take nothing from a lane it had not attached, and nothing is
+        read while the cursor is held), and the lane delivers it again from
+        the confirmed offset.  So it is dropped now, and the lane noted clean
+        (_drop_late), before anything is taken from it -- as the move's drop
+        would (_drop_moved), whether or not this worker applies the move's
+        broadcast in time (FLUSH_TIMEOUT): one that does not finds the cursor
+        no longer held, and is "late".  Every take and push looks first
+        whether a move made lanes since (look_for_lanes), and a claim checks
+        it again under the cursor's lock, so a worker late for a move takes
+        nothing of the partition after it before it attached the lane."""
         self._lanes_seen = self.ring.lanes_version  # (read first: a bump after it looks again)
-        late = []
+        first = []
+        late = False
         for partition in self.topic.partitions:
             index = partition.index
             lane = self.lanes.get(index)
@@ -186,17 +189,18 @@ class LogChannel(Channel):
                         ring = self.nsqd.make_ring(lane_suffix(self.topic.name, self.name,
                                                                index, ordered))
                         self.lanes[index] = Lane(ring, ordered, self._ready, self._refill_wake)
-                        cursor = self.cursors[index]
-                        if ordered and cursor is not None and not cursor.held:
-                            late.append(index)
+                        if ordered:
+                            first.append(index)
+                            cursor = self.cursors[index]
+                            late = late or (cursor is not None and not cursor.held)
                     break
             else:
                 if lane is not None:
                     lane.close()
                     del self.lanes[index]
-        if late:
-            self._drop_late(late, release)
-        return late
+        if first:
+            self._drop_late(first, late, release)
+        return first
 
     def look_for_lanes(self, release=True):
         """Attach the lanes a move made since the last look, if any (the
@@ -206,22 +210,22 @@ class LogChannel(Channel):
         broadcast late neither reads the moved partition from its log nor
         pushes it into the channel ring after the move (and _find_lanes'
         drop of what it holds then is of copies from before the move).  One
-        atomic load.  -> the partitions whose ordered lanes it attached late
-        (_find_lanes).  release: free the blocks of what it drops now (not
-        in a put-back, whose caller frees what it took out once stored)."""
+        atomic load.  -> the partitions whose ordered lanes it attached first
+        (_find_lanes).  release: free the blocks of what it drops now and
+        note the lanes (not in a put-back, which does both once it stored
+        what it puts back)."""
         if self.ring.lanes_version != self._lanes_seen:
             return self._find_lanes(release)
         return ()
 
-    def _drop_late(self, indices, release=True):
-        """_find_lanes' ordered lanes attached after their moves ended: drop
+    def _drop_late(self, indices, late, release=True):
+        """_find_lanes' ordered lanes attached here for the first time: drop
         what this worker holds of their partitions (in flight and deferred,
         unfinished: a late FIN fails as of a message not in flight), then
         note the lanes clean in the arena (after the blocks are freed: a
         death in between leaves no copy from before a move noted as its
-        lane's; in a put-back, its caller frees them just after it stored
-        what it put back, no yield between: a death there may deliver a
-        head once more)."""
+        lane's; in a put-back, put_records does both once it stored what it
+        puts back: release False).  late: some move was over (logged)."""
         dropped = 0
         with self.scratch.borrow() as scratch:
             for index in indices:
@@ -231,25 +235,31 @@ class LogChannel(Channel):
                         if not n:
                             break
                         dropped += n
-        if release:  # (else the put-back's caller frees them, after its own are stored)
-            self.inflight.release()
-            self.deferred.release()
         self._lanes_clean |= {self.lanes[index] for index in indices}
-        self._mark_ordered_lanes()
+        if release:  # (else put_records does, once what it puts back is stored)
+            self._release_and_mark()
         if dropped:
             for client in self.clients.values():
                 client.in_flight = self.inflight.client_count(client.id)
             self.wake()  # (their room: the dispatcher looks again)
+        if dropped and late:
             self.nsqd.logf("warn", f"CHANNEL({self.topic.name}:{self.name}): partitions "
                                    f"{sorted(indices)} moved into ordered lanes before this "
                                    f"worker applied the moves: dropped {dropped} messages "
                                    f"taken before them (the lanes deliver them again)")
 
+    def _release_and_mark(self):
+        """Free the blocks of what was dropped, then note the lanes."""
+        self.inflight.release()
+        self.deferred.release()
+        self._mark_ordered_lanes()
+
     def _mark_ordered_lanes(self):
         """Note in this worker's arena the ordered lanes attached here with
         nothing held of their partitions from before their moves into them
-        (_lanes_clean: at creation nothing is held; _drop_moved drops it while
-        the move holds the cursor).  If this worker dies, the recovery of its
+        (_lanes_clean: at creation nothing is held; _drop_late drops it as a
+        lane is first attached, and _drop_moved while the move holds the
+        cursor).  If this worker dies, the recovery of its
         arena puts back its copies of those partitions (heads it took from
         their lanes) and leaves out its copies of a partition moved into an
         ordered lane since (taken from the ring before the move; the lane
@@ -506,16 +516,20 @@ class LogChannel(Channel):
         (look_for_lanes) was taken before the move: dropped too, the lane
         delivers it again.  (The recovery looks before it puts back another
         process's copies: not dropped here.)"""
-        late = self.look_for_lanes(release=False)
-        if late:
+        first = self.look_for_lanes(release=False)
+        if first:
             parts = split_by_partition(packed, len(self.topic.partitions))
             packed = b"".join(records for index, records in enumerate(parts)
-                              if index not in late)  # (the last: no partition's)
+                              if index not in first)  # (the last: no partition's)
         packed = self.cursors.unconfirmed(packed)
-        if not packed:
-            return 0
-        self.cursors.note_retries(packed)
-        return self._put_back(packed, keep_rest)
+        if packed:
+            self.cursors.note_retries(packed)
+            stored = self._put_back(packed, keep_rest)
+        else:
+            stored = 0
+        if first:  # (stored: the blocks of what was dropped and taken out can go)
+            self._release_and_mark()
+        return stored
 
     def defer(self, msg, delay_s):
         """A REQ with a delay: noted with its due time in its cursor's retry
@@ -541,6 +555,7 @@ class LogChannel(Channel):
         cursor's lock is held throughout.  How many records it took.  Not for
         an ordered lane: its feeder delivers from the confirmed offset, one at
         a time (attempts start again)."""
+        self.look_for_lanes()  # (a lane move meanwhile: into its lane, not the ring)
         cursor = self.cursors[partition.index]
         lane = self.lanes.get(partition.index)
         total = 0
@@ -840,10 +855,15 @@ class LogChannel(Channel):
             return 0
         reader, end = view
         base = len(client.out)
+        # (lanes: nothing is claimed once a lane move held the cursor since the last
+        # look_for_lanes; the round that wake() brings looks again)
         n, added, at = self.inflight.deliver_from_log(
             cursor, reader, end, self._feed_ring(partition), room, scratch, client.out,
-            client.id, deadline, client.detail, client.detail_log, one_out)
+            client.id, deadline, client.detail, client.detail_log, one_out,
+            self.ring, self._lanes_seen)
         if n <= 0:
+            if self.ring.lanes_version != self._lanes_seen:
+                self.wake()
             return self._claimed_none(partition, n, at)
         if self.traced:
             trace.delivered(self, client, client.out, base)
@@ -963,7 +983,8 @@ class LogChannel(Channel):
         ordered = lane is not None and lane.ordered  # (its head alone, into an empty lane)
         pushed, consumed = self._claim(partition, self._log_view(partition), room, scratch,
                                        lambda records, n: ring.push_packed(records),
-                                       before=ring if ordered else None, one_out=ordered)
+                                       before=ring if ordered else None, one_out=ordered,
+                                       lanes_seen=self._lanes_seen)
         if pushed == 0 and consumed is not None:
             return RING_FULL  # records read, none taken: the ring is full by bytes
         if pushed > 0:
@@ -972,7 +993,8 @@ class LogChannel(Channel):
                 ring.ring_wanted = False  # (asked again by a client that empties it and waits)
         return pushed
 
-    def _claim(self, partition, view, room, scratch, hand_off, before=None, one_out=False):
+    def _claim(self, partition, view, room, scratch, hand_off, before=None, one_out=False,
+               lanes_seen=None):
         """Take a partition's next run of unread, unfinished messages, as one
         step against every other reader of it (the owner's feeder, each
         worker's dispatcher), under the cursor's lock: read it
@@ -985,13 +1007,19 @@ class LogChannel(Channel):
         partition's log order).  one_out: an ordered lane's, one message at a
         time: nothing while one is out (read_pos past confirmed), looked at
         under the lock (_room looked before it: a local ordered consumer may
-        have claimed the head itself meanwhile, Consumer._claim_run).  (A
+        have claimed the head itself meanwhile, Consumer._claim_run).
+        lanes_seen: the channel ring's lanes_version as the feeder last looked
+        (look_for_lanes); nothing while it moved: a lane move held this
+        cursor since, and this worker pushes nothing of the partition before
+        it attached the lane (the feed loop looks again at once).  (A
         dispatcher's delivery does all of it in C: InFlight.deliver_from_log.)"""
         cursor = self.cursors[partition.index]
         reader, end = view
         cursor.lock()
         try:
             if before is not None and before.depth:
+                return 0, None
+            if lanes_seen is not None and self.ring.lanes_version != lanes_seen:
                 return 0, None
             if one_out and cursor.read_pos > cursor.confirmed:
                 return 0, None
@@ -1106,6 +1134,8 @@ class LogChannel(Channel):
             if moved:
                 gevent.idle()  # let consumers run between batches
                 continue
+            if not self.topic.paused and self.ring.lanes_version != self._lanes_seen:
+                continue  # (a lane move since the pass's look: _claim took nothing; look)
             # wait for: an append (local event), room in a ring (a pop on any
             # worker: the ring's wake FIFO), an unpause, FINs (window full; an
             # ordered lane's FIN nudges it)
@@ -1286,6 +1316,8 @@ class LogChannel(Channel):
                     # from before it (in the channel ring) go out beside it
                     for index in made:
                         Ring.unlink_segment(self._lane_name(index, ordered))
+                    if made:  # (a worker that attached one looks again: gone)
+                        self.ring.bump_lanes_version()
                     raise
                 self.ring.bump_lanes_version()
             self._drop_moved()
