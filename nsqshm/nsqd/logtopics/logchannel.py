@@ -521,15 +521,21 @@ class LogChannel(Channel):
             parts = split_by_partition(packed, len(self.topic.partitions))
             packed = b"".join(records for index, records in enumerate(parts)
                               if index not in first)  # (the last: no partition's)
-        packed = self.cursors.unconfirmed(packed)
-        if packed:
+        stored = False
+        try:
+            packed = self.cursors.unconfirmed(packed)
+            if not packed:
+                stored = True
+                return 0
             self.cursors.note_retries(packed)
-            stored = self._put_back(packed, keep_rest)
-        else:
-            stored = 0
-        if first:  # (stored: the blocks of what was dropped and taken out can go)
-            self._release_and_mark()
-        return stored
+            n = self._put_back(packed, keep_rest)
+            stored = True
+            return n
+        finally:
+            if first and stored:  # (what it took out is stored: the blocks can go)
+                self._release_and_mark()
+            elif first:  # (failed: its blocks stay; the lanes are noted all the same)
+                self._mark_ordered_lanes()
 
     def defer(self, msg, delay_s):
         """A REQ with a delay: noted with its due time in its cursor's retry
@@ -916,7 +922,10 @@ class LogChannel(Channel):
                 self.ring.ring_wanted = True  # a client here takes from the ring (_room)
             self.ring.nudge()  # the owners' feeders: a consumer here waits (see _room)
         try:
-            if not any(ring.depth for ring in rings.values()) and not self._direct_unread(ready):
+            # (a lane move since the round's look: a claim took nothing, look again)
+            if not any(ring.depth for ring in rings.values()) \
+                    and self.ring.lanes_version == self._lanes_seen \
+                    and not self._direct_unread(ready):
                 self._window_blocked = self._direct_unread(ready, at_window=True)
                 self._ready.wait()
         finally:

@@ -144,13 +144,23 @@ RECOVERY_BATCH = 16384  # blocks put back per call: bounded memory, and a death 
 def _channel_of(nsqd, queue, found):
     """(topic, channel) of a queue name: (None, the channel) for "topic:channel",
     (the topic, None) for "topic:" (a DPUB before any channel); None for what
-    is gone (its messages go with it, as in nsqd).  `found` caches them."""
+    is gone (its messages go with it, as in nsqd).  `found` caches them.
+
+    A log channel first looks for lanes made since its last look
+    (LogChannel.look_for_lanes), before any of the dead process's copies are
+    put back or deferred here: a lane this worker attaches for the first
+    time drops what the worker holds of its partition, as taken before the
+    lane's move, which the dead process's copies (a head it took from the
+    lane) need not be."""
     pair = found.get(queue)
     if pair is None:
         topic_name, _, channel_name = queue.partition(":")
         topic = nsqd.topics.get(topic_name)
         if channel_name:
             pair = (None, topic.channels.get(channel_name) if topic is not None else None)
+            look = getattr(pair[1], "look_for_lanes", None)  # (a log channel's)
+            if look is not None:
+                look()
         else:
             pair = (topic, None)
         found[queue] = pair
@@ -189,9 +199,6 @@ def _recover_queue(nsqd, arena, index, offsets, pair, marked, now_wall, counts):
                 counts["dropped"] += arena.release_many(freed)
         return
     cursors = getattr(channel, "cursors", None)  # (a log channel's)
-    look = getattr(channel, "look_for_lanes", None)
-    if look is not None:  # (lanes made since this worker last looked: attached first, so that
-        look()            # put_records' own look drops nothing of the dead process's)
     lanes = _lanes_left_out(channel, marked)
     for first in range(0, len(offsets) // 8, RECOVERY_BATCH):
         finished, groups = arena_gather(arena, index, cursors, lanes, now_wall, offsets, first,
