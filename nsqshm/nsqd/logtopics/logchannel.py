@@ -300,8 +300,9 @@ class LogChannel(Channel):
         # drops what it holds of a partition now ordered, and until the release it
         # takes nothing from a ring (CursorSet.seek_state), so nothing from before the
         # move reaches it after its look (and its arena's mark of the lane:
-        # recovery._lanes_left_out).  A worker that finds an ordered lane whose cursor
-        # is not held knows its move is over (_find_lanes).
+        # recovery._lanes_left_out).  A worker drops what it holds of the partition
+        # when it first attaches the lane, whether the move still holds the cursor or
+        # is over (_find_lanes).
         self._move([(self.topic.partitions[i], None) for i in todo],
                    make_lanes=(todo, ordered))
         if ordered:  # every worker now delivers from the ordered lane: the old one goes
@@ -512,9 +513,9 @@ class LogChannel(Channel):
         take_up_retries), then put back (_put_back).  One below its cursor's
         confirmed offset is finished (a /channel/empty moved the cursor past
         it while it was held): dropped, in C (CursorSet.unconfirmed).  One
-        of a partition whose ordered lane this worker attaches late here
-        (look_for_lanes) was taken before the move: dropped too, the lane
-        delivers it again.  (The recovery looks before it puts back another
+        of a partition whose ordered lane this worker attaches here for the
+        first time (look_for_lanes) was taken before the move: dropped too,
+        the lane delivers it again.  (The recovery looks before it puts back another
         process's copies: not dropped here.)"""
         first = self.look_for_lanes(release=False)
         if first:
