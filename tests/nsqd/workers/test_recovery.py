@@ -179,20 +179,14 @@ def test_a_stopped_workers_copies_from_before_a_move_into_an_ordered_lane_stay_o
                     timeout=15)
 
     def recovered():
-        return [line for line in server.lines
-                if "RECOVERY:" in line and f"(pid {stopped})" in line]
+        return _recovery_lines(server, stopped)
 
     assert wait_for(recovered, timeout=15), "".join(server.lines[-20:])
     # (past the REQs' due time: a deferred copy put back would be in the lane by now)
     time.sleep(max(0.0, reqs_at + 4 - time.monotonic()))
     ordered.send(p.fin(head.id))
-    got = []
     ordered.sock.settimeout(5)
-    for _ in range(9):
-        m = ordered.message()
-        got.append(decode_message_id(m.id))
-        ordered.send(p.fin(m.id))
-    assert got == [(0, offset) for offset in range(1, 10)]
+    assert _finish_each(ordered, 9) == [(0, offset) for offset in range(1, 10)]
     ordered.sock.settimeout(1)
     with pytest.raises(TimeoutError):
         ordered.message()
@@ -253,19 +247,13 @@ def test_a_worker_that_applies_a_lane_move_late_drops_its_copies_and_its_heads_c
     os.kill(stopped, signal.SIGKILL)
     assert wait_for(lambda: len(workers(server)) == 2 and stopped not in workers(server),
                     timeout=15)
-    assert wait_for(lambda: any("RECOVERY:" in line and f"(pid {stopped})" in line
-                                for line in server.lines), timeout=15), \
+    assert wait_for(lambda: _recovery_lines(server, stopped), timeout=15), \
         "".join(server.lines[-20:])
     again = Client(server, timeout=10)
     again.send(f"SUB_ORDERED {topic} ch 0\n".encode())
     assert again.response() == (p.FRAME_TYPE_RESPONSE, b"OK")
     again.send(p.rdy(1))
-    got = []
-    for _ in range(10):
-        m = again.message()
-        got.append(decode_message_id(m.id))
-        again.send(p.fin(m.id))
-    assert got == [(0, offset) for offset in range(10)]
+    assert _finish_each(again, 10) == [(0, offset) for offset in range(10)]
     again.sock.settimeout(1)
     with pytest.raises(TimeoutError):
         again.message()
@@ -318,6 +306,21 @@ def test_after_a_move_a_worker_was_late_for_every_message_goes_out_once(nsqd_fac
             quiet_since = time.monotonic()
     assert sorted(got["first"] + got["plain"]) == list(range(20)), got
     assert got["first"] == sorted(got["first"])
+
+
+def _recovery_lines(server, pid):
+    """The server's RECOVERY lines for the arena of the process `pid`."""
+    return [line for line in server.lines if "RECOVERY:" in line and f"(pid {pid})" in line]
+
+
+def _finish_each(client, n):
+    """The (partition, offset) of the next n messages, each FIN'd as it comes."""
+    got = []
+    for _ in range(n):
+        m = client.message()
+        got.append(decode_message_id(m.id))
+        client.send(p.fin(m.id))
+    return got
 
 
 def _channel(server, topic):
