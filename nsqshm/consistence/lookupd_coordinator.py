@@ -145,7 +145,11 @@ class LookupdCoordinator:
                 if not move_leader and to in state.replicas.isr \
                         and from_ not in (*state.replicas.isr, *state.replicas.catchup):
                     return state
-                if state.move is None and move_leader and state.leader_session is None \
+                # the leader hands off in three writes: `to` designated, the move ended,
+                # its leadership resigned; between the last two it still leads
+                handed = state.leader_session is None or (state.replicas.leader == to
+                                                          and state.leader == from_)
+                if state.move is None and move_leader and handed \
                         and time.monotonic() < deadline:
                     gevent.sleep(MOVE_POLL)  # handed off: the election runs
                     continue
