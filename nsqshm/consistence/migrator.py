@@ -191,10 +191,12 @@ def rebalance(partitions, live, removing, imbalanced_since, now, wait, waiting=N
 
 def removal_states(partitions, removing):
     """{node: REMOVE_PENDING while it holds a replica of any partition (leader, ISR or
-    catch-up), else REMOVE_DONE} for the nodes being removed."""
+    catch-up) or a move under way is to give it one, else REMOVE_DONE} for the nodes
+    being removed."""
     holding = {n for state, _ in partitions
                for n in (state.replicas.leader, state.leader, *state.replicas.isr,
-                         *state.replicas.catchup)}
+                         *state.replicas.catchup,
+                         *((state.move.to,) if state.move is not None else ()))}
     return {n: REMOVE_PENDING if n in holding else REMOVE_DONE for n in removing}
 
 

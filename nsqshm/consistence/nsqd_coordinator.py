@@ -264,6 +264,9 @@ class NsqdCoordinator:
             if leader is not None and leader.fenced is None:
                 leader.set_state(state)
                 return
+            if leader is not None and leader.resigning is not None \
+                    and state.leader_session.create_revision == leader.resigning:
+                return  # handed off, its resign not yet answered: it leads no more
             leader = PartitionLeader(self, part, state)
             self.leaders[key] = leader
             self.host.set_gate(part, leader)

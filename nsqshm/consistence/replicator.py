@@ -67,6 +67,7 @@ IDLE_CURSOR_WAIT = 1.0  # s: how often a quiet partition's cursors are looked at
 JOIN_CURSORS_FRESH = IDLE_CURSOR_WAIT + 0.5
 MOVE_TIMEOUT = 60.0  # s: a moved replica has this long to catch up (Youzan's minute)
 HAND_OFF_TIMEOUT = 2.0  # s: the new leader has this long to take the end and the cursors
+RESIGN_RETRY = 0.5  # s: a hand-off's resign that etcd did not answer is sent again after
 _BUFFERS = []  # batch buffers not on the wire, shared by the senders of this process
 _DELETED = object()  # in a connection's `sent`: the channel's deletion was sent
 _COMMITTED = object()  # a connection's `sent` key: the committed end it was told
@@ -101,6 +102,9 @@ class PartitionLeader:
         self.joining = None  # a catch-up node moving into the ISR: PUBs wait for it too
         self.fenced = None  # why this leader may acknowledge nothing more
         self.handing_off = None  # the node it hands its leadership to: writes refused
+        # the leader session (its create_revision) a hand-off gave up, while etcd has
+        # not yet answered the resign: the role watch does not make it a leader again
+        self.resigning = None
         self.cursors_synced = {}  # node ID -> when it last held every cursor (monotonic)
         self._channels = set()  # the durable channels at the last cursor send
         # channels deleted on this partition's leaders (tombstones), kept in etcd so
@@ -394,6 +398,12 @@ class PartitionLeader:
             while move.to not in self.state.replicas.isr:  # (the monitor moves it in)
                 if self.fenced is not None:
                     return f"no longer leading: {self.fenced}"
+                current = self.state.move
+                if current is None or current.create_revision != move.create_revision:
+                    # withdrawn: the lookupd answered the operator "timeout" already (a
+                    # leader elected during the move started its clock later); `to`
+                    # goes on catching up, as after a timeout here, `from_` stays
+                    return "withdrawn by the nsqlookupd that asked for it"
                 if time.monotonic() > deadline:
                     return "timeout waiting move data"
                 gevent.sleep(0.1)
@@ -413,7 +423,9 @@ class PartitionLeader:
         `timeout`) until it has this log's end and the cursors read after the refusal
         began, make it the designated leader, end the move, resign.  Past the timeout
         it is handed anyway: as an ISR member it holds every acknowledged message,
-        and the cursors of the last interval at least.  -> None, or why not."""
+        and the cursors of the last interval at least.  -> None, or why not (then it
+        leads on); raises when etcd did not answer the designation (then it stepped
+        down all the same: _step_down)."""
         if self.fenced is not None:
             return f"no longer leading: {self.fenced}"
         if to not in self.state.replicas.isr:
@@ -422,7 +434,7 @@ class PartitionLeader:
         try:
             return self._hand_off(to, move, timeout)
         finally:
-            if self.fenced is None:  # not handed (etcd refused or did not answer): it
+            if self.fenced is None:  # not handed (etcd refused the designation): it
                 self.handing_off = None  # leads on, and takes writes again
 
     def _hand_off(self, to, move, timeout):
@@ -443,17 +455,55 @@ class PartitionLeader:
         # a move (an operator's, the master's) makes `to` the preferred leader too, or the
         # master would hand the leadership back (migrator.rebalance); a graceful stop's
         # hand-off keeps the preference: back, this node leads again
-        self.set_state(leadership.update_replicas(self.state, replicas.isr, replicas.catchup,
-                                                  designated=to,
-                                                  preferred=to if move is not None else None))
+        try:
+            self.set_state(leadership.update_replicas(
+                self.state, replicas.isr, replicas.catchup, designated=to,
+                preferred=to if move is not None else None))
+        except Fenced:
+            raise  # not written (its compare failed): whoever deposed us fences us
+        except CoordinationError:
+            # not answered: etcd may have written it, and then the followers take `to`
+            # for this write epoch's leader and refuse our frames; leading on, this
+            # node could neither replicate nor be replaced (its session alive)
+            self._step_down(f"handed its leadership to {to} (etcd did not answer)")
+            raise
         if move is not None:
-            self.coordinator.topology.end_move(self.partition.topic.name,
-                                               self.partition.index, move)
+            try:
+                self.coordinator.topology.end_move(self.partition.topic.name,
+                                                   self.partition.index, move)
+            except CoordinationError:
+                pass  # _move ends it after us; else the lookupd withdraws it
         self.coordinator.logf("info", f"{self._name}: hands its leadership to {to} "
                                       f"({time.monotonic() - began:.2f}s)")
-        leadership.resign(self.state)
-        self.fence(f"handed its leadership to {to}")
+        self._step_down(f"handed its leadership to {to}")
         return None
+
+    def _step_down(self, why):
+        """Acknowledge nothing more and give up the leader session the hand-off held:
+        retried (RESIGN_RETRY) until etcd answers, for until the session is deleted no
+        election runs.  Only that session: if this node is elected again meanwhile
+        (a new session), the retry's compare fails and it stops."""
+        held = self.state
+        try:
+            # (resigned first: a role check between a fence and the resign would find
+            # this node still leading, and make it a leader again)
+            self.coordinator.leadership.resign(held)
+        except CoordinationError as err:
+            self.coordinator.logf("warn", f"{self._name}: resign not answered ({err}); "
+                                          f"retrying")
+            if held.leader_session is not None:
+                self.resigning = held.leader_session.create_revision
+            gevent.spawn(self._resign_until_answered, held)
+        self.fence(why)
+
+    def _resign_until_answered(self, held):
+        while True:
+            gevent.sleep(RESIGN_RETRY)
+            try:
+                self.coordinator.leadership.resign(held)
+                return
+            except CoordinationError:
+                continue
 
     def successor(self):
         """The ISR follower that has acknowledged the most (a graceful stop's pick)."""
@@ -594,6 +644,8 @@ class PartitionLeader:
                 if not self._wait_acked(node, self.coordinator.host.end_offset(self.partition),
                                         JOIN_WAIT):
                     continue
+                if self.handing_off is not None or self.fenced is not None:
+                    return  # (a hand-off began meanwhile: its designated leader stands)
                 self.set_state(leadership.expand_isr(self.state, node))
             finally:
                 self.joining = None

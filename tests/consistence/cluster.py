@@ -21,6 +21,7 @@ from tests.nsqd.conftest import Lookupd, Server
 
 RPC_PORT = 4250
 TTL = "2s"
+CLUSTER_ID = "nsq-test-cluster"  # --cluster-id's default: the cluster's nodes use it
 LOG_TAIL = 400  # lines of each process's log a failure report shows
 
 # the clusters made in the running test: conftest.py adds their processes' logs to the
@@ -176,7 +177,7 @@ class Cluster:
         end = time.monotonic() + timeout
         session = EtcdSession(self.etcd.endpoint, ttl=5).start()
         try:
-            topology = Topology(session, "nsq-test-cluster")
+            topology = Topology(session, CLUSTER_ID)
             while len(topology.nodes()) < len(self.nodes) and time.monotonic() < end:
                 time.sleep(0.1)
         finally:

@@ -214,6 +214,10 @@ def test_removal_states():
     partitions = [(state([A, B], [C]), 2)]
     assert removal_states(partitions, {A, C, D}) == {A: "pending", C: "pending",
                                                     D: "data_transferred"}
+    # a move put before D was marked, read before its leader (or, in a failover, no
+    # leader) added D to the catch-up list: D is about to hold a replica
+    moving = [(state([A, B], move=MoveRequest(B, D, False)), 2)]
+    assert removal_states(moving, {C, D}) == {C: "data_transferred", D: "pending"}
 
 
 def test_plan_says_when_to_look_again():

@@ -3,6 +3,8 @@
 lookupd and nsqadmin show (`GET /cluster/topic`, the topic page's replication
 table): three nsqd in network namespaces, a real etcd (cluster.py)."""
 
+import base64
+import http.client
 import json
 import re
 import threading
@@ -12,7 +14,8 @@ import urllib.parse
 import pytest
 
 from nsqshm import protocol as p
-from tests.consistence.cluster import Client, Cluster
+from nsqshm.consistence.topology import Keys
+from tests.consistence.cluster import CLUSTER_ID, Client, Cluster
 from tests.consistence.etcd_server import ETCD
 from tests.consistence.netns import available
 from tests.consistence.test_replication import channel_cursor, publish, wait_until
@@ -141,6 +144,83 @@ def test_the_node_that_handed_its_leadership_off_does_not_win_it_back(cluster):
     assert (doc["leader"], doc["designated_leader"]) == (new.id, new.id)
     publish(new, "orders", [b"after"])
     assert rest_of_channel(new, "orders", "audit", 2) == [b"before", b"after"]
+
+
+
+def freeze_etcd_on_designation(cluster, topic, partition, designated):
+    """In a thread: watch the partition's ReplicaInfo on etcd and SIGSTOP etcd the
+    moment it names `designated` the leader, before whatever write comes next could
+    be committed (each waits for etcd's WAL fsync).  -> an Event set once frozen."""
+    key = Keys(CLUSTER_ID).replica_info(topic, partition)
+    host, port = cluster.etcd.endpoint.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/v3/watch", json.dumps(
+        {"create_request": {"key": base64.b64encode(key.encode()).decode()}}))
+    stream = conn.getresponse()
+    frozen = threading.Event()
+
+    def watch():
+        try:
+            while not frozen.is_set():
+                line = stream.readline()
+                if not line:
+                    return
+                for event in json.loads(line).get("result", {}).get("events", ()):
+                    value = json.loads(base64.b64decode(event["kv"]["value"]))
+                    if value["Leader"] == designated:
+                        cluster.etcd.freeze()
+                        frozen.set()
+        finally:
+            conn.close()
+    threading.Thread(target=watch, daemon=True).start()
+    return frozen
+
+
+def test_a_hand_off_etcd_stops_answering_steps_down_and_the_partition_is_led_again(cluster):
+    """etcd stops answering (frozen: connections open, nothing answered) right after
+    the leader designated its successor, before the move's end and its resign.  The
+    followers now take the successor for this write epoch's leader and refuse the old
+    one's frames: leading on, it could neither replicate nor be replaced (its session
+    alive, nobody elected).  It steps down instead, and sends its resign until etcd
+    answers; once etcd is back the successor leads, with every acknowledged message
+    (before the fix: no leader took writes)."""
+    assert cluster.create_topic("orders", 1, 3)[0] == 200
+    old = cluster.leader("orders")
+    new = next(n for n in cluster.nodes if n is not old)
+    assert old.server.post("/channel/create?topic=orders&channel=audit")[0] == 200
+    bodies = [b"m%02d" % i for i in range(20)]
+    publish(old, "orders", bodies)
+    wait_until(lambda: all(channel_cursor(n, "orders", "audit") is not None
+                           for n in cluster.nodes), 5, "the channel on every node")
+    frozen = freeze_etcd_on_designation(cluster, "orders", 0, new.id)
+    try:
+        threading.Thread(target=move, args=(cluster, "orders", 0, old.id, new.id, True),
+                         daemon=True).start()  # (answered 500: etcd stops answering)
+        assert frozen.wait(15), "no designation of the new leader"
+        wait_until(lambda: any("resign not answered" in line for line in old.server.lines),
+                   15, "the old leader's resign sent while etcd does not answer")
+    finally:
+        cluster.etcd.thaw()
+
+    def published():
+        try:
+            client = Client(cluster.leader("orders", timeout=5))
+        except (AssertionError, OSError):
+            return False
+        try:
+            return client.pub("orders", b"after") == (0, b"OK")
+        except OSError:
+            return False
+        finally:
+            client.close()
+    wait_until(published, 20, "a leader that takes writes")
+    assert cluster.leader("orders") is new
+    doc = layout(cluster, "orders")["partitions"][0]
+    assert doc["leader"] == doc["designated_leader"] == new.id
+    # every acknowledged message, once (a PUB refused after its append may have left
+    # one more "after": appended, not acknowledged)
+    got = rest_of_channel(new, "orders", "audit", new.end_offset("orders"))
+    assert got[:20] == bodies and set(got[20:]) == {b"after"}
 
 
 def test_a_refused_move_says_why(cluster):

@@ -92,8 +92,9 @@ class Gateway:
             except (OSError, http.client.HTTPException, ValueError) as err:
                 conn.close()
                 last = err
-                if not reused:
-                    continue
+                if not reused or isinstance(err, TimeoutError):
+                    continue  # (timed out: it reached a server that did not answer, which
+                    # may have applied it and will not answer sooner on a new connection)
                 # an idle connection the server closed meanwhile (etcd restarted): the
                 # request never reached it; once more on a new connection
                 conn, _ = self._new(index)

@@ -1,5 +1,7 @@
-"""The gateway transport: the API path chosen from etcd's version, endpoints, and
-etcd's gRPC errors as typed exceptions."""
+"""The gateway transport: the API path chosen from etcd's version, endpoints,
+etcd's gRPC errors as typed exceptions, and a server that does not answer."""
+
+import time
 
 import pytest
 
@@ -45,3 +47,21 @@ def test_no_endpoint_answering_is_unavailable():
     gw = Gateway([f"127.0.0.1:{port}" for port in free_ports(2)], timeout=0.5)
     with pytest.raises(EtcdUnavailable):
         gw.call("kv/range", {"key": "YQ=="})
+
+
+def test_a_server_that_does_not_answer_is_given_up_after_one_timeout(etcd):
+    """A request on an idle connection is sent again on a new one only when the
+    server had closed it (etcd restarted), not when it timed out: that request
+    reached a server that may have applied it, and the caller's wait doubled."""
+    gw = Gateway(etcd.endpoint, timeout=1.0)
+    gw.call("kv/range", {"key": "YQ=="})  # a connection left idle
+    etcd.freeze()  # sockets open, nothing answered
+    try:
+        began = time.monotonic()
+        with pytest.raises(EtcdUnavailable, match="timed out"):
+            gw.call("kv/range", {"key": "YQ=="})
+        assert time.monotonic() - began < 1.7
+    finally:
+        etcd.thaw()
+    assert gw.call("kv/range", {"key": "YQ=="}) is not None  # and on, once it answers
+    gw.close()
