@@ -49,7 +49,7 @@ import gevent.event
 
 from nsqshm._core.commitlog import LogError
 from nsqshm.consistence import rpc
-from nsqshm.consistence.errors import CoordinationError, Fenced
+from nsqshm.consistence.errors import CoordinationError, EtcdUnavailable, Fenced
 from nsqshm.nsqd.logtopics.partition import MAX_RECORD
 from nsqshm.nsqd.logtopics.replica import NotLeader
 
@@ -391,6 +391,8 @@ class PartitionLeader:
             return "move from not the topic leader"
         if not move.leader and move.from_ == self.me:
             return "can not move leader without moveleader param"
+        if self.handing_off is not None:  # (its designation must stand)
+            return f"hands its leadership to {self.handing_off}"
         if move.to not in replicas.isr:
             if move.to not in replicas.catchup:
                 self.set_state(leadership.add_catchup(self.state, move.to))
@@ -409,6 +411,8 @@ class PartitionLeader:
                 gevent.sleep(0.1)
         if move.leader:
             return self.hand_off(move.to, move)
+        if self.handing_off is not None:  # (began while `to` caught up: it must stand)
+            return f"hands its leadership to {self.handing_off}"
         replicas = self.state.replicas
         if move.from_ in replicas.isr or move.from_ in replicas.catchup:
             # the node that takes the preferred leader's replica is preferred after it
@@ -455,18 +459,22 @@ class PartitionLeader:
         # a move (an operator's, the master's) makes `to` the preferred leader too, or the
         # master would hand the leadership back (migrator.rebalance); a graceful stop's
         # hand-off keeps the preference: back, this node leads again
+        # from the moment the designation is sent this session leads no more: once
+        # written, the followers take `to` for this write epoch's leader and refuse our
+        # frames (fencing this leader), and the role watch must not make it one again
+        self.resigning = self.state.leader_session.create_revision
         try:
             self.set_state(leadership.update_replicas(
                 self.state, replicas.isr, replicas.catchup, designated=to,
                 preferred=to if move is not None else None))
-        except Fenced:
-            raise  # not written (its compare failed): whoever deposed us fences us
-        except CoordinationError:
-            # not answered: etcd may have written it, and then the followers take `to`
-            # for this write epoch's leader and refuse our frames; leading on, this
-            # node could neither replicate nor be replaced (its session alive)
+        except EtcdUnavailable:
+            # not answered: etcd may have written it; leading on, this node could
+            # neither replicate nor be replaced (its session alive)
             self._step_down(f"handed its leadership to {to} (etcd did not answer)")
             raise
+        except CoordinationError:
+            self.resigning = None  # refused (a compare, etcd's answer): not written, it
+            raise                  # leads on (Fenced: whoever deposed it fences it)
         if move is not None:
             try:
                 self.coordinator.topology.end_move(self.partition.topic.name,
@@ -485,22 +493,20 @@ class PartitionLeader:
         (a new session), the retry's compare fails and it stops."""
         held = self.state
         try:
-            # (resigned first: a role check between a fence and the resign would find
-            # this node still leading, and make it a leader again)
             self.coordinator.leadership.resign(held)
         except CoordinationError as err:
             self.coordinator.logf("warn", f"{self._name}: resign not answered ({err}); "
                                           f"retrying")
-            if held.leader_session is not None:
-                self.resigning = held.leader_session.create_revision
             gevent.spawn(self._resign_until_answered, held)
         self.fence(why)
 
     def _resign_until_answered(self, held):
-        while True:
+        coordinator = self.coordinator
+        # (a lease lost takes the session with it; a node that stops revokes its lease)
+        while not coordinator.stopped and coordinator.lease_alive():
             gevent.sleep(RESIGN_RETRY)
             try:
-                self.coordinator.leadership.resign(held)
+                coordinator.leadership.resign(held)
                 return
             except CoordinationError:
                 continue
