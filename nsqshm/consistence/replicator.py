@@ -316,8 +316,10 @@ class PartitionLeader:
         if len(self._deleted) > MAX_TOMBSTONES:
             self._deleted = set(sorted(self._deleted)[:MAX_TOMBSTONES])
         try:
+            # (not written when this leader's session is gone: nothing to try again)
             self.coordinator.topology.set_deleted_channels(
-                self.partition.topic.name, self.partition.index, self._deleted)
+                self.partition.topic.name, self.partition.index, self._deleted,
+                self.state.leader_session.create_revision)
             self._deleted_kept = set(self._deleted)
         except CoordinationError as err:  # (tried again at the next send)
             self.coordinator.logf("info", f"{self._name}: deleted channels not kept: {err}")

@@ -478,12 +478,16 @@ class Topology:
         return {n for n in names if isinstance(n, str) and is_valid_name(n)} \
             if isinstance(names, list) else set()
 
-    def set_deleted_channels(self, topic, partition, names):
+    def set_deleted_channels(self, topic, partition, names, leader_session):
+        """Keep the tombstones, as the partition's leader whose session key has the
+        create_revision `leader_session`: nothing is written once that session is
+        gone (a deposed leader; a deleted topic, whose tombstones would be inherited by
+        a topic made again under its name).  -> whether written."""
         key = self.keys.deleted_channels(topic, partition)
-        if names:
-            self.session.put(key, json.dumps({"Channels": sorted(names)}))
-        else:
-            self.session.delete(key)
+        op = Op.put(key, json.dumps({"Channels": sorted(names)})) if names else Op.delete(key)
+        return self.session.txn(
+            [Compare.create_revision(self.keys.leader_session(topic, partition), "=",
+                                     leader_session)], [op]).succeeded
 
     # -- moves (an operator's, carried out by the partition's leader) ------------------
 

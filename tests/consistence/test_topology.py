@@ -6,6 +6,7 @@ import json
 import pytest
 
 from nsqshm.consistence.errors import InvalidName, TopicExists, TopicNotFound
+from nsqshm.consistence.leadership import Leadership
 from nsqshm.consistence.placement import spread
 from nsqshm.consistence.topology import NodeInfo, TopicMeta, Topology
 
@@ -116,3 +117,23 @@ def test_topic_on_live_nodes_and_its_leaders(sessions):
     assert t1.leaders("orders") == [None, info, None]
     with pytest.raises(ValueError):  # replicator 4 needs 4 live nodes
         t1.create_topic_on_live_nodes("big", TopicMeta(partition_num=1, replica=4))
+
+
+def test_only_the_live_leader_keeps_the_tombstones(sessions):
+    """A partition's deleted channels are written by its leader while it holds its
+    session: a deposed leader's, or one whose topic was deleted meanwhile, would
+    leave them to a topic made again under the name."""
+    s = sessions()
+    t = Topology(s, "c1")
+    node = NodeInfo("a", "10.0.0.1")
+    t.register_node(node)
+    t.create_topic("t", TopicMeta(1, 1), [["a"]])
+    held = Leadership(t, node).elect("t", 0).leader_session.create_revision
+    assert t.set_deleted_channels("t", 0, {"gone", "old"}, held)
+    assert t.deleted_channels("t", 0) == {"gone", "old"}
+    assert t.set_deleted_channels("t", 0, set(), held)  # none left: the key goes
+    assert s.get(t.keys.deleted_channels("t", 0)) is None
+    t.delete_topic("t")
+    assert not t.set_deleted_channels("t", 0, {"gone"}, held)
+    t.create_topic("t", TopicMeta(1, 1), [["a"]])
+    assert t.deleted_channels("t", 0) == set()
