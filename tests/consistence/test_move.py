@@ -176,6 +176,7 @@ def freeze_etcd_on_designation(cluster, topic, partition, designated):
     return frozen
 
 
+@ON_1_AND_2_WORKERS
 def test_a_hand_off_etcd_stops_answering_steps_down_and_the_partition_is_led_again(cluster):
     """etcd stops answering (frozen: connections open, nothing answered) right after
     the leader designated its successor, before the move's end and its resign.  The
