@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from nsqshm.bench import loadgen, server, tcp, workers
+from nsqshm.bench import loadgen, logtopic, server, tcp, workers
 from nsqshm.bench import main as bench_main
 
 
@@ -142,3 +142,19 @@ def test_connections_pinned_to_each_worker():
                 sock.close()
     finally:
         target.close()
+
+
+def test_logtopic_runs_the_fanout_again_with_the_brokers_default_memory(capsys):
+    """The last case's classic channels spill to their disk queues (nsqd's
+    default --mem-queue-size): 30,000 messages are more than its 10,000."""
+    rc, res = _run(["logtopic", "--quick", "--messages", "30000", "--runs", "1"], capsys)
+    assert rc == 0
+    assert [(c["channels"], c["memory"]) for c in res["cases"]] == [
+        (1, logtopic.WHOLE), (4, logtopic.WHOLE), (4, logtopic.DEFAULTS)]
+    for c in res["cases"]:  # run_phases waits for every channel's every message
+        runs = [r for kind in logtopic.KINDS for r in c["runs"][kind]]
+        assert [(r["messages"], r["client_processes_failed"]) for r in runs] == [(30_000, 0)] * 2
+    rows = logtopic.targets(res)
+    assert [r[1].split(",")[0] for r in rows] == [
+        "publish", "fan-out to 4 channels", "fan-out to 4 channels"]
+    assert "default memory" in rows[2][1] and rows[2][3] == f"{res['cases'][2]['ratio_out']:.2f}"
