@@ -74,6 +74,8 @@ MAX_SEGMENT_BYTES = 1 << 30          # file positions are u32 in the index
 DEFAULT_INDEX_INTERVAL = 4096
 DEFAULT_MAX_MSG_SIZE = 1024768       # nsqd's --max-msg-size
 MAX_PARTITIONS = 1024
+# a log topic's message ID holds (partition << 48) | msg offset: no offset at or past this
+MAX_OFFSETS = 1 << 48
 TOPIC_NAME_MAX = 64
 STATE_FILE = "state"
 DIR_SUFFIX = ".nsqlog"
@@ -301,6 +303,8 @@ def make_log_anew(str path, uint64_t start, uint64_t start_virtual, **settings):
     `settings` and swapped in (_swap_in; the others' files kept): a replica's
     log to be copied from the leader's start.  -> the old log's directory, for
     the caller to remove."""
+    if start >= MAX_OFFSETS or start_virtual >= 1 << 62:
+        raise ValueError(f"invalid start offsets {start}, {start_virtual}")
     new = path + CUT_SUFFIX
     shutil.rmtree(new, ignore_errors=True)
     try:
@@ -1216,7 +1220,7 @@ cdef class PartitionLog:
         channel cursor's bit with no lookup (logcursor.CursorSet)."""
         cdef Py_buffer view
         cdef const char *p
-        cdef Py_ssize_t n, pos = 0, staged = 0, count = 0
+        cdef Py_ssize_t n, pos = 0, staged = 0, count = 0, records = 0
         cdef uint32_t size
         cdef uint64_t first = self.c.next_offset, off = self.c.next_offset
         cdef uint64_t seg_base_pos = self.wpos
@@ -1234,8 +1238,12 @@ cdef class PartitionLog:
                 if pos + 4 + size > n:
                     raise ValueError(f"truncated record at byte {pos}")
                 pos += 4 + size
+                records += 1
             if pos != n:
                 raise ValueError(f"truncated record at byte {pos}")
+            if id_partition >= 0 and first + <uint64_t>records > <uint64_t>MAX_OFFSETS:
+                raise ValueError(f"the log is full: {records} records at offset {first} "
+                                 f"would pass {MAX_OFFSETS - 1}, the largest a message ID holds")
             pos = 0
             while pos < n:
                 size = (<const uint32_t *>(p + pos))[0]

@@ -281,6 +281,10 @@ class Migrator:
                 states = self.topology.partitions(topic)
             except TopicNotFound:
                 continue  # deleted meanwhile
+            except (ValueError, KeyError, TypeError, AttributeError):
+                # (not one of ours: a key that does not parse holds up no other topic;
+                # the nodes say which, NsqdCoordinator._sync_topics)
+                continue
             partitions.extend((state, replicator) for state in states)
         now = time.monotonic()
         waiting = []

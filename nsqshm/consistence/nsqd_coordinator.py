@@ -21,6 +21,7 @@ Per worker (each has its own session and lease):
 
 import functools
 import ipaddress
+import secrets
 import time
 
 import gevent
@@ -86,6 +87,14 @@ class NsqdCoordinator:
                              version=version, workers=host.workers)
         self.lag_timeout = LAG_TIMEOUT
         self._committed_heard = {}  # (topic, partition) -> committed end its leader sent
+        # (topic, partition) -> (write epoch, leader) etcd confirmed for a frame newer
+        # than the role watch's state (_from_leader)
+        self._newer_leaders = {}
+        self._unreadable = set()  # topic names whose keys did not parse (said once)
+        # what this node's workers say to each other (rpc.py HELLO): the supervisor's,
+        # made before it forked them; a process on its own (no supervisor) has no
+        # other worker to hear from
+        self._secret = getattr(opts, "node_secret", None) or secrets.token_hex(16)
         self.session = EtcdSession(endpoints(opts), ttl=lease_ttl(opts))
         self.topology = Topology(self.session, opts.cluster_id)
         self.leadership = Leadership(self.topology, self.node)
@@ -103,7 +112,7 @@ class NsqdCoordinator:
             bind, self._source = "0.0.0.0", None
         self.rpc = rpc.RPCServer((bind, rpc_port + host.worker), self.cluster_id, self.node.id,
                                  self.is_peer, self.on_append, self.on_publish, logf,
-                                 on_cursors=self.on_cursors)
+                                 on_cursors=self.on_cursors, secret=self._secret)
         self._idle = {}  # worker index -> [RPCClient]: connections to this node's workers
         host.forwarder = self.forward
 
@@ -212,15 +221,24 @@ class NsqdCoordinator:
         self._deleted -= seen_deleted
         self._drop_deleted(set(names), seen_deleted)
         for name in names:
-            states = self.topology.partitions(name)
-            mine = [s for s in states
-                    if me == s.replicas.leader or me in s.replicas.isr or me in s.replicas.catchup]
-            if not mine:
-                continue
             try:
+                states = self.topology.partitions(name)
+                mine = [s for s in states if me == s.replicas.leader or me in s.replicas.isr
+                        or me in s.replicas.catchup]
+                if not mine:
+                    continue
                 meta = self.topology.topic_meta(name)
             except TopicNotFound:
                 continue  # deleted meanwhile
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                # (a key under the topics that is not one of ours, or a value written
+                # by something else: the other topics go on; InvalidName is a ValueError)
+                if name not in self._unreadable:
+                    self.logf("error", f"cluster: topic {name!r} in etcd is not readable "
+                                       f"({type(err).__name__}: {err}); left out")
+                self._unreadable.add(name)
+                continue
+            self._unreadable.discard(name)
             self.host.ensure_topic(name, len(states), meta.sync_every, meta.ordered_multi,
                                    meta.ext, retention_days=meta.retention_day,
                                    retention_bytes=meta.retention_bytes)
@@ -409,6 +427,22 @@ class NsqdCoordinator:
         if epoch < known.epoch_for_write or (epoch == known.epoch_for_write
                                              and peer != known.leader):
             return part, rpc.FENCED
+        if epoch > known.epoch_for_write and self._newer_leaders.get(key) != (epoch, peer):
+            # a leader elected since our role watch last heard: etcd must say so (a
+            # linearizable read) before its frames depose ours or reach our log -- a
+            # frame from any other registered address would otherwise take the
+            # partition over by claiming a higher number
+            try:
+                fresh = self.topology.partition(topic, partition)
+            except (CoordinationError, ValueError, KeyError, TypeError, AttributeError):
+                return part, rpc.UNKNOWN  # (not now: the leader tries again)
+            if fresh.replicas.epoch_for_write != epoch or fresh.replicas.leader != peer \
+                    or fresh.leader != peer:
+                self.logf("warn", f"cluster: {topic}-{partition}: refused {peer}'s frame at "
+                                  f"write epoch {epoch}: etcd names {fresh.leader or 'nobody'} "
+                                  f"leading at write epoch {fresh.replicas.epoch_for_write}")
+                return part, rpc.FENCED
+            self._newer_leaders[key] = (epoch, peer)
         mine = self.leaders.get(key)
         if mine is not None and mine.fenced is None:
             if epoch <= mine.epoch:
@@ -503,7 +537,7 @@ class NsqdCoordinator:
         try:
             client = idle.pop() if idle else rpc.RPCClient(
                 self.node.ip, self.node.rpc_port + owner, self.cluster_id, self.node.id,
-                self.lag_timeout * 4, source=self._source)
+                self.lag_timeout * 4, source=self._source, secret=self._secret)
         except (rpc.RPCError, OSError) as err:
             raise NotLeader(f"{topic}-{partition}: its owner worker {owner} is not "
                             f"reachable ({err})") from None

@@ -9,7 +9,10 @@ Every frame:
     +----------------+--------+---------------------------+
 
     HELLO    (peer -> server)  JSON {"cluster": id, "node": node ID, "byteorder": ...,
-                                     "version": PROTOCOL_VERSION}
+                                     "version": PROTOCOL_VERSION[, "secret": hex]}
+      secret: only between the workers of one node (PUBLISH), the node's own,
+      which its supervisor made before it forked them (Arbiter.node_secret): a
+      HELLO naming the server's own node ID without it is refused
     WELCOME  (server -> peer)  JSON {"node": node ID}          (or ERROR, then close)
       A peer of another protocol version is refused (the ERROR names both): the
       frames below change between builds, and a frame read by another layout would
@@ -73,9 +76,11 @@ Every frame:
       follower elected leader delivers up to it before its first acks come.
 
 The server takes only peers registered in etcd for the cluster: the HELLO's node ID
-must be a live nsqd node whose NodeIP is the connection's source address.
+must be a live nsqd node whose NodeIP is the connection's source address (and, for
+its own node ID, the node's secret: another process on the host is not a worker).
 """
 
+import hmac
 import json
 import struct
 import sys
@@ -83,6 +88,8 @@ import sys
 import gevent
 import gevent.socket
 from gevent.server import StreamServer
+
+from nsqshm.consistence.topology import NODE_ID
 
 HELLO, WELCOME, ERROR, APPEND, ACK, PUBLISH, PUBLISHED, CURSORS = 1, 2, 3, 4, 5, 6, 7, 8
 OK, MISMATCH, FENCED, UNKNOWN = 0, 1, 2, 3  # ACK
@@ -93,6 +100,10 @@ RESET = (1 << 64) - 2
 TRUNCATE = (1 << 64) - 3
 DELETED = (1 << 64) - 1  # a CURSORS entry's confirmed offset: the channel was deleted
 MAX_FRAME = 64 << 20  # larger than any batch a leader sends (replicator.BATCH_BYTES, ~4 MiB)
+# what a connection may send before the server knows it is a peer: a HELLO, within
+# HELLO_TIMEOUT (a frame's length is read before its body is allocated)
+MAX_HELLO = 4096
+HELLO_TIMEOUT = 10.0
 HEADER = struct.Struct(">IB")
 APPEND_FIXED = struct.Struct(">HQQI")  # partition, write epoch, first offset, prev crc
 RESET_START = struct.Struct(">QQ")  # a RESET's records: the leader's start (msg, virtual)
@@ -216,21 +227,26 @@ def encode_ack(status, topic, partition, end, tail_crc=None):
 
 
 def decode_ack(body):
-    """-> (status, topic, partition, end, tail crc or None)."""
+    """-> (status, topic, partition, end, tail crc or None); RPCError for a body
+    shorter than it announces."""
+    if len(body) < 3:
+        raise RPCError(f"short ACK ({len(body)} bytes)")
     status = body[0]
     (n,) = struct.unpack_from(">H", body, 1)
+    rest = 3 + n + ACK_END.size
+    if len(body) < rest:
+        raise RPCError(f"short ACK ({len(body)} bytes)")
     topic = bytes(body[3:3 + n]).decode()
     partition, end = ACK_END.unpack_from(body, 3 + n)
-    rest = 3 + n + ACK_END.size
     crc = struct.unpack_from(">I", body, rest)[0] if len(body) >= rest + 4 else None
     return status, topic, partition, end, crc
 
 
-def read_frame(sock):
-    """-> (kind, body bytearray); RPCError at EOF or a bad length."""
+def read_frame(sock, limit=MAX_FRAME):
+    """-> (kind, body bytearray); RPCError at EOF or a length out of 1..limit."""
     head = _read_exact(sock, HEADER.size)
     length, kind = HEADER.unpack(head)
-    if not 1 <= length <= MAX_FRAME:
+    if not 1 <= length <= limit:
         raise RPCError(f"bad frame length {length}")
     return kind, _read_exact(sock, length - 1)
 
@@ -247,9 +263,12 @@ def _read_exact(sock, n):
     return buf
 
 
-def hello_body(cluster_id, node_id):
-    return json.dumps({"cluster": cluster_id, "node": node_id, "byteorder": BYTE_ORDER,
-                       "version": PROTOCOL_VERSION}).encode()
+def hello_body(cluster_id, node_id, secret=None):
+    hello = {"cluster": cluster_id, "node": node_id, "byteorder": BYTE_ORDER,
+             "version": PROTOCOL_VERSION}
+    if secret is not None:
+        hello["secret"] = secret
+    return json.dumps(hello).encode()
 
 
 class RPCServer:
@@ -260,9 +279,10 @@ class RPCServer:
     (status, end) takes the leader's channel cursors."""
 
     def __init__(self, address, cluster_id, node_id, is_peer, on_append, on_publish, logf,
-                 on_cursors=None):
+                 on_cursors=None, secret=None):
         self.cluster_id = cluster_id
         self.node_id = node_id
+        self.secret = secret  # the node's: what its other workers say (None: none may)
         self.is_peer = is_peer
         self.on_append = on_append
         self.on_publish = on_publish
@@ -284,10 +304,12 @@ class RPCServer:
     def _handle(self, sock, address):
         sock.setsockopt(gevent.socket.IPPROTO_TCP, gevent.socket.TCP_NODELAY, 1)
         try:
-            kind, body = read_frame(sock)
+            sock.settimeout(HELLO_TIMEOUT)
+            kind, body = read_frame(sock, MAX_HELLO)
             peer = self._welcome(sock, kind, body, address[0])
             if peer is None:
                 return
+            sock.settimeout(None)  # (a leader's connection idles between batches)
             stream = {}  # on_append's: (topic, partition) -> where this connection's APPENDs end
             while True:
                 kind, body = read_frame(sock)
@@ -317,10 +339,10 @@ class RPCServer:
             hello = json.loads(body) if kind == HELLO else {}
         except ValueError:
             hello = {}
-        node = hello.get("node")
+        node = hello.get("node") if isinstance(hello, dict) else None
         why = None
-        if kind != HELLO or not isinstance(node, str):
-            why = "expected HELLO"
+        if kind != HELLO or not isinstance(node, str) or not NODE_ID.match(node):
+            why = "expected HELLO"  # (nothing of it is logged: it may be anything)
         elif hello.get("cluster") != self.cluster_id:
             why = "another cluster"
         elif hello.get("version") != PROTOCOL_VERSION:
@@ -328,6 +350,10 @@ class RPCServer:
                    f"{PROTOCOL_VERSION} (every node of a cluster must run the same build)")
         elif hello.get("byteorder") != BYTE_ORDER:
             why = f"byte order {hello.get('byteorder')!r}, this host is {BYTE_ORDER}"
+        elif node == self.node_id and not (
+                self.secret is not None and isinstance(hello.get("secret"), str)
+                and hmac.compare_digest(hello["secret"].encode(), self.secret.encode())):
+            why = f"{node} is this node, and the HELLO does not hold this node's secret"
         elif not self.is_peer(node, ip):
             why = f"{node} at {ip} is not a node registered in the cluster"
         if why is not None:
@@ -341,15 +367,16 @@ class RPCServer:
 class RPCClient:
     """A leader's connection to one follower worker: request, then its ACK."""
 
-    def __init__(self, ip, port, cluster_id, node_id, timeout, source=None):
+    def __init__(self, ip, port, cluster_id, node_id, timeout, source=None, secret=None):
         """source: the local address to connect from, this node's NodeIP (what the
-        server checks), whatever the route would pick (several addresses, loopback)."""
+        server checks), whatever the route would pick (several addresses, loopback);
+        secret: the node's, to another worker of this node (PUBLISH)."""
         self.timeout = timeout
         self.sock = gevent.socket.create_connection(
             (ip, port), timeout, source_address=(source, 0) if source else None)
         try:
             self.sock.setsockopt(gevent.socket.IPPROTO_TCP, gevent.socket.TCP_NODELAY, 1)
-            self.sock.sendall(frame(HELLO, hello_body(cluster_id, node_id)))
+            self.sock.sendall(frame(HELLO, hello_body(cluster_id, node_id, secret)))
             kind, body = read_frame(self.sock)
             if kind != WELCOME:
                 raise RPCError(f"refused by {ip}:{port}: {bytes(body).decode(errors='replace')}")

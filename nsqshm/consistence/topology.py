@@ -26,6 +26,7 @@ dies or is cut off from etcd longer than the TTL, which is what allows an electi
 """
 
 import json
+import logging
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -39,11 +40,13 @@ ROOT = "/NSQMetaData"
 NODE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 CLUSTER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
 MAX_PARTITIONS = 1024
+MAX_WORKERS = 1024  # a node's "Workers" (its RPC ports run from RpcPort to + Workers - 1)
 # a removed node's states (Youzan's): marked by the operator; pending while it holds
 # replicas; data_transferred once it holds none (it can be stopped: its mark goes
 # when its registration does)
 REMOVE_MARKED, REMOVE_PENDING, REMOVE_DONE = "marked", "pending", "data_transferred"
 REMOVE_STATES = (REMOVE_MARKED, REMOVE_PENDING, REMOVE_DONE)
+log = logging.getLogger("nsqshm.consistence")
 
 
 def check_topic(topic):
@@ -64,6 +67,16 @@ def check_partition(partition):
             or not 0 <= partition < MAX_PARTITIONS:
         raise InvalidName(f"bad partition {partition!r}")
     return partition
+
+
+def _nodes_of(kvs):
+    nodes = []
+    for kv in kvs:
+        try:
+            nodes.append(NodeInfo.from_json(json.loads(kv.value)))
+        except (ValueError, TypeError):  # (InvalidName is a ValueError)
+            log.warning("etcd: %s does not hold a node; left out", kv.key)
+    return nodes
 
 
 @dataclass(frozen=True)
@@ -89,9 +102,19 @@ class NodeInfo:
 
     @classmethod
     def from_json(cls, d):
-        return cls(id=d["ID"], ip=d.get("NodeIP", ""), tcp_port=int(d.get("TcpPort") or 0),
-                   http_port=int(d.get("HttpPort") or 0), rpc_port=int(d.get("RpcPort") or 0),
-                   version=d.get("Version", ""), workers=max(1, int(d.get("Workers") or 1)))
+        """ValueError (or InvalidName) for a value that is not a node's: an ID that
+        is not one, ports outside 0-65535, a worker count outside 1-MAX_WORKERS."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a node's value is a JSON object, not {type(d).__name__}")
+        node = cls(id=check_node_id(d.get("ID")), ip=str(d.get("NodeIP", "")),
+                   tcp_port=int(d.get("TcpPort") or 0), http_port=int(d.get("HttpPort") or 0),
+                   rpc_port=int(d.get("RpcPort") or 0), version=str(d.get("Version", "")),
+                   workers=int(d["Workers"]) if "Workers" in d else 1)
+        if not all(0 <= port <= 65535 for port in (node.tcp_port, node.http_port,
+                                                   node.rpc_port + node.workers - 1)) \
+                or not 1 <= node.workers <= MAX_WORKERS:
+            raise ValueError(f"node {node.id}: bad ports or worker count")
+        return node
 
 
 @dataclass(frozen=True)
@@ -288,16 +311,14 @@ class Topology:
         return self.session.forget(self.keys.node(node_id))
 
     def nodes(self):
-        """The live nsqd nodes, by ID."""
-        return [NodeInfo.from_json(json.loads(kv.value))
-                for kv in self.session.get_prefix(self.keys.nodes())]
+        """The live nsqd nodes, by ID (a value that is not a node's left out)."""
+        return _nodes_of(self.session.get_prefix(self.keys.nodes()))
 
     def register_lookupd(self, node):
         return self.session.keep(self.keys.lookupd_node(node.id), json.dumps(node.to_json()))
 
     def lookupd_nodes(self):
-        return [NodeInfo.from_json(json.loads(kv.value))
-                for kv in self.session.get_prefix(self.keys.lookupd_nodes())]
+        return _nodes_of(self.session.get_prefix(self.keys.lookupd_nodes()))
 
     # -- nodes an operator removes (`/cluster/node/remove`, migrator.py) --------------
 

@@ -40,6 +40,41 @@ def test_append_reaches_the_follower_and_its_ack_comes_back(server):
     client.close()
 
 
+def test_the_nodes_own_id_needs_the_nodes_secret():
+    """PUBLISH (a PUB another worker of the node took) is appended as the owner's own:
+    only the node's workers, which share the supervisor's secret, may send it; a
+    process on the host that says it is the node is refused."""
+    published = []
+    srv = rpc.RPCServer(("127.0.0.1", 0), "c1", "follower:1",
+                        lambda node, ip: node == "follower:1" and ip == "127.0.0.1",
+                        lambda *args: (rpc.OK, 0, None),
+                        lambda topic, p, records: published.append(bytes(records)) or (
+                            rpc.OK, ""),
+                        lambda level, msg: None, secret="s3cret")
+    srv.start()
+    try:
+        for secret in (None, "guess", 7):
+            sock = gevent.socket.create_connection(srv.address, timeout=5)
+            hello = json.loads(rpc.hello_body("c1", "follower:1"))
+            if secret is not None:
+                hello["secret"] = secret
+            sock.sendall(rpc.frame(rpc.HELLO, json.dumps(hello).encode()))
+            kind, body = rpc.read_frame(sock)
+            assert (kind, json.loads(body)) == (rpc.ERROR, {
+                "error": "follower:1 is this node, and the HELLO does not hold this node's "
+                         "secret"}), secret
+            sock.close()
+        client = rpc.RPCClient("127.0.0.1", srv.address[1], "c1", "follower:1", timeout=5,
+                               secret="s3cret")
+        client.sock.sendall(rpc.encode_publish("orders", 0, len(RECORDS)) + RECORDS)
+        kind, body = rpc.read_frame(client.sock)
+        assert (kind, bytes(body)) == (rpc.PUBLISHED, b"\x00")
+        assert published == [RECORDS]
+        client.close()
+    finally:
+        srv.stop()
+
+
 def test_publish_is_only_for_the_nodes_own_workers(server):
     client = rpc.RPCClient("127.0.0.1", server.address[1], "c1", "leader:1", timeout=5)
     # another node's PUBLISH is a protocol error: the connection is closed
@@ -77,6 +112,41 @@ def test_a_bad_frame_length_closes_the_connection(server):
     sock.sendall(b"\xff\xff\xff\xff\x01")  # 4 GiB
     assert sock.recv(10) == b""
     sock.close()
+
+
+def test_before_its_hello_a_connection_may_send_no_more_than_a_hello(server):
+    """A length past MAX_HELLO is refused before its body is read (or allocated):
+    a stranger cannot make the worker hold 64 MiB per connection."""
+    sock = gevent.socket.create_connection(server.address, timeout=5)
+    sock.sendall(rpc.HEADER.pack(rpc.MAX_HELLO + 1, rpc.HELLO))
+    assert sock.recv(10) == b""  # closed at once, nothing else sent
+    sock.close()
+
+
+def test_a_connection_that_says_nothing_is_closed_after_the_hello_timeout(server, monkeypatch):
+    monkeypatch.setattr(rpc, "HELLO_TIMEOUT", 0.3)
+    sock = gevent.socket.create_connection(server.address, timeout=5)
+    t0 = gevent.get_hub().loop.now()
+    assert sock.recv(10) == b""
+    assert gevent.get_hub().loop.now() - t0 < 3
+    sock.close()
+
+
+@pytest.mark.parametrize("hello", [b"[1, 2]", b'"leader:1"', b"null",
+                                   b'{"cluster": "c1", "node": "leader:1\nINF forged"}'])
+def test_a_hello_that_is_not_a_peers_is_refused(server, hello):
+    sock = gevent.socket.create_connection(server.address, timeout=5)
+    sock.sendall(rpc.frame(rpc.HELLO, hello))
+    kind, body = rpc.read_frame(sock)
+    assert (kind, json.loads(body)) == (rpc.ERROR, {"error": "expected HELLO"})
+    sock.close()
+
+
+@pytest.mark.parametrize("body", [b"", b"\x00", b"\x00\x00\x01t", b"\x00\x00\x01t\x00\x02"])
+def test_a_short_ack_is_a_protocol_error(body):
+    """(Not an IndexError or struct.error the leader's sender does not catch.)"""
+    with pytest.raises(rpc.RPCError, match="short ACK"):
+        rpc.decode_ack(body)
 
 
 def test_codec_round_trips():

@@ -26,6 +26,21 @@ def test_nodes_register_on_their_lease_under_youzans_keys(sessions):
     assert [n.id for n in ta.nodes()] == ["n1"]
 
 
+def test_a_node_key_that_does_not_hold_a_node_is_left_out(sessions):
+    """(Before, one bad value made every nodes() raise, and with it every peer check
+    of every node's RPC port: replication stopped cluster-wide.)"""
+    s = sessions()
+    t = Topology(s, "c1")
+    t.register_node(NodeInfo("n1", "10.0.0.1", rpc_port=4250))
+    prefix = "/NSQMetaData/c1/NsqdNodes/Node-"
+    for name, value in [("list", "[1, 2]"), ("noid", '{"NodeIP": "10.0.0.9"}'),
+                        ("badid", '{"ID": "a/b"}'), ("port", '{"ID": "n9", "RpcPort": "70000"}'),
+                        ("workers", '{"ID": "n9", "Workers": 0}'), ("text", "not json"),
+                        ("ports", '{"ID": "n9", "RpcPort": "65535", "Workers": 2}')]:
+        s.put(prefix + name, value)
+    assert [n.id for n in t.nodes()] == ["n1"]
+
+
 def test_create_topic_once_with_its_partitions(sessions):
     s = sessions()
     t = Topology(s, "c1")

@@ -27,6 +27,7 @@ stop, phase2, reload.
 """
 
 import os
+import secrets
 import select
 import signal
 import socket
@@ -105,6 +106,10 @@ class Arbiter:
             self.addresses[key] = real
         # what the workers bind (the flags keep what was asked, for /config)
         self.opts.bound = dict(self.addresses)
+        # cluster mode: how the workers know each other on the RPC port (a PUB that
+        # landed on a worker goes to the partition's owner), which another process
+        # on the host cannot say (consistence/rpc.py HELLO)
+        self.opts.node_secret = secrets.token_hex(16)
 
     def install_signals(self):
         self.pipe_r, self.pipe_w = os.pipe()
