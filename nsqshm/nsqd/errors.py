@@ -47,5 +47,8 @@ E_CREATE_TOPIC_FAILED = "E_CREATE_TOPIC_FAILED"    # not fatal (INTERNAL_CREATE_
 
 
 def BAD_PARTITION(err):  # noqa: N802 (a code and its text, as the constants above)
-    """Youzan's answer to a PUB/MPUB naming a partition that is not valid."""
-    return E_BAD_PARTITION, getattr(err, "youzan_text", None) or f"topic partition is not valid: {err}"
+    """Youzan's answer to a PUB/MPUB naming a partition that is not valid (or, for
+    one the error says has its own code and text, that)."""
+    text = getattr(err, "youzan_text", None)
+    return (getattr(err, "youzan_code", E_BAD_PARTITION),
+            f"topic partition is not valid: {err}" if text is None else text)

@@ -40,7 +40,12 @@ from nsqshm._core.logcursor import ID_OFFSET_BITS
 from nsqshm.httpserver import RAW_HEADERS, HTTPServer
 from nsqshm.nsqd import ext
 from nsqshm.nsqd.errors import E_SUB_ORDER_IS_MUST
-from nsqshm.nsqd.logtopics.logtopic import LogTopicError, PartitionError
+from nsqshm.nsqd.logtopics.logtopic import (
+    LogTopicError,
+    NoSuchPartition,
+    PartitionError,
+    PartitionNeeded,
+)
 from nsqshm.nsqd.logtopics.partition import MAX_SECONDS
 from nsqshm.nsqd.logtopics.replica import NotLeader
 from nsqshm.nsqd.monitoring import metrics
@@ -55,6 +60,7 @@ from nsqshm.nsqd.tracing import trace
 from nsqshm.nsqd.workers.listeners import listen
 from nsqshm.youzan import http as youzan_http
 from nsqshm.youzan.commands import NO_PARTITION
+from nsqshm.youzan.go_strconv import atoi
 from nsqshm.youzan.offset import check_supported, count_of, offset_of_count
 
 
@@ -312,6 +318,17 @@ class Router:
 
 # ---------------------------------------------------------------------------
 # the API
+
+
+def partition_error(err):
+    """A log topic's `partition` refused, as Youzan's nsqd: one the topic has not is
+    404 E_TOPIC_NOT_EXIST, one strconv.Atoi does not take 400 with Atoi's error; a
+    publish without one to an ordered topic 400 INVALID_PARTITION (nsqshm's)."""
+    if isinstance(err, NoSuchPartition):
+        return Err(404, "E_TOPIC_NOT_EXIST")
+    if isinstance(err, PartitionNeeded):
+        return Err(400, "INVALID_PARTITION")
+    return Err(400, str(err))
 
 
 class HTTPAPI:
@@ -602,8 +619,8 @@ class HTTPAPI:
                                            topic.raw_size(len(out) - 4))
             else:
                 topic.put_message(body, self._partition(values, topic), expires_at)
-        except PartitionError:
-            raise Err(400, "INVALID_PARTITION") from None
+        except PartitionError as err:
+            raise partition_error(err) from None
         except TopicError as err:
             raise put_error(err) from None
         return "OK"
@@ -627,7 +644,11 @@ class HTTPAPI:
         value = values.get("partition", [None])[0]
         if value is None or value == "" or not topic.is_log:
             return None
-        return int(value) if value.isascii() and value.isdigit() else value
+        try:  # (Youzan's GetTopicPartitionArgs: strconv.Atoi; -1 as on the wire: any)
+            number = atoi(value)
+        except ValueError:
+            return value  # (LogTopic.partition refuses it)
+        return None if number == -1 else number
 
     def mpub(self, req):
         fairshare.pace(self.nsqd)  # (before the topic is looked up, as pub)
@@ -671,8 +692,8 @@ class HTTPAPI:
                                  self._partition(values, topic))
             elif topic.exiting:
                 raise TopicError("exiting")
-        except PartitionError:
-            raise Err(400, "INVALID_PARTITION") from None
+        except PartitionError as err:
+            raise partition_error(err) from None
         except TopicError as err:
             raise put_error(err) from None
         return "OK"
@@ -751,8 +772,8 @@ class HTTPAPI:
             topic.put_packed(out, 1, len(body), self._partition(values, topic))
             queue_offset = trace.queue_offset()
             msg_id = bytes(out[14:30])  # a log partition's owner stamped the log's ID
-        except PartitionError:
-            raise Err(400, "INVALID_PARTITION") from None
+        except PartitionError as err:
+            raise partition_error(err) from None
         except TopicError as err:
             raise put_error(err) from None
         finally:
@@ -870,9 +891,12 @@ class HTTPAPI:
 
     def topic_create(self, req):
         """nsqd's, and with `partition_num` (Youzan's) a log topic
-        (logtopic.py): `retention_days`, `retention_bytes` (-1: none),
-        `syncdisk` (an fsync every that many messages; 0: --sync-every),
-        `orderedmulti=true` (an ordered topic: SUB_ORDERED only, PUB by partition)."""
+        (logtopic.py): `retention_days` (or Youzan's `retention`, 0 there: none),
+        `retention_bytes` (-1: none), `syncdisk` (an fsync every that many
+        messages; 0: --sync-every), `orderedmulti=true` (an ordered topic:
+        SUB_ORDERED only, PUB by partition), `replicator` 1 if given (one copy:
+        replicated topics are made through nsqlookupd).  Numbers are read as Go's
+        strconv.Atoi reads them."""
         values, err = parse_query(req.query_string)
         want_ext = err is None and ext.wants_ext(values)
         if want_ext:  # Youzan's ext=true / extend=true: a new topic, or one already ext
@@ -897,9 +921,19 @@ class HTTPAPI:
         def get(key):
             return values.get(key, ["-1"])[0] or "-1"
 
+        replicator = values.get("replicator", [""])[0]
+        if replicator:  # one copy here: replicated topics are made through nsqlookupd
+            try:
+                if atoi(replicator) != 1:
+                    raise ValueError(replicator)
+            except ValueError:
+                raise Err(400, "INVALID_ARG_TOPIC_REPLICATOR") from None
+        days = get("retention_days")
+        if days == "-1" and values.get("retention", [""])[0]:  # Youzan's name (0: none)
+            days = values["retention"][0] if values["retention"][0] != "0" else "-1"
         try:
             self.nsqd.create_log_topic(names[0], values["partition_num"][0],
-                                       get("retention_days"), get("retention_bytes"),
+                                       days, get("retention_bytes"),
                                        values.get("syncdisk", ["0"])[0] or "0",
                                        youzan_http.ordered_multi(values))
         except LogTopicError as err:

@@ -27,16 +27,21 @@ from nsqshm.consistence.errors import (
     TopicExists,
     TopicNotFound,
 )
-from nsqshm.consistence.lookupd_coordinator import MAX_REPLICATOR
 from nsqshm.consistence.topology import MAX_PARTITIONS, NODE_ID
 from nsqshm.httpserver import HTTPServer
 from nsqshm.nsqd.ext import wants_ext
 from nsqshm.nsqd.http_api import HTTPAPI, Err, Route, Router, _App
-from nsqshm.nsqd.logtopics.logtopic import MAX_RETENTION_BYTES, MAX_RETENTION_DAYS
+from nsqshm.nsqd.logtopics.logtopic import (
+    MAX_RETENTION_BYTES,
+    MAX_RETENTION_DAYS,
+    MAX_SYNC_EVERY,
+)
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 from nsqshm.nsqlookupd.registration_db import filter_by_active, filter_registrations, keys, subkeys
 from nsqshm.nsqlookupd.topic_meta import TopicMeta
-from nsqshm.youzan.http import HTTPError, ordered_multi
+from nsqshm.youzan.go_strconv import atoi, parse_int
+from nsqshm.youzan.http import HTTPError
+from nsqshm.youzan.http import topic_create as youzan_topic_create
 from nsqshm.youzan.lookup import NO_CHANNEL_FOR_WRITE, lookup_data, lookup_query
 
 GO_ZERO_TIME_UNIX_NANO = -6795364578871345152  # time.Time{}.UnixNano(), overflowed as in Go
@@ -190,32 +195,29 @@ class LookupHTTPAPI(HTTPAPI):
         makes its partitions from there."""
         if is_ephemeral(topic):
             raise Err(400, "INVALID_ARG_TOPIC")  # an ephemeral topic is not replicated
-        counts = []
-        for name, arg, top in (("partition_num", "TOPIC_PARTITION_NUM", MAX_PARTITIONS),
-                               ("replicator", "TOPIC_REPLICATOR", MAX_REPLICATOR)):
-            raw = self._arg(values, name, f"MISSING_ARG_{arg}")
-            if not raw.isdigit() or not 1 <= int(raw) <= top:
-                raise Err(400, f"INVALID_ARG_{arg}")
-            counts.append(int(raw))
-        sync = values.get("syncdisk", ["0"])[0]
-        if not sync.isdigit():
+        try:  # doCreateTopic's checks, in its order, with Go's strconv (youzan/http.py)
+            want = youzan_topic_create({k: v for k, v in values.items()
+                                        if k != "retention_bytes"})
+        except HTTPError as err:
+            raise Err(err.status, err.text) from None
+        if not 0 <= want.sync_disk <= MAX_SYNC_EVERY:
             raise Err(400, "INVALID_ARG_TOPIC_SYNC_DISK")
-        retention = values.get("retention", [""])[0] or "0"  # Youzan's, in days; 0: none
-        try:
-            days = int(retention, 10)
-        except ValueError:
-            raise Err(400, f'strconv.Atoi: parsing "{retention}": invalid syntax') from None
-        if not 0 <= days <= MAX_RETENTION_DAYS:
-            raise Err(400, "INVALID_RETENTION")
+        if want.retention_days > MAX_RETENTION_DAYS:
+            raise Err(400, "INVALID_ARG_TOPIC_RETENTION")
         size = values.get("retention_bytes", [""])[0] or "-1"  # nsqshm's, as nsqd's own
-        if not (size == "-1" or size.isascii() and size.isdigit()
-                and 0 < int(size) <= MAX_RETENTION_BYTES):
+        try:
+            size = parse_int(size)
+        except ValueError:
+            size = 0
+        if size != -1 and not 0 < size <= MAX_RETENTION_BYTES:
             raise Err(400, "INVALID_RETENTION")
+        # (suggestload is checked, as Youzan's, and not used: placement.py balances the
+        # partitions each node leads and holds)
         try:
             self.lookupd.coordinator.create_topic(
-                topic, *counts, sync_every=int(sync),
-                ordered=ordered_multi(values),
-                ext=wants_ext(values), retention_days=days, retention_bytes=int(size))
+                topic, want.partition_num, want.replicator, sync_every=want.sync_disk,
+                ordered=want.ordered_multi, ext=wants_ext(values),
+                retention_days=want.retention_days, retention_bytes=size)
         except TopicExists:
             raise Err(400, "TOPIC_EXISTS") from None
         except ValueError as err:  # fewer live nodes than replicas
@@ -290,14 +292,18 @@ class LookupHTTPAPI(HTTPAPI):
         values = self._req_params(req)
         topic = self._arg(values, "topic", "MISSING_ARG_TOPIC")
         raw = self._arg(values, "partition", "MISSING_ARG_TOPIC_PARTITION")
-        if not raw.isdigit() or not 0 <= int(raw) < MAX_PARTITIONS:
+        try:  # (Youzan's strconv.Atoi; ASCII digits only)
+            partition = atoi(raw)
+        except ValueError:
+            partition = -1
+        if not 0 <= partition < MAX_PARTITIONS:
             raise Err(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
         move_leader = values.get("move_leader", [""])[0] == "true"
         ends = [values.get(k, [""])[0] for k in ("move_from", "move_to")]
         if not all(NODE_ID.match(n) for n in ends):
             raise Err(400, "INVALID_ARG_NODE")
         try:
-            coordinator.move_partition(topic, int(raw), move_leader, *ends)
+            coordinator.move_partition(topic, partition, move_leader, *ends)
         except (TopicNotFound, InvalidName):
             raise Err(404, "TOPIC_NOT_FOUND") from None
         except ValueError as err:

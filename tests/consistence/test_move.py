@@ -249,8 +249,10 @@ def test_a_refused_move_says_why(cluster):
                                         f"&move_leader=true&move_from={leader.id}"
                                         f"&move_to={follower}")
     assert (status, json.loads(body)["message"]) == (404, "TOPIC_NOT_FOUND")
-    status, body = cluster.lookupd.post("/topic/partition/move?topic=orders&partition=x")
-    assert (status, json.loads(body)["message"]) == (400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+    for partition in ("x", "%C2%B2", "1_0"):  # (Go's strconv.Atoi: ASCII digits only)
+        status, body = cluster.lookupd.post(
+            f"/topic/partition/move?topic=orders&partition={partition}")
+        assert (status, json.loads(body)["message"]) == (400, "INVALID_ARG_TOPIC_PARTITION_NUM")
     assert layout(cluster, "orders")["partitions"][0]["leader"] == leader.id  # nothing moved
     # Youzan's /listlookup (youzan/go-nsq polls it): the lookupds in etcd, and the master
     listed = cluster.lookupd.get_json("/listlookup")

@@ -837,9 +837,22 @@ def test_a_pub_without_partition_goes_to_one_the_node_leads(make_cluster):
         (400, b'{"message":"INVALID_ARG_TOPIC_SYNC_DISK"}')
     assert cluster.lookupd.post(create + "&retention=x") == \
         (400, b'{"message":"strconv.Atoi: parsing \\"x\\": invalid syntax"}')
-    assert cluster.lookupd.post(create + "&retention=-1") == \
-        (400, b'{"message":"INVALID_RETENTION"}')
-    for size in ("x", "0", "-2", "1.5", str(1 << 63)):  # nsqshm's retention_bytes
+    for days in ("-1", "36501"):
+        assert cluster.lookupd.post(create + "&retention=" + days) == \
+            (400, b'{"message":"INVALID_ARG_TOPIC_RETENTION"}'), days
+    # numbers as Go's strconv reads them (Youzan's doCreateTopic): no "_", no spaces,
+    # no digits but ASCII ones
+    for query, answer in [
+            ("partition_num=%C2%B2&replicator=2", b"INVALID_ARG_TOPIC_PARTITION_NUM"),
+            ("partition_num=1_0&replicator=2", b"INVALID_ARG_TOPIC_PARTITION_NUM"),
+            ("partition_num=1&replicator=%C2%B2", b"INVALID_ARG_TOPIC_REPLICATOR"),
+            ("partition_num=1&replicator=2&syncdisk=%C2%B2", b"INVALID_ARG_TOPIC_SYNC_DISK"),
+            ("partition_num=1&replicator=2&syncdisk=-1", b"INVALID_ARG_TOPIC_SYNC_DISK"),
+            ("partition_num=1&replicator=2&retention=1_0",
+             b'strconv.Atoi: parsing \\"1_0\\": invalid syntax')]:
+        assert cluster.lookupd.post("/topic/create?topic=synced&" + query) == \
+            (400, b'{"message":"' + answer + b'"}'), query
+    for size in ("x", "0", "-2", "1.5", str(1 << 63), "1_000"):  # nsqshm's retention_bytes
         assert cluster.lookupd.post(create + "&retention_bytes=" + size) == \
             (400, b'{"message":"INVALID_RETENTION"}'), size
     assert cluster.create_topic("synced", 1, 2, extra="&syncdisk=7&retention=3")[0] == 200

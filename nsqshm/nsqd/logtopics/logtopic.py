@@ -42,14 +42,15 @@ from nsqshm.nsqd.backend import DummyBackend
 from nsqshm.nsqd.channel import LatencyStream
 from nsqshm.nsqd.logtopics.logchannel import LogChannel
 from nsqshm.nsqd.logtopics.partition import Partition
-from nsqshm.nsqd.names import go_quote
 from nsqshm.nsqd.topic import Topic, TopicError
 from nsqshm.nsqd.tracing import trace
+from nsqshm.youzan.go_strconv import atoi
 
 MAX_PARTITIONS = 255  # Youzan's MAX_PARTITION_NUM: partition ids 0..254 (its lookupd's too)
 RETENTION_INTERVAL = 1.0   # seconds between retention passes (on partition owners)
 MAX_RETENTION_DAYS = 36500
 MAX_RETENTION_BYTES = (1 << 63) - 1  # PartitionLog.apply_retention's long long
+MAX_SYNC_EVERY = (1 << 31) - 1  # a partition log's sync_every (an fsync every that many)
 DEFERRED_RETRY = 0.1       # seconds: a due DPUB message that could not be appended waits this
 
 
@@ -66,12 +67,26 @@ class PartitionError(TopicError):
     """A PUB naming a partition the topic does not have."""
 
 
+class NoSuchPartition(PartitionError):
+    """A PUB naming a partition number the topic does not have: Youzan's preparePub
+    finds no such topic partition on the node (E_TOPIC_NOT_EXIST, no text)."""
+    youzan_code, youzan_text = "E_TOPIC_NOT_EXIST", ""
+
+
 class PartitionNeeded(PartitionError):
     """A PUB without a partition on an ordered topic (Youzan's preparePub)."""
     youzan_text = "topic partition is not valid for multi partition: -1"
 
     def __init__(self):
         super().__init__("an ordered topic takes a PUB to a partition only")
+
+
+def _go_int(value):
+    """An int as stored, or a query's text as Go's strconv.Atoi reads it (ASCII
+    digits and a sign only, within int64: "1_0", " 2" and other digits are not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"not a number: {value!r}")
+    return atoi(value) if isinstance(value, str) else value
 
 
 def make_spec(name, partition_num, retention_days=-1, retention_bytes=-1, sync_every=0,
@@ -82,24 +97,24 @@ def make_spec(name, partition_num, retention_days=-1, retention_bytes=-1, sync_e
     orderedmulti, a topic consumed with SUB_ORDERED only, published to by
     partition only."""
     try:
-        partitions = int(partition_num)
+        partitions = _go_int(partition_num)
     except (TypeError, ValueError):
         raise LogTopicError("INVALID_PARTITION_NUM") from None
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise LogTopicError("INVALID_PARTITION_NUM")  # 1..MAX_PARTITIONS
     try:
-        days = int(retention_days)
-        size = int(retention_bytes)
+        days = _go_int(retention_days)
+        size = _go_int(retention_bytes)
     except (TypeError, ValueError):
         raise LogTopicError("INVALID_RETENTION") from None
     if days == 0 or days > MAX_RETENTION_DAYS or days < -1 or size == 0 or size < -1 \
             or size > MAX_RETENTION_BYTES:
         raise LogTopicError("INVALID_RETENTION")
     try:
-        every = int(sync_every)
+        every = _go_int(sync_every)
     except (TypeError, ValueError):
         raise LogTopicError("INVALID_ARG_TOPIC_SYNC_DISK") from None
-    if every < 0:
+    if not 0 <= every <= MAX_SYNC_EVERY:
         raise LogTopicError("INVALID_ARG_TOPIC_SYNC_DISK")
     return {"name": name, "partition_num": partitions, "retention_days": days,
             "retention_bytes": size, "sync_every": every, "ordered": bool(ordered)}
@@ -211,10 +226,16 @@ class LogTopic(Topic):
     # -- publishing -----------------------------------------------------------------
 
     def partition(self, index):
-        if isinstance(index, str):  # not a number (Go's strconv.Atoi error, as Youzan's)
-            raise PartitionError(f"strconv.Atoi: parsing {go_quote(index)}: invalid syntax")
+        """The partition `index` names: an int, or the text of one that Go's
+        strconv.Atoi did not take (PartitionError with Atoi's error, as Youzan's);
+        NoSuchPartition for a number out of range."""
+        if isinstance(index, str):
+            try:
+                index = atoi(index)
+            except ValueError as err:
+                raise PartitionError(str(err)) from None
         if not 0 <= index < len(self.partitions):
-            raise PartitionError(f"partition {index} out of range 0-{len(self.partitions) - 1}")
+            raise NoSuchPartition(f"partition {index} out of range 0-{len(self.partitions) - 1}")
         return self.partitions[index]
 
     def put_packed(self, packed, count, body_bytes, partition=None):

@@ -57,6 +57,7 @@ from nsqshm.youzan.commands import (
     parse_internal_create_topic,
     parse_sub,
 )
+from nsqshm.youzan.go_strconv import atoi
 from nsqshm.youzan.offset import NOT_SUPPORTED, check_supported
 
 MAGIC_V2 = b"  V2"
@@ -141,13 +142,18 @@ def require_state(client, verb, *states):
 
 
 def partition_param(params):
-    """`PUB <topic> <partition>` (Youzan's): the partition as an int, the
-    text when it is not one (a log topic answers E_BAD_PARTITION), or None.
-    A classic topic ignores it, as nsqd ignores a PUB's extra parameters."""
-    if len(params) < 3:
+    """`PUB <topic> <partition>` (Youzan's preparePub: read from a line of exactly
+    three words, by Go's strconv.Atoi): the partition as an int, None for none
+    (or -1, Youzan's "any"), the text when Atoi does not take it (a log topic then
+    answers E_BAD_PARTITION with Atoi's error).  A classic topic ignores it, as
+    nsqd ignores a PUB's extra parameters."""
+    if len(params) != 3:
         return None
-    value = base10(params[2]) if params[2] else None
-    return value if value is not None else text(params[2])
+    try:
+        value = atoi(text(params[2]))
+    except ValueError:
+        return text(params[2])
+    return None if value == -1 else value
 
 
 def message_id(params, verb):

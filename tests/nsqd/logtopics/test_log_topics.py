@@ -120,19 +120,30 @@ def confirmed(server, topic, channel):
 
 def test_create_validates_and_persists(nsqd_factory, tmp_path):
     server = nsqd_factory()
-    for bad in ("0", "256", "x", ""):
+    # numbers as Go's strconv.Atoi reads them: no "_", no spaces, no other digits
+    for bad in ("0", "256", "x", "", "1_0", "%202", "%D9%A3", "%C2%B2"):
         assert server.post(f"/topic/create?topic=lt&partition_num={bad}") == \
-            (400, b'{"message":"INVALID_PARTITION_NUM"}')
+            (400, b'{"message":"INVALID_PARTITION_NUM"}'), bad
     assert server.post("/topic/create?topic=lt&partition_num=2&retention_days=0")[0] == 400
-    for size in ("0", "-2", "x", str(1 << 63)):  # (a long long: the log's retention pass)
+    for size in ("0", "-2", "x", str(1 << 63), "1_000"):  # (a long long: the retention pass)
         assert server.post(f"/topic/create?topic=lt&partition_num=2&retention_bytes={size}") \
             == (400, b'{"message":"INVALID_RETENTION"}'), size
+    assert server.post("/topic/create?topic=lt&partition_num=2&retention_days=1_0") == \
+        (400, b'{"message":"INVALID_RETENTION"}')
+    for every in ("%201", "99999999999999999999999", "-1"):
+        assert server.post(f"/topic/create?topic=lt&partition_num=2&syncdisk={every}") == \
+            (400, b'{"message":"INVALID_ARG_TOPIC_SYNC_DISK"}'), every
+    for copies in ("2", "99", "x"):  # one copy here: replicated topics come from nsqlookupd
+        assert server.post(f"/topic/create?topic=lt&partition_num=2&replicator={copies}") == \
+            (400, b'{"message":"INVALID_ARG_TOPIC_REPLICATOR"}'), copies
+    assert server.post("/topic/create?topic=lt&partition_num=2&retention=%201")[0] == 400
     assert server.post("/topic/create?topic=bad!&partition_num=2") == \
         (400, b'{"message":"INVALID_TOPIC"}')
     assert server.post("/topic/create?topic=classic")[0] == 200
     assert server.post("/topic/create?topic=classic&partition_num=2") == \
         (400, b'{"message":"TOPIC_EXISTS_AS_CLASSIC_TOPIC"}')
-    create(server, "lt", 4, "&retention_days=3&retention_bytes=1000000")
+    # (retention: Youzan's name for retention_days)
+    create(server, "lt", 4, "&retention=3&retention_bytes=1000000&replicator=1")
     create(server, "lt", 4)  # again: the same topic
     assert server.post("/topic/create?topic=lt&partition_num=3") == \
         (400, b'{"message":"TOPIC_EXISTS_WITH_OTHER_PARTITION_NUM"}')
@@ -211,13 +222,31 @@ def test_pub_mpub_and_partition_then_sub_gets_each_once(nsqd_factory):
     assert sum(x["end_offset"] for x in t["partitions"]) == 76
     assert t["message_count"] == 76
     assert wait_for(lambda: sum(confirmed(server, "lt", "ch")) == 76)
-    # a partition that is not there, or not a number: Youzan's E_BAD_PARTITION
-    assert pub(Client(server), "lt", b"x", partition=3)[1].startswith(b"E_BAD_PARTITION ")
-    bad = Client(server)
-    bad.send(b"PUB lt x\n" + struct.pack(">I", 1) + b"x")
-    assert bad.response() == (p.FRAME_TYPE_ERROR, b'E_BAD_PARTITION topic partition is not '
-                                                  b'valid: strconv.Atoi: parsing "x": invalid '
-                                                  b'syntax')
+    # Youzan's preparePub: a partition the topic has not is no such topic partition,
+    # a word strconv.Atoi does not take (not a number, past int64) E_BAD_PARTITION
+    for word, answer in [
+            (b"3", b"E_TOPIC_NOT_EXIST "), (b"-5", b"E_TOPIC_NOT_EXIST "),
+            (b"18446744073709551617", b'E_BAD_PARTITION topic partition is not valid: '
+                                      b'strconv.Atoi: parsing "18446744073709551617": '
+                                      b'value out of range'),
+            (b"x", b'E_BAD_PARTITION topic partition is not valid: strconv.Atoi: '
+                   b'parsing "x": invalid syntax'),
+            (b"1_0", b'E_BAD_PARTITION topic partition is not valid: strconv.Atoi: '
+                     b'parsing "1_0": invalid syntax')]:
+        bad = Client(server)
+        bad.send(b"PUB lt %s\n" % word + struct.pack(">I", 1) + b"x")
+        assert bad.response() == (p.FRAME_TYPE_ERROR, answer), word
+        bad = Client(server)  # (fatal: the connection was closed)
+        bad.send(b"MPUB lt %s\n" % word + struct.pack(">II", 9, 1) + struct.pack(">I", 1) + b"y")
+        assert bad.response() == (p.FRAME_TYPE_ERROR, answer), word
+    # Atoi's "+2" is 2, "-1" any partition; a line of four words names none (Youzan's)
+    before = [x["end_offset"] for x in stats(server, "lt")["partitions"]]
+    ok = Client(server)
+    for line in (b"PUB lt +2\n", b"PUB lt -1\n", b"PUB lt  2\n"):
+        ok.send(line + struct.pack(">I", 1) + b"z")
+        assert ok.response() == (p.FRAME_TYPE_RESPONSE, b"OK"), line
+    after = [x["end_offset"] for x in stats(server, "lt")["partitions"]]
+    assert sum(after) - sum(before) == 3 and after[2] - before[2] >= 1
 
 
 def test_consumers_on_every_worker_share_one_partition_each_message_once(nsqd_factory):
@@ -569,10 +598,23 @@ def test_http_pub_and_mpub_to_a_partition(nsqd_factory):
     create(server, "lt", 2)
     assert server.post("/pub?topic=lt&partition=1", b"one") == (200, b"OK")
     assert server.post("/mpub?topic=lt&partition=0", b"a\nb\nc") == (200, b"OK")
-    assert server.post("/pub?topic=lt&partition=2", b"x") == \
-        (400, b'{"message":"INVALID_PARTITION"}')
-    assert server.post("/pub?topic=lt&partition=-1", b"x")[0] == 400
+    # Youzan's: a partition the topic has not is 404 E_TOPIC_NOT_EXIST, a word Go's
+    # strconv.Atoi does not take 400 with Atoi's error
+    for bad in ("2", "-5"):
+        assert server.post(f"/pub?topic=lt&partition={bad}", b"x") == \
+            (404, b'{"message":"E_TOPIC_NOT_EXIST"}'), bad
+    for bad, text in [("x", "x"), ("1_0", "1_0"), ("%D9%A1", "\u0661"),  # (Arabic-Indic 1)
+                      ("18446744073709551617", "18446744073709551617")]:
+        reason = "value out of range" if text.isdigit() and text.isascii() else "invalid syntax"
+        answer = json.dumps({"message": f'strconv.Atoi: parsing "{text}": {reason}'},
+                            separators=(",", ":"), ensure_ascii=False).encode()
+        assert server.post(f"/pub?topic=lt&partition={bad}", b"x") == (400, answer), bad
     assert wait_for(lambda: [x["end_offset"] for x in stats(server, "lt")["partitions"]] == [3, 1])
+    # strconv.Atoi's "+1" is partition 1; -1 is any (Youzan's default partition)
+    assert server.post("/pub?topic=lt&partition=%2B1", b"two") == (200, b"OK")
+    assert server.post("/pub?topic=lt&partition=-1", b"any") == (200, b"OK")
+    assert wait_for(lambda: sum(x["end_offset"] for x in stats(server, "lt")["partitions"]) == 6)
+    assert stats(server, "lt")["partitions"][1]["end_offset"] >= 2
     assert server.post("/pub?topic=classic&partition=7", b"x") == (200, b"OK")  # ignored
 
 
