@@ -25,7 +25,6 @@ from nsqshm.consistence.options import endpoints
 from nsqshm.consistence.topology import MoveRequest, NodeInfo, TopicMeta, Topology
 
 RETRY = 0.5
-MAX_REPLICATOR = 8
 MOVE_WAIT = 70.0  # s: the leader's MOVE_TIMEOUT for the catch-up, the hand-off, the election
 MOVE_POLL = 0.1
 

@@ -52,6 +52,7 @@ ELECTION_DEFER = 0.5  # a candidate waits this long for a better one to win
 DESIGNATED_WAIT = 3.0  # and for the designated leader while it is registered, at most
 # this (or the lease TTL): a worker of its node hung or dead adds no more to a failover
 PROBE_TIMEOUT = 0.5  # asking another candidate how long its log is
+NEWER_LEADER_FOR = 0.5  # a newer leader etcd confirmed is taken this long on that read
 
 
 def registered_peer(topology, node_id, ip):
@@ -87,8 +88,9 @@ class NsqdCoordinator:
                              version=version, workers=host.workers)
         self.lag_timeout = LAG_TIMEOUT
         self._committed_heard = {}  # (topic, partition) -> committed end its leader sent
-        # (topic, partition) -> (write epoch, leader) etcd confirmed for a frame newer
-        # than the role watch's state (_from_leader)
+        # (topic, partition) -> (write epoch, leader, when) etcd confirmed for a frame
+        # newer than the role watch's state (_from_leader; read again after
+        # NEWER_LEADER_FOR: a leader deposed meanwhile is not taken for long)
         self._newer_leaders = {}
         self._unreadable = set()  # topic names whose keys did not parse (said once)
         # what this node's workers say to each other (rpc.py HELLO): the supervisor's,
@@ -220,6 +222,7 @@ class NsqdCoordinator:
         names = self.topology.topics()     # seen during it waits for the next sync)
         self._deleted -= seen_deleted
         self._drop_deleted(set(names), seen_deleted)
+        refused = []
         for name in names:
             try:
                 states = self.topology.partitions(name)
@@ -239,9 +242,16 @@ class NsqdCoordinator:
                 self._unreadable.add(name)
                 continue
             self._unreadable.discard(name)
-            self.host.ensure_topic(name, len(states), meta.sync_every, meta.ordered_multi,
-                                   meta.ext, retention_days=meta.retention_day,
-                                   retention_bytes=meta.retention_bytes)
+            try:
+                self.host.ensure_topic(name, len(states), meta.sync_every, meta.ordered_multi,
+                                       meta.ext, retention_days=meta.retention_day,
+                                       retention_bytes=meta.retention_bytes)
+            except (TopicError, LogTopicError, OSError, ValueError) as err:
+                # the broker refused (a topic made again with another partition count
+                # while this node's old one is still here, a full disk, a definition an
+                # older build took): the other topics go on, this one is tried again
+                refused.append(f"{name}: {err}")
+                continue
             for state in mine:
                 key = (name, state.partition)
                 if key in self.roles:
@@ -257,6 +267,8 @@ class NsqdCoordinator:
                 self.host.set_gate(part, NotLeaderGate("has no known leader here yet"))
                 self.roles[key] = self.leadership.watch_role(
                     name, state.partition, functools.partial(self._role, key, part))
+        if refused:
+            raise TopicError("; ".join(refused))  # (_run says so, and tries again)
 
     def _drop_deleted(self, names, deleted):
         """Topics deleted in the cluster (`/topic/delete?partition=**` on an
@@ -267,6 +279,7 @@ class NsqdCoordinator:
         for key in [k for k in self.roles if k[0] not in names or k[0] in deleted]:
             self.roles.pop(key).stop()
             self._committed_heard.pop(key, None)  # (a topic made again starts from 0)
+            self._newer_leaders.pop(key, None)
             leader = self.leaders.pop(key, None)
             if leader is not None:
                 leader.stop("its topic was deleted")
@@ -427,7 +440,10 @@ class NsqdCoordinator:
         if epoch < known.epoch_for_write or (epoch == known.epoch_for_write
                                              and peer != known.leader):
             return part, rpc.FENCED
-        if epoch > known.epoch_for_write and self._newer_leaders.get(key) != (epoch, peer):
+        confirmed = self._newer_leaders.get(key)
+        if epoch > known.epoch_for_write and (
+                confirmed is None or confirmed[:2] != (epoch, peer)
+                or time.monotonic() - confirmed[2] > NEWER_LEADER_FOR):
             # a leader elected since our role watch last heard: etcd must say so (a
             # linearizable read) before its frames depose ours or reach our log -- a
             # frame from any other registered address would otherwise take the
@@ -442,7 +458,7 @@ class NsqdCoordinator:
                                   f"write epoch {epoch}: etcd names {fresh.leader or 'nobody'} "
                                   f"leading at write epoch {fresh.replicas.epoch_for_write}")
                 return part, rpc.FENCED
-            self._newer_leaders[key] = (epoch, peer)
+            self._newer_leaders[key] = (epoch, peer, time.monotonic())
         mine = self.leaders.get(key)
         if mine is not None and mine.fenced is None:
             if epoch <= mine.epoch:

@@ -18,6 +18,7 @@ from nsqshm.flags import DURATION, STRING, Flag, OptionsError
 
 CLUSTER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")  # becomes part of etcd keys (topology.py)
 MIN_LEASE_TTL = 1.5  # etcd refuses a TTL under 1.5 election timeouts (1.5 s by default)
+MAX_WORKERS = 1024  # a node's "Workers" in etcd (its RPC ports: RpcPort .. + Workers - 1)
 _EXT = "[nsqshm extension] "
 
 # the flags both daemons take
@@ -104,6 +105,8 @@ def validate(opts, workers: int = 1) -> None:
     wait, urgent = getattr(opts, "lost_replica_wait", 0), getattr(opts, "lost_replica_urgent_wait", 0)
     if wait and urgent > wait:
         raise OptionsError("--lost-replica-urgent-wait must be <= --lost-replica-wait")
+    if workers > MAX_WORKERS:  # (what a node's registration may say: topology.NodeInfo)
+        raise OptionsError(f"--workers {workers}: at most {MAX_WORKERS} in cluster mode")
     if workers:
         port = opts.rpc_port
         if not port:

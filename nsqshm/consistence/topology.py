@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 from nsqshm.consistence.errors import InvalidName, NodeRemoving, TopicExists, TopicNotFound
 from nsqshm.consistence.etcd.txn import Compare, Op
+from nsqshm.consistence.options import MAX_WORKERS
 from nsqshm.consistence.placement import spread
 from nsqshm.nsqd.names import is_ephemeral, is_valid_name
 
@@ -40,7 +41,6 @@ ROOT = "/NSQMetaData"
 NODE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 CLUSTER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
 MAX_PARTITIONS = 1024
-MAX_WORKERS = 1024  # a node's "Workers" (its RPC ports run from RpcPort to + Workers - 1)
 # a removed node's states (Youzan's): marked by the operator; pending while it holds
 # replicas; data_transferred once it holds none (it can be stopped: its mark goes
 # when its registration does)

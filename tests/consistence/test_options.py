@@ -41,6 +41,7 @@ def test_cluster_mode_values():
     (["--cluster-leadership-addresses=ftp://a:1", "--rpc-port=1"], "scheme must be http"),
     ([ETCD, "--rpc-port=1", "--cluster-id=a/b"], "--cluster-id 'a/b'"),
     ([ETCD, "--rpc-port=1", "--cluster-lease-ttl=1s"], "--cluster-lease-ttl must be >= 1.5s"),
+    ([ETCD, "--rpc-port=1", "--workers=1025"], "--workers 1025: at most 1024 in cluster mode"),
 ])
 def test_bad_values_one_line(argv, text):
     with pytest.raises(nsqd_options.OptionsError) as err:

@@ -50,7 +50,7 @@ MAX_PARTITIONS = 255  # Youzan's MAX_PARTITION_NUM: partition ids 0..254 (its lo
 RETENTION_INTERVAL = 1.0   # seconds between retention passes (on partition owners)
 MAX_RETENTION_DAYS = 36500
 MAX_RETENTION_BYTES = (1 << 63) - 1  # PartitionLog.apply_retention's long long
-MAX_SYNC_EVERY = (1 << 31) - 1  # a partition log's sync_every (an fsync every that many)
+MAX_SYNC_EVERY = (1 << 63) - 1  # a partition log's sync_every, a long long
 DEFERRED_RETRY = 0.1       # seconds: a due DPUB message that could not be appended waits this
 
 
@@ -110,11 +110,12 @@ def make_spec(name, partition_num, retention_days=-1, retention_bytes=-1, sync_e
     if days == 0 or days > MAX_RETENTION_DAYS or days < -1 or size == 0 or size < -1 \
             or size > MAX_RETENTION_BYTES:
         raise LogTopicError("INVALID_RETENTION")
-    try:
-        every = _go_int(sync_every)
+    try:  # (a query's text within int64 by Atoi; a number stored by an older build,
+        # which took any, kept as the most there is: an fsync as good as never)
+        every = min(_go_int(sync_every), MAX_SYNC_EVERY)
     except (TypeError, ValueError):
         raise LogTopicError("INVALID_ARG_TOPIC_SYNC_DISK") from None
-    if not 0 <= every <= MAX_SYNC_EVERY:
+    if every < 0:
         raise LogTopicError("INVALID_ARG_TOPIC_SYNC_DISK")
     return {"name": name, "partition_num": partitions, "retention_days": days,
             "retention_bytes": size, "sync_every": every, "ordered": bool(ordered)}

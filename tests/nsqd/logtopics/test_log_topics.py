@@ -17,6 +17,7 @@ import pytest
 from nsqshm import protocol as p
 from nsqshm._core.logcursor import FAULT_DIE_IN_FIN_ENV, decode_message_id
 from nsqshm._core.ring import Ring
+from nsqshm.nsqd.logtopics.logtopic import MAX_SYNC_EVERY, LogTopicError, make_spec
 from nsqshm.nsqd.logtopics.partition import partition_owner
 from tests.nsqd.conftest import http_call, http_on_worker, wait_for
 from tests.nsqd.tcp.test_clients import run as run_client
@@ -116,6 +117,18 @@ def confirmed(server, topic, channel):
 
 
 # -- creation -------------------------------------------------------------------------
+
+
+def test_a_definition_an_older_build_stored_still_loads():
+    """An older build took any syncdisk (Python's int()): such a stored number is
+    kept as the largest the log takes, not refused (which would drop the topic at
+    the next start); a query's number is read as Go's Atoi, within int64."""
+    spec = make_spec("t", 2, sync_every=10 ** 30)
+    assert spec["sync_every"] == MAX_SYNC_EVERY == (1 << 63) - 1
+    with pytest.raises(LogTopicError):
+        make_spec("t", 2, sync_every=str(10 ** 30))
+    with pytest.raises(LogTopicError):
+        make_spec("t", 2, sync_every=-1)
 
 
 def test_create_validates_and_persists(nsqd_factory, tmp_path):
