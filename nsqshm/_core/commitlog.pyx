@@ -74,8 +74,10 @@ MAX_SEGMENT_BYTES = 1 << 30          # file positions are u32 in the index
 DEFAULT_INDEX_INTERVAL = 4096
 DEFAULT_MAX_MSG_SIZE = 1024768       # nsqd's --max-msg-size
 MAX_PARTITIONS = 1024
-# a log topic's message ID holds (partition << 48) | msg offset: no offset at or past this
-MAX_OFFSETS = 1 << 48
+# a log topic's message ID holds (partition << ID_OFFSET_BITS) | msg offset, stamped in
+# append_packed (logcursor finishes by it): no offset at or past MAX_OFFSETS
+ID_OFFSET_BITS = 48
+MAX_OFFSETS = 1 << ID_OFFSET_BITS
 TOPIC_NAME_MAX = 64
 STATE_FILE = "state"
 DIR_SUFFIX = ".nsqlog"

@@ -44,7 +44,7 @@ from nsqshm._core.includes.system cimport (
     pthread_mutexattr_setrobust, pthread_mutexattr_t,
 )
 
-from nsqshm._core.commitlog import MAX_PARTITIONS, OffsetOutOfRange
+from nsqshm._core.commitlog import ID_OFFSET_BITS, MAX_PARTITIONS, OffsetOutOfRange
 
 FINISHED = 0          # finish(): newly finished
 ALREADY = 1           # finish(): it was finished before
@@ -1201,10 +1201,9 @@ def _read_checkpoint(str path, unsigned long long window_bits):
 # -- finishing by message ID ---------------------------------------------------------------
 #
 # A message of a log topic carries its position in its ID: 16 lowercase hex
-# digits of (partition << 48) | msg offset, stamped at append
+# digits of (partition << ID_OFFSET_BITS) | msg offset, stamped at append
 # (PartitionLog.append_packed).  A FIN reaches the cursor with no lookup.
 
-ID_OFFSET_BITS = 48
 FAULT_DIE_IN_FIN_ENV = "NSQSHM_FAULT_DIE_IN_FIN"  # tests: CursorSet._fault
 cdef int BATCH_HOLD_FINS = 256  # a batch of FINs lets a cursor go after this many
 

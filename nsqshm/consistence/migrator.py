@@ -43,7 +43,7 @@ import gevent
 import gevent.event
 
 from nsqshm.consistence.errors import CoordinationError, TopicNotFound
-from nsqshm.consistence.topology import REMOVE_DONE, REMOVE_PENDING, MoveRequest
+from nsqshm.consistence.topology import REMOVE_DONE, REMOVE_PENDING, UNREADABLE, MoveRequest
 
 CHECK_INTERVAL = 1.0  # s before a check that failed (etcd) is tried again
 
@@ -281,7 +281,7 @@ class Migrator:
                 states = self.topology.partitions(topic)
             except TopicNotFound:
                 continue  # deleted meanwhile
-            except (ValueError, KeyError, TypeError, AttributeError):
+            except UNREADABLE:
                 # (not one of ours: a key that does not parse holds up no other topic;
                 # the nodes say which, NsqdCoordinator._sync_topics)
                 continue

@@ -40,7 +40,7 @@ from nsqshm.consistence.etcd.session import EtcdSession
 from nsqshm.consistence.leadership import CANDIDATE, LEADER, Leadership
 from nsqshm.consistence.options import endpoints
 from nsqshm.consistence.replicator import HAND_OFF_TIMEOUT, PartitionLeader
-from nsqshm.consistence.topology import NodeInfo, Topology
+from nsqshm.consistence.topology import UNREADABLE, NodeInfo, Topology
 from nsqshm.nsqd.logtopics.logtopic import LogTopicError
 from nsqshm.nsqd.logtopics.partition import partition_owner
 from nsqshm.nsqd.logtopics.replica import NotLeader, NotLeaderGate, OffsetMismatch
@@ -233,9 +233,9 @@ class NsqdCoordinator:
                 meta = self.topology.topic_meta(name)
             except TopicNotFound:
                 continue  # deleted meanwhile
-            except (ValueError, KeyError, TypeError, AttributeError) as err:
+            except UNREADABLE as err:
                 # (a key under the topics that is not one of ours, or a value written
-                # by something else: the other topics go on; InvalidName is a ValueError)
+                # by something else: the other topics go on)
                 if name not in self._unreadable:
                     self.logf("error", f"cluster: topic {name!r} in etcd is not readable "
                                        f"({type(err).__name__}: {err}); left out")
@@ -450,7 +450,7 @@ class NsqdCoordinator:
             # partition over by claiming a higher number
             try:
                 fresh = self.topology.partition(topic, partition)
-            except (CoordinationError, ValueError, KeyError, TypeError, AttributeError):
+            except (CoordinationError, *UNREADABLE):
                 return part, rpc.UNKNOWN  # (not now: the leader tries again)
             if fresh.replicas.epoch_for_write != epoch or fresh.replicas.leader != peer \
                     or fresh.leader != peer:

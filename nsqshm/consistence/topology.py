@@ -47,6 +47,9 @@ MAX_PARTITIONS = 1024
 REMOVE_MARKED, REMOVE_PENDING, REMOVE_DONE = "marked", "pending", "data_transferred"
 REMOVE_STATES = (REMOVE_MARKED, REMOVE_PENDING, REMOVE_DONE)
 log = logging.getLogger("nsqshm.consistence")
+# what reading a key that is not one of ours raises (a name with "/" is InvalidName,
+# a ValueError; a value of another shape any of the others): its readers leave it out
+UNREADABLE = (ValueError, KeyError, TypeError, AttributeError)
 
 
 def check_topic(topic):
@@ -74,7 +77,7 @@ def _nodes_of(kvs):
     for kv in kvs:
         try:
             nodes.append(NodeInfo.from_json(json.loads(kv.value)))
-        except (ValueError, TypeError):  # (InvalidName is a ValueError)
+        except UNREADABLE:
             log.warning("etcd: %s does not hold a node; left out", kv.key)
     return nodes
 
@@ -445,7 +448,7 @@ class Topology:
                 continue
             try:
                 info = ReplicaInfo.from_kv(kv)
-            except (ValueError, TypeError, AttributeError):
+            except UNREADABLE:
                 continue  # (not one of ours: left out, as an unknown key)
             if info.leader:
                 leads[info.leader] += 1

@@ -45,6 +45,7 @@ from nsqshm.nsqd.logtopics.logtopic import (
     NoSuchPartition,
     PartitionError,
     PartitionNeeded,
+    partition_word,
 )
 from nsqshm.nsqd.logtopics.partition import MAX_SECONDS
 from nsqshm.nsqd.logtopics.replica import NotLeader
@@ -644,11 +645,7 @@ class HTTPAPI:
         value = values.get("partition", [None])[0]
         if value is None or value == "" or not topic.is_log:
             return None
-        try:  # (Youzan's GetTopicPartitionArgs: strconv.Atoi; -1 as on the wire: any)
-            number = atoi(value)
-        except ValueError:
-            return value  # (LogTopic.partition refuses it)
-        return None if number == -1 else number
+        return partition_word(value)  # (Youzan's GetTopicPartitionArgs: strconv.Atoi)
 
     def mpub(self, req):
         fairshare.pace(self.nsqd)  # (before the topic is looked up, as pub)

@@ -81,6 +81,18 @@ class PartitionNeeded(PartitionError):
         super().__init__("an ordered topic takes a PUB to a partition only")
 
 
+def partition_word(word):
+    """A PUB's partition as Youzan reads it (Go's strconv.Atoi, on the wire and in
+    HTTP's `partition=`): the number, None for -1 (any partition), or the word as
+    it came when Atoi does not take it (LogTopic.partition refuses it with Atoi's
+    error; a classic topic ignores it)."""
+    try:
+        number = atoi(word)
+    except ValueError:
+        return word
+    return None if number == -1 else number
+
+
 def _go_int(value):
     """An int as stored, or a query's text as Go's strconv.Atoi reads it (ASCII
     digits and a sign only, within int64: "1_0", " 2" and other digits are not)."""

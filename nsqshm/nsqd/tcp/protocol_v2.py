@@ -33,7 +33,7 @@ from nsqshm.nsqd.errors import (
     ClientErr,
     FatalClientErr,
 )
-from nsqshm.nsqd.logtopics.logtopic import PartitionError
+from nsqshm.nsqd.logtopics.logtopic import PartitionError, partition_word
 from nsqshm.nsqd.logtopics.replica import NotLeader
 from nsqshm.nsqd.monitoring.stats import go_json
 from nsqshm.nsqd.names import go_quote, is_valid_name
@@ -57,7 +57,6 @@ from nsqshm.youzan.commands import (
     parse_internal_create_topic,
     parse_sub,
 )
-from nsqshm.youzan.go_strconv import atoi
 from nsqshm.youzan.offset import NOT_SUPPORTED, check_supported
 
 MAGIC_V2 = b"  V2"
@@ -147,13 +146,7 @@ def partition_param(params):
     (or -1, Youzan's "any"), the text when Atoi does not take it (a log topic then
     answers E_BAD_PARTITION with Atoi's error).  A classic topic ignores it, as
     nsqd ignores a PUB's extra parameters."""
-    if len(params) != 3:
-        return None
-    try:
-        value = atoi(text(params[2]))
-    except ValueError:
-        return text(params[2])
-    return None if value == -1 else value
+    return partition_word(text(params[2])) if len(params) == 3 else None
 
 
 def message_id(params, verb):
